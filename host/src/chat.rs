@@ -1,0 +1,92 @@
+//! Conversations and their rendering into the model's prompt text.
+//!
+//! [`Message`] is the domain type (separate from the OpenAI wire types that arrive later in `api/`).
+//! [`ChatTemplate`] renders a conversation with the model's own Jinja template (`tokenizer.chat_template`
+//! in the GGUF), so the prompt is byte-for-byte what the model was trained on.
+
+mod template;
+
+pub use template::{ChatTemplate, RenderOptions, TemplateError};
+
+use serde::Serialize;
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions for the model.
+    System,
+    /// The user.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool's result.
+    Tool,
+}
+
+/// A call the assistant asked for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCall {
+    /// Call id, echoed by the tool message that answers it.
+    pub id: String,
+    /// Always `"function"` (HF templates read `tool_call.type`).
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// The function part of a [`ToolCall`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCall {
+    /// Tool name.
+    pub name: String,
+    /// Arguments as a JSON value (templates render it with `tojson`).
+    pub arguments: serde_json::Value,
+}
+
+/// One message of a conversation, shaped like the HF chat-template `messages` entries.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Message {
+    /// Author.
+    pub role: Role,
+    /// Text (templates expect a string, so it is `""` rather than absent when a message only calls tools).
+    pub content: String,
+    /// Tool calls made by an assistant message.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a tool message answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// Name of the tool that produced a tool message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl Message {
+    /// A message with just a role and text.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
+    }
+
+    /// A system message.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new(Role::System, content)
+    }
+
+    /// A user message.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new(Role::User, content)
+    }
+
+    /// An assistant message.
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new(Role::Assistant, content)
+    }
+}

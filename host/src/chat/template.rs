@@ -1,0 +1,283 @@
+//! Jinja chat templates rendered with minijinja, with the globals Hugging Face templates expect.
+//!
+//! HF compatibility: `messages`, `tools`, `add_generation_prompt`, `bos_token`, `eos_token`,
+//! `raise_exception(msg)`, `strftime_now(fmt)`, Python string/dict methods (`.strip()`, `.items()`, via
+//! minijinja-contrib's pycompat) and a `tojson` that formats like Python's `json.dumps` (`", "` and `": "`
+//! separators, no HTML escaping, keys in insertion order), which is what the models saw in training.
+
+use super::Message;
+use minijinja::value::Kwargs;
+use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
+use serde::Serialize;
+use thiserror::Error;
+
+/// A template that failed to compile or render.
+#[derive(Debug, Error)]
+pub enum TemplateError {
+    /// The template source does not parse.
+    #[error("chat template does not compile: {0:#}")]
+    Compile(JinjaError),
+    /// Rendering failed (including `raise_exception` from the template itself).
+    #[error("chat template failed to render: {0:#}")]
+    Render(JinjaError),
+}
+
+/// Inputs besides the messages.
+#[derive(Debug, Clone, Default)]
+pub struct RenderOptions<'a> {
+    /// Append the assistant turn header so the model starts answering.
+    pub add_generation_prompt: bool,
+    /// Tool definitions (OpenAI `tools` entries) for templates that render them.
+    pub tools: Option<&'a [serde_json::Value]>,
+    /// `bos_token` as text.
+    pub bos_token: &'a str,
+    /// `eos_token` as text.
+    pub eos_token: &'a str,
+}
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate").finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source` (the text of `tokenizer.chat_template`).
+    pub fn new(source: &str) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned("chat", source.to_owned())
+            .map_err(TemplateError::Compile)?;
+        Ok(ChatTemplate { env })
+    }
+
+    /// Renders a conversation to prompt text.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        opts: &RenderOptions<'_>,
+    ) -> Result<String, TemplateError> {
+        #[derive(Serialize)]
+        struct Ctx<'a> {
+            messages: &'a [Message],
+            tools: Option<&'a [serde_json::Value]>,
+            add_generation_prompt: bool,
+            bos_token: &'a str,
+            eos_token: &'a str,
+        }
+        let ctx = Ctx {
+            messages,
+            tools: opts.tools,
+            add_generation_prompt: opts.add_generation_prompt,
+            bos_token: opts.bos_token,
+            eos_token: opts.eos_token,
+        };
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(TemplateError::Render)?;
+        tmpl.render(Value::from_serialize(&ctx))
+            .map_err(TemplateError::Render)
+    }
+}
+
+fn raise_exception(msg: String) -> Result<Value, JinjaError> {
+    Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// Python-style `json.dumps(value, ensure_ascii=False, indent=indent)`.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, JinjaError> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let mut out = Vec::new();
+    let result = match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let mut ser = serde_json::Serializer::with_formatter(
+                &mut out,
+                serde_json::ser::PrettyFormatter::with_indent(&pad),
+            );
+            json.serialize(&mut ser)
+        }
+        None => json.serialize(&mut serde_json::Serializer::with_formatter(
+            &mut out,
+            PythonFormatter,
+        )),
+    };
+    result.map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    // serde_json writes UTF-8 only.
+    Ok(Value::from_safe_string(
+        String::from_utf8(out).unwrap_or_default(),
+    ))
+}
+
+/// `json.dumps` default separators: `", "` between items and `": "` after keys.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+/// `strftime_now(fmt)` for the directives chat templates use: `%Y %m %d %H %M %S %b %B %%`.
+fn strftime_now(fmt: String) -> Result<Value, JinjaError> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(Value::from(strftime(&fmt, secs)))
+}
+
+fn strftime(fmt: &str, unix: u64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let days = (unix / 86_400) as i64;
+    let rem = unix % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('H') => out.push_str(&format!("{:02}", rem / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", rem / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", rem % 60)),
+            Some('B') => out.push_str(MONTHS[(month - 1) as usize]),
+            Some('b') => out.push_str(&MONTHS[(month - 1) as usize][..3]),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::{FunctionCall, Role, ToolCall};
+
+    const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn renders_chatml_with_default_system_prompt() {
+        let t = ChatTemplate::new(CHATML).unwrap();
+        let opts = RenderOptions {
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        let s = t.render(&[Message::user("Hi")], &opts).unwrap();
+        assert_eq!(
+            s,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn tools_tojson_and_python_methods() {
+        let src = "{% for t in tools %}{{ t | tojson }}\n{% endfor %}{{ messages[0].content.strip().upper() }}|{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(src).unwrap();
+        let tools = vec![
+            serde_json::json!({"type": "function", "function": {"name": "w", "parameters": {"z": 1, "a": ["<b>", "é"]}}}),
+        ];
+        let mut call = Message::new(Role::Assistant, "");
+        call.tool_calls.push(ToolCall {
+            id: "c1".into(),
+            kind: "function",
+            function: FunctionCall {
+                name: "w".into(),
+                arguments: serde_json::json!({"city": "Paris", "n": 2}),
+            },
+        });
+        let opts = RenderOptions {
+            tools: Some(&tools),
+            ..Default::default()
+        };
+        let s = t.render(&[Message::user("  hi  "), call], &opts).unwrap();
+        assert_eq!(
+            s,
+            "{\"type\": \"function\", \"function\": {\"name\": \"w\", \"parameters\": {\"z\": 1, \"a\": [\"<b>\", \"é\"]}}}\nHI|{\"city\": \"Paris\", \"n\": 2}"
+        );
+    }
+
+    #[test]
+    fn raise_exception_and_syntax_errors_are_typed() {
+        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}").unwrap();
+        let e = t.render(&[], &RenderOptions::default()).unwrap_err();
+        assert!(
+            matches!(e, TemplateError::Render(_)) && e.to_string().contains("roles must alternate"),
+            "{e}"
+        );
+        assert!(matches!(
+            ChatTemplate::new("{% for %}"),
+            Err(TemplateError::Compile(_))
+        ));
+    }
+
+    #[test]
+    fn strftime_formats_known_dates() {
+        // 2026-11-30T12:34:56Z
+        assert_eq!(
+            strftime("%d %b %Y %H:%M:%S %B %%", 1_796_042_096),
+            "30 Nov 2026 12:34:56 November %"
+        );
+        assert_eq!(strftime("%Y-%m-%d", 951_782_400), "2000-02-29");
+    }
+}

@@ -1,0 +1,24 @@
+//! The crate-wide error: one variant per stage of the data path. Each stage has its own typed error; the HTTP
+//! layer (later) maps this enum, once, to OpenAI-style error bodies.
+
+use thiserror::Error;
+
+/// Any error thorn's library can return.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// Reading a model file.
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
+    /// Decoding quantized data.
+    #[error(transparent)]
+    Quant(#[from] crate::quant::QuantError),
+    /// Building or running the tokenizer.
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    /// Rendering a chat template.
+    #[error(transparent)]
+    Template(#[from] crate::chat::TemplateError),
+    /// Fetching or finding a model.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}

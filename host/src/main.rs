@@ -1,0 +1,273 @@
+//! The `thorn` command line.
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use thorn::chat::{ChatTemplate, Message, RenderOptions};
+use thorn::gguf::Gguf;
+use thorn::store::{self, Progress, PullOutcome};
+use thorn::tokenizer::Tokenizer;
+
+#[derive(Parser)]
+#[command(
+    name = "thorn",
+    version,
+    about = "An agent host for the edge: LLM engine + sandboxed wasm tools"
+)]
+struct Cli {
+    /// Model cache directory (default: $THORN_CACHE_DIR, $XDG_CACHE_HOME/thorn, ~/.cache/thorn).
+    #[arg(long, global = true)]
+    cache_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Set everything up and run the main job: pull the default model, load it, show what it is.
+    Up,
+    /// Manage models.
+    Model {
+        #[command(subcommand)]
+        cmd: ModelCmd,
+    },
+    /// Tokenize text with a model's tokenizer and print the ids.
+    Tokenize {
+        /// The text.
+        text: String,
+        /// Parse control-token text (`<|im_start|>`) as control tokens.
+        #[arg(long)]
+        special: bool,
+        /// Model file (default: the pulled default model).
+        #[arg(long)]
+        model: Option<PathBuf>,
+    },
+    /// Render a chat with the model's template and print the prompt and its token count.
+    Render {
+        /// The user message.
+        prompt: String,
+        /// A system message.
+        #[arg(long)]
+        system: Option<String>,
+        /// Model file (default: the pulled default model).
+        #[arg(long)]
+        model: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelCmd {
+    /// Download a model (default: the default model) into the cache and verify its sha256.
+    Pull {
+        /// Model name.
+        #[arg(default_value = store::DEFAULT_MODEL.name)]
+        name: String,
+        /// No progress output.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// List models in the cache.
+    List,
+    /// Print a GGUF file's metadata and tensor summary.
+    Info {
+        /// File (default: the pulled default model).
+        path: Option<PathBuf>,
+        /// Also list every tensor.
+        #[arg(long)]
+        tensors: bool,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("THORN_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let cache = store::cache_dir(cli.cache_dir.as_deref());
+    match cli.cmd {
+        Cmd::Up => up(&cache),
+        Cmd::Model {
+            cmd: ModelCmd::Pull { name, quiet },
+        } => pull(&cache, &name, quiet).map(drop),
+        Cmd::Model {
+            cmd: ModelCmd::List,
+        } => {
+            let models = store::list(&cache)?;
+            if models.is_empty() {
+                println!(
+                    "no models in {} (run `thorn model pull`)",
+                    cache.join("models").display()
+                );
+            }
+            for (p, len) in models {
+                println!("{:>10.1} MB  {}", len as f64 / 1e6, p.display());
+            }
+            Ok(())
+        }
+        Cmd::Model {
+            cmd: ModelCmd::Info { path, tensors },
+        } => info(&resolve(&cache, path)?, tensors),
+        Cmd::Tokenize {
+            text,
+            special,
+            model,
+        } => {
+            let g = open(&resolve(&cache, model)?)?;
+            let tok = Tokenizer::from_gguf(&g)?;
+            let ids = tok.encode(&text, special)?;
+            println!("{ids:?}");
+            eprintln!("{} tokens", ids.len());
+            Ok(())
+        }
+        Cmd::Render {
+            prompt,
+            system,
+            model,
+        } => {
+            let g = open(&resolve(&cache, model)?)?;
+            let (text, n) = render(&g, system.as_deref(), &prompt)?;
+            print!("{text}");
+            eprintln!("{n} tokens");
+            Ok(())
+        }
+    }
+}
+
+fn resolve(cache: &std::path::Path, path: Option<PathBuf>) -> Result<PathBuf> {
+    match path {
+        Some(p) => Ok(p),
+        None => Ok(store::default_model(cache)?),
+    }
+}
+
+fn open(path: &std::path::Path) -> Result<Gguf> {
+    Gguf::open(path).with_context(|| format!("loading {}", path.display()))
+}
+
+fn pull(cache: &std::path::Path, name: &str, quiet: bool) -> Result<PathBuf> {
+    let spec = store::find_spec(name)?;
+    let progress = if quiet {
+        Progress::hidden()
+    } else {
+        Progress::stderr()
+    };
+    if !quiet {
+        eprintln!(
+            "model {} ({}) -> {}",
+            spec.name,
+            spec.requirement,
+            cache.join("models").display()
+        );
+    }
+    let outcome = store::pull(spec, cache, &progress)?;
+    let path = match outcome {
+        PullOutcome::AlreadyPresent(p) => {
+            if !quiet {
+                eprintln!("already present and verified: {}", p.display());
+            }
+            p
+        }
+        PullOutcome::Downloaded(p) => {
+            if !quiet {
+                eprintln!(
+                    "downloaded and verified (sha256 {}): {}",
+                    spec.sha256,
+                    p.display()
+                );
+            }
+            p
+        }
+    };
+    Ok(path)
+}
+
+fn render(g: &Gguf, system: Option<&str>, prompt: &str) -> Result<(String, usize)> {
+    let tok = Tokenizer::from_gguf(g)?;
+    let src = g
+        .get_str("tokenizer.chat_template")
+        .context("the model has no chat template")?;
+    let template = ChatTemplate::new(src)?;
+    let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
+    messages.push(Message::user(prompt));
+    let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_owned();
+    let (bos, eos) = (text_of(tok.bos()), text_of(tok.eos()));
+    let opts = RenderOptions {
+        add_generation_prompt: true,
+        tools: None,
+        bos_token: &bos,
+        eos_token: &eos,
+    };
+    let text = template.render(&messages, &opts)?;
+    let n = tok.encode(&text, true)?.len();
+    Ok((text, n))
+}
+
+fn info(path: &std::path::Path, tensors: bool) -> Result<()> {
+    let g = open(path)?;
+    println!("file      {}", path.display());
+    println!(
+        "format    GGUF v{}, {} metadata keys, {} tensors, alignment {}",
+        g.version,
+        g.metadata().len(),
+        g.tensors().len(),
+        g.alignment
+    );
+    println!(
+        "size      {:.1} MB ({:.1} MB of tensor data)",
+        g.file_len() as f64 / 1e6,
+        g.tensor_bytes() as f64 / 1e6
+    );
+    let mut by_type: Vec<(String, usize, u64)> = Vec::new();
+    for t in g.tensors() {
+        match by_type.iter_mut().find(|(n, _, _)| n == t.ty.name()) {
+            Some(e) => {
+                e.1 += 1;
+                e.2 += t.size;
+            }
+            None => by_type.push((t.ty.name().to_owned(), 1, t.size)),
+        }
+    }
+    let types: Vec<String> = by_type
+        .iter()
+        .map(|(n, c, b)| format!("{n} x{c} ({:.1} MB)", *b as f64 / 1e6))
+        .collect();
+    println!("types     {}", types.join(", "));
+    println!("metadata");
+    for (k, v) in g.metadata() {
+        println!("  {k:<44} {}", v.summary(100).replace('\n', "\\n"));
+    }
+    if tensors {
+        println!("tensors");
+        for t in g.tensors() {
+            println!("  {:<32} {:<6} {:?}", t.name, t.ty.name(), t.dims);
+        }
+    }
+    Ok(())
+}
+
+fn up(cache: &std::path::Path) -> Result<()> {
+    let path = pull(cache, store::DEFAULT_MODEL.name, false)?;
+    let g = open(&path)?;
+    let arch = g.architecture()?;
+    let tok = Tokenizer::from_gguf(&g)?;
+    println!(
+        "loaded {} ({arch}, {} layers, {} tensors, vocab {})",
+        path.display(),
+        g.arch_u32("block_count")?,
+        g.tensors().len(),
+        tok.vocab_size()
+    );
+    let (text, n) = render(&g, None, "What is the capital of France?")?;
+    println!("a rendered prompt ({n} tokens):\n{text}");
+    if tok.vocab_size() == 0 {
+        bail!("empty vocabulary");
+    }
+    println!(
+        "the inference engine (`thorn generate`) and the OpenAI server (`thorn serve`) are not built yet."
+    );
+    Ok(())
+}

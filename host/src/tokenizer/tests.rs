@@ -1,0 +1,92 @@
+//! Tokenizer behaviour on a tiny in-code vocabulary (the real-model fixture runs in tests/e2e).
+
+use super::*;
+
+/// 256 byte tokens (GPT-2 byte chars), one merge ("h" + "i"), and two control tokens.
+fn tiny() -> Tokenizer {
+    let dec = byte_decoder();
+    let mut by_byte: Vec<(u8, char)> = dec.iter().map(|(&c, &b)| (b, c)).collect();
+    by_byte.sort();
+    let mut tokens: Vec<String> = vec!["<|im_start|>".into(), "<|im_end|>".into()];
+    let mut kinds = vec![TokenKind::Control, TokenKind::Control];
+    tokens.extend(by_byte.iter().map(|(_, c)| c.to_string()));
+    kinds.extend(std::iter::repeat_n(TokenKind::Normal, 256));
+    tokens.push("hi".into());
+    kinds.push(TokenKind::Normal);
+    Tokenizer::new(tokens, kinds, &["h i".to_string()], "smollm").unwrap()
+}
+
+#[test]
+fn merges_and_byte_fallback() {
+    let t = tiny();
+    let ids = t.encode("hi", false).unwrap();
+    assert_eq!(ids, vec![258]);
+    let ids = t.encode("é1", false).unwrap();
+    assert_eq!(ids.len(), 3, "two UTF-8 bytes and a digit");
+    assert_eq!(t.decode(&ids, true), "é1");
+}
+
+#[test]
+fn control_tokens_only_when_parsing_special() {
+    let t = tiny();
+    let on = t.encode("<|im_start|>hi<|im_end|>", true).unwrap();
+    assert_eq!(on, vec![0, 258, 1]);
+    let off = t.encode("<|im_start|>hi<|im_end|>", false).unwrap();
+    assert!(off.len() > 3 && !off.contains(&0) && !off.contains(&1));
+    assert_eq!(t.decode(&off, false), "<|im_start|>hi<|im_end|>");
+    assert_eq!(
+        t.decode(&on, false),
+        "hi",
+        "control tokens are hidden unless rendered"
+    );
+    assert_eq!(t.decode(&on, true), "<|im_start|>hi<|im_end|>");
+}
+
+#[test]
+fn detokenizer_holds_back_split_characters() {
+    let t = tiny();
+    let text = "a😀b";
+    let ids = t.encode(text, false).unwrap();
+    assert_eq!(ids.len(), 6);
+    let mut d = t.detokenizer(true);
+    let mut out = String::new();
+    let mut sizes = Vec::new();
+    for &id in &ids {
+        sizes.push(d.push(id, &mut out));
+    }
+    assert_eq!(sizes, vec![1, 0, 0, 0, 4, 1]);
+    assert_eq!(out, text);
+    assert!(!d.has_pending());
+}
+
+#[test]
+fn detokenizer_replaces_impossible_bytes_and_flushes_tails() {
+    let t = tiny();
+    let byte_id = |b: u8| {
+        let c = byte_decoder().into_iter().find(|&(_, v)| v == b).unwrap().0;
+        t.token_id(&c.to_string()).unwrap()
+    };
+    let mut d = t.detokenizer(true);
+    let mut out = String::new();
+    d.push(byte_id(0xFF), &mut out);
+    d.push(byte_id(b'x'), &mut out);
+    assert_eq!(out, "\u{FFFD}x");
+    d.push(byte_id(0xF0), &mut out);
+    assert!(d.has_pending());
+    d.finish(&mut out);
+    assert_eq!(out, "\u{FFFD}x\u{FFFD}");
+}
+
+#[test]
+fn rejects_unknown_pre_tokenizer_and_bad_merges() {
+    let err = Tokenizer::new(vec!["a".into()], vec![TokenKind::Normal], &[], "qwen2").unwrap_err();
+    assert!(err.to_string().contains("qwen2"));
+    let err = Tokenizer::new(
+        vec!["a".into()],
+        vec![TokenKind::Normal],
+        &["ab".into()],
+        "gpt2",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("merge"));
+}

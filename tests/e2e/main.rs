@@ -1,0 +1,6 @@
+//! thorn's end-to-end tests: one binary, one module per concept. They run against the real default model
+//! (pulled by `thorn model pull`) and the fixtures in ../shared/fixtures.
+
+mod chat_template;
+mod model_file;
+mod tokenizer;

@@ -1,0 +1,106 @@
+//! The GGUF reader on the real default model.
+
+use thorn::gguf::Gguf;
+use thorn::quant::{GgmlType, dequantize_ref, dot_ref};
+use thorn_tests::{default_model, fixture, golden};
+
+#[test]
+fn reads_the_default_model_as_the_fixture_metadata_says() {
+    let g = Gguf::open(default_model()).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("smollm2/meta.json")).unwrap())
+            .unwrap();
+    let m = &meta["gguf"];
+    assert_eq!(g.file_len(), meta["model_bytes"].as_u64().unwrap());
+    assert_eq!(
+        g.architecture().unwrap(),
+        m["architecture"].as_str().unwrap()
+    );
+    for (key, field) in [
+        ("block_count", "block_count"),
+        ("embedding_length", "embedding_length"),
+        ("feed_forward_length", "feed_forward_length"),
+        ("attention.head_count", "head_count"),
+        ("attention.head_count_kv", "head_count_kv"),
+        ("rope.dimension_count", "rope_dimension_count"),
+        ("vocab_size", "vocab_size"),
+        ("context_length", "context_length"),
+    ] {
+        assert_eq!(
+            u64::from(g.arch_u32(key).unwrap()),
+            m[field].as_u64().unwrap(),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        f64::from(g.arch_f32("attention.layer_norm_rms_epsilon").unwrap()),
+        m["rms_norm_eps_f32"].as_f64().unwrap()
+    );
+    assert_eq!(
+        f64::from(g.arch_f32("rope.freq_base").unwrap()),
+        m["rope_freq_base"].as_f64().unwrap()
+    );
+    let count = |ty: GgmlType| g.tensors().iter().filter(|t| t.ty == ty).count() as u64;
+    for (name, n) in m["tensor_types"].as_object().unwrap() {
+        let ty = GgmlType::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name() == name)
+            .unwrap();
+        assert_eq!(count(ty), n.as_u64().unwrap(), "{name} tensors");
+    }
+    let embd = g.tensor("token_embd.weight").unwrap();
+    assert_eq!(
+        (embd.ty, embd.dims.as_slice()),
+        (GgmlType::Q8_0, &[576u64, 49152][..])
+    );
+    assert!(
+        g.tensor("output.weight").is_err(),
+        "SmolLM2 ties the output matrix to the embedding"
+    );
+}
+
+#[test]
+fn every_tensor_decodes_to_finite_values() {
+    let g = Gguf::open(default_model()).unwrap();
+    for t in g.tensors() {
+        let (rows, cols) = t.rows_cols();
+        let row_bytes = t.ty.row_bytes(cols as usize).unwrap();
+        let data = g.tensor_data(t);
+        assert_eq!(data.len(), rows as usize * row_bytes, "{}", t.name);
+        // First and last row of every tensor: finite values, and dot_ref agrees with dequantize + sum.
+        let mut row = vec![0f32; cols as usize];
+        for r in [0, rows as usize - 1] {
+            let bytes = &data[r * row_bytes..(r + 1) * row_bytes];
+            dequantize_ref(t.ty, bytes, &mut row).unwrap();
+            assert!(row.iter().all(|v| v.is_finite()), "{} row {r}", t.name);
+            let ones = vec![1f32; cols as usize];
+            let sum: f64 = row.iter().map(|&v| f64::from(v)).sum();
+            let dot = f64::from(dot_ref(t.ty, bytes, &ones).unwrap());
+            assert!(
+                (dot - sum).abs() <= 1e-4 * sum.abs().max(1.0),
+                "{} row {r}: {dot} vs {sum}",
+                t.name
+            );
+        }
+    }
+}
+
+#[test]
+fn metadata_and_tensor_table_golden() {
+    let g = Gguf::open(default_model()).unwrap();
+    let mut out = format!(
+        "GGUF v{} alignment {} data at {}\n",
+        g.version, g.alignment, g.data_offset
+    );
+    for (k, v) in g.metadata() {
+        out.push_str(&format!("{k} = {}\n", v.summary(60).replace('\n', "\\n")));
+    }
+    for t in g.tensors().iter().take(12) {
+        out.push_str(&format!(
+            "{} {} {:?} @{} +{}\n",
+            t.name, t.ty, t.dims, t.offset, t.size
+        ));
+    }
+    golden("gguf/smollm2_header.txt", &out);
+}
