@@ -23,10 +23,15 @@
 //! Errors are typed per module (`thiserror`) and gathered in [`Error`]; only the binary uses `anyhow`.
 #![deny(unsafe_code)]
 
+pub mod backend;
 pub mod chat;
+pub mod engine;
 pub mod error;
 pub mod gguf;
+pub mod kv;
+pub mod model;
 pub mod quant;
+pub mod sample;
 pub mod store;
 pub mod tokenizer;
 

@@ -8,6 +8,8 @@ use thorn::gguf::Gguf;
 use thorn::store::{self, Progress, PullOutcome};
 use thorn::tokenizer::Tokenizer;
 
+mod bench;
+
 #[derive(Parser)]
 #[command(
     name = "thorn",
@@ -26,6 +28,13 @@ struct Cli {
 enum Cmd {
     /// Set everything up and run the main job: pull the default model, load it, show what it is.
     Up,
+    /// Generate a reply to one prompt, streaming it to stdout.
+    Generate(GenerateArgs),
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        cmd: BenchCmd,
+    },
     /// Manage models.
     Model {
         #[command(subcommand)]
@@ -49,6 +58,77 @@ enum Cmd {
         /// A system message.
         #[arg(long)]
         system: Option<String>,
+        /// Model file (default: the pulled default model).
+        #[arg(long)]
+        model: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args)]
+struct GenerateArgs {
+    /// The user message.
+    #[arg(long, short)]
+    prompt: String,
+    /// A system message (default: the chat template's own).
+    #[arg(long)]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Top-k (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Top-p (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Min-p (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Random seed (same seed, same output).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// CPU threads (0 = one per physical core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Context length in tokens.
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
+    /// Model file (default: the pulled default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Prefill and decode speed of the engine itself (the llama-bench shape: pp, tg, tg at depth).
+    Engine {
+        /// Prompt tokens for the prefill measurement.
+        #[arg(long, default_value_t = 512)]
+        prompt_tokens: usize,
+        /// Tokens for each decode measurement.
+        #[arg(long, default_value_t = 128)]
+        gen_tokens: usize,
+        /// Context depths to measure decode at (besides 0).
+        #[arg(long, value_delimiter = ',', default_value = "1024,3000")]
+        depths: Vec<usize>,
+        /// Repetitions of each measurement (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// CPU threads (0 = one per physical core).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
         /// Model file (default: the pulled default model).
         #[arg(long)]
         model: Option<PathBuf>,
@@ -90,6 +170,27 @@ fn main() -> Result<()> {
     let cache = store::cache_dir(cli.cache_dir.as_deref());
     match cli.cmd {
         Cmd::Up => up(&cache),
+        Cmd::Generate(args) => generate(&cache, args),
+        Cmd::Bench {
+            cmd:
+                BenchCmd::Engine {
+                    prompt_tokens,
+                    gen_tokens,
+                    depths,
+                    reps,
+                    threads,
+                    json,
+                    model,
+                },
+        } => bench::engine(
+            &resolve(&cache, model)?,
+            prompt_tokens,
+            gen_tokens,
+            &depths,
+            reps,
+            threads,
+            json,
+        ),
         Cmd::Model {
             cmd: ModelCmd::Pull { name, quiet },
         } => pull(&cache, &name, quiet).map(drop),
@@ -135,6 +236,63 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
+    use std::io::Write;
+    use thorn::engine::{Engine, EngineConfig, FinishReason, Request};
+    use thorn::sample::SamplingParams;
+    let path = resolve(cache, a.model)?;
+    let cfg = EngineConfig {
+        threads: a.threads,
+        context: a.context,
+        ..EngineConfig::default()
+    };
+    let mut engine =
+        Engine::load(&path, &cfg).with_context(|| format!("loading {}", path.display()))?;
+    let g = engine.gguf();
+    let (prompt_text, _) = render(g, a.system.as_deref(), &a.prompt)?;
+    let prompt = engine.tokenizer().encode(&prompt_text, true)?;
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repeat_penalty,
+        seed: a.seed,
+        ..SamplingParams::default()
+    };
+    let req = Request {
+        prompt,
+        max_tokens: a.max_tokens,
+        sampling,
+        stop: a.stop,
+        stop_tokens: vec![],
+        ignore_eos: false,
+    };
+    let mut stdout = std::io::stdout().lock();
+    let out = engine.generate(&req, &mut |t| {
+        let _ = stdout.write_all(t.as_bytes());
+        let _ = stdout.flush();
+    })?;
+    drop(stdout);
+    let st = &out.stats;
+    println!();
+    eprintln!(
+        "[{} prompt tokens: {:.1} tok/s prefill | {} tokens: {:.1} tok/s decode | {} threads, {:?} | finish: {}]",
+        st.prompt_tokens,
+        st.prefill_tps(),
+        st.generated,
+        st.decode_tps(),
+        engine.cpu().threads(),
+        engine.cpu().isa(),
+        if out.finish == FinishReason::Stop {
+            "stop"
+        } else {
+            "length"
+        }
+    );
+    Ok(())
 }
 
 fn resolve(cache: &std::path::Path, path: Option<PathBuf>) -> Result<PathBuf> {

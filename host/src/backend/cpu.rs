@@ -1,0 +1,201 @@
+//! The CPU backend: a persistent thread pool and runtime-dispatched SIMD kernels.
+//!
+//! Parallel ops split the *output rows* of a weight matrix across threads, so each thread streams its own
+//! slice of the weights once per batch of tokens (prefill is a real GEMM: the micro-kernel keeps up to four
+//! tokens' accumulators live while a weight block is loaded once). Small element-wise ops run on the calling
+//! thread: at SmolLM2's width (576) dispatching them would cost more than they do.
+
+pub mod ops;
+pub mod pool;
+pub mod qmatmul;
+pub mod simd;
+
+use crate::kv::KvCache;
+use pool::ThreadPool;
+use qmatmul::{QActs, QMatrix};
+pub use simd::Isa;
+
+/// The CPU device.
+#[derive(Debug)]
+pub struct Cpu {
+    pool: ThreadPool,
+    isa: Isa,
+}
+
+/// Raw pointer wrapper so disjoint output ranges can be written from several threads.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: used only to hand disjoint ranges of one buffer to pool threads, which finish before the buffer's
+// borrow ends (ThreadPool::run joins them).
+#[expect(unsafe_code, reason = "disjoint parallel writes")]
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+#[expect(unsafe_code, reason = "disjoint parallel writes")]
+unsafe impl Sync for SendPtr {}
+
+impl Cpu {
+    /// A backend with `threads` threads (0 = one per physical core) and the best ISA of this machine.
+    pub fn new(threads: usize) -> Self {
+        Self::with_isa(threads, Isa::detect())
+    }
+
+    /// A backend restricted to `isa` (tests compare ISAs).
+    pub fn with_isa(threads: usize, isa: Isa) -> Self {
+        let threads = if threads == 0 {
+            default_threads()
+        } else {
+            threads
+        };
+        Cpu {
+            pool: ThreadPool::new(threads),
+            isa,
+        }
+    }
+
+    /// The kernels' instruction set.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Threads, the caller included.
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// Quantizes `n` rows of `cols` activations for [`Cpu::matmul`].
+    pub fn quantize(&self, x: &[f32], n: usize, cols: usize, out: &mut QActs) {
+        simd::quantize(self.isa, x, n, cols, out);
+    }
+
+    /// `out[t * w.rows + r] = W[r] · x[t]` for all tokens of `x` (`xf` is the float input, used by f32 weights).
+    pub fn matmul(&self, w: &QMatrix, x: &QActs, xf: &[f32], out: &mut [f32]) {
+        assert!(out.len() >= x.n * w.rows, "matmul output too small");
+        let isa = self.isa;
+        let ptr = SendPtr(out.as_mut_ptr());
+        let len = out.len();
+        self.pool.for_ranges(w.rows, 16, &|rows| {
+            let p = ptr;
+            #[expect(unsafe_code, reason = "disjoint parallel writes")]
+            // SAFETY: every thread gets a disjoint row range and writes only out[t * w.rows + r] for r in its
+            // range; `out` outlives the call because for_ranges joins all threads before returning.
+            let out = unsafe { std::slice::from_raw_parts_mut(p.0, len) };
+            simd::matmul(isa, w, x, xf, rows, out);
+        });
+    }
+
+    /// Causal attention for `n` new tokens at positions `start..start + n` of `layer`, reading the cache
+    /// (which must already hold them). `q` and `out` are `n * n_heads * head_dim`.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "attention needs its shape spelled out"
+    )]
+    pub fn attention(
+        &self,
+        kv: &KvCache,
+        layer: usize,
+        q: &[f32],
+        n: usize,
+        start: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        out: &mut [f32],
+    ) {
+        let isa = self.isa;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let group = n_heads / n_kv_heads;
+        let ptr = SendPtr(out.as_mut_ptr());
+        let len = out.len();
+        self.pool.for_ranges(n * n_heads, 1, &|tasks| {
+            let p = ptr;
+            #[expect(unsafe_code, reason = "disjoint parallel writes")]
+            // SAFETY: task i = (token, head) writes only out[i * head_dim..(i + 1) * head_dim]; ranges are
+            // disjoint and the pool joins before `out`'s borrow ends.
+            let out = unsafe { std::slice::from_raw_parts_mut(p.0, len) };
+            for i in tasks {
+                let (t, h) = (i / n_heads, i % n_heads);
+                let kvh = h / group;
+                let npos = start + t + 1;
+                let o = &mut out[i * head_dim..(i + 1) * head_dim];
+                let qh = &q[i * head_dim..(i + 1) * head_dim];
+                simd::attention(
+                    isa,
+                    qh,
+                    kv.keys(layer, kvh, npos),
+                    kv.values(layer, kvh, npos),
+                    npos,
+                    scale,
+                    o,
+                );
+            }
+        });
+    }
+}
+
+/// Physical cores (logical CPUs when that cannot be told).
+pub fn default_threads() -> usize {
+    let logical = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    // Linux: count distinct (physical id, core id) pairs.
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return logical;
+    };
+    let mut cores = std::collections::HashSet::new();
+    let mut phys = "";
+    for line in info.lines() {
+        if let Some(v) = line.strip_prefix("physical id") {
+            phys = v.trim_start_matches([' ', '\t', ':']);
+        } else if let Some(v) = line.strip_prefix("core id") {
+            cores.insert((
+                phys.to_owned(),
+                v.trim_start_matches([' ', '\t', ':']).to_owned(),
+            ));
+        }
+    }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+impl Cpu {
+    /// Runs `f` over `0..n` split into one contiguous range per thread (multiples of `align`).
+    pub fn for_ranges(&self, n: usize, align: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+        self.pool.for_ranges(n, align, f);
+    }
+
+    /// `out[t * stride + offset + r] = f(r, t)` for `r < rows`, `t < n`, rows split across threads.
+    pub fn map_rows(
+        &self,
+        rows: usize,
+        n: usize,
+        stride: usize,
+        offset: usize,
+        out: &mut [f32],
+        f: &(dyn Fn(usize, usize) -> f32 + Sync),
+    ) {
+        assert!(
+            n == 0 || (n - 1) * stride + offset + rows <= out.len(),
+            "map_rows output too small"
+        );
+        let ptr = SendPtr(out.as_mut_ptr());
+        self.pool.for_ranges(rows, 1, &|range| {
+            let p = ptr;
+            for r in range {
+                for t in 0..n {
+                    #[expect(unsafe_code, reason = "disjoint parallel writes")]
+                    // SAFETY: the index is in bounds (asserted above) and each (r, t) is written by exactly one
+                    // thread, since row ranges are disjoint; the pool joins before `out`'s borrow ends.
+                    unsafe {
+                        *p.0.add(t * stride + offset + r) = f(r, t);
+                    }
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,554 @@
+//! x86-64 SIMD kernels (AVX-512 VNNI and AVX2+FMA), chosen at run time. Each has a scalar reference in
+//! `qmatmul.rs` or `ops.rs` that the tests hold it to.
+#![allow(
+    unsafe_code,
+    reason = "SIMD intrinsics; every block carries a SAFETY note"
+)]
+#![allow(
+    clippy::missing_safety_doc,
+    reason = "module-private kernels, callers are the dispatchers below"
+)]
+
+use super::qmatmul::{Layout, QActs, QK, QMatrix};
+use crate::kv::KvSlice;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// The instruction set the kernels use on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 F/BW/VL + VNNI (`vpdpbusd`).
+    Avx512Vnni,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// Portable scalar code (the reference kernels).
+    Scalar,
+}
+
+impl Isa {
+    /// The best ISA this CPU supports; `THORN_ISA=avx2|scalar` caps it (for tests and comparisons).
+    pub fn detect() -> Isa {
+        let best = Self::best();
+        match std::env::var("THORN_ISA").as_deref() {
+            Ok("scalar") => Isa::Scalar,
+            Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
+            _ => best,
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn best() -> Isa {
+        let f = |s: &str| match s {
+            "avx512f" => is_x86_feature_detected!("avx512f"),
+            "avx512bw" => is_x86_feature_detected!("avx512bw"),
+            "avx512vl" => is_x86_feature_detected!("avx512vl"),
+            "avx512vnni" => is_x86_feature_detected!("avx512vnni"),
+            "avx2" => is_x86_feature_detected!("avx2"),
+            "fma" => is_x86_feature_detected!("fma"),
+            "f16c" => is_x86_feature_detected!("f16c"),
+            _ => false,
+        };
+        let avx2 = f("avx2") && f("fma") && f("f16c");
+        if avx2
+            && ["avx512f", "avx512bw", "avx512vl", "avx512vnni"]
+                .iter()
+                .all(|s| f(s))
+        {
+            Isa::Avx512Vnni
+        } else if avx2 {
+            Isa::Avx2
+        } else {
+            Isa::Scalar
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn best() -> Isa {
+        Isa::Scalar
+    }
+
+    /// ISAs this machine can run, best first (tests compare each against the scalar reference).
+    pub fn available() -> Vec<Isa> {
+        match Self::best() {
+            Isa::Avx512Vnni => vec![Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar],
+            Isa::Avx2 => vec![Isa::Avx2, Isa::Scalar],
+            Isa::Scalar => vec![Isa::Scalar],
+        }
+    }
+}
+
+/// Quantizes `n` rows of `cols` floats (see [`super::qmatmul::quantize_ref`], which this equals bit for bit).
+pub fn quantize(isa: Isa, x: &[f32], n: usize, cols: usize, out: &mut QActs) {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && cols.is_multiple_of(QK) {
+        out.reset(n, cols);
+        for t in 0..n {
+            for b in 0..cols / QK {
+                let i = t * out.blocks + b;
+                let src = &x[t * cols + b * QK..][..QK];
+                let dst = &mut out.q[t * out.cols + b * QK..][..QK];
+                // SAFETY: `isa` was detected on this CPU, so AVX2 is available; both slices hold 32 elements.
+                let (d, sum) = unsafe { quantize_block_avx2(src, dst) };
+                out.d[i] = d;
+                out.sum[i] = sum;
+                out.s[i] = d * sum as f32;
+            }
+        }
+        return;
+    }
+    let _ = isa;
+    super::qmatmul::quantize_ref(x, n, cols, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    // SAFETY: the caller passes 32-element slices; all loads/stores stay inside them.
+    unsafe {
+        let p = x.as_ptr();
+        let v = [
+            _mm256_loadu_ps(p),
+            _mm256_loadu_ps(p.add(8)),
+            _mm256_loadu_ps(p.add(16)),
+            _mm256_loadu_ps(p.add(24)),
+        ];
+        let sign = _mm256_set1_ps(-0.0);
+        let mut mx = _mm256_andnot_ps(sign, v[0]);
+        for vi in &v[1..] {
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, *vi));
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m1 = _mm_max_ss(m2, _mm_movehdup_ps(m2));
+        let amax = _mm_cvtss_f32(m1);
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let idv = _mm256_set1_ps(id);
+        // cvtps rounds to nearest even under the default MXCSR, like round_ties_even in the reference.
+        let i: [__m256i; 4] = [0, 1, 2, 3].map(|k| _mm256_cvtps_epi32(_mm256_mul_ps(v[k], idv)));
+        let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+        let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b10_11_00_01));
+        let sum = _mm_cvtsi128_si32(s1);
+        // Pack 32 i32 (all within -127..=127) to i8 in order.
+        let p16a = _mm256_packs_epi32(i[0], i[1]);
+        let p16b = _mm256_packs_epi32(i[2], i[3]);
+        let p8 = _mm256_packs_epi16(p16a, p16b);
+        let ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, ordered);
+        (d, sum)
+    }
+}
+
+/// Computes `out[t * w.rows + r]` for rows `rows` and every token of `x` (see `qmatmul::matmul_ref`).
+pub fn matmul(
+    isa: Isa,
+    w: &QMatrix,
+    x: &QActs,
+    xf: &[f32],
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if w.layout != Layout::F32 && isa != Isa::Scalar {
+        debug_assert!(x.blocks >= w.blocks && x.cols >= w.cols);
+        let mut t = 0;
+        while t < x.n {
+            let nt = (x.n - t).min(4);
+            for r in rows.clone() {
+                let mut res = [0f32; 4];
+                // SAFETY: `isa` was detected on this CPU; the kernels read rows `r` of `w` and tokens
+                // `t..t+nt` of `x`, which exist (r < w.rows, t + nt <= x.n) and are padded as the layouts
+                // promise (checked above in debug builds; guaranteed by QActs::reset and QMatrix::from_ggml).
+                unsafe {
+                    match (isa, nt) {
+                        (Isa::Avx512Vnni, 4) => res = row_avx512::<4>(w, r, x, t),
+                        (Isa::Avx512Vnni, 3) => {
+                            res[..3].copy_from_slice(&row_avx512::<3>(w, r, x, t))
+                        }
+                        (Isa::Avx512Vnni, 2) => {
+                            res[..2].copy_from_slice(&row_avx512::<2>(w, r, x, t))
+                        }
+                        (Isa::Avx512Vnni, _) => {
+                            res[..1].copy_from_slice(&row_avx512::<1>(w, r, x, t))
+                        }
+                        (_, 4) => res = row_avx2::<4>(w, r, x, t),
+                        (_, 3) => res[..3].copy_from_slice(&row_avx2::<3>(w, r, x, t)),
+                        (_, 2) => res[..2].copy_from_slice(&row_avx2::<2>(w, r, x, t)),
+                        (_, _) => res[..1].copy_from_slice(&row_avx2::<1>(w, r, x, t)),
+                    }
+                }
+                for (k, v) in res[..nt].iter().enumerate() {
+                    out[(t + k) * w.rows + r] = *v;
+                }
+            }
+            t += nt;
+        }
+        return;
+    }
+    if w.layout == Layout::F32 && isa != Isa::Scalar {
+        for t in 0..x.n {
+            let xr = &xf[t * w.cols..(t + 1) * w.cols];
+            for r in rows.clone() {
+                out[t * w.rows + r] = dot_f32(isa, &w.f[r * w.cols..(r + 1) * w.cols], xr);
+            }
+        }
+        return;
+    }
+    super::qmatmul::matmul_ref(w, x, xf, rows, out);
+}
+
+/// `Σ a[i] * b[i]` in f32.
+#[inline]
+pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        // SAFETY: AVX2+FMA were detected; the kernel reads min(len) elements of each slice.
+        return unsafe { dot_f32_avx2(a, b) };
+    }
+    let _ = isa;
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    // SAFETY: loads are at offsets < n - 7 for full vectors; the tail is scalar.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for (k, a_k) in acc.iter_mut().enumerate() {
+                let o = i + 8 * k;
+                *a_k = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(o)),
+                    _mm256_loadu_ps(b.as_ptr().add(o)),
+                    *a_k,
+                );
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.as_ptr().add(i)),
+                _mm256_loadu_ps(b.as_ptr().add(i)),
+                acc[0],
+            );
+            i += 8;
+        }
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut total = hsum256(s);
+        while i < n {
+            total += a[i] * b[i];
+            i += 1;
+        }
+        total
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
+}
+
+/// Σ_b m[b] * s[b] over `n` blocks: the offset term of the affine blocks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn offset_term(m: *const f32, s: *const f32, n: usize) -> f32 {
+    // SAFETY: the caller guarantees `n` readable floats behind both pointers.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(m.add(i)), _mm256_loadu_ps(s.add(i)), acc);
+            i += 8;
+        }
+        let mut total = hsum256(acc);
+        while i < n {
+            total += *m.add(i) * *s.add(i);
+            i += 1;
+        }
+        total
+    }
+}
+
+/// One row of `w` against tokens `t0..t0+T` of `x`, AVX-512 VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+unsafe fn row_avx512<const T: usize>(w: &QMatrix, r: usize, x: &QActs, t0: usize) -> [f32; T] {
+    // SAFETY: see the caller: row r and tokens t0..t0+T exist; nibble rows hold blocks/2 pairs of 32 bytes,
+    // byte rows `blocks` blocks of 32 bytes; every token row of `x` holds at least `w.blocks` blocks.
+    unsafe {
+        let wd = w.d.as_ptr().add(r * w.blocks);
+        let xq: [*const i8; T] = std::array::from_fn(|t| x.q.as_ptr().add((t0 + t) * x.cols));
+        let xd: [*const f32; T] = std::array::from_fn(|t| x.d.as_ptr().add((t0 + t) * x.blocks));
+        // Lanes 0..8 take element 0 of a pair, lanes 8..16 element 1.
+        let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        let expand = |p: *const f32| {
+            _mm512_permutexvar_ps(
+                pair_idx,
+                _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(p as *const f64))),
+            )
+        };
+        let mut acc = [_mm512_setzero_ps(); T];
+        let pairs = w.blocks / 2;
+        match w.layout {
+            Layout::Nibble => {
+                let wq = w.q.as_ptr().add(r * w.blocks * 16);
+                let m4 = _mm256_set1_epi8(0x0F);
+                for p in 0..pairs {
+                    let raw = _mm256_loadu_si256(wq.add(32 * p) as *const __m256i);
+                    let lo = _mm256_and_si256(raw, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                    let wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                    let dw = expand(wd.add(2 * p));
+                    for t in 0..T {
+                        let xv = _mm512_loadu_si512(xq[t].add(64 * p) as *const __m512i);
+                        let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+                        let scale = _mm512_mul_ps(dw, expand(xd[t].add(2 * p)));
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
+                    }
+                }
+            }
+            _ => {
+                let wq = w.q.as_ptr().add(r * w.blocks * 32);
+                for p in 0..pairs {
+                    let wv = _mm512_loadu_si512(wq.add(64 * p) as *const __m512i);
+                    let dw = expand(wd.add(2 * p));
+                    for t in 0..T {
+                        let xv = _mm512_loadu_si512(xq[t].add(64 * p) as *const __m512i);
+                        let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+                        let scale = _mm512_mul_ps(dw, expand(xd[t].add(2 * p)));
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
+                    }
+                }
+                if w.blocks % 2 == 1 {
+                    let b = w.blocks - 1;
+                    let wv = _mm256_loadu_si256(wq.add(32 * b) as *const __m256i);
+                    for t in 0..T {
+                        let xv = _mm256_loadu_si256(xq[t].add(32 * b) as *const __m256i);
+                        let isum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv);
+                        let scale = _mm256_set1_ps(*wd.add(b) * *xd[t].add(b));
+                        let part = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), scale);
+                        acc[t] = _mm512_add_ps(acc[t], _mm512_zextps256_ps512(part));
+                    }
+                }
+            }
+        }
+        let wm = w.m.as_ptr().add(r * w.blocks);
+        std::array::from_fn(|t| {
+            _mm512_reduce_add_ps(acc[t])
+                + offset_term(wm, x.s.as_ptr().add((t0 + t) * x.blocks), w.blocks)
+        })
+    }
+}
+
+/// One row of `w` against tokens `t0..t0+T` of `x`, AVX2 (`maddubs`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row_avx2<const T: usize>(w: &QMatrix, r: usize, x: &QActs, t0: usize) -> [f32; T] {
+    // SAFETY: as for row_avx512.
+    unsafe {
+        let wd = w.d.as_ptr().add(r * w.blocks);
+        let xq: [*const i8; T] = std::array::from_fn(|t| x.q.as_ptr().add((t0 + t) * x.cols));
+        let xd: [*const f32; T] = std::array::from_fn(|t| x.d.as_ptr().add((t0 + t) * x.blocks));
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); T];
+        let block = |acc: &mut __m256, u: __m256i, xv: __m256i, scale: f32| {
+            let p16 = _mm256_maddubs_epi16(u, xv);
+            let p32 = _mm256_madd_epi16(p16, ones);
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(scale), *acc);
+        };
+        let mut offset = true;
+        match w.layout {
+            Layout::Nibble => {
+                let wq = w.q.as_ptr().add(r * w.blocks * 16);
+                let m4 = _mm256_set1_epi8(0x0F);
+                for p in 0..w.blocks / 2 {
+                    let raw = _mm256_loadu_si256(wq.add(32 * p) as *const __m256i);
+                    let lo = _mm256_and_si256(raw, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                    let (d0, d1) = (*wd.add(2 * p), *wd.add(2 * p + 1));
+                    for t in 0..T {
+                        let x0 = _mm256_loadu_si256(xq[t].add(64 * p) as *const __m256i);
+                        let x1 = _mm256_loadu_si256(xq[t].add(64 * p + 32) as *const __m256i);
+                        block(&mut acc[t], lo, x0, d0 * *xd[t].add(2 * p));
+                        block(&mut acc[t], hi, x1, d1 * *xd[t].add(2 * p + 1));
+                    }
+                }
+            }
+            _ => {
+                // Signed weights (u ^ 0x80 = q): |q| times x with q's sign, so maddubs cannot saturate. This
+                // computes Σ q*x exactly, which already includes the offset term, so none is added.
+                offset = false;
+                let wq = w.q.as_ptr().add(r * w.blocks * 32);
+                let flip = _mm256_set1_epi8(-128);
+                for b in 0..w.blocks {
+                    let q = _mm256_xor_si256(
+                        _mm256_loadu_si256(wq.add(32 * b) as *const __m256i),
+                        flip,
+                    );
+                    let aq = _mm256_sign_epi8(q, q);
+                    let d = *wd.add(b);
+                    for t in 0..T {
+                        let xv = _mm256_sign_epi8(
+                            _mm256_loadu_si256(xq[t].add(32 * b) as *const __m256i),
+                            q,
+                        );
+                        block(&mut acc[t], aq, xv, d * *xd[t].add(b));
+                    }
+                }
+            }
+        }
+        let wm = w.m.as_ptr().add(r * w.blocks);
+        std::array::from_fn(|t| {
+            let off = if offset {
+                offset_term(wm, x.s.as_ptr().add((t0 + t) * x.blocks), w.blocks)
+            } else {
+                0.0
+            };
+            hsum256(acc[t]) + off
+        })
+    }
+}
+
+/// `out = x * w / rms(x)`; the sum of squares runs in f64 like the reference, the scaling is vectorized by
+/// the compiler.
+pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    super::ops::rmsnorm_ref(x, w, eps, out);
+}
+
+/// Rows of keys processed per online-softmax step of [`attention`].
+const ATT_CHUNK: usize = 128;
+
+/// One query head against positions `0..n` (see `ops::attention_ref`): scores for a chunk of keys, then an
+/// online-softmax update of the running max, denominator and output, so no buffer grows with the context.
+pub fn attention(
+    isa: Isa,
+    q: &[f32],
+    keys: KvSlice<'_>,
+    values: KvSlice<'_>,
+    n: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let mut scores = [0f32; ATT_CHUNK];
+    let mut m = f32::NEG_INFINITY;
+    let mut l = 0f32;
+    out.fill(0.0);
+    let mut start = 0;
+    while start < n {
+        let len = (n - start).min(ATT_CHUNK);
+        let mut cmax = f32::NEG_INFINITY;
+        for (j, s) in scores[..len].iter_mut().enumerate() {
+            *s = dot_kv(isa, q, keys, (start + j) * hd) * scale;
+            cmax = cmax.max(*s);
+        }
+        let new_m = m.max(cmax);
+        let correction = (m - new_m).exp();
+        l *= correction;
+        if correction != 1.0 {
+            out.iter_mut().for_each(|o| *o *= correction);
+        }
+        for (j, s) in scores[..len].iter().enumerate() {
+            let p = (s - new_m).exp();
+            l += p;
+            axpy_kv(isa, p, values, (start + j) * hd, out);
+        }
+        m = new_m;
+        start += len;
+    }
+    let inv = 1.0 / l;
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+/// `q · K[off..off + q.len()]`.
+#[inline]
+fn dot_kv(isa: Isa, q: &[f32], k: KvSlice<'_>, off: usize) -> f32 {
+    match k {
+        KvSlice::F32(d) => dot_f32(isa, q, &d[off..off + q.len()]),
+        KvSlice::F16(d) => {
+            #[cfg(target_arch = "x86_64")]
+            if isa != Isa::Scalar && q.len().is_multiple_of(8) {
+                // SAFETY: AVX2+F16C were detected; both ranges hold q.len() elements.
+                return unsafe { dot_f16_avx2(q, d[off..off + q.len()].as_ptr() as *const u16) };
+            }
+            q.iter()
+                .zip(&d[off..off + q.len()])
+                .map(|(a, b)| a * b.to_f32())
+                .sum()
+        }
+    }
+}
+
+/// `out += a * V[off..off + out.len()]`.
+#[inline]
+fn axpy_kv(isa: Isa, a: f32, v: KvSlice<'_>, off: usize, out: &mut [f32]) {
+    let n = out.len();
+    match v {
+        KvSlice::F32(d) => out
+            .iter_mut()
+            .zip(&d[off..off + n])
+            .for_each(|(o, x)| *o += a * x),
+        KvSlice::F16(d) => {
+            #[cfg(target_arch = "x86_64")]
+            if isa != Isa::Scalar && out.len().is_multiple_of(8) {
+                // SAFETY: AVX2+F16C were detected; both ranges hold out.len() elements.
+                unsafe { axpy_f16_avx2(a, d[off..off + out.len()].as_ptr() as *const u16, out) };
+                return;
+            }
+            let _ = isa;
+            out.iter_mut()
+                .zip(&d[off..off + n])
+                .for_each(|(o, x)| *o += a * x.to_f32());
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16_avx2(q: &[f32], k: *const u16) -> f32 {
+    // SAFETY: the caller guarantees q.len() (a multiple of 8) halves behind `k`.
+    unsafe {
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= q.len() {
+            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(i) as *const __m128i));
+            let k1 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(i + 8) as *const __m128i));
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), k0, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i + 8)), k1, acc1);
+            i += 16;
+        }
+        if i < q.len() {
+            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(i) as *const __m128i));
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), k0, acc0);
+        }
+        hsum256(_mm256_add_ps(acc0, acc1))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_f16_avx2(a: f32, v: *const u16, out: &mut [f32]) {
+    // SAFETY: the caller guarantees out.len() (a multiple of 8) halves behind `v`.
+    unsafe {
+        let av = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i < out.len() {
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(v.add(i) as *const __m128i));
+            let o = out.as_mut_ptr().add(i);
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(av, x, _mm256_loadu_ps(o)));
+            i += 8;
+        }
+    }
+}

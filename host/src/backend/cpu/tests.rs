@@ -1,0 +1,223 @@
+//! Every SIMD kernel against its scalar reference, on every ISA this machine has.
+
+use super::qmatmul::{Layout, QActs, QMatrix, matmul_ref, quantize_ref};
+use super::*;
+use crate::kv::{KvCache, KvDtype};
+use crate::quant::GgmlType;
+
+/// Deterministic pseudo-random floats with occasional outliers (like real activations).
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let v = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            if i % 97 == 5 { v * 40.0 } else { v }
+        })
+        .collect()
+}
+
+fn quantize_rows(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    // Random bytes are valid blocks for these types once the f16 scales are sane.
+    let row_bytes = ty.row_bytes(cols).unwrap();
+    let mut bytes: Vec<u8> = data(rows * row_bytes, seed)
+        .iter()
+        .map(|v| (v.to_bits() >> 7) as u8)
+        .collect();
+    let scale = half::f16::from_f32(0.01).to_bits().to_le_bytes();
+    let bs = ty.type_size();
+    for blk in bytes.chunks_exact_mut(bs) {
+        match ty {
+            GgmlType::Q4_0 | GgmlType::Q8_0 => blk[..2].copy_from_slice(&scale),
+            GgmlType::Q4_1 | GgmlType::Q4_K => {
+                blk[..2].copy_from_slice(&scale);
+                blk[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_bits().to_le_bytes());
+            }
+            GgmlType::Q6_K => blk[208..210].copy_from_slice(&scale),
+            _ => {}
+        }
+    }
+    if ty == GgmlType::F32 {
+        return data(rows * cols, seed)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+    }
+    bytes
+}
+
+#[test]
+fn repacked_matrices_dequantize_like_the_reference() {
+    for (ty, layout) in [
+        (GgmlType::Q4_0, Layout::Nibble),
+        (GgmlType::Q4_1, Layout::Nibble),
+        (GgmlType::Q4_K, Layout::Nibble),
+        (GgmlType::Q8_0, Layout::Byte),
+        (GgmlType::Q6_K, Layout::F32),
+        (GgmlType::F32, Layout::F32),
+    ] {
+        let (rows, cols) = (3, 768);
+        let bytes = quantize_rows(ty, rows, cols, 7);
+        let m = QMatrix::from_ggml(ty, rows, cols, &bytes).unwrap();
+        assert_eq!(m.layout, layout, "{ty}");
+        let rb = ty.row_bytes(cols).unwrap();
+        for r in 0..rows {
+            let mut want = vec![0f32; cols];
+            crate::quant::dequantize_ref(ty, &bytes[r * rb..(r + 1) * rb], &mut want).unwrap();
+            let mut got = vec![0f32; cols];
+            m.dequantize_row(r, &mut got);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                // Q8_0 is stored offset by 128, so d*(q+128) - 128d rounds differently from d*q.
+                let tol = if ty == GgmlType::Q8_0 {
+                    1e-6 * (w.abs() + 1.0)
+                } else {
+                    0.0
+                };
+                assert!((g - w).abs() <= tol, "{ty} row {r} element {i}: {g} vs {w}");
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_quantize_is_bit_exact() {
+    for isa in Isa::available() {
+        for (n, cols) in [(1, 576), (5, 1536), (3, 64)] {
+            let x = data(n * cols, n as u64);
+            let (mut a, mut b) = (QActs::default(), QActs::default());
+            quantize_ref(&x, n, cols, &mut a);
+            simd::quantize(isa, &x, n, cols, &mut b);
+            assert_eq!(
+                (a.q, a.d, a.s, a.sum),
+                (b.q, b.d, b.s, b.sum),
+                "{isa:?} n={n} cols={cols}"
+            );
+        }
+    }
+}
+
+#[test]
+fn simd_matmul_matches_reference() {
+    for isa in Isa::available() {
+        let cpu = Cpu::with_isa(2, isa);
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q4_K,
+            GgmlType::Q8_0,
+            GgmlType::F32,
+        ] {
+            // 33 rows (not a multiple of the split alignment), 5 tokens (4 + 1 micro-kernel), and for Q8_0 an
+            // odd number of blocks (the 256-bit tail).
+            let cols = if ty == GgmlType::Q4_K {
+                512
+            } else if ty == GgmlType::Q8_0 {
+                608
+            } else {
+                576
+            };
+            let rows = 33;
+            let w = QMatrix::from_ggml(ty, rows, cols, &quantize_rows(ty, rows, cols, 3)).unwrap();
+            for n in [1, 2, 5] {
+                let x = data(n * cols, 11 + n as u64);
+                let mut qa = QActs::default();
+                cpu.quantize(&x, n, cols, &mut qa);
+                let mut want = vec![0f32; n * rows];
+                matmul_ref(&w, &qa, &x, 0..rows, &mut want);
+                let mut got = vec![0f32; n * rows];
+                cpu.matmul(&w, &qa, &x, &mut got);
+                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
+                for (i, (g, v)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - v).abs() <= 2e-5 * scale,
+                        "{isa:?} {ty} n={n} out {i}: {g} vs {v}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_matmul_tracks_the_float_product() {
+    // The 8-bit activation path stays close to the exact f32 product (this bounds the approximation).
+    let (rows, cols) = (16, 576);
+    let bytes = quantize_rows(GgmlType::Q4_1, rows, cols, 5);
+    let w = QMatrix::from_ggml(GgmlType::Q4_1, rows, cols, &bytes).unwrap();
+    let x = data(cols, 9);
+    let mut qa = QActs::default();
+    quantize_ref(&x, 1, cols, &mut qa);
+    let mut got = vec![0f32; rows];
+    matmul_ref(&w, &qa, &x, 0..rows, &mut got);
+    let rb = GgmlType::Q4_1.row_bytes(cols).unwrap();
+    for r in 0..rows {
+        let exact =
+            crate::quant::dot_ref(GgmlType::Q4_1, &bytes[r * rb..(r + 1) * rb], &x).unwrap();
+        let norm: f32 = x.iter().map(|v| v.abs()).sum::<f32>() * 0.2;
+        assert!(
+            (got[r] - exact).abs() < 0.01 * norm,
+            "row {r}: {} vs {exact}",
+            got[r]
+        );
+    }
+}
+
+#[test]
+fn simd_attention_matches_reference() {
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let (heads, kv_heads, hd, n_prev, n_new) = (6, 2, 64, 300, 3);
+        let mut kv = KvCache::new(1, kv_heads, hd, 512, dtype);
+        for pos in 0..n_prev + n_new {
+            kv.write(
+                0,
+                pos,
+                &data(kv_heads * hd, pos as u64),
+                &data(kv_heads * hd, 1000 + pos as u64),
+            );
+        }
+        kv.set_len(n_prev + n_new);
+        let q = data(n_new * heads * hd, 77);
+        for isa in Isa::available() {
+            let cpu = Cpu::with_isa(2, isa);
+            let mut got = vec![0f32; n_new * heads * hd];
+            cpu.attention(&kv, 0, &q, n_new, n_prev, heads, kv_heads, hd, &mut got);
+            for t in 0..n_new {
+                for h in 0..heads {
+                    let i = t * heads + h;
+                    let npos = n_prev + t + 1;
+                    let mut want = vec![0f32; hd];
+                    let kvh = h / (heads / kv_heads);
+                    let qh = &q[i * hd..(i + 1) * hd];
+                    ops::attention_ref(
+                        qh,
+                        kv.keys(0, kvh, npos),
+                        kv.values(0, kvh, npos),
+                        npos,
+                        0.125,
+                        &mut want,
+                    );
+                    for (d, (g, w)) in got[i * hd..(i + 1) * hd].iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - w).abs() < 1e-4,
+                            "{isa:?} {dtype:?} t={t} h={h} d={d}: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_rotates_adjacent_pairs() {
+    let mut x = vec![1.0, 0.0, 0.0, 1.0];
+    ops::rope_ref(&mut x, 4, 1, 10000.0);
+    // Pair 0 rotates by 1 rad, pair 1 by 1/100 rad.
+    assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
+    assert!((x[2] + 0.01f32.sin()).abs() < 1e-6 && (x[3] - 0.01f32.cos()).abs() < 1e-6);
+    let mut y = vec![0.3, -0.7];
+    ops::rope_ref(&mut y, 2, 0, 10000.0);
+    assert_eq!(y, vec![0.3, -0.7]);
+}

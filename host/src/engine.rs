@@ -1,0 +1,387 @@
+//! The engine: a loaded model with its KV cache, turning prompts into tokens.
+//!
+//! This is the synchronous core that the scheduler (continuous batching, paged KV, prefix cache) will wrap.
+//! Today it serves one sequence at a time and already reuses the longest common prefix of the previous
+//! prompt+output that is still in the KV cache, so a multi-turn conversation only prefills the new turn.
+//!
+//! Prompts are prefilled in micro-batches of [`PREFILL_CHUNK`] tokens (weights are read once per batch), then
+//! tokens are decoded one at a time; text is streamed through an incremental detokenizer and a stop-string
+//! buffer that never emits text that might turn out to be part of a stop string.
+
+mod stop;
+
+pub use stop::StopBuffer;
+
+use crate::backend::cpu::Cpu;
+use crate::gguf::{Gguf, GgufError};
+use crate::kv::{KvCache, KvDtype};
+use crate::model::ModelError;
+use crate::model::llama::{Llama, Logits, Precision, Scratch};
+use crate::sample::{Sampled, Sampler, SamplingParams};
+use crate::tokenizer::{TokenId, Tokenizer, TokenizerError};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// Tokens per prefill micro-batch.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// What can go wrong running the engine.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// Loading the file.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// Loading or running the model.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// Building the tokenizer.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// A request the engine cannot serve (empty prompt, too long, ...).
+    #[error("invalid request: {0}")]
+    Request(String),
+}
+
+/// How to load a model.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// CPU threads (0 = one per physical core).
+    pub threads: usize,
+    /// Context length (KV positions); 0 = the model's training context.
+    pub context: usize,
+    /// KV cache element type.
+    pub kv_dtype: KvDtype,
+    /// Arithmetic of the forward pass.
+    pub precision: Precision,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: 0,
+            context: 4096,
+            kv_dtype: KvDtype::F16,
+            precision: Precision::Quantized,
+        }
+    }
+}
+
+/// A generation request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Prompt token ids.
+    pub prompt: Vec<TokenId>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Stop strings: generation ends before the first occurrence, which is not returned.
+    pub stop: Vec<String>,
+    /// Extra stop tokens besides the model's end-of-generation tokens.
+    pub stop_tokens: Vec<TokenId>,
+    /// Keep going past end-of-generation tokens (benchmarks).
+    pub ignore_eos: bool,
+}
+
+impl Request {
+    /// A greedy request for `max_tokens` tokens.
+    pub fn greedy(prompt: Vec<TokenId>, max_tokens: usize) -> Self {
+        Request {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop: vec![],
+            stop_tokens: vec![],
+            ignore_eos: false,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` or the context was reached.
+    Length,
+}
+
+/// Timings and counts of one generation.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the KV cache.
+    pub cached_tokens: usize,
+    /// Tokens generated.
+    pub generated: usize,
+    /// Time to prefill the uncached prompt.
+    pub prefill: Duration,
+    /// Time spent decoding.
+    pub decode: Duration,
+}
+
+impl Stats {
+    /// Prefilled tokens per second.
+    pub fn prefill_tps(&self) -> f64 {
+        (self.prompt_tokens - self.cached_tokens) as f64 / self.prefill.as_secs_f64().max(1e-9)
+    }
+
+    /// Decoded tokens per second (the first token comes from the prefill).
+    pub fn decode_tps(&self) -> f64 {
+        self.generated.saturating_sub(1) as f64 / self.decode.as_secs_f64().max(1e-9)
+    }
+}
+
+/// The result of a generation.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// Generated tokens (including a final end-of-generation token, if any).
+    pub tokens: Vec<TokenId>,
+    /// Generated text, cut before any stop string; end-of-generation tokens are not rendered.
+    pub text: String,
+    /// Per-token sampling details (log-probabilities).
+    pub sampled: Vec<Sampled>,
+    /// Why it ended.
+    pub finish: FinishReason,
+    /// Timings.
+    pub stats: Stats,
+}
+
+/// A loaded model ready to generate.
+#[derive(Debug)]
+pub struct Engine {
+    cpu: Cpu,
+    model: Llama,
+    tokenizer: Tokenizer,
+    gguf: Arc<Gguf>,
+    kv: KvCache,
+    scratch: Scratch,
+    /// The tokens whose KV the cache holds, in order.
+    cached: Vec<TokenId>,
+    logits: Vec<f32>,
+}
+
+impl Engine {
+    /// Loads the GGUF at `path`.
+    pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Self, EngineError> {
+        let gguf = Arc::new(Gguf::open(path)?);
+        Self::from_gguf(gguf, cfg)
+    }
+
+    /// Builds an engine from a parsed GGUF.
+    pub fn from_gguf(gguf: Arc<Gguf>, cfg: &EngineConfig) -> Result<Self, EngineError> {
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let mut model = Llama::load(Arc::clone(&gguf))?;
+        model.set_precision(cfg.precision);
+        let ctx = if cfg.context == 0 {
+            model.config().ctx_train
+        } else {
+            cfg.context
+        };
+        let kv = model.new_cache(ctx, cfg.kv_dtype);
+        Ok(Engine {
+            cpu: Cpu::new(cfg.threads),
+            tokenizer,
+            gguf,
+            kv,
+            scratch: Scratch::default(),
+            cached: Vec::new(),
+            logits: Vec::new(),
+            model,
+        })
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    /// The model file.
+    pub fn gguf(&self) -> &Gguf {
+        &self.gguf
+    }
+
+    /// The CPU backend.
+    pub fn cpu(&self) -> &Cpu {
+        &self.cpu
+    }
+
+    /// Context capacity in tokens.
+    pub fn context(&self) -> usize {
+        self.kv.capacity()
+    }
+
+    /// Drops the KV cache contents.
+    pub fn reset(&mut self) {
+        self.kv.truncate(0);
+        self.cached.clear();
+    }
+
+    /// Makes the cache hold `prompt` and leaves the last position's logits in `self.logits`.
+    /// Returns how many prompt tokens were reused from the cache.
+    pub fn prefill(&mut self, prompt: &[TokenId]) -> Result<usize, EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::Request("the prompt is empty".into()));
+        }
+        if prompt.len() >= self.kv.capacity() {
+            return Err(EngineError::Request(format!(
+                "the prompt has {} tokens; the context holds {}",
+                prompt.len(),
+                self.kv.capacity()
+            )));
+        }
+        // Reuse the common prefix, but always recompute at least the last token (its logits are needed).
+        let lcp = self
+            .cached
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(prompt.len() - 1);
+        self.kv.truncate(lcp);
+        self.cached.truncate(lcp);
+        let mut pos = lcp;
+        while pos < prompt.len() {
+            let end = (pos + PREFILL_CHUNK).min(prompt.len());
+            let want = if end == prompt.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            let chunk = &prompt[pos..end];
+            let out = self
+                .model
+                .forward(&self.cpu, &mut self.kv, chunk, want, &mut self.scratch);
+            let out = match out {
+                Ok(o) => o,
+                Err(e) => {
+                    self.reset();
+                    return Err(e.into());
+                }
+            };
+            if want == Logits::Last {
+                self.logits.clear();
+                self.logits.extend_from_slice(out);
+            }
+            self.cached.extend_from_slice(chunk);
+            pos = end;
+        }
+        Ok(lcp)
+    }
+
+    /// The logits after the last prefill or step.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Generates for `req`, calling `on_text` with each piece of text as soon as it is final.
+    pub fn generate(
+        &mut self,
+        req: &Request,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, EngineError> {
+        let vocab = self.model.config().vocab;
+        if let Some(&bad) = req
+            .prompt
+            .iter()
+            .chain(&req.stop_tokens)
+            .find(|&&t| t as usize >= vocab)
+        {
+            return Err(EngineError::Request(format!(
+                "token id {bad} is outside the vocabulary ({vocab})"
+            )));
+        }
+        let t0 = Instant::now();
+        let cached_tokens = self.prefill(&req.prompt)?;
+        let prefill = t0.elapsed();
+        let t1 = Instant::now();
+        let mut sampler = Sampler::new(req.sampling.clone(), vocab);
+        let mut history: Vec<TokenId> = req.prompt.clone();
+        let mut tokens = Vec::new();
+        let mut sampled_all = Vec::new();
+        let mut stop = StopBuffer::new(req.stop.clone());
+        let Engine {
+            cpu,
+            model,
+            tokenizer,
+            kv,
+            scratch,
+            cached,
+            logits: last_logits,
+            ..
+        } = self;
+        let mut detok = tokenizer.detokenizer(false);
+        let mut delta = String::new();
+        let mut finish = FinishReason::Length;
+        let room = kv.capacity() - req.prompt.len();
+        for i in 0..req.max_tokens.min(room) {
+            if i > 0 {
+                let last = *tokens.last().expect("a token was sampled");
+                let out = model.forward(cpu, kv, &[last], Logits::Last, scratch)?;
+                last_logits.clear();
+                last_logits.extend_from_slice(out);
+                cached.push(last);
+            }
+            let s = sampler.sample(last_logits, &history);
+            let tok = s.token;
+            tokens.push(tok);
+            history.push(tok);
+            sampled_all.push(s);
+            let eog = !req.ignore_eos && (tokenizer.is_eog(tok) || req.stop_tokens.contains(&tok));
+            if eog {
+                finish = FinishReason::Stop;
+                break;
+            }
+            delta.clear();
+            detok.push(tok, &mut delta);
+            if stop.push(&delta, on_text) {
+                finish = FinishReason::Stop;
+                break;
+            }
+        }
+        if finish == FinishReason::Length {
+            delta.clear();
+            detok.finish(&mut delta);
+            stop.push(&delta, on_text);
+        }
+        let text = stop.finish(on_text);
+        let stats = Stats {
+            prompt_tokens: req.prompt.len(),
+            cached_tokens,
+            generated: tokens.len(),
+            prefill,
+            decode: t1.elapsed(),
+        };
+        Ok(Generation {
+            tokens,
+            text,
+            sampled: sampled_all,
+            finish,
+            stats,
+        })
+    }
+
+    /// Runs `tokens` through the model without sampling (benchmarks): returns the time the forward pass took.
+    pub fn eval(&mut self, tokens: &[TokenId]) -> Result<Duration, EngineError> {
+        let t = Instant::now();
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.model.forward(
+                &self.cpu,
+                &mut self.kv,
+                chunk,
+                Logits::Last,
+                &mut self.scratch,
+            )?;
+            self.cached.extend_from_slice(chunk);
+        }
+        Ok(t.elapsed())
+    }
+}

@@ -1,0 +1,468 @@
+//! The Llama architecture (GGUF arch `llama`), as llama.cpp runs it.
+//!
+//! Per block: `h += Wo·attn(rope(Wq·n), rope(Wk·n), Wv·n)` with `n = rmsnorm(h)`, then
+//! `h += Wdown·(silu(Wgate·n) * Wup·n)` with `n = rmsnorm(h)`; at the end `logits = Wout·rmsnorm(h)`, where
+//! `Wout` falls back to the token embedding when the file has no `output.weight` (tied, as in SmolLM2).
+//! RoPE is llama.cpp's "normal" type (adjacent pairs), applied to the GGUF weights as stored; attention uses
+//! GQA (query head `h` reads KV head `h / (n_heads / n_kv_heads)`) and scale `1/sqrt(head_dim)`.
+//!
+//! Two precisions share the code: [`Precision::Quantized`] (the fast path: activations quantized to 8 bits
+//! per block of 32 and integer dot products, as llama.cpp's CPU backend does) and [`Precision::Reference`]
+//! (f32 activations against the dequantized weights with f64 accumulation; slow, used to check the math
+//! against the float reference to ~1e-4).
+//!
+//! Q/K/V and gate/up are fused into one matrix each at load, so a layer is five parallel matmul dispatches.
+
+use super::ModelError;
+use crate::backend::cpu::qmatmul::{QActs, QMatrix};
+use crate::backend::cpu::{Cpu, ops, simd};
+use crate::gguf::{Gguf, TensorInfo};
+use crate::kv::{KvCache, KvDtype};
+use crate::quant::{GgmlType, dequantize_ref, dot_ref};
+use std::sync::Arc;
+
+/// Hyperparameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    /// Blocks.
+    pub n_layers: usize,
+    /// Residual width.
+    pub d_model: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+    /// MLP hidden width.
+    pub ffn: usize,
+    /// Vocabulary size (rows of the output matrix).
+    pub vocab: usize,
+    /// RoPE base.
+    pub rope_base: f32,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// Context length the model was trained for.
+    pub ctx_train: usize,
+}
+
+impl LlamaConfig {
+    /// Reads the `llama.*` keys.
+    pub fn from_gguf(g: &Gguf) -> Result<Self, ModelError> {
+        let arch = g.architecture()?;
+        if arch != "llama" {
+            return Err(ModelError::Unsupported(format!(
+                "architecture {arch:?} (this loader runs \"llama\")"
+            )));
+        }
+        let u = |k: &str| g.arch_u32(k).map(|v| v as usize);
+        let d_model = u("embedding_length")?;
+        let n_heads = u("attention.head_count")?;
+        let n_kv_heads = u("attention.head_count_kv").unwrap_or(n_heads);
+        let head_dim = d_model.checked_div(n_heads).unwrap_or(0);
+        let rot = u("rope.dimension_count").unwrap_or(head_dim);
+        if n_heads == 0
+            || n_kv_heads == 0
+            || n_heads % n_kv_heads != 0
+            || head_dim * n_heads != d_model
+            || rot != head_dim
+        {
+            return Err(ModelError::Unsupported(format!(
+                "head layout: {n_heads} heads, {n_kv_heads} KV heads, width {d_model}, rope dims {rot}"
+            )));
+        }
+        let vocab = match u("vocab_size") {
+            Ok(v) => v,
+            Err(_) => g.get_str_array("tokenizer.ggml.tokens")?.len(),
+        };
+        Ok(LlamaConfig {
+            n_layers: u("block_count")?,
+            d_model,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn: u("feed_forward_length")?,
+            vocab,
+            rope_base: g.arch_f32("rope.freq_base").unwrap_or(10000.0),
+            eps: g.arch_f32("attention.layer_norm_rms_epsilon")?,
+            ctx_train: u("context_length").unwrap_or(2048),
+        })
+    }
+
+    /// Width of the K (and V) projection.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+}
+
+/// Which arithmetic the forward pass uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// 8-bit activations and integer dot products (fast).
+    Quantized,
+    /// f32 activations, dequantized weights, f64 accumulation (slow; a check of the math).
+    Reference,
+}
+
+/// Which positions' logits a forward pass returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's.
+    Last,
+    /// Every token's (`n * vocab`).
+    All,
+    /// None (prefilling a prefix).
+    None,
+}
+
+/// A weight matrix in both forms: repacked for the kernels and as the GGUF parts it was built from.
+#[derive(Debug)]
+struct Weight {
+    q: QMatrix,
+    parts: Vec<TensorInfo>,
+}
+
+#[derive(Debug)]
+struct Layer {
+    attn_norm: Vec<f32>,
+    qkv: Weight,
+    wo: Weight,
+    ffn_norm: Vec<f32>,
+    gate_up: Weight,
+    down: Weight,
+}
+
+/// A loaded Llama model. Weights are repacked into memory; the GGUF stays mapped for the embedding rows and
+/// the reference path.
+#[derive(Debug)]
+pub struct Llama {
+    cfg: LlamaConfig,
+    gguf: Arc<Gguf>,
+    embd: TensorInfo,
+    layers: Vec<Layer>,
+    out_norm: Vec<f32>,
+    output: Weight,
+    precision: Precision,
+}
+
+/// Per-forward buffers, reused across calls (nothing is allocated per token once they have grown).
+#[derive(Debug, Default)]
+pub struct Scratch {
+    x: Vec<f32>,
+    xb: Vec<f32>,
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    gu: Vec<f32>,
+    h: Vec<f32>,
+    logits: Vec<f32>,
+    qa: QActs,
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+impl Llama {
+    /// Loads a Llama model from a parsed GGUF.
+    pub fn load(gguf: Arc<Gguf>) -> Result<Self, ModelError> {
+        let cfg = LlamaConfig::from_gguf(&gguf)?;
+        let g = &*gguf;
+        let tensor = |name: &str, want: &[usize]| -> Result<TensorInfo, ModelError> {
+            let t = g.tensor(name)?.clone();
+            let want: Vec<u64> = want.iter().map(|&v| v as u64).collect();
+            if t.dims != want {
+                return Err(ModelError::Shape {
+                    name: name.into(),
+                    got: t.dims,
+                    want,
+                });
+            }
+            Ok(t)
+        };
+        let vector = |name: &str, n: usize| -> Result<Vec<f32>, ModelError> {
+            let t = tensor(name, &[n])?;
+            let mut v = vec![0f32; n];
+            dequantize_ref(t.ty, g.tensor_data(&t), &mut v)?;
+            Ok(v)
+        };
+        let weight = |parts: Vec<TensorInfo>| -> Result<Weight, ModelError> {
+            let mats = parts
+                .iter()
+                .map(|t| {
+                    let (rows, cols) = t.rows_cols();
+                    QMatrix::from_ggml(t.ty, rows as usize, cols as usize, g.tensor_data(t))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let q = if mats.len() == 1 {
+                mats.into_iter().next().expect("one part")
+            } else {
+                QMatrix::concat(&mats)
+                    .ok_or_else(|| ModelError::Unsupported("fused weights of mixed types".into()))?
+            };
+            Ok(Weight { q, parts })
+        };
+        let (d, kvd, ffn) = (cfg.d_model, cfg.kv_dim(), cfg.ffn);
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            layers.push(Layer {
+                attn_norm: vector(&n("attn_norm"), d)?,
+                qkv: weight(vec![
+                    tensor(&n("attn_q"), &[d, d])?,
+                    tensor(&n("attn_k"), &[d, kvd])?,
+                    tensor(&n("attn_v"), &[d, kvd])?,
+                ])?,
+                wo: weight(vec![tensor(&n("attn_output"), &[d, d])?])?,
+                ffn_norm: vector(&n("ffn_norm"), d)?,
+                gate_up: weight(vec![
+                    tensor(&n("ffn_gate"), &[d, ffn])?,
+                    tensor(&n("ffn_up"), &[d, ffn])?,
+                ])?,
+                down: weight(vec![tensor(&n("ffn_down"), &[ffn, d])?])?,
+            });
+        }
+        let embd = tensor("token_embd.weight", &[d, cfg.vocab])?;
+        if !embd.ty.has_reference_kernel() {
+            return Err(ModelError::Unsupported(format!(
+                "token embedding of type {}",
+                embd.ty
+            )));
+        }
+        let output = match g.tensor("output.weight") {
+            Ok(_) => tensor("output.weight", &[d, cfg.vocab])?,
+            Err(_) => embd.clone(),
+        };
+        Ok(Llama {
+            out_norm: vector("output_norm.weight", d)?,
+            output: weight(vec![output])?,
+            embd,
+            layers,
+            cfg,
+            gguf,
+            precision: Precision::Quantized,
+        })
+    }
+
+    /// Hyperparameters.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    /// Switches the arithmetic (see [`Precision`]).
+    pub fn set_precision(&mut self, p: Precision) {
+        self.precision = p;
+    }
+
+    /// Current arithmetic.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// A KV cache sized for this model.
+    pub fn new_cache(&self, capacity: usize, dtype: KvDtype) -> KvCache {
+        KvCache::new(
+            self.cfg.n_layers,
+            self.cfg.n_kv_heads,
+            self.cfg.head_dim,
+            capacity,
+            dtype,
+        )
+    }
+
+    /// Bytes of weights a decode step reads (repacked matrices + norms).
+    pub fn weight_bytes(&self) -> usize {
+        let l: usize = self
+            .layers
+            .iter()
+            .map(|l| l.qkv.q.bytes() + l.wo.q.bytes() + l.gate_up.q.bytes() + l.down.q.bytes())
+            .sum();
+        l + self.output.q.bytes() + 4 * self.cfg.d_model * (2 * self.cfg.n_layers + 1)
+    }
+
+    /// Runs `tokens` at positions `kv.len()..` and appends them to the cache. Returns the requested logits
+    /// (`vocab` floats per returned position), valid until the next call with the same scratch.
+    pub fn forward<'s>(
+        &self,
+        cpu: &Cpu,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        want: Logits,
+        s: &'s mut Scratch,
+    ) -> Result<&'s [f32], ModelError> {
+        let c = &self.cfg;
+        let n = tokens.len();
+        let start = kv.len();
+        if start + n > kv.capacity() {
+            return Err(ModelError::Unsupported(format!(
+                "context full: {start} cached + {n} new tokens > {} positions",
+                kv.capacity()
+            )));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(ModelError::Unsupported(format!(
+                "token id {bad} is outside the vocabulary ({})",
+                c.vocab
+            )));
+        }
+        let (d, kvd, hd) = (c.d_model, c.kv_dim(), c.head_dim);
+        let qkv_w = d + 2 * kvd;
+        grow(&mut s.x, n * d);
+        grow(&mut s.xb, n * d);
+        grow(&mut s.qkv, n * qkv_w);
+        grow(&mut s.q, n * d);
+        grow(&mut s.att, n * d);
+        grow(&mut s.proj, n * d);
+        grow(&mut s.gu, n * 2 * c.ffn);
+        grow(&mut s.h, n * c.ffn);
+
+        // Embeddings: exact dequantization of the stored rows.
+        let row_bytes = self.embd.ty.row_bytes(d).expect("checked at load");
+        let data = self.gguf.tensor_data(&self.embd);
+        for (t, &tok) in tokens.iter().enumerate() {
+            let r = tok as usize;
+            dequantize_ref(
+                self.embd.ty,
+                &data[r * row_bytes..(r + 1) * row_bytes],
+                &mut s.x[t * d..(t + 1) * d],
+            )?;
+        }
+
+        for (li, l) in self.layers.iter().enumerate() {
+            for t in 0..n {
+                simd::rmsnorm(
+                    &s.x[t * d..(t + 1) * d],
+                    &l.attn_norm,
+                    c.eps,
+                    &mut s.xb[t * d..(t + 1) * d],
+                );
+            }
+            self.matmul(cpu, &l.qkv, &s.xb[..n * d], n, &mut s.qa, &mut s.qkv)?;
+            for t in 0..n {
+                let row = &mut s.qkv[t * qkv_w..(t + 1) * qkv_w];
+                let (q, rest) = row.split_at_mut(d);
+                let (k, v) = rest.split_at_mut(kvd);
+                ops::rope_ref(q, hd, start + t, c.rope_base);
+                ops::rope_ref(k, hd, start + t, c.rope_base);
+                kv.write(li, start + t, k, v);
+                s.q[t * d..(t + 1) * d].copy_from_slice(q);
+            }
+            cpu.attention(
+                kv,
+                li,
+                &s.q[..n * d],
+                n,
+                start,
+                c.n_heads,
+                c.n_kv_heads,
+                hd,
+                &mut s.att[..n * d],
+            );
+            self.matmul(cpu, &l.wo, &s.att[..n * d], n, &mut s.qa, &mut s.proj)?;
+            ops::add_ref(&mut s.x[..n * d], &s.proj[..n * d]);
+
+            for t in 0..n {
+                simd::rmsnorm(
+                    &s.x[t * d..(t + 1) * d],
+                    &l.ffn_norm,
+                    c.eps,
+                    &mut s.xb[t * d..(t + 1) * d],
+                );
+            }
+            self.matmul(cpu, &l.gate_up, &s.xb[..n * d], n, &mut s.qa, &mut s.gu)?;
+            let f = c.ffn;
+            for t in 0..n {
+                let gu = &s.gu[t * 2 * f..(t + 1) * 2 * f];
+                ops::silu_mul_ref(&gu[..f], &gu[f..], &mut s.h[t * f..(t + 1) * f]);
+            }
+            self.matmul(cpu, &l.down, &s.h[..n * f], n, &mut s.qa, &mut s.proj)?;
+            ops::add_ref(&mut s.x[..n * d], &s.proj[..n * d]);
+        }
+        kv.set_len(start + n);
+
+        let rows: std::ops::Range<usize> = match want {
+            Logits::None => return Ok(&[]),
+            Logits::Last => n - 1..n,
+            Logits::All => 0..n,
+        };
+        let m = rows.len();
+        for (i, t) in rows.enumerate() {
+            simd::rmsnorm(
+                &s.x[t * d..(t + 1) * d],
+                &self.out_norm,
+                c.eps,
+                &mut s.xb[i * d..(i + 1) * d],
+            );
+        }
+        grow(&mut s.logits, m * c.vocab);
+        self.matmul(
+            cpu,
+            &self.output,
+            &s.xb[..m * d],
+            m,
+            &mut s.qa,
+            &mut s.logits,
+        )?;
+        Ok(&s.logits[..m * c.vocab])
+    }
+
+    /// `out[t * rows + r] = W[r] · x[t]` in the current precision.
+    fn matmul(
+        &self,
+        cpu: &Cpu,
+        w: &Weight,
+        x: &[f32],
+        n: usize,
+        qa: &mut QActs,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let rows = w.q.rows;
+        grow(out, n * rows);
+        match self.precision {
+            Precision::Quantized => {
+                cpu.quantize(x, n, w.q.cols, qa);
+                cpu.matmul(&w.q, qa, x, out);
+            }
+            Precision::Reference => {
+                let cols = w.q.cols;
+                let mut row0 = 0;
+                for part in &w.parts {
+                    let (prows, _) = part.rows_cols();
+                    let prows = prows as usize;
+                    let (ty, data) = (part.ty, self.gguf.tensor_data(part));
+                    let rb = ty.row_bytes(cols).expect("checked at load");
+                    if !ty.has_reference_kernel() {
+                        return Err(ModelError::Unsupported(format!(
+                            "weights of type {ty} in the reference path"
+                        )));
+                    }
+                    cpu.map_rows(prows, n, rows, row0, out, &|r, t| {
+                        dot_ref(
+                            ty,
+                            &data[r * rb..(r + 1) * rb],
+                            &x[t * cols..(t + 1) * cols],
+                        )
+                        .unwrap_or(f32::NAN)
+                    });
+                    row0 += prows;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The GGUF type a model's layer weights mostly use (for reports).
+pub fn dominant_type(g: &Gguf) -> Option<GgmlType> {
+    let mut counts: Vec<(GgmlType, usize)> = Vec::new();
+    for t in g.tensors().iter().filter(|t| t.dims.len() == 2) {
+        match counts.iter_mut().find(|(ty, _)| *ty == t.ty) {
+            Some(c) => c.1 += 1,
+            None => counts.push((t.ty, 1)),
+        }
+    }
+    counts.into_iter().max_by_key(|&(_, c)| c).map(|(t, _)| t)
+}

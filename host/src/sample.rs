@@ -1,0 +1,435 @@
+//! Turning logits into the next token.
+//!
+//! Order of operations (llama.cpp's, which OpenAI-style parameters assume): logit bias, then repetition /
+//! presence / frequency penalties over the recent history, then (for `logprobs`) the log-softmax of those
+//! logits, then either greedy argmax (`temperature <= 0`) or top-k, temperature, top-p, min-p and a draw
+//! from a seeded generator. The same seed and inputs always give the same tokens.
+//!
+//! Nothing here allocates per token: the candidate buffer and the penalty counters live in the [`Sampler`].
+
+use crate::tokenizer::TokenId;
+
+/// Sampling parameters (OpenAI's names where they exist).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; `<= 0` means greedy.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens (0 = all).
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches `top_p` (1 = all).
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one (0 = off).
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recent tokens by this (1 = off).
+    pub repetition_penalty: f32,
+    /// Subtract this from the logit of every token seen recently (0 = off).
+    pub presence_penalty: f32,
+    /// Subtract this times the count of each recent token (0 = off).
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    pub penalty_last_n: usize,
+    /// Added to the logits of the given tokens (`-inf` bans a token).
+    pub logit_bias: Vec<(TokenId, f32)>,
+    /// Random seed; `None` draws one from the OS.
+    pub seed: Option<u64>,
+    /// Return this many most likely alternatives with each token (0 = none).
+    pub top_logprobs: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            logit_bias: Vec::new(),
+            seed: None,
+            top_logprobs: 0,
+        }
+    }
+}
+
+/// One sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    /// The token.
+    pub token: TokenId,
+    /// Its log-probability under the (biased, penalized) model distribution.
+    pub logprob: f32,
+    /// The most likely alternatives with their log-probabilities, best first (`top_logprobs` of them).
+    pub top: Vec<(TokenId, f32)>,
+}
+
+/// A seeded xoshiro256** generator (small, fast, reproducible across platforms).
+#[derive(Debug, Clone)]
+pub struct Rng([u64; 4]);
+
+impl Rng {
+    /// Seeds the state with splitmix64.
+    pub fn new(seed: u64) -> Self {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^ (x >> 31)
+        };
+        Rng([next(), next(), next(), next()])
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.0;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Per-sequence sampling state.
+#[derive(Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    cand: Vec<(TokenId, f32)>,
+    counts: Vec<u32>,
+}
+
+/// How many candidates are sorted before falling back to sorting everything (top-p without top-k).
+const PARTIAL_SORT: usize = 1024;
+
+impl Sampler {
+    /// A sampler for a vocabulary of `vocab` tokens.
+    pub fn new(params: SamplingParams, vocab: usize) -> Self {
+        let seed = params.seed.unwrap_or_else(|| {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0),
+            );
+            h.finish()
+        });
+        Sampler {
+            params,
+            rng: Rng::new(seed),
+            cand: Vec::with_capacity(vocab),
+            counts: vec![0; vocab],
+        }
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token from `logits` (modified in place by bias and penalties). `history` is the
+    /// sequence so far (prompt and generated), used by the penalties.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[TokenId]) -> Sampled {
+        let p = &self.params;
+        for &(t, b) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+        let penalize =
+            p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        if penalize && p.penalty_last_n > 0 {
+            let recent = &history[history.len().saturating_sub(p.penalty_last_n)..];
+            for &t in recent {
+                if let Some(c) = self.counts.get_mut(t as usize) {
+                    *c += 1;
+                }
+            }
+            for &t in recent {
+                let Some(c) = self.counts.get_mut(t as usize) else {
+                    continue;
+                };
+                if *c == 0 {
+                    continue; // already applied for this token
+                }
+                let l = &mut logits[t as usize];
+                if p.repetition_penalty != 1.0 {
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
+                }
+                *l -= p.presence_penalty + p.frequency_penalty * *c as f32;
+                *c = 0;
+            }
+        }
+
+        // log-softmax normaliser of the processed logits (for logprobs).
+        let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let lse = max + logits.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();
+
+        let token = if p.temperature <= 0.0 {
+            crate::backend::cpu::ops::argmax(logits).unwrap_or(0) as TokenId
+        } else {
+            self.draw(logits)
+        };
+        let top = if self.params.top_logprobs > 0 {
+            self.top_n(logits, self.params.top_logprobs, lse)
+        } else {
+            Vec::new()
+        };
+        Sampled {
+            token,
+            logprob: logits[token as usize] - lse,
+            top,
+        }
+    }
+
+    fn top_n(&mut self, logits: &[f32], n: usize, lse: f32) -> Vec<(TokenId, f32)> {
+        self.cand.clear();
+        self.cand
+            .extend(logits.iter().enumerate().map(|(i, &l)| (i as TokenId, l)));
+        let n = n.min(self.cand.len());
+        if n < self.cand.len() {
+            self.cand
+                .select_nth_unstable_by(n, |a, b| b.1.total_cmp(&a.1));
+        }
+        self.cand[..n].sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        self.cand[..n].iter().map(|&(t, l)| (t, l - lse)).collect()
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> TokenId {
+        let p = &self.params;
+        self.cand.clear();
+        self.cand.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (i as TokenId, l)),
+        );
+        if self.cand.is_empty() {
+            return 0;
+        }
+        let by_logit =
+            |a: &(TokenId, f32), b: &(TokenId, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        // Keep a sorted prefix: top-k, or enough candidates for top-p / min-p.
+        let k = if p.top_k > 0 {
+            p.top_k.min(self.cand.len())
+        } else {
+            self.cand.len()
+        };
+        let sorted = if p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0 {
+            k.min(PARTIAL_SORT.max(p.top_k))
+        } else {
+            0
+        };
+        if sorted > 0 {
+            if sorted < self.cand.len() {
+                self.cand.select_nth_unstable_by(sorted - 1, by_logit);
+            }
+            self.cand[..sorted].sort_unstable_by(by_logit);
+        }
+        self.cand.truncate(k);
+        // Temperature softmax, in place (probabilities, unnormalised).
+        let t = p.temperature;
+        let max = self.cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+        let mut total = 0f64;
+        for c in self.cand.iter_mut() {
+            c.1 = ((c.1 - max) / t).exp();
+            total += f64::from(c.1);
+        }
+        if p.top_p < 1.0 {
+            let need = f64::from(p.top_p) * total;
+            let prefix: f64 = self.cand[..sorted].iter().map(|c| f64::from(c.1)).sum();
+            if prefix < need && sorted < self.cand.len() {
+                // The mass is spread beyond the sorted prefix: sort the rest too (rare).
+                self.cand[sorted..]
+                    .sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            }
+            let mut acc = 0f64;
+            let keep = self
+                .cand
+                .iter()
+                .position(|c| {
+                    acc += f64::from(c.1);
+                    acc >= need
+                })
+                .map_or(self.cand.len(), |i| i + 1);
+            self.cand.truncate(keep);
+        }
+        if p.min_p > 0.0 {
+            // Candidates are sorted by now whenever min_p is set, and the first has weight exp(0) = 1.
+            let floor = p.min_p;
+            let keep = self.cand.iter().take_while(|c| c.1 >= floor).count().max(1);
+            self.cand.truncate(keep);
+        }
+        let total: f64 = self.cand.iter().map(|c| f64::from(c.1)).sum();
+        let mut r = self.rng.next_f64() * total;
+        for c in &self.cand {
+            r -= f64::from(c.1);
+            if r < 0.0 {
+                return c.0;
+            }
+        }
+        self.cand.last().map_or(0, |c| c.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        vec![1.0, 3.0, 2.0, -1.0, 2.5, 0.0]
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax_with_its_logprob() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                top_logprobs: 3,
+                ..Default::default()
+            },
+            6,
+        );
+        let mut l = logits();
+        let out = s.sample(&mut l, &[]);
+        assert_eq!(out.token, 1);
+        let lse = logits().iter().map(|v| v.exp()).sum::<f32>().ln();
+        assert!((out.logprob - (3.0 - lse)).abs() < 1e-5);
+        assert_eq!(
+            out.top.iter().map(|t| t.0).collect::<Vec<_>>(),
+            vec![1, 4, 2]
+        );
+    }
+
+    #[test]
+    fn bias_and_penalties_change_the_choice() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                logit_bias: vec![(5, 10.0)],
+                ..Default::default()
+            },
+            6,
+        );
+        assert_eq!(s.sample(&mut logits(), &[]).token, 5);
+        let mut s = Sampler::new(
+            SamplingParams {
+                repetition_penalty: 2.0,
+                ..Default::default()
+            },
+            6,
+        );
+        // 3.0 / 2 = 1.5 < 2.5: token 4 wins once token 1 is in the history.
+        assert_eq!(s.sample(&mut logits(), &[1]).token, 4);
+        let mut s = Sampler::new(
+            SamplingParams {
+                frequency_penalty: 0.3,
+                ..Default::default()
+            },
+            6,
+        );
+        // Token 1 seen twice: 3.0 - 0.6 = 2.4 < 2.5.
+        assert_eq!(s.sample(&mut logits(), &[1, 1]).token, 4);
+        let mut s = Sampler::new(
+            SamplingParams {
+                presence_penalty: 0.6,
+                ..Default::default()
+            },
+            6,
+        );
+        assert_eq!(s.sample(&mut logits(), &[1, 1, 1]).token, 4);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_and_truncation_is_respected() {
+        let params = SamplingParams {
+            temperature: 1.5,
+            seed: Some(42),
+            ..Default::default()
+        };
+        let run = |params: &SamplingParams| {
+            let mut s = Sampler::new(params.clone(), 6);
+            (0..200)
+                .map(|_| s.sample(&mut logits(), &[]).token)
+                .collect::<Vec<_>>()
+        };
+        let a = run(&params);
+        assert_eq!(a, run(&params));
+        assert!(
+            a.iter().collect::<std::collections::HashSet<_>>().len() >= 4,
+            "high temperature explores"
+        );
+        assert_ne!(
+            a,
+            run(&SamplingParams {
+                seed: Some(43),
+                ..params.clone()
+            })
+        );
+        let top2 = run(&SamplingParams {
+            top_k: 2,
+            ..params.clone()
+        });
+        assert!(top2.iter().all(|&t| t == 1 || t == 4));
+        // softmax(logits / 1.5): p(1) ≈ 0.39, p(4) ≈ 0.28: top_p 0.5 keeps exactly those two.
+        let top_p = run(&SamplingParams {
+            top_p: 0.5,
+            ..params.clone()
+        });
+        assert!(top_p.iter().all(|&t| t == 1 || t == 4) && top_p.contains(&4));
+        let min_p = run(&SamplingParams {
+            min_p: 0.9,
+            ..params.clone()
+        });
+        assert!(min_p.iter().all(|&t| t == 1));
+        let banned = run(&SamplingParams {
+            logit_bias: vec![(1, f32::NEG_INFINITY)],
+            ..params
+        });
+        assert!(!banned.contains(&1));
+    }
+
+    #[test]
+    fn temperature_sampling_follows_the_distribution() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                temperature: 1.0,
+                seed: Some(7),
+                ..Default::default()
+            },
+            6,
+        );
+        let n = 20_000;
+        let mut hits = [0usize; 6];
+        for _ in 0..n {
+            hits[s.sample(&mut logits(), &[]).token as usize] += 1;
+        }
+        let z: f32 = logits().iter().map(|v| v.exp()).sum();
+        for (i, &h) in hits.iter().enumerate() {
+            let p = logits()[i].exp() / z;
+            assert!(
+                (h as f32 / n as f32 - p).abs() < 0.015,
+                "token {i}: {} vs {p}",
+                h as f32 / n as f32
+            );
+        }
+    }
+}
