@@ -2,5 +2,6 @@
 //! (pulled by `thorn model pull`) and the fixtures in ../shared/fixtures.
 
 mod chat_template;
+mod engine;
 mod model_file;
 mod tokenizer;
