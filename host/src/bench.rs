@@ -4,6 +4,7 @@ use anyhow::{Context, Result};
 use std::path::Path;
 use std::time::Duration;
 use thorn::engine::{Engine, EngineConfig};
+use thorn::model::llama::Stage;
 
 /// Deterministic token ids spread over the vocabulary (llama-bench also feeds arbitrary tokens).
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -73,6 +74,21 @@ pub fn engine(
         rows.push((name, median(runs.clone()), runs));
     }
 
+    // A profile of plain decode at depth 0: where a token's time goes.
+    e.reset();
+    e.set_profiling(true);
+    let mut total = Duration::ZERO;
+    for t in tokens(tg, vocab, 300) {
+        total += e.eval(&[t])?;
+    }
+    let profile = e.profile().cloned().unwrap_or_default();
+    e.set_profiling(false);
+    let per_token_ms = total.as_secs_f64() * 1e3 / tg as f64;
+    let stages: Vec<(String, f64)> = Stage::ALL
+        .iter()
+        .map(|s| (format!("{s:?}"), profile.seconds[*s as usize] * 1e3 / tg as f64))
+        .collect();
+
     let weights = e.model().weight_bytes();
     if json {
         let items: Vec<serde_json::Value> = rows
@@ -85,6 +101,7 @@ pub fn engine(
             "isa": format!("{:?}", e.cpu().isa()),
             "weight_bytes_per_token": weights,
             "results": items,
+            "decode_profile_ms_per_token": stages.iter().map(|(n, v)| (n.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -99,6 +116,10 @@ pub fn engine(
         for (name, med, runs) in &rows {
             let r: Vec<String> = runs.iter().map(|v| format!("{v:.1}")).collect();
             println!("{name:<14} {med:>10.1}   {}", r.join(" "));
+        }
+        println!("decode profile at depth 0 ({per_token_ms:.2} ms/token, profiled run):");
+        for (name, ms) in &stages {
+            println!("  {name:<12} {ms:>7.3} ms  {:>5.1}%", 100.0 * ms / per_token_ms);
         }
     }
     Ok(())

@@ -16,7 +16,7 @@ use crate::backend::cpu::Cpu;
 use crate::gguf::{Gguf, GgufError};
 use crate::kv::{KvCache, KvDtype};
 use crate::model::ModelError;
-use crate::model::llama::{Llama, Logits, Precision, Scratch};
+use crate::model::llama::{Llama, Logits, Precision, Profile, Scratch};
 use crate::sample::{Sampled, Sampler, SamplingParams};
 use crate::tokenizer::{TokenId, Tokenizer, TokenizerError};
 use std::path::Path;
@@ -217,6 +217,16 @@ impl Engine {
     /// Context capacity in tokens.
     pub fn context(&self) -> usize {
         self.kv.capacity()
+    }
+
+    /// Turns per-stage timing of the forward pass on (fresh counters) or off.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.scratch.profile = on.then(Profile::default);
+    }
+
+    /// The per-stage timings collected since profiling was turned on.
+    pub fn profile(&self) -> Option<&Profile> {
+        self.scratch.profile.as_ref()
     }
 
     /// Drops the KV cache contents.

@@ -84,12 +84,81 @@ impl Cpu {
     }
 
     /// Causal attention for `n` new tokens at positions `start..start + n` of `layer`, reading the cache
-    /// (which must already hold them). `q` and `out` are `n * n_heads * head_dim`.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "attention needs its shape spelled out"
-    )]
+    /// (which must already hold them). `q` and `out` are `n * n_heads * head_dim`; `partials` is scratch.
+    ///
+    /// Work items are (token, KV head, position split): the query heads of a GQA group share every key and
+    /// value load, and when there are fewer items than threads (decode) the positions are split across
+    /// threads and the partial softmax states merged afterwards (flash-decoding).
+    #[expect(clippy::too_many_arguments, reason = "attention needs its shape spelled out")]
     pub fn attention(
+        &self,
+        kv: &KvCache,
+        layer: usize,
+        q: &[f32],
+        n: usize,
+        start: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        out: &mut [f32],
+        partials: &mut Vec<f32>,
+    ) {
+        let isa = self.isa;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let group = n_heads / n_kv_heads;
+        if isa == Isa::Scalar || group > simd::MAX_GROUP || head_dim > 256 {
+            self.attention_per_head(kv, layer, q, n, start, n_heads, n_kv_heads, head_dim, out);
+            return;
+        }
+        let items = n * n_kv_heads;
+        let threads = self.threads();
+        let min_split = 256; // positions worth a task of their own
+        let splits = if items >= 2 * threads { 1 } else { threads.min((start + n).div_ceil(min_split)).max(1) };
+        let stride = group * (head_dim + 2);
+        partials.clear();
+        partials.resize(items * splits * stride, 0.0);
+        let ptr = SendPtr(partials.as_mut_ptr());
+        let plen = partials.len();
+        self.pool.for_ranges(items * splits, 1, &|tasks| {
+            let p = ptr;
+            #[expect(unsafe_code, reason = "disjoint parallel writes")]
+            // SAFETY: task i writes only partials[i * stride..(i + 1) * stride]; tasks are disjoint and the
+            // pool joins before the borrow of `partials` ends.
+            let parts = unsafe { std::slice::from_raw_parts_mut(p.0, plen) };
+            for i in tasks {
+                let (item, split) = (i / splits, i % splits);
+                let (t, kvh) = (item / n_kv_heads, item % n_kv_heads);
+                let npos = start + t + 1;
+                let range = (npos * split / splits)..(npos * (split + 1) / splits);
+                let buf = &mut parts[i * stride..(i + 1) * stride];
+                let (ml, o) = buf.split_at_mut(2 * group);
+                let (m, l) = ml.split_at_mut(group);
+                m.fill(f32::NEG_INFINITY);
+                l.fill(0.0);
+                o.fill(0.0);
+                let qg = &q[(t * n_heads + kvh * group) * head_dim..(t * n_heads + (kvh + 1) * group) * head_dim];
+                let (keys, values) = (kv.keys(layer, kvh, npos), kv.values(layer, kvh, npos));
+                simd::attend_group(isa, qg, head_dim, keys, values, range, scale, simd::PartialAttn { m, l, o });
+            }
+        });
+        let mut views: Vec<(&[f32], &[f32], &[f32])> = Vec::with_capacity(splits);
+        for item in 0..items {
+            let (t, kvh) = (item / n_kv_heads, item % n_kv_heads);
+            views.clear();
+            for split in 0..splits {
+                let buf = &partials[(item * splits + split) * stride..][..stride];
+                let (ml, o) = buf.split_at(2 * group);
+                let (m, l) = ml.split_at(group);
+                views.push((m, l, o));
+            }
+            let dst = &mut out[(t * n_heads + kvh * group) * head_dim..(t * n_heads + (kvh + 1) * group) * head_dim];
+            simd::merge_partials(&views, head_dim, dst);
+        }
+    }
+
+    /// One task per (token, query head), each with its own online softmax (the scalar path).
+    #[expect(clippy::too_many_arguments, reason = "attention needs its shape spelled out")]
+    fn attention_per_head(
         &self,
         kv: &KvCache,
         layer: usize,
@@ -118,15 +187,7 @@ impl Cpu {
                 let npos = start + t + 1;
                 let o = &mut out[i * head_dim..(i + 1) * head_dim];
                 let qh = &q[i * head_dim..(i + 1) * head_dim];
-                simd::attention(
-                    isa,
-                    qh,
-                    kv.keys(layer, kvh, npos),
-                    kv.values(layer, kvh, npos),
-                    npos,
-                    scale,
-                    o,
-                );
+                simd::attention(isa, qh, kv.keys(layer, kvh, npos), kv.values(layer, kvh, npos), npos, scale, o);
             }
         });
     }

@@ -158,6 +158,67 @@ pub struct Scratch {
     h: Vec<f32>,
     logits: Vec<f32>,
     qa: QActs,
+    partials: Vec<f32>,
+    /// RoPE `(cos, sin)` for positions `0..rope.len() / (head_dim / 2)`, grown on demand.
+    rope: Vec<(f32, f32)>,
+    /// Time per stage, when enabled.
+    pub profile: Option<Profile>,
+}
+
+/// Stages of a forward pass, for profiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Embedding lookup, norms, RoPE, residual adds, activation quantization (caller thread).
+    Other,
+    /// Fused Q/K/V projection.
+    Qkv,
+    /// Attention over the KV cache.
+    Attention,
+    /// Attention output projection.
+    AttnOut,
+    /// Fused gate/up projection.
+    GateUp,
+    /// SiLU * up.
+    Activation,
+    /// Down projection.
+    Down,
+    /// Final norm and LM head.
+    Output,
+}
+
+impl Stage {
+    /// Every stage, in pass order.
+    pub const ALL: [Stage; 8] =
+        [Stage::Other, Stage::Qkv, Stage::Attention, Stage::AttnOut, Stage::GateUp, Stage::Activation, Stage::Down, Stage::Output];
+}
+
+/// Accumulated time per [`Stage`].
+#[derive(Debug, Clone, Default)]
+pub struct Profile {
+    /// Seconds per stage, indexed like [`Stage::ALL`].
+    pub seconds: [f64; 8],
+    last: Option<std::time::Instant>,
+}
+
+impl Profile {
+    fn start(&mut self) {
+        self.last = Some(std::time::Instant::now());
+    }
+
+    fn mark(&mut self, stage: Stage) {
+        let now = std::time::Instant::now();
+        if let Some(last) = self.last {
+            self.seconds[stage as usize] += (now - last).as_secs_f64();
+        }
+        self.last = Some(now);
+    }
+}
+
+/// Records the time since the previous mark under `stage` (free when profiling is off).
+fn mark(p: &mut Option<Profile>, stage: Stage) {
+    if let Some(p) = p {
+        p.mark(stage);
+    }
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -319,6 +380,14 @@ impl Llama {
         grow(&mut s.gu, n * 2 * c.ffn);
         grow(&mut s.h, n * c.ffn);
 
+        while s.rope.len() < (start + n) * (hd / 2) {
+            let pos = s.rope.len() / (hd / 2);
+            ops::rope_angles(hd, pos, c.rope_base, &mut s.rope);
+        }
+        if let Some(p) = s.profile.as_mut() {
+            p.start();
+        }
+
         // Embeddings: exact dequantization of the stored rows.
         let row_bytes = self.embd.ty.row_bytes(d).expect("checked at load");
         let data = self.gguf.tensor_data(&self.embd);
@@ -340,16 +409,20 @@ impl Llama {
                     &mut s.xb[t * d..(t + 1) * d],
                 );
             }
+            mark(&mut s.profile, Stage::Other);
             self.matmul(cpu, &l.qkv, &s.xb[..n * d], n, &mut s.qa, &mut s.qkv)?;
+            mark(&mut s.profile, Stage::Qkv);
             for t in 0..n {
                 let row = &mut s.qkv[t * qkv_w..(t + 1) * qkv_w];
                 let (q, rest) = row.split_at_mut(d);
                 let (k, v) = rest.split_at_mut(kvd);
-                ops::rope_ref(q, hd, start + t, c.rope_base);
-                ops::rope_ref(k, hd, start + t, c.rope_base);
+                let angles = &s.rope[(start + t) * (hd / 2)..(start + t + 1) * (hd / 2)];
+                ops::rope_table(q, hd, angles);
+                ops::rope_table(k, hd, angles);
                 kv.write(li, start + t, k, v);
                 s.q[t * d..(t + 1) * d].copy_from_slice(q);
             }
+            mark(&mut s.profile, Stage::Other);
             cpu.attention(
                 kv,
                 li,
@@ -360,8 +433,11 @@ impl Llama {
                 c.n_kv_heads,
                 hd,
                 &mut s.att[..n * d],
+                &mut s.partials,
             );
+            mark(&mut s.profile, Stage::Attention);
             self.matmul(cpu, &l.wo, &s.att[..n * d], n, &mut s.qa, &mut s.proj)?;
+            mark(&mut s.profile, Stage::AttnOut);
             ops::add_ref(&mut s.x[..n * d], &s.proj[..n * d]);
 
             for t in 0..n {
@@ -372,13 +448,17 @@ impl Llama {
                     &mut s.xb[t * d..(t + 1) * d],
                 );
             }
+            mark(&mut s.profile, Stage::Other);
             self.matmul(cpu, &l.gate_up, &s.xb[..n * d], n, &mut s.qa, &mut s.gu)?;
+            mark(&mut s.profile, Stage::GateUp);
             let f = c.ffn;
             for t in 0..n {
                 let gu = &s.gu[t * 2 * f..(t + 1) * 2 * f];
                 ops::silu_mul_ref(&gu[..f], &gu[f..], &mut s.h[t * f..(t + 1) * f]);
             }
+            mark(&mut s.profile, Stage::Activation);
             self.matmul(cpu, &l.down, &s.h[..n * f], n, &mut s.qa, &mut s.proj)?;
+            mark(&mut s.profile, Stage::Down);
             ops::add_ref(&mut s.x[..n * d], &s.proj[..n * d]);
         }
         kv.set_len(start + n);
@@ -398,14 +478,9 @@ impl Llama {
             );
         }
         grow(&mut s.logits, m * c.vocab);
-        self.matmul(
-            cpu,
-            &self.output,
-            &s.xb[..m * d],
-            m,
-            &mut s.qa,
-            &mut s.logits,
-        )?;
+        mark(&mut s.profile, Stage::Other);
+        self.matmul(cpu, &self.output, &s.xb[..m * d], m, &mut s.qa, &mut s.logits)?;
+        mark(&mut s.profile, Stage::Output);
         Ok(&s.logits[..m * c.vocab])
     }
 

@@ -27,6 +27,26 @@ pub fn rope_ref(x: &mut [f32], head_dim: usize, pos: usize, base: f32) {
     }
 }
 
+/// The `(cos, sin)` pairs of RoPE at `pos` for `i = 0..head_dim/2`, appended to `out` (the same f64 math as
+/// [`rope_ref`], so a table built from this reproduces it exactly).
+pub fn rope_angles(head_dim: usize, pos: usize, base: f32, out: &mut Vec<(f32, f32)>) {
+    for i in 0..head_dim / 2 {
+        let theta = pos as f64 * f64::from(base).powf(-2.0 * i as f64 / head_dim as f64);
+        out.push((theta.cos() as f32, theta.sin() as f32));
+    }
+}
+
+/// RoPE from precomputed `(cos, sin)` pairs (see [`rope_angles`]).
+pub fn rope_table(x: &mut [f32], head_dim: usize, angles: &[(f32, f32)]) {
+    for head in x.chunks_exact_mut(head_dim) {
+        for (pair, &(c, s)) in head.chunks_exact_mut(2).zip(angles) {
+            let (a, b) = (pair[0], pair[1]);
+            pair[0] = a * c - b * s;
+            pair[1] = a * s + b * c;
+        }
+    }
+}
+
 /// `out = silu(gate) * up`.
 pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {

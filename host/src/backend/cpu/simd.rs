@@ -552,3 +552,246 @@ unsafe fn axpy_f16_avx2(a: f32, v: *const u16, out: &mut [f32]) {
         }
     }
 }
+
+/// Keys per block of the grouped attention kernel (scores for a block live on the stack).
+const GROUP_CHUNK: usize = 64;
+/// Most query heads sharing one KV head that the grouped kernel handles.
+pub const MAX_GROUP: usize = 16;
+
+/// Online-softmax state of `G` query heads over part of the positions: running max `m`, denominator `l`
+/// and the unnormalised output `o` (`G * head_dim`). [`merge_partials`] combines several.
+#[derive(Debug)]
+pub struct PartialAttn<'a> {
+    /// Running max per head.
+    pub m: &'a mut [f32],
+    /// Running denominator per head.
+    pub l: &'a mut [f32],
+    /// Unnormalised output, `G * head_dim`.
+    pub o: &'a mut [f32],
+}
+
+/// Attends the `q.len() / head_dim` query heads of one KV group to positions `range` of `keys`/`values`,
+/// updating `part`. Keys are loaded once for the whole group; exponentials are vectorised per block.
+pub fn attend_group(isa: Isa, q: &[f32], hd: usize, keys: KvSlice<'_>, values: KvSlice<'_>, range: std::ops::Range<usize>, scale: f32, part: PartialAttn<'_>) {
+    let g = q.len() / hd;
+    debug_assert!(g <= MAX_GROUP);
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx512Vnni, KvSlice::F16(k), KvSlice::F16(v), 64) = (isa, keys, values, hd) {
+        // SAFETY: AVX-512 was detected; the slices hold every position of `range` (they cover 0..npos).
+        unsafe { attend_group_f16_avx512::<4>(q, g, k, v, range, scale, part) };
+        return;
+    }
+    let mut scores = [[0f32; GROUP_CHUNK]; MAX_GROUP];
+    let mut kbuf = [0f32; 256];
+    let mut start = range.start;
+    while start < range.end {
+        let len = (range.end - start).min(GROUP_CHUNK);
+        for j in 0..len {
+            let k = kv_row(keys, (start + j) * hd, hd, &mut kbuf);
+            for (h, row) in scores[..g].iter_mut().enumerate() {
+                row[j] = dot_f32(isa, &q[h * hd..(h + 1) * hd], k) * scale;
+            }
+        }
+        for (h, row) in scores[..g].iter_mut().enumerate() {
+            let cmax = row[..len].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let new_m = part.m[h].max(cmax);
+            let corr = (part.m[h] - new_m).exp();
+            if corr != 1.0 {
+                part.l[h] *= corr;
+                part.o[h * hd..(h + 1) * hd].iter_mut().for_each(|o| *o *= corr);
+            }
+            part.m[h] = new_m;
+            part.l[h] += exp_sub(isa, &mut row[..len], new_m);
+        }
+        for j in 0..len {
+            let v = kv_row(values, (start + j) * hd, hd, &mut kbuf);
+            for (h, row) in scores[..g].iter().enumerate() {
+                axpy(isa, row[j], v, &mut part.o[h * hd..(h + 1) * hd]);
+            }
+        }
+        start += len;
+    }
+}
+
+/// Combines partial states (one per position split) of `g` heads into normalised outputs.
+pub fn merge_partials(parts: &[(&[f32], &[f32], &[f32])], hd: usize, out: &mut [f32]) {
+    let g = out.len() / hd;
+    for h in 0..g {
+        let mx = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p.0[h]));
+        let o = &mut out[h * hd..(h + 1) * hd];
+        o.fill(0.0);
+        let mut l = 0f32;
+        for (m, ls, os) in parts {
+            if ls[h] == 0.0 {
+                continue;
+            }
+            let w = (m[h] - mx).exp();
+            l += ls[h] * w;
+            o.iter_mut().zip(&os[h * hd..(h + 1) * hd]).for_each(|(a, b)| *a += w * b);
+        }
+        let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+        o.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+/// Row `off..off + hd` of a KV slice as f32 (converted into `buf` for f16).
+#[inline]
+fn kv_row<'a>(s: KvSlice<'a>, off: usize, hd: usize, buf: &'a mut [f32; 256]) -> &'a [f32] {
+    match s {
+        KvSlice::F32(d) => &d[off..off + hd],
+        KvSlice::F16(d) => {
+            half::slice::HalfFloatSliceExt::convert_to_f32_slice(&d[off..off + hd], &mut buf[..hd]);
+            &buf[..hd]
+        }
+    }
+}
+
+/// `out += a * x`.
+#[inline]
+fn axpy(isa: Isa, a: f32, x: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && out.len().is_multiple_of(8) {
+        // SAFETY: AVX2+FMA were detected; both slices hold out.len() floats.
+        unsafe { axpy_avx2(a, x, out) };
+        return;
+    }
+    let _ = isa;
+    out.iter_mut().zip(x).for_each(|(o, v)| *o += a * v);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_avx2(a: f32, x: &[f32], out: &mut [f32]) {
+    // SAFETY: the caller checked the lengths (out.len() multiple of 8, x at least as long).
+    unsafe {
+        let av = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i < out.len() {
+            let o = out.as_mut_ptr().add(i);
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(av, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(o)));
+            i += 8;
+        }
+    }
+}
+
+/// `x[i] = exp(x[i] - m)` in place; returns the sum.
+fn exp_sub(isa: Isa, x: &mut [f32], m: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        // SAFETY: AVX2+FMA were detected.
+        return unsafe { exp_sub_avx2(x, m) };
+    }
+    let _ = isa;
+    x.iter_mut().map(|v| {
+        *v = (*v - m).exp();
+        *v
+    }).sum()
+}
+
+/// `exp` of 8 lanes: range reduction by ln 2 and a degree-6 polynomial (relative error ~2e-7 for the
+/// inputs softmax produces, `x <= 0`); inputs below -87 flush to 0.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn exp256(x: __m256) -> __m256 {
+    let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+    let n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // r = x - n ln2, with ln2 split in two for precision.
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm256_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+    let out = _mm256_mul_ps(p, pow2);
+    _mm256_and_ps(out, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0), _CMP_GT_OQ))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_sub_avx2(x: &mut [f32], m: f32) -> f32 {
+    // SAFETY: full vectors are read and written only below x.len(); the tail is scalar.
+    unsafe {
+        let mv = _mm256_set1_ps(m);
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= x.len() {
+            let p = x.as_mut_ptr().add(i);
+            let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p), mv));
+            _mm256_storeu_ps(p, e);
+            acc = _mm256_add_ps(acc, e);
+            i += 8;
+        }
+        let mut total = hsum256(acc);
+        while i < x.len() {
+            x[i] = (x[i] - m).exp();
+            total += x[i];
+            i += 1;
+        }
+        total
+    }
+}
+
+/// [`attend_group`] for f16 keys and values and `head_dim == 16 * V`, AVX-512: per block of keys, each key
+/// row is converted once per head from f16 in registers, scores are reduced per key, and each head's output
+/// stays in registers while the block's values stream past.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn attend_group_f16_avx512<const V: usize>(
+    q: &[f32],
+    g: usize,
+    keys: &[half::f16],
+    values: &[half::f16],
+    range: std::ops::Range<usize>,
+    scale: f32,
+    part: PartialAttn<'_>,
+) {
+    let hd = 16 * V;
+    // SAFETY: positions in `range` are inside `keys`/`values` (asserted below), q holds g * hd floats and
+    // part.o g * hd floats; all loads and stores stay within those bounds.
+    unsafe {
+        assert!(range.end * hd <= keys.len() && range.end * hd <= values.len() && q.len() >= g * hd);
+        let kp = keys.as_ptr() as *const u16;
+        let vp = values.as_ptr() as *const u16;
+        let mut scores = [[0f32; GROUP_CHUNK]; MAX_GROUP];
+        let mut start = range.start;
+        while start < range.end {
+            let len = (range.end - start).min(GROUP_CHUNK);
+            for h in 0..g {
+                let qv: [__m512; V] = std::array::from_fn(|i| _mm512_loadu_ps(q.as_ptr().add(h * hd + 16 * i)));
+                for j in 0..len {
+                    let row = kp.add((start + j) * hd);
+                    let mut acc = _mm512_mul_ps(qv[0], _mm512_cvtph_ps(_mm256_loadu_si256(row as *const __m256i)));
+                    for (i, qi) in qv.iter().enumerate().skip(1) {
+                        let k = _mm512_cvtph_ps(_mm256_loadu_si256(row.add(16 * i) as *const __m256i));
+                        acc = _mm512_fmadd_ps(*qi, k, acc);
+                    }
+                    scores[h][j] = _mm512_reduce_add_ps(acc) * scale;
+                }
+            }
+            for (h, row) in scores[..g].iter_mut().enumerate() {
+                let cmax = row[..len].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let new_m = part.m[h].max(cmax);
+                let corr = (part.m[h] - new_m).exp();
+                part.m[h] = new_m;
+                part.l[h] = part.l[h] * corr + exp_sub_avx2(&mut row[..len], new_m);
+                let o = part.o.as_mut_ptr().add(h * hd);
+                let cv = _mm512_set1_ps(corr);
+                let mut acc: [__m512; V] = std::array::from_fn(|i| _mm512_mul_ps(_mm512_loadu_ps(o.add(16 * i)), cv));
+                for (j, &p) in row[..len].iter().enumerate() {
+                    let pv = _mm512_set1_ps(p);
+                    let vrow = vp.add((start + j) * hd);
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let v = _mm512_cvtph_ps(_mm256_loadu_si256(vrow.add(16 * i) as *const __m256i));
+                        *a = _mm512_fmadd_ps(pv, v, *a);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(o.add(16 * i), *a);
+                }
+            }
+            start += len;
+        }
+    }
+}
