@@ -86,7 +86,12 @@ pub fn engine(
     let per_token_ms = total.as_secs_f64() * 1e3 / tg as f64;
     let stages: Vec<(String, f64)> = Stage::ALL
         .iter()
-        .map(|s| (format!("{s:?}"), profile.seconds[*s as usize] * 1e3 / tg as f64))
+        .map(|s| {
+            (
+                format!("{s:?}"),
+                profile.seconds[*s as usize] * 1e3 / tg as f64,
+            )
+        })
         .collect();
 
     let weights = e.model().weight_bytes();
@@ -119,7 +124,10 @@ pub fn engine(
         }
         println!("decode profile at depth 0 ({per_token_ms:.2} ms/token, profiled run):");
         for (name, ms) in &stages {
-            println!("  {name:<12} {ms:>7.3} ms  {:>5.1}%", 100.0 * ms / per_token_ms);
+            println!(
+                "  {name:<12} {ms:>7.3} ms  {:>5.1}%",
+                100.0 * ms / per_token_ms
+            );
         }
     }
     Ok(())

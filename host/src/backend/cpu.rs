@@ -89,7 +89,10 @@ impl Cpu {
     /// Work items are (token, KV head, position split): the query heads of a GQA group share every key and
     /// value load, and when there are fewer items than threads (decode) the positions are split across
     /// threads and the partial softmax states merged afterwards (flash-decoding).
-    #[expect(clippy::too_many_arguments, reason = "attention needs its shape spelled out")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "attention needs its shape spelled out"
+    )]
     pub fn attention(
         &self,
         kv: &KvCache,
@@ -113,7 +116,11 @@ impl Cpu {
         let items = n * n_kv_heads;
         let threads = self.threads();
         let min_split = 256; // positions worth a task of their own
-        let splits = if items >= 2 * threads { 1 } else { threads.min((start + n).div_ceil(min_split)).max(1) };
+        let splits = if items >= 2 * threads {
+            1
+        } else {
+            threads.min((start + n).div_ceil(min_split)).max(1)
+        };
         let stride = group * (head_dim + 2);
         partials.clear();
         partials.resize(items * splits * stride, 0.0);
@@ -136,9 +143,19 @@ impl Cpu {
                 m.fill(f32::NEG_INFINITY);
                 l.fill(0.0);
                 o.fill(0.0);
-                let qg = &q[(t * n_heads + kvh * group) * head_dim..(t * n_heads + (kvh + 1) * group) * head_dim];
+                let qg = &q[(t * n_heads + kvh * group) * head_dim
+                    ..(t * n_heads + (kvh + 1) * group) * head_dim];
                 let (keys, values) = (kv.keys(layer, kvh, npos), kv.values(layer, kvh, npos));
-                simd::attend_group(isa, qg, head_dim, keys, values, range, scale, simd::PartialAttn { m, l, o });
+                simd::attend_group(
+                    isa,
+                    qg,
+                    head_dim,
+                    keys,
+                    values,
+                    range,
+                    scale,
+                    simd::PartialAttn { m, l, o },
+                );
             }
         });
         let mut views: Vec<(&[f32], &[f32], &[f32])> = Vec::with_capacity(splits);
@@ -151,13 +168,17 @@ impl Cpu {
                 let (m, l) = ml.split_at(group);
                 views.push((m, l, o));
             }
-            let dst = &mut out[(t * n_heads + kvh * group) * head_dim..(t * n_heads + (kvh + 1) * group) * head_dim];
+            let dst = &mut out[(t * n_heads + kvh * group) * head_dim
+                ..(t * n_heads + (kvh + 1) * group) * head_dim];
             simd::merge_partials(&views, head_dim, dst);
         }
     }
 
     /// One task per (token, query head), each with its own online softmax (the scalar path).
-    #[expect(clippy::too_many_arguments, reason = "attention needs its shape spelled out")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "attention needs its shape spelled out"
+    )]
     fn attention_per_head(
         &self,
         kv: &KvCache,
@@ -187,7 +208,15 @@ impl Cpu {
                 let npos = start + t + 1;
                 let o = &mut out[i * head_dim..(i + 1) * head_dim];
                 let qh = &q[i * head_dim..(i + 1) * head_dim];
-                simd::attention(isa, qh, kv.keys(layer, kvh, npos), kv.values(layer, kvh, npos), npos, scale, o);
+                simd::attention(
+                    isa,
+                    qh,
+                    kv.keys(layer, kvh, npos),
+                    kv.values(layer, kvh, npos),
+                    npos,
+                    scale,
+                    o,
+                );
             }
         });
     }

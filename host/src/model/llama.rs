@@ -188,8 +188,16 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in pass order.
-    pub const ALL: [Stage; 8] =
-        [Stage::Other, Stage::Qkv, Stage::Attention, Stage::AttnOut, Stage::GateUp, Stage::Activation, Stage::Down, Stage::Output];
+    pub const ALL: [Stage; 8] = [
+        Stage::Other,
+        Stage::Qkv,
+        Stage::Attention,
+        Stage::AttnOut,
+        Stage::GateUp,
+        Stage::Activation,
+        Stage::Down,
+        Stage::Output,
+    ];
 }
 
 /// Accumulated time per [`Stage`].
@@ -479,7 +487,14 @@ impl Llama {
         }
         grow(&mut s.logits, m * c.vocab);
         mark(&mut s.profile, Stage::Other);
-        self.matmul(cpu, &self.output, &s.xb[..m * d], m, &mut s.qa, &mut s.logits)?;
+        self.matmul(
+            cpu,
+            &self.output,
+            &s.xb[..m * d],
+            m,
+            &mut s.qa,
+            &mut s.logits,
+        )?;
         mark(&mut s.profile, Stage::Output);
         Ok(&s.logits[..m * c.vocab])
     }

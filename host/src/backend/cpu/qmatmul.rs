@@ -11,7 +11,7 @@
 //!
 //! Nibble packing: for each pair of blocks (64 elements) 32 bytes, where byte `j` holds element `j` in its
 //! low nibble and element `32 + j` in its high nibble, so one 256-bit load and two masks give 64 values in
-//! order. A row with an odd number of blocks gets a zero block (`d = m = 0`) appended.
+//! order. See [`QMatrix`] for the pair records that carry them with their scales.
 
 use crate::quant::{GgmlType, QuantError, dequantize_ref};
 
@@ -23,13 +23,21 @@ pub const QK: usize = 32;
 pub enum Layout {
     /// 4-bit, two blocks per 32 bytes (see the module docs).
     Nibble,
-    /// 8-bit, one block per 32 bytes.
+    /// 8-bit, one block per 32 bytes; `m = -128 d` is implied.
     Byte,
     /// Plain f32 rows (fallback for types without an affine form, e.g. Q6_K, F16).
     F32,
 }
 
 /// A weight matrix prepared for the CPU kernels. `rows` outputs, `cols` inputs.
+///
+/// Each row is a sequence of *pair records*, one per 64 inputs, so a kernel reads one forward stream:
+/// * nibble: 32 bytes of packed 4-bit values, then `d0 d1 m0 m1` (f16, or f32 when `f32_scales`) — the same
+///   20 bytes per 32 weights as Q4_1 in GGUF when the scales are f16;
+/// * byte: 64 bytes of `q + 128`, then `d0 d1` (f16): 34 bytes per 32, as Q8_0.
+///
+/// Scales are f16 when the source type's scales are (Q4_0, Q4_1, Q8_0: exact), f32 when they are products
+/// (Q4_K's `d * sc`). Rows with an odd number of blocks get a zero block (`d = m = 0`).
 #[derive(Debug)]
 pub struct QMatrix {
     /// Output features.
@@ -38,14 +46,14 @@ pub struct QMatrix {
     pub cols: usize,
     /// Storage layout.
     pub layout: Layout,
-    /// Blocks per row as stored (nibble rows are padded to an even count).
+    /// Blocks per row as stored (always even).
     pub blocks: usize,
-    /// Per-block scales, `rows * blocks`.
-    pub d: Vec<f32>,
-    /// Per-block offsets, `rows * blocks`.
-    pub m: Vec<f32>,
-    /// Integers: `rows * blocks * 16` (nibble) or `rows * blocks * 32` (byte) bytes.
-    pub q: Vec<u8>,
+    /// Bytes per pair record.
+    pub pair_bytes: usize,
+    /// Whether the scales are stored as f32 (else f16).
+    pub f32_scales: bool,
+    /// `rows * blocks / 2` pair records.
+    pub data: Vec<u8>,
     /// Row-major f32 weights (only for [`Layout::F32`]).
     pub f: Vec<f32>,
     /// The source type, for reports.
@@ -55,7 +63,7 @@ pub struct QMatrix {
 impl QMatrix {
     /// Bytes a matrix-vector product reads.
     pub fn bytes(&self) -> usize {
-        self.q.len() + 4 * (self.d.len() + self.m.len() + self.f.len())
+        self.data.len() + 4 * self.f.len()
     }
 
     /// Repacks `rows` rows of `cols` elements of type `ty` (GGUF bytes) for the kernels.
@@ -92,38 +100,54 @@ impl QMatrix {
                 cols,
                 layout: Layout::F32,
                 blocks: 0,
-                d: vec![],
-                m: vec![],
-                q: vec![],
+                pair_bytes: 0,
+                f32_scales: false,
+                data: vec![],
                 f,
                 source: ty,
             });
         }
         let nb = cols / QK;
-        let (layout, blocks) = if ty == GgmlType::Q8_0 {
-            (Layout::Byte, nb)
+        let blocks = nb.next_multiple_of(2);
+        let layout = if ty == GgmlType::Q8_0 {
+            Layout::Byte
         } else {
-            (Layout::Nibble, nb.next_multiple_of(2))
+            Layout::Nibble
         };
-        let mut d = vec![0f32; rows * blocks];
-        let mut m = vec![0f32; rows * blocks];
-        let qbytes = if layout == Layout::Byte { 32 } else { 16 };
-        let mut q = vec![0u8; rows * blocks * qbytes];
+        let f32_scales = ty == GgmlType::Q4_K;
+        let pair_bytes = match (layout, f32_scales) {
+            (Layout::Byte, _) => 68,
+            (_, false) => 40,
+            (_, true) => 48,
+        };
+        let pairs = blocks / 2;
+        let mut out = vec![0u8; rows * pairs * pair_bytes];
         let mut u = [0u8; QK];
         for r in 0..rows {
             let src = &data[r * row_bytes..(r + 1) * row_bytes];
             for b in 0..nb {
-                let (db, mb) = affine_block(ty, src, b, &mut u);
-                d[r * blocks + b] = db;
-                m[r * blocks + b] = mb;
+                let (d, m) = affine_block(ty, src, b, &mut u);
+                let rec = &mut out[(r * pairs + b / 2) * pair_bytes..][..pair_bytes];
+                let half = b & 1;
                 match layout {
-                    Layout::Byte => q[(r * blocks + b) * 32..][..32].copy_from_slice(&u),
+                    Layout::Byte => {
+                        rec[32 * half..32 * half + 32].copy_from_slice(&u);
+                        rec[64 + 2 * half..66 + 2 * half]
+                            .copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+                    }
                     _ => {
-                        // Pair p = b / 2: bytes [32p, 32p + 32) of the row; block 2p in low nibbles, 2p+1 in high.
-                        let base = (r * blocks + (b & !1)) * 16;
-                        let shift = if b & 1 == 0 { 0 } else { 4 };
+                        let shift = 4 * half;
                         for j in 0..QK {
-                            q[base + j] |= u[j] << shift;
+                            rec[j] |= u[j] << shift;
+                        }
+                        if f32_scales {
+                            rec[32 + 4 * half..36 + 4 * half].copy_from_slice(&d.to_le_bytes());
+                            rec[40 + 4 * half..44 + 4 * half].copy_from_slice(&m.to_le_bytes());
+                        } else {
+                            rec[32 + 2 * half..34 + 2 * half]
+                                .copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+                            rec[36 + 2 * half..38 + 2 * half]
+                                .copy_from_slice(&half::f16::from_f32(m).to_le_bytes());
                         }
                     }
                 }
@@ -134,9 +158,9 @@ impl QMatrix {
             cols,
             layout,
             blocks,
-            d,
-            m,
-            q,
+            pair_bytes,
+            f32_scales,
+            data: out,
             f: vec![],
             source: ty,
         })
@@ -145,38 +169,57 @@ impl QMatrix {
     /// Concatenates matrices with the same input size and layout along the output dimension (fused QKV).
     pub fn concat(parts: &[QMatrix]) -> Option<QMatrix> {
         let first = parts.first()?;
-        if parts
-            .iter()
-            .any(|p| p.cols != first.cols || p.layout != first.layout || p.blocks != first.blocks)
-        {
+        if parts.iter().any(|p| {
+            p.cols != first.cols
+                || p.layout != first.layout
+                || p.blocks != first.blocks
+                || p.f32_scales != first.f32_scales
+        }) {
             return None;
         }
-        let cat = |f: fn(&QMatrix) -> &Vec<_>| {
-            parts
-                .iter()
-                .flat_map(|p| f(p).iter().copied())
-                .collect::<Vec<_>>()
-        };
         Some(QMatrix {
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
             layout: first.layout,
             blocks: first.blocks,
-            d: cat(|p| &p.d),
-            m: cat(|p| &p.m),
-            q: parts.iter().flat_map(|p| p.q.iter().copied()).collect(),
-            f: cat(|p| &p.f),
+            pair_bytes: first.pair_bytes,
+            f32_scales: first.f32_scales,
+            data: parts.iter().flat_map(|p| p.data.iter().copied()).collect(),
+            f: parts.iter().flat_map(|p| p.f.iter().copied()).collect(),
             source: first.source,
         })
     }
 
-    /// Row `r` dequantized (tests and the embedding lookup).
+    /// The pair record holding block `b` of row `r`.
+    #[inline]
+    fn record(&self, r: usize, b: usize) -> &[u8] {
+        &self.data[(r * self.blocks / 2 + b / 2) * self.pair_bytes..][..self.pair_bytes]
+    }
+
+    /// `(d, m)` of block `b` in row `r`.
+    #[inline]
+    pub fn dm(&self, r: usize, b: usize) -> (f32, f32) {
+        let rec = self.record(r, b);
+        let half = b & 1;
+        let h = |i: usize| half::f16::from_le_bytes([rec[i], rec[i + 1]]).to_f32();
+        let f = |i: usize| f32::from_le_bytes([rec[i], rec[i + 1], rec[i + 2], rec[i + 3]]);
+        match (self.layout, self.f32_scales) {
+            (Layout::Byte, _) => {
+                let d = h(64 + 2 * half);
+                (d, -128.0 * d)
+            }
+            (_, true) => (f(32 + 4 * half), f(40 + 4 * half)),
+            (_, false) => (h(32 + 2 * half), h(36 + 2 * half)),
+        }
+    }
+
+    /// Row `r` dequantized (tests).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         match self.layout {
             Layout::F32 => out.copy_from_slice(&self.f[r * self.cols..(r + 1) * self.cols]),
             Layout::Byte | Layout::Nibble => {
                 for b in 0..self.cols / QK {
-                    let (d, m) = (self.d[r * self.blocks + b], self.m[r * self.blocks + b]);
+                    let (d, m) = self.dm(r, b);
                     for j in 0..QK {
                         out[b * QK + j] = d * f32::from(self.u(r, b, j)) + m;
                     }
@@ -188,11 +231,15 @@ impl QMatrix {
     /// The unsigned integer of element `j` of block `b` in row `r`.
     #[inline]
     pub fn u(&self, r: usize, b: usize, j: usize) -> u8 {
+        let rec = self.record(r, b);
         match self.layout {
-            Layout::Byte => self.q[(r * self.blocks + b) * 32 + j],
+            Layout::Byte => rec[32 * (b & 1) + j],
             _ => {
-                let byte = self.q[(r * self.blocks + (b & !1)) * 16 + j];
-                if b & 1 == 0 { byte & 0xF } else { byte >> 4 }
+                if b & 1 == 0 {
+                    rec[j] & 0xF
+                } else {
+                    rec[j] >> 4
+                }
             }
         }
     }
@@ -273,6 +320,9 @@ pub struct QActs {
     pub s: Vec<f32>,
     /// `n * blocks` integer sums `Σq`.
     pub sum: Vec<i32>,
+    /// Per token and pair of blocks: `[d0, d1, s0, s1]` (what the AVX-512 kernel multiplies a weight pair's
+    /// `[d0, d1, m0, m1]` by).
+    pub rec: Vec<f32>,
 }
 
 impl QActs {
@@ -290,6 +340,20 @@ impl QActs {
         }
         self.sum.clear();
         self.sum.resize(n * self.blocks, 0);
+        self.rec.clear();
+        self.rec.resize(n * self.blocks * 2, 0.0);
+    }
+
+    /// Fills `rec` from `d` and `s`.
+    pub fn fill_records(&mut self) {
+        for i in 0..self.n * self.blocks / 2 {
+            self.rec[4 * i..4 * i + 4].copy_from_slice(&[
+                self.d[2 * i],
+                self.d[2 * i + 1],
+                self.s[2 * i],
+                self.s[2 * i + 1],
+            ]);
+        }
     }
 }
 
@@ -324,6 +388,7 @@ pub fn quantize_ref(x: &[f32], n: usize, cols: usize, out: &mut QActs) {
             out.s[i] = d * sum as f32;
         }
     }
+    out.fill_records();
 }
 
 /// `out[t * rows + r] = Σ_c W[r, c] * x[t, c]` for rows `rows`, scalar reference over quantized activations.
@@ -352,7 +417,7 @@ pub fn matmul_ref(
                                 i32::from(w.u(r, b, j)) * i32::from(x.q[t * x.cols + b * QK + j])
                             })
                             .sum();
-                        let (d, m) = (w.d[r * w.blocks + b], w.m[r * w.blocks + b]);
+                        let (d, m) = w.dm(r, b);
                         let (dx, sx) = (x.d[t * x.blocks + b], x.s[t * x.blocks + b]);
                         acc += d * dx * isum as f32 + m * sx;
                     }

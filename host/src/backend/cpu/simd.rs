@@ -94,6 +94,7 @@ pub fn quantize(isa: Isa, x: &[f32], n: usize, cols: usize, out: &mut QActs) {
                 out.s[i] = d * sum as f32;
             }
         }
+        out.fill_records();
         return;
     }
     let _ = isa;
@@ -152,7 +153,10 @@ pub fn matmul(
 ) {
     #[cfg(target_arch = "x86_64")]
     if w.layout != Layout::F32 && isa != Isa::Scalar {
-        debug_assert!(x.blocks >= w.blocks && x.cols >= w.cols);
+        assert!(
+            x.blocks >= w.blocks && x.cols >= w.cols && x.rec.len() >= x.n * x.blocks * 2,
+            "activation shape"
+        );
         let mut t = 0;
         while t < x.n {
             let nt = (x.n - t).min(4);
@@ -258,165 +262,143 @@ unsafe fn hsum256(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
 }
 
-/// Σ_b m[b] * s[b] over `n` blocks: the offset term of the affine blocks.
+/// One row of `w` against tokens `t0..t0+T` of `x`, AVX-512 VNNI, over the row's pair records.
+///
+/// Per pair: the weights' `[d0, d1, m0, m1]` times the token's `[dx0, dx1, s0, s1]` gives both blocks' integer
+/// scales (lanes 0-1, broadcast to the 8 lanes of each block by one permute) and their offset terms (lanes
+/// 2-3, summed on the side), so a pair costs one weight load, one `vpdpbusd` and a handful of shuffles.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn offset_term(m: *const f32, s: *const f32, n: usize) -> f32 {
-    // SAFETY: the caller guarantees `n` readable floats behind both pointers.
-    unsafe {
-        let mut acc = _mm256_setzero_ps();
-        let mut i = 0;
-        while i + 8 <= n {
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(m.add(i)), _mm256_loadu_ps(s.add(i)), acc);
-            i += 8;
-        }
-        let mut total = hsum256(acc);
-        while i < n {
-            total += *m.add(i) * *s.add(i);
-            i += 1;
-        }
-        total
-    }
-}
-
-/// One row of `w` against tokens `t0..t0+T` of `x`, AVX-512 VNNI.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn row_avx512<const T: usize>(w: &QMatrix, r: usize, x: &QActs, t0: usize) -> [f32; T] {
-    // SAFETY: see the caller: row r and tokens t0..t0+T exist; nibble rows hold blocks/2 pairs of 32 bytes,
-    // byte rows `blocks` blocks of 32 bytes; every token row of `x` holds at least `w.blocks` blocks.
+    // SAFETY: see the caller: row r and tokens t0..t0+T exist; a row holds blocks/2 records of pair_bytes,
+    // and every token of `x` holds at least w.blocks blocks (quantized values and records).
     unsafe {
-        let wd = w.d.as_ptr().add(r * w.blocks);
+        let pairs = w.blocks / 2;
+        let pb = w.pair_bytes;
+        let row = w.data.as_ptr().add(r * pairs * pb);
         let xq: [*const i8; T] = std::array::from_fn(|t| x.q.as_ptr().add((t0 + t) * x.cols));
-        let xd: [*const f32; T] = std::array::from_fn(|t| x.d.as_ptr().add((t0 + t) * x.blocks));
+        let xr: [*const f32; T] =
+            std::array::from_fn(|t| x.rec.as_ptr().add((t0 + t) * x.blocks * 2));
         // Lanes 0..8 take element 0 of a pair, lanes 8..16 element 1.
         let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        let expand = |p: *const f32| {
-            _mm512_permutexvar_ps(
-                pair_idx,
-                _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(p as *const f64))),
-            )
-        };
+        let m4 = _mm256_set1_epi8(0x0F);
+        let neg128 = _mm_set1_ps(-128.0);
         let mut acc = [_mm512_setzero_ps(); T];
-        let pairs = w.blocks / 2;
-        match w.layout {
-            Layout::Nibble => {
-                let wq = w.q.as_ptr().add(r * w.blocks * 16);
-                let m4 = _mm256_set1_epi8(0x0F);
-                for p in 0..pairs {
-                    let raw = _mm256_loadu_si256(wq.add(32 * p) as *const __m256i);
+        let mut side = [_mm_setzero_ps(); T];
+        for p in 0..pairs {
+            let rec = row.add(p * pb);
+            let (wv, dm) = match (w.layout, w.f32_scales) {
+                (Layout::Byte, _) => {
+                    let wv = _mm512_loadu_si512(rec as *const __m512i);
+                    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+                        rec.add(64) as *const i32
+                    )));
+                    (wv, _mm_movelh_ps(dd, _mm_mul_ps(dd, neg128)))
+                }
+                (_, f32s) => {
+                    let raw = _mm256_loadu_si256(rec as *const __m256i);
                     let lo = _mm256_and_si256(raw, m4);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
                     let wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                    let dw = expand(wd.add(2 * p));
-                    for t in 0..T {
-                        let xv = _mm512_loadu_si512(xq[t].add(64 * p) as *const __m512i);
-                        let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-                        let scale = _mm512_mul_ps(dw, expand(xd[t].add(2 * p)));
-                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
-                    }
+                    let dm = if f32s {
+                        _mm_loadu_ps(rec.add(32) as *const f32)
+                    } else {
+                        _mm_cvtph_ps(_mm_loadl_epi64(rec.add(32) as *const __m128i))
+                    };
+                    (wv, dm)
                 }
-            }
-            _ => {
-                let wq = w.q.as_ptr().add(r * w.blocks * 32);
-                for p in 0..pairs {
-                    let wv = _mm512_loadu_si512(wq.add(64 * p) as *const __m512i);
-                    let dw = expand(wd.add(2 * p));
-                    for t in 0..T {
-                        let xv = _mm512_loadu_si512(xq[t].add(64 * p) as *const __m512i);
-                        let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-                        let scale = _mm512_mul_ps(dw, expand(xd[t].add(2 * p)));
-                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
-                    }
-                }
-                if w.blocks % 2 == 1 {
-                    let b = w.blocks - 1;
-                    let wv = _mm256_loadu_si256(wq.add(32 * b) as *const __m256i);
-                    for t in 0..T {
-                        let xv = _mm256_loadu_si256(xq[t].add(32 * b) as *const __m256i);
-                        let isum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv);
-                        let scale = _mm256_set1_ps(*wd.add(b) * *xd[t].add(b));
-                        let part = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), scale);
-                        acc[t] = _mm512_add_ps(acc[t], _mm512_zextps256_ps512(part));
-                    }
-                }
+            };
+            for t in 0..T {
+                let prod = _mm_mul_ps(dm, _mm_loadu_ps(xr[t].add(4 * p)));
+                side[t] = _mm_add_ps(side[t], prod);
+                let scale = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(prod));
+                let xv = _mm512_loadu_si512(xq[t].add(64 * p) as *const __m512i);
+                let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
             }
         }
-        let wm = w.m.as_ptr().add(r * w.blocks);
         std::array::from_fn(|t| {
-            _mm512_reduce_add_ps(acc[t])
-                + offset_term(wm, x.s.as_ptr().add((t0 + t) * x.blocks), w.blocks)
+            let hi = _mm_movehl_ps(side[t], side[t]);
+            _mm512_reduce_add_ps(acc[t]) + _mm_cvtss_f32(_mm_add_ss(hi, _mm_movehdup_ps(hi)))
         })
     }
 }
 
 /// One row of `w` against tokens `t0..t0+T` of `x`, AVX2 (`maddubs`).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn row_avx2<const T: usize>(w: &QMatrix, r: usize, x: &QActs, t0: usize) -> [f32; T] {
     // SAFETY: as for row_avx512.
     unsafe {
-        let wd = w.d.as_ptr().add(r * w.blocks);
+        let pairs = w.blocks / 2;
+        let pb = w.pair_bytes;
+        let row = w.data.as_ptr().add(r * pairs * pb);
         let xq: [*const i8; T] = std::array::from_fn(|t| x.q.as_ptr().add((t0 + t) * x.cols));
-        let xd: [*const f32; T] = std::array::from_fn(|t| x.d.as_ptr().add((t0 + t) * x.blocks));
+        let xr: [*const f32; T] =
+            std::array::from_fn(|t| x.rec.as_ptr().add((t0 + t) * x.blocks * 2));
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); T];
+        let mut side = [0f32; T];
         let block = |acc: &mut __m256, u: __m256i, xv: __m256i, scale: f32| {
             let p16 = _mm256_maddubs_epi16(u, xv);
             let p32 = _mm256_madd_epi16(p16, ones);
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(scale), *acc);
         };
-        let mut offset = true;
-        match w.layout {
-            Layout::Nibble => {
-                let wq = w.q.as_ptr().add(r * w.blocks * 16);
-                let m4 = _mm256_set1_epi8(0x0F);
-                for p in 0..w.blocks / 2 {
-                    let raw = _mm256_loadu_si256(wq.add(32 * p) as *const __m256i);
-                    let lo = _mm256_and_si256(raw, m4);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-                    let (d0, d1) = (*wd.add(2 * p), *wd.add(2 * p + 1));
-                    for t in 0..T {
-                        let x0 = _mm256_loadu_si256(xq[t].add(64 * p) as *const __m256i);
-                        let x1 = _mm256_loadu_si256(xq[t].add(64 * p + 32) as *const __m256i);
-                        block(&mut acc[t], lo, x0, d0 * *xd[t].add(2 * p));
-                        block(&mut acc[t], hi, x1, d1 * *xd[t].add(2 * p + 1));
+        let m4 = _mm256_set1_epi8(0x0F);
+        let flip = _mm256_set1_epi8(-128);
+        let mut sc = [0f32; 4];
+        for p in 0..pairs {
+            let rec = row.add(p * pb);
+            match w.layout {
+                Layout::Byte => {
+                    // Signed weights (u ^ 0x80 = q): |q| times x with q's sign, so maddubs cannot saturate.
+                    // This is Σ q*x exactly, which already includes the offset term, so none is added.
+                    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+                        rec.add(64) as *const i32
+                    )));
+                    for half in 0..2 {
+                        let q = _mm256_xor_si256(
+                            _mm256_loadu_si256(rec.add(32 * half) as *const __m256i),
+                            flip,
+                        );
+                        let aq = _mm256_sign_epi8(q, q);
+                        for t in 0..T {
+                            _mm_storeu_ps(
+                                sc.as_mut_ptr(),
+                                _mm_mul_ps(dd, _mm_loadu_ps(xr[t].add(4 * p))),
+                            );
+                            let xv = _mm256_sign_epi8(
+                                _mm256_loadu_si256(xq[t].add(64 * p + 32 * half) as *const __m256i),
+                                q,
+                            );
+                            block(&mut acc[t], aq, xv, sc[half]);
+                        }
                     }
                 }
-            }
-            _ => {
-                // Signed weights (u ^ 0x80 = q): |q| times x with q's sign, so maddubs cannot saturate. This
-                // computes Σ q*x exactly, which already includes the offset term, so none is added.
-                offset = false;
-                let wq = w.q.as_ptr().add(r * w.blocks * 32);
-                let flip = _mm256_set1_epi8(-128);
-                for b in 0..w.blocks {
-                    let q = _mm256_xor_si256(
-                        _mm256_loadu_si256(wq.add(32 * b) as *const __m256i),
-                        flip,
-                    );
-                    let aq = _mm256_sign_epi8(q, q);
-                    let d = *wd.add(b);
+                _ => {
+                    let raw = _mm256_loadu_si256(rec as *const __m256i);
+                    let lo = _mm256_and_si256(raw, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                    let dm = if w.f32_scales {
+                        _mm_loadu_ps(rec.add(32) as *const f32)
+                    } else {
+                        _mm_cvtph_ps(_mm_loadl_epi64(rec.add(32) as *const __m128i))
+                    };
                     for t in 0..T {
-                        let xv = _mm256_sign_epi8(
-                            _mm256_loadu_si256(xq[t].add(32 * b) as *const __m256i),
-                            q,
+                        _mm_storeu_ps(
+                            sc.as_mut_ptr(),
+                            _mm_mul_ps(dm, _mm_loadu_ps(xr[t].add(4 * p))),
                         );
-                        block(&mut acc[t], aq, xv, d * *xd[t].add(b));
+                        let x0 = _mm256_loadu_si256(xq[t].add(64 * p) as *const __m256i);
+                        let x1 = _mm256_loadu_si256(xq[t].add(64 * p + 32) as *const __m256i);
+                        block(&mut acc[t], lo, x0, sc[0]);
+                        block(&mut acc[t], hi, x1, sc[1]);
+                        side[t] += sc[2] + sc[3];
                     }
                 }
             }
         }
-        let wm = w.m.as_ptr().add(r * w.blocks);
-        std::array::from_fn(|t| {
-            let off = if offset {
-                offset_term(wm, x.s.as_ptr().add((t0 + t) * x.blocks), w.blocks)
-            } else {
-                0.0
-            };
-            hsum256(acc[t]) + off
-        })
+        std::array::from_fn(|t| hsum256(acc[t]) + side[t])
     }
 }
 
@@ -572,7 +554,20 @@ pub struct PartialAttn<'a> {
 
 /// Attends the `q.len() / head_dim` query heads of one KV group to positions `range` of `keys`/`values`,
 /// updating `part`. Keys are loaded once for the whole group; exponentials are vectorised per block.
-pub fn attend_group(isa: Isa, q: &[f32], hd: usize, keys: KvSlice<'_>, values: KvSlice<'_>, range: std::ops::Range<usize>, scale: f32, part: PartialAttn<'_>) {
+#[expect(
+    clippy::too_many_arguments,
+    reason = "attention needs its shape spelled out"
+)]
+pub fn attend_group(
+    isa: Isa,
+    q: &[f32],
+    hd: usize,
+    keys: KvSlice<'_>,
+    values: KvSlice<'_>,
+    range: std::ops::Range<usize>,
+    scale: f32,
+    part: PartialAttn<'_>,
+) {
     let g = q.len() / hd;
     debug_assert!(g <= MAX_GROUP);
     #[cfg(target_arch = "x86_64")]
@@ -598,7 +593,9 @@ pub fn attend_group(isa: Isa, q: &[f32], hd: usize, keys: KvSlice<'_>, values: K
             let corr = (part.m[h] - new_m).exp();
             if corr != 1.0 {
                 part.l[h] *= corr;
-                part.o[h * hd..(h + 1) * hd].iter_mut().for_each(|o| *o *= corr);
+                part.o[h * hd..(h + 1) * hd]
+                    .iter_mut()
+                    .for_each(|o| *o *= corr);
             }
             part.m[h] = new_m;
             part.l[h] += exp_sub(isa, &mut row[..len], new_m);
@@ -627,7 +624,9 @@ pub fn merge_partials(parts: &[(&[f32], &[f32], &[f32])], hd: usize, out: &mut [
             }
             let w = (m[h] - mx).exp();
             l += ls[h] * w;
-            o.iter_mut().zip(&os[h * hd..(h + 1) * hd]).for_each(|(a, b)| *a += w * b);
+            o.iter_mut()
+                .zip(&os[h * hd..(h + 1) * hd])
+                .for_each(|(a, b)| *a += w * b);
         }
         let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
         o.iter_mut().for_each(|v| *v *= inv);
@@ -668,7 +667,10 @@ unsafe fn axpy_avx2(a: f32, x: &[f32], out: &mut [f32]) {
         let mut i = 0;
         while i < out.len() {
             let o = out.as_mut_ptr().add(i);
-            _mm256_storeu_ps(o, _mm256_fmadd_ps(av, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(o)));
+            _mm256_storeu_ps(
+                o,
+                _mm256_fmadd_ps(av, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(o)),
+            );
             i += 8;
         }
     }
@@ -682,10 +684,12 @@ fn exp_sub(isa: Isa, x: &mut [f32], m: f32) -> f32 {
         return unsafe { exp_sub_avx2(x, m) };
     }
     let _ = isa;
-    x.iter_mut().map(|v| {
-        *v = (*v - m).exp();
-        *v
-    }).sum()
+    x.iter_mut()
+        .map(|v| {
+            *v = (*v - m).exp();
+            *v
+        })
+        .sum()
 }
 
 /// `exp` of 8 lanes: range reduction by ln 2 and a degree-6 polynomial (relative error ~2e-7 for the
@@ -695,7 +699,10 @@ fn exp_sub(isa: Isa, x: &mut [f32], m: f32) -> f32 {
 #[inline]
 unsafe fn exp256(x: __m256) -> __m256 {
     let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
-    let n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    let n = _mm256_round_ps(
+        _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
     // r = x - n ln2, with ln2 split in two for precision.
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
@@ -703,7 +710,10 @@ unsafe fn exp256(x: __m256) -> __m256 {
     for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
     }
-    let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+    let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+        23,
+    ));
     let out = _mm256_mul_ps(p, pow2);
     _mm256_and_ps(out, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0), _CMP_GT_OQ))
 }
@@ -751,23 +761,30 @@ unsafe fn attend_group_f16_avx512<const V: usize>(
     // SAFETY: positions in `range` are inside `keys`/`values` (asserted below), q holds g * hd floats and
     // part.o g * hd floats; all loads and stores stay within those bounds.
     unsafe {
-        assert!(range.end * hd <= keys.len() && range.end * hd <= values.len() && q.len() >= g * hd);
+        assert!(
+            range.end * hd <= keys.len() && range.end * hd <= values.len() && q.len() >= g * hd
+        );
         let kp = keys.as_ptr() as *const u16;
         let vp = values.as_ptr() as *const u16;
         let mut scores = [[0f32; GROUP_CHUNK]; MAX_GROUP];
         let mut start = range.start;
         while start < range.end {
             let len = (range.end - start).min(GROUP_CHUNK);
-            for h in 0..g {
-                let qv: [__m512; V] = std::array::from_fn(|i| _mm512_loadu_ps(q.as_ptr().add(h * hd + 16 * i)));
-                for j in 0..len {
+            for (h, srow) in scores[..g].iter_mut().enumerate() {
+                let qv: [__m512; V] =
+                    std::array::from_fn(|i| _mm512_loadu_ps(q.as_ptr().add(h * hd + 16 * i)));
+                for (j, score) in srow[..len].iter_mut().enumerate() {
                     let row = kp.add((start + j) * hd);
-                    let mut acc = _mm512_mul_ps(qv[0], _mm512_cvtph_ps(_mm256_loadu_si256(row as *const __m256i)));
+                    let mut acc = _mm512_mul_ps(
+                        qv[0],
+                        _mm512_cvtph_ps(_mm256_loadu_si256(row as *const __m256i)),
+                    );
                     for (i, qi) in qv.iter().enumerate().skip(1) {
-                        let k = _mm512_cvtph_ps(_mm256_loadu_si256(row.add(16 * i) as *const __m256i));
+                        let k =
+                            _mm512_cvtph_ps(_mm256_loadu_si256(row.add(16 * i) as *const __m256i));
                         acc = _mm512_fmadd_ps(*qi, k, acc);
                     }
-                    scores[h][j] = _mm512_reduce_add_ps(acc) * scale;
+                    *score = _mm512_reduce_add_ps(acc) * scale;
                 }
             }
             for (h, row) in scores[..g].iter_mut().enumerate() {
@@ -778,12 +795,14 @@ unsafe fn attend_group_f16_avx512<const V: usize>(
                 part.l[h] = part.l[h] * corr + exp_sub_avx2(&mut row[..len], new_m);
                 let o = part.o.as_mut_ptr().add(h * hd);
                 let cv = _mm512_set1_ps(corr);
-                let mut acc: [__m512; V] = std::array::from_fn(|i| _mm512_mul_ps(_mm512_loadu_ps(o.add(16 * i)), cv));
+                let mut acc: [__m512; V] =
+                    std::array::from_fn(|i| _mm512_mul_ps(_mm512_loadu_ps(o.add(16 * i)), cv));
                 for (j, &p) in row[..len].iter().enumerate() {
                     let pv = _mm512_set1_ps(p);
                     let vrow = vp.add((start + j) * hd);
                     for (i, a) in acc.iter_mut().enumerate() {
-                        let v = _mm512_cvtph_ps(_mm256_loadu_si256(vrow.add(16 * i) as *const __m256i));
+                        let v =
+                            _mm512_cvtph_ps(_mm256_loadu_si256(vrow.add(16 * i) as *const __m256i));
                         *a = _mm512_fmadd_ps(pv, v, *a);
                     }
                 }

@@ -182,19 +182,49 @@ fn simd_attention_matches_reference() {
         for isa in Isa::available() {
             let cpu = Cpu::with_isa(2, isa);
             let mut got = vec![0f32; n_new * heads * hd];
-            cpu.attention(&kv, 0, &q, n_new, n_prev, heads, kv_heads, hd, &mut got, &mut Vec::new());
+            cpu.attention(
+                &kv,
+                0,
+                &q,
+                n_new,
+                n_prev,
+                heads,
+                kv_heads,
+                hd,
+                &mut got,
+                &mut Vec::new(),
+            );
             // Decode shape too: one token, positions split across threads.
             let mut one = vec![0f32; heads * hd];
             let last = &q[(n_new - 1) * heads * hd..];
             let mut kv1 = KvCache::new(1, kv_heads, hd, 512, dtype);
             for pos in 0..n_prev + n_new {
-                kv1.write(0, pos, &data(kv_heads * hd, pos as u64), &data(kv_heads * hd, 1000 + pos as u64));
+                kv1.write(
+                    0,
+                    pos,
+                    &data(kv_heads * hd, pos as u64),
+                    &data(kv_heads * hd, 1000 + pos as u64),
+                );
             }
             kv1.set_len(n_prev + n_new);
-            cpu.attention(&kv1, 0, last, 1, n_prev + n_new - 1, heads, kv_heads, hd, &mut one, &mut Vec::new());
+            cpu.attention(
+                &kv1,
+                0,
+                last,
+                1,
+                n_prev + n_new - 1,
+                heads,
+                kv_heads,
+                hd,
+                &mut one,
+                &mut Vec::new(),
+            );
             let tail = &got[(n_new - 1) * heads * hd..];
             for (g, w) in one.iter().zip(tail) {
-                assert!((g - w).abs() < 1e-5, "{isa:?} {dtype:?} decode split: {g} vs {w}");
+                assert!(
+                    (g - w).abs() < 1e-5,
+                    "{isa:?} {dtype:?} decode split: {g} vs {w}"
+                );
             }
             for t in 0..n_new {
                 for h in 0..heads {
