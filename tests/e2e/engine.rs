@@ -56,7 +56,7 @@ fn log_softmax(x: &[f32]) -> Vec<f32> {
     let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     let lse = max
         + x.iter()
-            .map(|&v| ((v - max) as f64).exp())
+            .map(|&v| f64::from(v - max).exp())
             .sum::<f64>()
             .ln() as f32;
     x.iter().map(|&v| v - lse).collect()
