@@ -410,22 +410,39 @@ fn info(path: &std::path::Path, tensors: bool) -> Result<()> {
 fn up(cache: &std::path::Path) -> Result<()> {
     let path = pull(cache, store::DEFAULT_MODEL.name, false)?;
     let g = open(&path)?;
-    let arch = g.architecture()?;
     let tok = Tokenizer::from_gguf(&g)?;
-    println!(
-        "loaded {} ({arch}, {} layers, {} tensors, vocab {})",
-        path.display(),
-        g.arch_u32("block_count")?,
-        g.tensors().len(),
-        tok.vocab_size()
-    );
-    let (text, n) = render(&g, None, "What is the capital of France?")?;
-    println!("a rendered prompt ({n} tokens):\n{text}");
     if tok.vocab_size() == 0 {
         bail!("empty vocabulary");
     }
     println!(
-        "the inference engine (`thorn generate`) and the OpenAI server (`thorn serve`) are not built yet."
+        "loaded {} ({}, {} layers, {} tensors, vocab {})",
+        path.display(),
+        g.architecture()?,
+        g.arch_u32("block_count")?,
+        g.tensors().len(),
+        tok.vocab_size()
     );
+    drop(g);
+    let prompt = "What is the capital of France? Answer in one sentence.";
+    println!("> {prompt}");
+    generate(
+        cache,
+        GenerateArgs {
+            prompt: prompt.into(),
+            system: None,
+            max_tokens: 64,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            seed: None,
+            stop: vec![],
+            threads: 0,
+            context: 4096,
+            model: Some(path),
+        },
+    )?;
+    println!("(the OpenAI-compatible server and the wasm tool plugins are not built yet; try `thorn generate -p ...`)");
     Ok(())
 }

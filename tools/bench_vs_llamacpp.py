@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Side-by-side engine benchmark: thorn vs llama.cpp's llama-bench on the same GGUF and thread count.
+
+Alternates the two programs round by round (so machine noise hits both alike), then prints medians and the
+thorn/llama.cpp ratio as a Markdown table. Usage (from the repository root, release build present):
+
+    LLAMA_BENCH=/path/to/llama-bench python3 tools/bench_vs_llamacpp.py --rounds 5 --threads 2
+
+llama-bench comes from llama.cpp built from the llama-cpp-python sdist (see BENCHMARKS.md); its code is not
+part of this repository.
+"""
+import argparse, json, os, statistics, subprocess, sys
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--rounds", type=int, default=5)
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--pp", type=int, default=512)
+ap.add_argument("--tg", type=int, default=128)
+ap.add_argument("--depths", default="1024,3000")
+ap.add_argument("--model", default=None)
+ap.add_argument("--thorn", default="target/release/thorn")
+args = ap.parse_args()
+
+bench = os.environ.get("LLAMA_BENCH")
+if not bench:
+    sys.exit("set LLAMA_BENCH to the llama-bench binary")
+model = args.model or subprocess.run([args.thorn, "model", "pull", "-q"], check=True) and None
+if model is None:
+    cache = os.environ.get("THORN_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "thorn")
+    model = os.path.join(cache, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+depths = [int(d) for d in args.depths.split(",") if d]
+tests = [f"pp{args.pp}", f"tg{args.tg}"] + [f"tg{args.tg}@d{d}" for d in depths]
+ours = {t: [] for t in tests}
+peer = {t: [] for t in tests}
+
+for r in range(args.rounds):
+    out = subprocess.run([args.thorn, "bench", "engine", "--model", model, "--threads", str(args.threads),
+                          "--prompt-tokens", str(args.pp), "--gen-tokens", str(args.tg), "--depths", args.depths,
+                          "--reps", "1", "--json"], check=True, capture_output=True, text=True).stdout
+    for item in json.loads(out)["results"]:
+        ours[item["test"]].append(item["tok_per_s"])
+    cmd = [bench, "-m", model, "-t", str(args.threads), "-p", str(args.pp), "-n", str(args.tg),
+           "-d", ",".join(["0"] + [str(d) for d in depths]), "-r", "1", "-o", "json"]
+    for item in json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout):
+        depth, n_prompt, n_gen = item.get("n_depth", 0), item["n_prompt"], item["n_gen"]
+        if n_prompt and not n_gen and depth == 0:
+            peer[f"pp{n_prompt}"].append(item["avg_ts"])
+        elif n_gen and not n_prompt:
+            peer[f"tg{n_gen}" + (f"@d{depth}" if depth else "")].append(item["avg_ts"])
+    print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+
+def spread(v):
+    return f"{min(v):.1f}-{max(v):.1f}" if v else "-"
+
+print(f"| test | thorn tok/s (median, range) | llama.cpp tok/s (median, range) | thorn / llama.cpp |")
+print("|---|---|---|---|")
+for t in tests:
+    a, b = ours[t], peer[t]
+    ma = statistics.median(a) if a else float("nan")
+    mb = statistics.median(b) if b else float("nan")
+    print(f"| {t} | {ma:.1f} ({spread(a)}) | {mb:.1f} ({spread(b)}) | {ma / mb:.2f}x |")
+print(json.dumps({"thorn": ours, "llama.cpp": peer}), file=sys.stderr)
