@@ -443,6 +443,8 @@ fn up(cache: &std::path::Path) -> Result<()> {
             model: Some(path),
         },
     )?;
-    println!("(the OpenAI-compatible server and the wasm tool plugins are not built yet; try `thorn generate -p ...`)");
+    println!(
+        "(the OpenAI-compatible server and the wasm tool plugins are not built yet; try `thorn generate -p ...`)"
+    );
     Ok(())
 }

@@ -158,19 +158,12 @@ impl Cpu {
                 );
             }
         });
-        let mut views: Vec<(&[f32], &[f32], &[f32])> = Vec::with_capacity(splits);
         for item in 0..items {
             let (t, kvh) = (item / n_kv_heads, item % n_kv_heads);
-            views.clear();
-            for split in 0..splits {
-                let buf = &partials[(item * splits + split) * stride..][..stride];
-                let (ml, o) = buf.split_at(2 * group);
-                let (m, l) = ml.split_at(group);
-                views.push((m, l, o));
-            }
+            let parts = &partials[item * splits * stride..(item + 1) * splits * stride];
             let dst = &mut out[(t * n_heads + kvh * group) * head_dim
                 ..(t * n_heads + (kvh + 1) * group) * head_dim];
-            simd::merge_partials(&views, head_dim, dst);
+            simd::merge_partials(parts, splits, head_dim, dst);
         }
     }
 

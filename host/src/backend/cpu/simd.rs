@@ -610,25 +610,28 @@ pub fn attend_group(
     }
 }
 
-/// Combines partial states (one per position split) of `g` heads into normalised outputs.
-pub fn merge_partials(parts: &[(&[f32], &[f32], &[f32])], hd: usize, out: &mut [f32]) {
+/// Combines `splits` consecutive partial states of `g` heads (each `g * (hd + 2)` floats laid out as
+/// `m[g] l[g] o[g * hd]`, the layout `Cpu::attention` writes) into normalised outputs in `out` (`g * hd`).
+pub fn merge_partials(parts: &[f32], splits: usize, hd: usize, out: &mut [f32]) {
     let g = out.len() / hd;
+    let stride = g * (hd + 2);
     for h in 0..g {
-        let mx = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p.0[h]));
+        let m = |p: usize| parts[p * stride + h];
+        let l = |p: usize| parts[p * stride + g + h];
+        let mx = (0..splits).fold(f32::NEG_INFINITY, |a, p| a.max(m(p)));
         let o = &mut out[h * hd..(h + 1) * hd];
         o.fill(0.0);
-        let mut l = 0f32;
-        for (m, ls, os) in parts {
-            if ls[h] == 0.0 {
+        let mut total = 0f32;
+        for p in 0..splits {
+            if l(p) == 0.0 {
                 continue;
             }
-            let w = (m[h] - mx).exp();
-            l += ls[h] * w;
-            o.iter_mut()
-                .zip(&os[h * hd..(h + 1) * hd])
-                .for_each(|(a, b)| *a += w * b);
+            let w = (m(p) - mx).exp();
+            total += l(p) * w;
+            let src = &parts[p * stride + 2 * g + h * hd..][..hd];
+            o.iter_mut().zip(src).for_each(|(a, b)| *a += w * b);
         }
-        let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+        let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
         o.iter_mut().for_each(|v| *v *= inv);
     }
 }
