@@ -34,5 +34,6 @@ pub mod quant;
 pub mod sample;
 pub mod store;
 pub mod tokenizer;
+pub mod tools;
 
 pub use error::Error;

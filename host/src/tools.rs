@@ -1,0 +1,206 @@
+//! Tools as the model sees them: the prompt that describes them, the text format of a call, and the
+//! validation of every call against its JSON schema.
+//!
+//! * [`ToolSet`] holds the tools of a request (OpenAI `tools` entries), each with a compiled `jsonschema`
+//!   validator. A schema that does not compile is rejected when the set is built, naming the tool.
+//! * [`ToolSet::system_prompt`] renders the tool list for models whose chat template does not know tools
+//!   (SmolLM2's does not): a `<tools>` JSON block and the instruction to answer with
+//!   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (the Hermes convention, with compact JSON so
+//!   a grammar can force most of a call's structure).
+//! * [`parse_tool_calls`] splits generated text into prose and calls; [`ToolSet::check`] validates one call
+//!   (defence in depth: with constrained decoding a failure here is a bug, and it is reported, never run).
+
+mod parse;
+
+pub use parse::{ParsedCall, parse_tool_calls};
+
+use serde_json::Value;
+use thiserror::Error;
+
+/// What can be wrong with a tool definition or a tool call.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum ToolError {
+    /// A `tools` entry that is not `{"type": "function", "function": {"name", "parameters"?, ...}}`.
+    #[error("tool #{index}: {msg}")]
+    Definition {
+        /// Position in the list.
+        index: usize,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A parameters schema that does not compile.
+    #[error("tool {tool:?}: its parameters schema is invalid: {msg}")]
+    Schema {
+        /// The tool.
+        tool: String,
+        /// The compiler's complaint.
+        msg: String,
+    },
+    /// Two tools with one name.
+    #[error("tool {0:?} is defined twice")]
+    Duplicate(String),
+    /// Text inside `<tool_call>` that is not a JSON call object.
+    #[error("malformed tool call: {0}")]
+    Malformed(String),
+    /// A call to a tool that is not in the set.
+    #[error("the model called unknown tool {0:?}")]
+    UnknownTool(String),
+    /// Arguments that violate the tool's schema.
+    #[error("arguments for {tool:?} do not match its schema: {errors}")]
+    Invalid {
+        /// The tool.
+        tool: String,
+        /// The validation errors, joined.
+        errors: String,
+    },
+}
+
+/// One tool: its name, description and parameters schema, with the compiled validator.
+pub struct Tool {
+    /// Function name.
+    pub name: String,
+    /// What it does (shown to the model).
+    pub description: String,
+    /// JSON schema of the arguments object.
+    pub parameters: Value,
+    validator: jsonschema::Validator,
+}
+
+impl std::fmt::Debug for Tool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tool")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The tools of one request.
+#[derive(Debug, Default)]
+pub struct ToolSet {
+    tools: Vec<Tool>,
+    /// The definitions as given, for prompts and templates.
+    definitions: Vec<Value>,
+}
+
+impl ToolSet {
+    /// Builds a set from OpenAI-style `tools` entries, compiling every parameters schema.
+    pub fn new(defs: &[Value]) -> Result<Self, ToolError> {
+        let mut tools: Vec<Tool> = Vec::with_capacity(defs.len());
+        for (index, def) in defs.iter().enumerate() {
+            let bad = |msg: &str| ToolError::Definition {
+                index,
+                msg: msg.to_owned(),
+            };
+            if def
+                .get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t != "function")
+            {
+                return Err(bad("only tools of type \"function\" are supported"));
+            }
+            let f = def
+                .get("function")
+                .ok_or_else(|| bad("missing \"function\""))?;
+            let name = f
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("missing function name"))?;
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+            {
+                return Err(bad(&format!(
+                    "function name {name:?} must be 1-64 characters of [A-Za-z0-9_.-]"
+                )));
+            }
+            if tools.iter().any(|t| t.name == name) {
+                return Err(ToolError::Duplicate(name.to_owned()));
+            }
+            let description = f
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            let parameters = f
+                .get("parameters")
+                .cloned()
+                .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}}));
+            if !parameters.is_object() {
+                return Err(ToolError::Schema {
+                    tool: name.to_owned(),
+                    msg: "parameters must be a JSON object schema".into(),
+                });
+            }
+            let validator =
+                jsonschema::validator_for(&parameters).map_err(|e| ToolError::Schema {
+                    tool: name.to_owned(),
+                    msg: e.to_string(),
+                })?;
+            tools.push(Tool {
+                name: name.to_owned(),
+                description,
+                parameters,
+                validator,
+            });
+        }
+        Ok(ToolSet {
+            tools,
+            definitions: defs.to_vec(),
+        })
+    }
+
+    /// Whether there are no tools.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// The tools.
+    pub fn tools(&self) -> &[Tool] {
+        &self.tools
+    }
+
+    /// The definitions as given (what a tool-aware chat template receives as `tools`).
+    pub fn definitions(&self) -> &[Value] {
+        &self.definitions
+    }
+
+    /// The tool named `name`.
+    pub fn get(&self, name: &str) -> Option<&Tool> {
+        self.tools.iter().find(|t| t.name == name)
+    }
+
+    /// The system-prompt block that describes the tools to a model whose template does not (compact JSON).
+    pub fn system_prompt(&self) -> String {
+        let list = serde_json::to_string(&self.definitions).unwrap_or_else(|_| "[]".into());
+        format!(
+            "You are a function-calling assistant. You have access to the following tools:\n<tools>\n{list}\n</tools>\n\
+             When a tool is needed, reply only with a JSON object of the form {{\"name\": <function-name>, \"arguments\": <args-object>}} \
+             inside <tool_call></tool_call> tags."
+        )
+    }
+
+    /// Checks a parsed call: the tool exists and the arguments satisfy its schema.
+    pub fn check(&self, call: &ParsedCall) -> Result<(), ToolError> {
+        let tool = self
+            .get(&call.name)
+            .ok_or_else(|| ToolError::UnknownTool(call.name.clone()))?;
+        let errors: Vec<String> = tool
+            .validator
+            .iter_errors(&call.arguments)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ToolError::Invalid {
+                tool: call.name.clone(),
+                errors: errors.join("; "),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,69 @@
+//! `<tool_call>{...}</tool_call>` blocks in generated text.
+
+use super::ToolError;
+use serde_json::Value;
+
+/// The opening tag of a call.
+pub const OPEN: &str = "<tool_call>";
+/// The closing tag of a call.
+pub const CLOSE: &str = "</tool_call>";
+
+/// A call as the model wrote it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedCall {
+    /// Tool name.
+    pub name: String,
+    /// Arguments (a JSON object).
+    pub arguments: Value,
+}
+
+/// Splits `text` into the prose outside any `<tool_call>` block and the calls inside them, in order.
+///
+/// A block must hold one JSON object `{"name": string, "arguments": object}` (`"parameters"` is accepted as a
+/// synonym, and `arguments` may be a JSON string holding the object, as some models write it). An unclosed
+/// final block is accepted when its JSON is complete (generation may stop on the closing tag).
+pub fn parse_tool_calls(text: &str) -> Result<(String, Vec<ParsedCall>), ToolError> {
+    let mut prose = String::new();
+    let mut calls = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(OPEN) {
+        prose.push_str(&rest[..start]);
+        let body_start = start + OPEN.len();
+        let (body, next) = match rest[body_start..].find(CLOSE) {
+            Some(end) => (
+                &rest[body_start..body_start + end],
+                &rest[body_start + end + CLOSE.len()..],
+            ),
+            None => (&rest[body_start..], ""),
+        };
+        calls.push(parse_one(body.trim())?);
+        rest = next;
+    }
+    prose.push_str(rest);
+    Ok((prose.trim().to_owned(), calls))
+}
+
+fn parse_one(body: &str) -> Result<ParsedCall, ToolError> {
+    let v: Value =
+        serde_json::from_str(body).map_err(|e| ToolError::Malformed(format!("{e} in {body:?}")))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| ToolError::Malformed(format!("{body:?} is not a JSON object")))?;
+    let name = obj
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ToolError::Malformed(format!("no string \"name\" in {body:?}")))?
+        .to_owned();
+    let arguments = match obj.get("arguments").or_else(|| obj.get("parameters")) {
+        None => Value::Object(Default::default()),
+        Some(Value::String(s)) => serde_json::from_str(s)
+            .map_err(|e| ToolError::Malformed(format!("arguments string is not JSON: {e}")))?,
+        Some(a) => a.clone(),
+    };
+    if !arguments.is_object() {
+        return Err(ToolError::Malformed(format!(
+            "arguments of {name:?} are not a JSON object"
+        )));
+    }
+    Ok(ParsedCall { name, arguments })
+}

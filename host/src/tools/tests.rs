@@ -1,0 +1,99 @@
+use super::*;
+use serde_json::json;
+
+fn weather() -> Value {
+    json!({"type": "function", "function": {"name": "get_weather", "description": "Get the weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}})
+}
+
+#[test]
+fn parses_prose_and_calls() {
+    let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\
+                <tool_call>{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Rome\\\"}\"}";
+    let (prose, calls) = parse_tool_calls(text).unwrap();
+    assert_eq!(prose, "Let me check.");
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0].arguments, json!({"city": "Paris"}));
+    assert_eq!(
+        calls[1].arguments,
+        json!({"city": "Rome"}),
+        "string-encoded arguments and an unclosed last block"
+    );
+    assert_eq!(
+        parse_tool_calls("no calls here").unwrap(),
+        ("no calls here".into(), vec![])
+    );
+}
+
+#[test]
+fn rejects_malformed_calls() {
+    for bad in [
+        "<tool_call>{\"name\": 3}</tool_call>",
+        "<tool_call>[1]</tool_call>",
+        "<tool_call>{\"name\": \"x\", \"arguments\": [1]}</tool_call>",
+        "<tool_call>{oops</tool_call>",
+    ] {
+        assert!(
+            matches!(parse_tool_calls(bad), Err(ToolError::Malformed(_))),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn validates_against_the_schema() {
+    let set = ToolSet::new(&[weather()]).unwrap();
+    let ok = ParsedCall {
+        name: "get_weather".into(),
+        arguments: json!({"city": "Paris", "unit": "celsius"}),
+    };
+    assert_eq!(set.check(&ok), Ok(()));
+    let missing = ParsedCall {
+        name: "get_weather".into(),
+        arguments: json!({"unit": "kelvin"}),
+    };
+    let err = set.check(&missing).unwrap_err().to_string();
+    assert!(err.contains("city") && err.contains("kelvin"), "{err}");
+    let unknown = ParsedCall {
+        name: "launch".into(),
+        arguments: json!({}),
+    };
+    assert_eq!(
+        set.check(&unknown),
+        Err(ToolError::UnknownTool("launch".into()))
+    );
+}
+
+#[test]
+fn bad_definitions_name_the_tool() {
+    let bad_schema = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}});
+    assert!(
+        matches!(ToolSet::new(&[bad_schema]), Err(ToolError::Schema { tool, .. }) if tool == "f")
+    );
+    assert!(matches!(
+        ToolSet::new(&[weather(), weather()]),
+        Err(ToolError::Duplicate(_))
+    ));
+    assert!(matches!(
+        ToolSet::new(&[json!({"type": "function"})]),
+        Err(ToolError::Definition { index: 0, .. })
+    ));
+    assert!(matches!(
+        ToolSet::new(&[json!({"type": "retrieval", "function": {"name": "x"}})]),
+        Err(ToolError::Definition { .. })
+    ));
+    let bad_name = json!({"type": "function", "function": {"name": "rm -rf"}});
+    assert!(ToolSet::new(&[bad_name]).is_err());
+}
+
+#[test]
+fn system_prompt_lists_the_tools_compactly() {
+    let set = ToolSet::new(&[weather()]).unwrap();
+    let p = set.system_prompt();
+    assert!(
+        p.contains("<tools>\n[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\""),
+        "{p}"
+    );
+    assert!(p.contains("<tool_call></tool_call>"));
+}
