@@ -21,4 +21,16 @@ pub enum Error {
     /// Fetching or finding a model.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// Loading or running a model.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    /// Serving a generation request.
+    #[error(transparent)]
+    Engine(#[from] crate::engine::EngineError),
+    /// A tool definition or call.
+    #[error(transparent)]
+    Tool(#[from] crate::tools::ToolError),
+    /// A device that cannot be used.
+    #[error(transparent)]
+    Device(#[from] crate::backend::DeviceError),
 }
