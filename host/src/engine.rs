@@ -17,6 +17,7 @@ use crate::gguf::{Gguf, GgufError};
 use crate::kv::{KvCache, KvDtype};
 use crate::model::ModelError;
 use crate::model::llama::{Llama, Logits, Precision, Profile, Scratch};
+use crate::sample::grammar::{Constraint, GrammarError, GrammarFactory};
 use crate::sample::{Sampled, Sampler, SamplingParams};
 use crate::tokenizer::{TokenId, Tokenizer, TokenizerError};
 use std::path::Path;
@@ -39,6 +40,9 @@ pub enum EngineError {
     /// Building the tokenizer.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// A grammar that does not compile or a matcher failure.
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
     /// A request the engine cannot serve (empty prompt, too long, ...).
     #[error("invalid request: {0}")]
     Request(String),
@@ -155,7 +159,8 @@ pub struct Generation {
 pub struct Engine {
     cpu: Cpu,
     model: Llama,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
+    grammar: std::sync::OnceLock<GrammarFactory>,
     gguf: Arc<Gguf>,
     kv: KvCache,
     scratch: Scratch,
@@ -173,7 +178,7 @@ impl Engine {
 
     /// Builds an engine from a parsed GGUF.
     pub fn from_gguf(gguf: Arc<Gguf>, cfg: &EngineConfig) -> Result<Self, EngineError> {
-        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
         let mut model = Llama::load(Arc::clone(&gguf))?;
         model.set_precision(cfg.precision);
         let ctx = if cfg.context == 0 {
@@ -185,6 +190,7 @@ impl Engine {
         Ok(Engine {
             cpu: Cpu::new(cfg.threads),
             tokenizer,
+            grammar: std::sync::OnceLock::new(),
             gguf,
             kv,
             scratch: Scratch::default(),
@@ -197,6 +203,15 @@ impl Engine {
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The grammar factory for this model's vocabulary (built on first use).
+    pub fn grammars(&self) -> Result<&GrammarFactory, GrammarError> {
+        if let Some(g) = self.grammar.get() {
+            return Ok(g);
+        }
+        let g = GrammarFactory::new(Arc::clone(&self.tokenizer))?;
+        Ok(self.grammar.get_or_init(|| g))
     }
 
     /// The model.
@@ -298,6 +313,17 @@ impl Engine {
         req: &Request,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, EngineError> {
+        self.generate_constrained(req, None, on_text)
+    }
+
+    /// [`Engine::generate`] with every token restricted to what `constraint` allows; generation ends when
+    /// the grammar is complete.
+    pub fn generate_constrained(
+        &mut self,
+        req: &Request,
+        mut constraint: Option<&mut Constraint>,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, EngineError> {
         let vocab = self.model.config().vocab;
         if let Some(&bad) = req
             .prompt
@@ -340,7 +366,17 @@ impl Engine {
                 last_logits.extend_from_slice(out);
                 cached.push(last);
             }
+            if let Some(c) = constraint.as_deref_mut() {
+                c.mask_logits(last_logits)?;
+            }
             let s = sampler.sample(last_logits, &history);
+            let grammar_done = match constraint.as_deref_mut() {
+                Some(c) => {
+                    c.commit(s.token)?;
+                    c.is_stopped()
+                }
+                None => false,
+            };
             let tok = s.token;
             tokens.push(tok);
             history.push(tok);
@@ -352,7 +388,7 @@ impl Engine {
             }
             delta.clear();
             detok.push(tok, &mut delta);
-            if stop.push(&delta, on_text) {
+            if stop.push(&delta, on_text) || grammar_done {
                 finish = FinishReason::Stop;
                 break;
             }

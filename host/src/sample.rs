@@ -7,6 +7,8 @@
 //!
 //! Nothing here allocates per token: the candidate buffer and the penalty counters live in the [`Sampler`].
 
+pub mod grammar;
+
 use crate::tokenizer::TokenId;
 
 /// Sampling parameters (OpenAI's names where they exist).

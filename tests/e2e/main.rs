@@ -5,3 +5,4 @@ mod chat_template;
 mod engine;
 mod model_file;
 mod tokenizer;
+mod tool_calls;
