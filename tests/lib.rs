@@ -66,3 +66,12 @@ pub fn golden(name: &str, actual: &str) {
         );
     }
 }
+
+/// A JSON array of token ids.
+pub fn token_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an array of token ids")
+        .iter()
+        .map(|x| x.as_u64().expect("a token id") as u32)
+        .collect()
+}

@@ -13,7 +13,7 @@ use thorn::engine::{Engine, EngineConfig, Request};
 use thorn::gguf::Gguf;
 use thorn::kv::KvDtype;
 use thorn::model::llama::Precision;
-use thorn_tests::{default_model, fixture, jsonl};
+use thorn_tests::{default_model, fixture, jsonl, token_ids as ids};
 
 fn engine(precision: Precision) -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
@@ -32,14 +32,6 @@ fn engine(precision: Precision) -> Engine {
         },
     )
     .unwrap()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 fn tensor(file: &str, name: &str) -> Vec<f32> {

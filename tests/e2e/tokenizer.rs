@@ -2,20 +2,12 @@
 
 use thorn::gguf::Gguf;
 use thorn::tokenizer::Tokenizer;
-use thorn_tests::{default_model, jsonl};
+use thorn_tests::{default_model, jsonl, token_ids as ids};
 
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
         .collect()
 }
 

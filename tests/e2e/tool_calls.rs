@@ -5,7 +5,7 @@ use thorn::engine::{Engine, EngineConfig, Request};
 use thorn::gguf::Gguf;
 use thorn::sample::SamplingParams;
 use thorn::tools::{ToolSet, parse_tool_calls};
-use thorn_tests::{default_model, jsonl};
+use thorn_tests::{default_model, jsonl, token_ids};
 
 fn engine() -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
@@ -35,12 +35,7 @@ fn greedy_constrained_call_on_the_fixture_tool_prompt_is_valid() {
         .into_iter()
         .find(|p| p["name"] == "tool_call_json")
         .unwrap();
-    let prompt: Vec<u32> = p["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let prompt = token_ids(&p["prompt_ids"]);
     let tools = weather();
     let mut c = e.grammars().unwrap().tool_call(&tools).unwrap();
     let out = e
