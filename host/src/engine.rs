@@ -121,6 +121,8 @@ pub struct Stats {
     pub cached_tokens: usize,
     /// Tokens generated.
     pub generated: usize,
+    /// Decode forward passes (fewer than tokens when a grammar forced some).
+    pub forward_passes: usize,
     /// Time to prefill the uncached prompt.
     pub prefill: Duration,
     /// Time spent decoding.
@@ -357,38 +359,65 @@ impl Engine {
         let mut detok = tokenizer.detokenizer(false);
         let mut delta = String::new();
         let mut finish = FinishReason::Length;
-        let room = kv.capacity() - req.prompt.len();
-        for i in 0..req.max_tokens.min(room) {
-            if i > 0 {
-                let last = *tokens.last().expect("a token was sampled");
-                let out = model.forward(cpu, kv, &[last], Logits::Last, scratch)?;
+        let limit = req.max_tokens.min(kv.capacity() - req.prompt.len());
+        // Tokens chosen but not yet run through the model: the last sampled one, plus any the grammar
+        // forced after it. They go through the next forward pass together (a mini-prefill), so forced
+        // tokens cost no decode step of their own.
+        let mut pending: Vec<TokenId> = Vec::new();
+        let mut forward_passes = 0usize;
+        let mut step: Vec<Sampled> = Vec::with_capacity(16);
+        'decode: while tokens.len() < limit {
+            if !pending.is_empty() {
+                let out = model.forward(cpu, kv, &pending, Logits::Last, scratch)?;
+                forward_passes += 1;
                 last_logits.clear();
                 last_logits.extend_from_slice(out);
-                cached.push(last);
+                cached.append(&mut pending);
             }
             if let Some(c) = constraint.as_deref_mut() {
                 c.mask_logits(last_logits)?;
             }
             let s = sampler.sample(last_logits, &history);
-            let grammar_done = match constraint.as_deref_mut() {
-                Some(c) => {
-                    c.commit(s.token)?;
-                    c.is_stopped()
+            step.clear();
+            step.push(s);
+            if let Some(c) = constraint.as_deref_mut() {
+                c.commit(step[0].token)?;
+                if !c.is_stopped() {
+                    for t in c.forced() {
+                        if tokens.len() + step.len() >= limit {
+                            break;
+                        }
+                        c.commit(t)?;
+                        // Forced: probability 1 under the constraint.
+                        step.push(Sampled {
+                            token: t,
+                            logprob: 0.0,
+                            top: Vec::new(),
+                        });
+                    }
                 }
-                None => false,
-            };
-            let tok = s.token;
-            tokens.push(tok);
-            history.push(tok);
-            sampled_all.push(s);
-            let eog = !req.ignore_eos && (tokenizer.is_eog(tok) || req.stop_tokens.contains(&tok));
-            if eog {
-                finish = FinishReason::Stop;
-                break;
             }
-            delta.clear();
-            detok.push(tok, &mut delta);
-            if stop.push(&delta, on_text) || grammar_done {
+            let grammar_done = constraint.as_deref().is_some_and(Constraint::is_stopped);
+            for s in step.drain(..) {
+                let tok = s.token;
+                tokens.push(tok);
+                history.push(tok);
+                sampled_all.push(s);
+                let eog =
+                    !req.ignore_eos && (tokenizer.is_eog(tok) || req.stop_tokens.contains(&tok));
+                if eog {
+                    finish = FinishReason::Stop;
+                    break 'decode;
+                }
+                delta.clear();
+                detok.push(tok, &mut delta);
+                if stop.push(&delta, on_text) {
+                    finish = FinishReason::Stop;
+                    break 'decode;
+                }
+                pending.push(tok);
+            }
+            if grammar_done {
                 finish = FinishReason::Stop;
                 break;
             }
@@ -400,6 +429,7 @@ impl Engine {
         }
         let text = stop.finish(on_text);
         let stats = Stats {
+            forward_passes,
             prompt_tokens: req.prompt.len(),
             cached_tokens,
             generated: tokens.len(),

@@ -42,9 +42,15 @@ fn greedy_constrained_call_on_the_fixture_tool_prompt_is_valid() {
         .generate_constrained(&Request::greedy(prompt, 96), Some(&mut c), &mut |_| {})
         .unwrap();
     eprintln!(
-        "constrained greedy output: {:?} ({} tokens)",
+        "constrained greedy output: {:?} ({} tokens in {} decode forward passes after the prefill)",
         out.text,
-        out.tokens.len()
+        out.tokens.len(),
+        out.stats.forward_passes
+    );
+    // Forced tokens (the tags, the keys, the tool name) ride along with the sampled ones.
+    assert!(
+        out.stats.forward_passes * 2 < out.tokens.len(),
+        "fast-forward should skip most decode steps"
     );
     // Unconstrained, this model answers with prose and a made-up JSON shape (see the fixture's greedy_text).
     let (prose, calls) = parse_tool_calls(&out.text).unwrap();
