@@ -75,7 +75,9 @@ fn sampled_constrained_calls_always_validate() {
     );
     let prompt = e.tokenizer().encode(&text, true).unwrap();
     for seed in 0..4 {
+        // Compiled once, forked per request.
         let mut c = e.grammars().unwrap().tool_call(&tools).unwrap();
+        assert_eq!(e.grammars().unwrap().cached(), 1);
         let req = Request {
             sampling: SamplingParams {
                 temperature: 1.0,

@@ -45,10 +45,15 @@ impl TokenizerEnv for Env {
     }
 }
 
+/// Compiled grammars kept per factory (keyed by the grammar text): a tool set's grammar is compiled once and
+/// each request gets a cheap fork.
+const CACHE_ENTRIES: usize = 64;
+
 /// One per model: compiles grammars into matchers.
 #[derive(Clone)]
 pub struct GrammarFactory {
     factory: Arc<ParserFactory>,
+    cache: Arc<std::sync::Mutex<std::collections::HashMap<String, Constraint>>>,
 }
 
 impl std::fmt::Debug for GrammarFactory {
@@ -86,6 +91,7 @@ impl GrammarFactory {
         factory.quiet();
         Ok(GrammarFactory {
             factory: Arc::new(factory),
+            cache: Arc::default(),
         })
     }
 
@@ -106,9 +112,24 @@ impl GrammarFactory {
         self.build(TopLevelGrammar::from_json_schema(compact(schema)))
     }
 
-    /// A Lark grammar (llguidance's dialect, with `%json{...}` for embedded schemas).
+    /// A Lark grammar (llguidance's dialect, with `%json{...}` for embedded schemas). Compiled grammars are
+    /// cached by their text, so the same tool set costs one compile per process.
     pub fn lark(&self, src: &str) -> Result<Constraint, GrammarError> {
-        self.build(TopLevelGrammar::from_lark(src.to_owned()))
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cache.get(src) {
+            return Ok(c.fork());
+        }
+        let c = self.build(TopLevelGrammar::from_lark(src.to_owned()))?;
+        if cache.len() >= CACHE_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(src.to_owned(), c.fork());
+        Ok(c)
+    }
+
+    /// Grammars in the compile cache.
+    pub fn cached(&self) -> usize {
+        self.cache.lock().map(|c| c.len()).unwrap_or(0)
     }
 
     /// Exactly one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` for one of `tools`.
