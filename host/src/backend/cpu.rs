@@ -109,10 +109,10 @@ impl Cpu {
         let isa = self.isa;
         let scale = 1.0 / (head_dim as f32).sqrt();
         let group = n_heads / n_kv_heads;
-        if isa == Isa::Scalar || group > simd::MAX_GROUP || head_dim > 256 {
-            self.attention_per_head(kv, layer, q, n, start, n_heads, n_kv_heads, head_dim, out);
-            return;
-        }
+        assert!(
+            group <= simd::MAX_GROUP && head_dim <= simd::MAX_HEAD_DIM,
+            "attention shape outside the kernels' limits (the model loader rejects such models)"
+        );
         let items = n * n_kv_heads;
         let threads = self.threads();
         let min_split = 256; // positions worth a task of their own
@@ -165,53 +165,6 @@ impl Cpu {
                 ..(t * n_heads + (kvh + 1) * group) * head_dim];
             simd::merge_partials(parts, splits, head_dim, dst);
         }
-    }
-
-    /// One task per (token, query head), each with its own online softmax (the scalar path).
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "attention needs its shape spelled out"
-    )]
-    fn attention_per_head(
-        &self,
-        kv: &KvCache,
-        layer: usize,
-        q: &[f32],
-        n: usize,
-        start: usize,
-        n_heads: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        out: &mut [f32],
-    ) {
-        let isa = self.isa;
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let group = n_heads / n_kv_heads;
-        let ptr = SendPtr(out.as_mut_ptr());
-        let len = out.len();
-        self.pool.for_ranges(n * n_heads, 1, &|tasks| {
-            let p = ptr;
-            #[expect(unsafe_code, reason = "disjoint parallel writes")]
-            // SAFETY: task i = (token, head) writes only out[i * head_dim..(i + 1) * head_dim]; ranges are
-            // disjoint and the pool joins before `out`'s borrow ends.
-            let out = unsafe { std::slice::from_raw_parts_mut(p.0, len) };
-            for i in tasks {
-                let (t, h) = (i / n_heads, i % n_heads);
-                let kvh = h / group;
-                let npos = start + t + 1;
-                let o = &mut out[i * head_dim..(i + 1) * head_dim];
-                let qh = &q[i * head_dim..(i + 1) * head_dim];
-                simd::attention(
-                    isa,
-                    qh,
-                    kv.keys(layer, kvh, npos),
-                    kv.values(layer, kvh, npos),
-                    npos,
-                    scale,
-                    o,
-                );
-            }
-        });
     }
 }
 

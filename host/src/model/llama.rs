@@ -66,6 +66,8 @@ impl LlamaConfig {
             || n_heads % n_kv_heads != 0
             || head_dim * n_heads != d_model
             || rot != head_dim
+            || n_heads / n_kv_heads > simd::MAX_GROUP
+            || head_dim > simd::MAX_HEAD_DIM
         {
             return Err(ModelError::Unsupported(format!(
                 "head layout: {n_heads} heads, {n_kv_heads} KV heads, width {d_model}, rope dims {rot}"

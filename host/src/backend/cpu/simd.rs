@@ -408,137 +408,13 @@ pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     super::ops::rmsnorm_ref(x, w, eps, out);
 }
 
-/// Rows of keys processed per online-softmax step of [`attention`].
-const ATT_CHUNK: usize = 128;
-
-/// One query head against positions `0..n` (see `ops::attention_ref`): scores for a chunk of keys, then an
-/// online-softmax update of the running max, denominator and output, so no buffer grows with the context.
-pub fn attention(
-    isa: Isa,
-    q: &[f32],
-    keys: KvSlice<'_>,
-    values: KvSlice<'_>,
-    n: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    let mut scores = [0f32; ATT_CHUNK];
-    let mut m = f32::NEG_INFINITY;
-    let mut l = 0f32;
-    out.fill(0.0);
-    let mut start = 0;
-    while start < n {
-        let len = (n - start).min(ATT_CHUNK);
-        let mut cmax = f32::NEG_INFINITY;
-        for (j, s) in scores[..len].iter_mut().enumerate() {
-            *s = dot_kv(isa, q, keys, (start + j) * hd) * scale;
-            cmax = cmax.max(*s);
-        }
-        let new_m = m.max(cmax);
-        let correction = (m - new_m).exp();
-        l *= correction;
-        if correction != 1.0 {
-            out.iter_mut().for_each(|o| *o *= correction);
-        }
-        for (j, s) in scores[..len].iter().enumerate() {
-            let p = (s - new_m).exp();
-            l += p;
-            axpy_kv(isa, p, values, (start + j) * hd, out);
-        }
-        m = new_m;
-        start += len;
-    }
-    let inv = 1.0 / l;
-    out.iter_mut().for_each(|o| *o *= inv);
-}
-
-/// `q · K[off..off + q.len()]`.
-#[inline]
-fn dot_kv(isa: Isa, q: &[f32], k: KvSlice<'_>, off: usize) -> f32 {
-    match k {
-        KvSlice::F32(d) => dot_f32(isa, q, &d[off..off + q.len()]),
-        KvSlice::F16(d) => {
-            #[cfg(target_arch = "x86_64")]
-            if isa != Isa::Scalar && q.len().is_multiple_of(8) {
-                // SAFETY: AVX2+F16C were detected; both ranges hold q.len() elements.
-                return unsafe { dot_f16_avx2(q, d[off..off + q.len()].as_ptr() as *const u16) };
-            }
-            q.iter()
-                .zip(&d[off..off + q.len()])
-                .map(|(a, b)| a * b.to_f32())
-                .sum()
-        }
-    }
-}
-
-/// `out += a * V[off..off + out.len()]`.
-#[inline]
-fn axpy_kv(isa: Isa, a: f32, v: KvSlice<'_>, off: usize, out: &mut [f32]) {
-    let n = out.len();
-    match v {
-        KvSlice::F32(d) => out
-            .iter_mut()
-            .zip(&d[off..off + n])
-            .for_each(|(o, x)| *o += a * x),
-        KvSlice::F16(d) => {
-            #[cfg(target_arch = "x86_64")]
-            if isa != Isa::Scalar && out.len().is_multiple_of(8) {
-                // SAFETY: AVX2+F16C were detected; both ranges hold out.len() elements.
-                unsafe { axpy_f16_avx2(a, d[off..off + out.len()].as_ptr() as *const u16, out) };
-                return;
-            }
-            let _ = isa;
-            out.iter_mut()
-                .zip(&d[off..off + n])
-                .for_each(|(o, x)| *o += a * x.to_f32());
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16_avx2(q: &[f32], k: *const u16) -> f32 {
-    // SAFETY: the caller guarantees q.len() (a multiple of 8) halves behind `k`.
-    unsafe {
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
-        let mut i = 0;
-        while i + 16 <= q.len() {
-            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(i) as *const __m128i));
-            let k1 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(i + 8) as *const __m128i));
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), k0, acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i + 8)), k1, acc1);
-            i += 16;
-        }
-        if i < q.len() {
-            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(i) as *const __m128i));
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), k0, acc0);
-        }
-        hsum256(_mm256_add_ps(acc0, acc1))
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_f16_avx2(a: f32, v: *const u16, out: &mut [f32]) {
-    // SAFETY: the caller guarantees out.len() (a multiple of 8) halves behind `v`.
-    unsafe {
-        let av = _mm256_set1_ps(a);
-        let mut i = 0;
-        while i < out.len() {
-            let x = _mm256_cvtph_ps(_mm_loadu_si128(v.add(i) as *const __m128i));
-            let o = out.as_mut_ptr().add(i);
-            _mm256_storeu_ps(o, _mm256_fmadd_ps(av, x, _mm256_loadu_ps(o)));
-            i += 8;
-        }
-    }
-}
-
 /// Keys per block of the grouped attention kernel (scores for a block live on the stack).
 const GROUP_CHUNK: usize = 64;
-/// Most query heads sharing one KV head that the grouped kernel handles.
+/// Most query heads sharing one KV head that the grouped kernel handles (models with more are rejected at
+/// load).
 pub const MAX_GROUP: usize = 16;
+/// Largest head width the attention kernels handle.
+pub const MAX_HEAD_DIM: usize = 256;
 
 /// Online-softmax state of `G` query heads over part of the positions: running max `m`, denominator `l`
 /// and the unnormalised output `o` (`G * head_dim`). [`merge_partials`] combines several.
@@ -577,7 +453,7 @@ pub fn attend_group(
         return;
     }
     let mut scores = [[0f32; GROUP_CHUNK]; MAX_GROUP];
-    let mut kbuf = [0f32; 256];
+    let mut kbuf = [0f32; MAX_HEAD_DIM];
     let mut start = range.start;
     while start < range.end {
         let len = (range.end - start).min(GROUP_CHUNK);
@@ -638,7 +514,12 @@ pub fn merge_partials(parts: &[f32], splits: usize, hd: usize, out: &mut [f32]) 
 
 /// Row `off..off + hd` of a KV slice as f32 (converted into `buf` for f16).
 #[inline]
-fn kv_row<'a>(s: KvSlice<'a>, off: usize, hd: usize, buf: &'a mut [f32; 256]) -> &'a [f32] {
+fn kv_row<'a>(
+    s: KvSlice<'a>,
+    off: usize,
+    hd: usize,
+    buf: &'a mut [f32; MAX_HEAD_DIM],
+) -> &'a [f32] {
     match s {
         KvSlice::F32(d) => &d[off..off + hd],
         KvSlice::F16(d) => {
