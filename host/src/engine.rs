@@ -17,7 +17,8 @@ use crate::gguf::{Gguf, GgufError};
 use crate::kv::{KvCache, KvDtype};
 use crate::model::ModelError;
 use crate::model::llama::{Llama, Logits, Precision, Profile, Scratch};
-use crate::sample::grammar::{Constraint, GrammarError, GrammarFactory};
+use crate::sample::grammar::{GrammarError, GrammarFactory};
+use crate::sample::guide::Guide;
 use crate::sample::{Sampled, Sampler, SamplingParams};
 use crate::tokenizer::{TokenId, Tokenizer, TokenizerError};
 use std::path::Path;
@@ -315,15 +316,21 @@ impl Engine {
         req: &Request,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, EngineError> {
-        self.generate_constrained(req, None, on_text)
+        self.generate_guided(req, None, on_text)
     }
 
-    /// [`Engine::generate`] with every token restricted to what `constraint` allows; generation ends when
-    /// the grammar is complete.
-    pub fn generate_constrained(
+    /// [`Engine::generate`] steered by `guide`: once its grammar is active (from the start, or from the
+    /// moment the output contains its trigger) every token is restricted to what the grammar allows, tokens
+    /// the grammar forces are committed without sampling and ride in the next forward pass, and generation
+    /// ends when the grammar is complete.
+    ///
+    /// Stop strings apply to text outside tool calls: up to a trigger, or throughout for a guide that
+    /// constrains the answer itself (`response_format`). `on_text` receives everything, tool-call markup
+    /// included; splitting it into content and calls is [`crate::tools::ToolSet::reply`]'s job.
+    pub fn generate_guided(
         &mut self,
         req: &Request,
-        mut constraint: Option<&mut Constraint>,
+        mut guide: Option<&mut Guide>,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, EngineError> {
         let vocab = self.model.config().vocab;
@@ -345,7 +352,22 @@ impl Engine {
         let mut history: Vec<TokenId> = req.prompt.clone();
         let mut tokens = Vec::new();
         let mut sampled_all = Vec::new();
-        let mut stop = StopBuffer::new(req.stop.clone());
+        let trigger = guide
+            .as_deref()
+            .filter(|g| !g.is_active())
+            .and_then(|g| g.trigger().map(str::to_owned));
+        let stops_apply = guide.as_deref().is_none_or(Guide::stops_apply) || trigger.is_some();
+        let mut stops = if stops_apply {
+            req.stop.clone()
+        } else {
+            Vec::new()
+        };
+        stops.extend(trigger.clone());
+        let mut stop = StopBuffer::new(stops);
+        // Text before the trigger, once the grammar has taken over.
+        let mut prose = String::new();
+        // Bytes generated so far, kept only to locate a trigger inside the tokens.
+        let mut gen_bytes: Vec<u8> = Vec::new();
         let Engine {
             cpu,
             model,
@@ -366,6 +388,13 @@ impl Engine {
         let mut pending: Vec<TokenId> = Vec::new();
         let mut forward_passes = 0usize;
         let mut step: Vec<Sampled> = Vec::with_capacity(16);
+        let mut forced: Vec<TokenId> = Vec::with_capacity(64);
+        let forced_sample = |token| Sampled {
+            token,
+            // Forced: probability 1 under the constraint.
+            logprob: 0.0,
+            top: Vec::new(),
+        };
         'decode: while tokens.len() < limit {
             if !pending.is_empty() {
                 let out = model.forward(cpu, kv, &pending, Logits::Last, scratch)?;
@@ -374,31 +403,21 @@ impl Engine {
                 last_logits.extend_from_slice(out);
                 cached.append(&mut pending);
             }
-            if let Some(c) = constraint.as_deref_mut() {
-                c.mask_logits(last_logits)?;
+            if let Some(g) = guide.as_deref_mut() {
+                g.mask_logits(last_logits)?;
             }
             let s = sampler.sample(last_logits, &history);
             step.clear();
             step.push(s);
-            if let Some(c) = constraint.as_deref_mut() {
-                c.commit(step[0].token)?;
-                if !c.is_stopped() {
-                    for t in c.forced() {
-                        if tokens.len() + step.len() >= limit {
-                            break;
-                        }
-                        c.commit(t)?;
-                        // Forced: probability 1 under the constraint.
-                        step.push(Sampled {
-                            token: t,
-                            logprob: 0.0,
-                            top: Vec::new(),
-                        });
-                    }
-                }
+            if let Some(g) = guide.as_deref_mut() {
+                g.commit(step[0].token)?;
+                g.take_forced(limit.saturating_sub(tokens.len() + 1), &mut forced)?;
+                step.extend(forced.iter().map(|&t| forced_sample(t)));
             }
-            let grammar_done = constraint.as_deref().is_some_and(Constraint::is_stopped);
-            for s in step.drain(..) {
+            let mut i = 0;
+            while i < step.len() {
+                let s = std::mem::replace(&mut step[i], forced_sample(0));
+                i += 1;
                 let tok = s.token;
                 tokens.push(tok);
                 history.push(tok);
@@ -409,15 +428,71 @@ impl Engine {
                     finish = FinishReason::Stop;
                     break 'decode;
                 }
+                if trigger.is_some() && !tokenizer.is_control(tok) {
+                    gen_bytes.extend_from_slice(tokenizer.token_bytes(tok));
+                }
                 delta.clear();
                 detok.push(tok, &mut delta);
-                if stop.push(&delta, on_text) {
+                if !stop.push(&delta, on_text) {
+                    pending.push(tok);
+                    continue;
+                }
+                let (Some(trig), Some(g)) = (trigger.as_deref(), guide.as_deref_mut()) else {
+                    finish = FinishReason::Stop;
+                    break 'decode;
+                };
+                if stop.matched() != Some(trig) || g.is_active() {
                     finish = FinishReason::Stop;
                     break 'decode;
                 }
-                pending.push(tok);
+                // The trigger: hand it (and whatever followed it inside this token) to the grammar.
+                prose = std::mem::replace(&mut stop, StopBuffer::new(Vec::new())).finish(on_text);
+                let tail = trigger_tail(&gen_bytes, trig.as_bytes());
+                let kept = std::str::from_utf8(tail)
+                    .ok()
+                    .map(|t| tokenizer.encode(t, false))
+                    .transpose()?
+                    .map(|toks| g.activate(&toks))
+                    .transpose()?
+                    .unwrap_or(false);
+                if kept {
+                    stop.push(std::str::from_utf8(tail).unwrap_or(trig), on_text);
+                    pending.push(tok);
+                } else {
+                    // This token carries bytes past the trigger that the grammar rejects: re-spell the
+                    // token's text up to the end of the trigger and let the grammar continue from there.
+                    let bytes = tokenizer.token_bytes(tok);
+                    let cut = bytes.len().checked_sub(tail.len() - trig.len());
+                    let head = cut
+                        .and_then(|c| std::str::from_utf8(&bytes[..c]).ok())
+                        .ok_or_else(|| {
+                            GrammarError::Matcher(format!(
+                                "cannot re-spell the token that completed the trigger {trig:?}"
+                            ))
+                        })?;
+                    let respelled = tokenizer.encode(head, false)?;
+                    tokens.pop();
+                    history.pop();
+                    sampled_all.pop();
+                    tokens.extend_from_slice(&respelled);
+                    history.extend_from_slice(&respelled);
+                    sampled_all.extend(respelled.iter().map(|&t| forced_sample(t)));
+                    pending.extend_from_slice(&respelled);
+                    let trig_toks = tokenizer.encode(trig, false)?;
+                    if !g.activate(&trig_toks)? {
+                        return Err(GrammarError::Matcher(format!(
+                            "the grammar does not start with its trigger {trig:?}"
+                        ))
+                        .into());
+                    }
+                    stop.push(trig, on_text);
+                }
+                detok = tokenizer.detokenizer(false);
+                // What the grammar forces right after the trigger joins this step.
+                g.take_forced(limit.saturating_sub(tokens.len()), &mut forced)?;
+                step.extend(forced.iter().map(|&t| forced_sample(t)));
             }
-            if grammar_done {
+            if guide.as_deref().is_some_and(Guide::is_done) {
                 finish = FinishReason::Stop;
                 break;
             }
@@ -427,7 +502,8 @@ impl Engine {
             detok.finish(&mut delta);
             stop.push(&delta, on_text);
         }
-        let text = stop.finish(on_text);
+        prose.push_str(&stop.finish(on_text));
+        let text = prose;
         let stats = Stats {
             forward_passes,
             prompt_tokens: req.prompt.len(),
@@ -460,4 +536,13 @@ impl Engine {
         }
         Ok(t.elapsed())
     }
+}
+
+/// The generated bytes from the last occurrence of `trigger` on.
+fn trigger_tail<'a>(bytes: &'a [u8], trigger: &[u8]) -> &'a [u8] {
+    let at = bytes
+        .windows(trigger.len().max(1))
+        .rposition(|w| w == trigger)
+        .unwrap_or(bytes.len().saturating_sub(trigger.len()));
+    &bytes[at..]
 }

@@ -8,6 +8,7 @@
 //! Nothing here allocates per token: the candidate buffer and the penalty counters live in the [`Sampler`].
 
 pub mod grammar;
+pub mod guide;
 
 use crate::tokenizer::TokenId;
 

@@ -10,9 +10,14 @@
 //! * [`parse_tool_calls`] splits generated text into prose and calls; [`ToolSet::check`] validates one call
 //!   (defence in depth: with constrained decoding a failure here is a bug, and it is reported, never run).
 
+mod choice;
 mod parse;
 
-pub use parse::{ParsedCall, parse_tool_calls};
+pub use choice::{ResponseFormat, ToolChoice};
+pub use parse::{CLOSE, OPEN, ParsedCall, parse_tool_calls};
+
+use crate::chat::{FunctionCall, ToolCall};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
 use thiserror::Error;
@@ -36,6 +41,9 @@ pub enum ToolError {
         /// The compiler's complaint.
         msg: String,
     },
+    /// A request option that is malformed or does not fit the tools (`tool_choice`, `response_format`).
+    #[error("{0}")]
+    Request(String),
     /// Two tools with one name.
     #[error("tool {0:?} is defined twice")]
     Duplicate(String),
@@ -63,6 +71,8 @@ pub struct Tool {
     pub description: String,
     /// JSON schema of the arguments object.
     pub parameters: Value,
+    /// OpenAI `strict`: the arguments admit only the properties the schema names.
+    pub strict: bool,
     validator: jsonschema::Validator,
 }
 
@@ -138,10 +148,12 @@ impl ToolSet {
                     tool: name.to_owned(),
                     msg: e.to_string(),
                 })?;
+            let strict = f.get("strict").and_then(Value::as_bool).unwrap_or(false);
             tools.push(Tool {
                 name: name.to_owned(),
                 description,
                 parameters,
+                strict,
                 validator,
             });
         }
@@ -200,6 +212,63 @@ impl ToolSet {
             })
         }
     }
+}
+
+/// Calls that failed validation after constrained decoding: each one is a bug (grammar and validator
+/// disagree), logged and counted here.
+static VALIDATION_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// How many calls have failed validation in this process (see [`ToolSet::reply`]).
+pub fn validation_failures() -> u64 {
+    VALIDATION_FAILURES.load(Ordering::Relaxed)
+}
+
+/// An assistant turn split into its text and its validated tool calls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    /// The text outside any tool call (trimmed).
+    pub content: String,
+    /// The calls, in order, each with a fresh id.
+    pub calls: Vec<ToolCall>,
+}
+
+impl ToolSet {
+    /// Parses generated text into prose and calls and validates every call (tool exists, arguments match its
+    /// schema). Text from a constrained decode should always pass; a failure is counted as a bug
+    /// ([`validation_failures`]), logged, and returned so the agent loop can tell the model what was wrong.
+    pub fn reply(&self, text: &str) -> Result<Reply, ToolError> {
+        let (content, parsed) = parse_tool_calls(text)?;
+        let mut calls = Vec::with_capacity(parsed.len());
+        for call in parsed {
+            if let Err(e) = self.check(&call) {
+                VALIDATION_FAILURES.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "a tool call failed validation");
+                return Err(e);
+            }
+            calls.push(ToolCall {
+                id: call_id(),
+                kind: "function",
+                function: FunctionCall {
+                    name: call.name,
+                    arguments: call.arguments,
+                },
+            });
+        }
+        Ok(Reply { content, calls })
+    }
+}
+
+/// A fresh call id: `call_` and 24 hex digits, unique within the process and unlikely to repeat across them.
+fn call_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut rng =
+        crate::sample::Rng::new(nanos ^ n.rotate_left(32) ^ u64::from(std::process::id()));
+    format!("call_{:016x}{:08x}", rng.next_u64(), n as u32)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub struct StopBuffer {
     text: String,
     emitted: usize,
     stopped: bool,
+    matched: Option<usize>,
 }
 
 impl StopBuffer {
@@ -17,6 +18,7 @@ impl StopBuffer {
             text: String::new(),
             emitted: 0,
             stopped: false,
+            matched: None,
         }
     }
 
@@ -37,9 +39,11 @@ impl StopBuffer {
         let hit = self
             .stops
             .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
+            .enumerate()
+            .filter_map(|(k, s)| self.text[from..].find(s.as_str()).map(|i| (from + i, k)))
             .min();
-        if let Some(at) = hit {
+        if let Some((at, k)) = hit {
+            self.matched = Some(k);
             self.text.truncate(at);
             self.flush(self.text.len(), emit);
             self.stopped = true;
@@ -57,6 +61,11 @@ impl StopBuffer {
         }
         self.flush(self.text.len() - keep, emit);
         false
+    }
+
+    /// The stop string that ended the text, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|k| self.stops[k].as_str())
     }
 
     fn flush(&mut self, upto: usize, emit: &mut dyn FnMut(&str)) {
@@ -105,6 +114,8 @@ mod tests {
         let (out, text, stopped) = run(&["</tool>"], &["Hello <", "/to", "ol> more"]);
         assert!(stopped);
         assert_eq!(text, "Hello ");
+        let (_, text, _) = run(&["b", "ab"], &["xab"]);
+        assert_eq!(text, "x", "the earliest stop string wins");
         assert_eq!(out.concat(), "Hello ");
         assert_eq!(
             out[0], "Hello ",

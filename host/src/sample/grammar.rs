@@ -25,6 +25,63 @@ pub enum GrammarError {
     /// The matcher rejected a token or failed.
     #[error("grammar matcher failed: {0}")]
     Matcher(String),
+    /// One tool's parameters schema uses something the grammar compiler does not support.
+    #[error("tool {tool:?}: its parameters schema cannot be enforced: {msg}")]
+    Tool {
+        /// The tool.
+        tool: String,
+        /// The compiler's complaint (it names the feature).
+        msg: String,
+    },
+}
+
+/// A token bitset (bit `t` set = token `t` allowed), reused across steps so masking allocates nothing on our
+/// side of the seam.
+#[derive(Debug, Clone, Default)]
+pub struct Mask {
+    words: Vec<u32>,
+}
+
+impl Mask {
+    /// Whether token `t` is allowed.
+    pub fn allows(&self, t: TokenId) -> bool {
+        self.words
+            .get(t as usize / 32)
+            .is_some_and(|w| w >> (t % 32) & 1 == 1)
+    }
+
+    /// How many tokens are allowed.
+    pub fn count(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// The 32-bit words, token `32 * i + b` at bit `b` of word `i`.
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// Sets every logit the mask bans to -inf (the word-wise loop skips over all-allowed and all-banned
+    /// runs). Returns how many tokens remain.
+    pub fn apply(&self, logits: &mut [f32]) -> usize {
+        let mut allowed = 0;
+        for (i, chunk) in logits.chunks_mut(32).enumerate() {
+            let w = self.words.get(i).copied().unwrap_or(0);
+            match w {
+                0 => chunk.fill(f32::NEG_INFINITY),
+                u32::MAX => allowed += chunk.len(),
+                _ => {
+                    for (b, l) in chunk.iter_mut().enumerate() {
+                        if w >> b & 1 == 0 {
+                            *l = f32::NEG_INFINITY;
+                        } else {
+                            allowed += 1;
+                        }
+                    }
+                }
+            }
+        }
+        allowed
+    }
 }
 
 /// The tokenizer as llguidance sees it.
@@ -107,9 +164,10 @@ impl GrammarFactory {
         Ok(Constraint { m })
     }
 
-    /// Output must be one JSON value matching `schema`, with compact separators.
+    /// Output must be one JSON value matching `schema`, with compact separators. Objects that list their
+    /// properties admit only those (see [`close_objects`]).
     pub fn json_schema(&self, schema: &Value) -> Result<Constraint, GrammarError> {
-        self.build(TopLevelGrammar::from_json_schema(compact(schema)))
+        self.lark(&format!("start: %json {}\n", json_body(schema)?))
     }
 
     /// A Lark grammar (llguidance's dialect, with `%json{...}` for embedded schemas). Compiled grammars are
@@ -134,20 +192,125 @@ impl GrammarFactory {
 
     /// Exactly one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` for one of `tools`.
     pub fn tool_call(&self, tools: &ToolSet) -> Result<Constraint, GrammarError> {
-        let schema = call_schema(tools);
-        let body = serde_json::to_string(&compact(&schema))
-            .map_err(|e| GrammarError::Compile(e.to_string()))?;
-        self.lark(&format!(
-            "start: \"<tool_call>\" call \"</tool_call>\"\ncall: %json {body}\n"
-        ))
+        self.lark(&calls_grammar(tools, None, false, None)?)
+    }
+
+    /// Compiles every tool's call grammar, so a schema the compiler cannot enforce is rejected when the tool
+    /// set arrives, with an error naming the tool and the feature. The union is compiled (and cached) first;
+    /// only when it fails are the tools compiled one by one to find the culprit.
+    pub fn check_tools(&self, tools: &ToolSet) -> Result<(), GrammarError> {
+        if tools.is_empty() || self.tool_call(tools).is_ok() {
+            return Ok(());
+        }
+        for t in tools.tools() {
+            let one = calls_grammar(tools, Some(&t.name), false, None)?;
+            if let Err(e) = self.build(TopLevelGrammar::from_lark(one)) {
+                let msg = match e {
+                    GrammarError::Compile(m) | GrammarError::Matcher(m) => m,
+                    GrammarError::Tool { msg, .. } => msg,
+                };
+                return Err(GrammarError::Tool {
+                    tool: t.name.clone(),
+                    msg,
+                });
+            }
+        }
+        // Each tool compiles alone but the union does not: report the union's error.
+        self.tool_call(tools).map(drop)
     }
 }
 
-/// The schema of a call object: `{"name": <const>, "arguments": <that tool's parameters>}`, one branch per tool.
-pub fn call_schema(tools: &ToolSet) -> Value {
+/// The Lark grammar for tool calls: one `<tool_call>...</tool_call>` block (or several, with `parallel`) for
+/// the tools (or just `only`); with `answer`, a JSON answer matching that schema is the alternative.
+pub(crate) fn calls_grammar(
+    tools: &ToolSet,
+    only: Option<&str>,
+    parallel: bool,
+    answer: Option<&Value>,
+) -> Result<String, GrammarError> {
+    let schema = call_schema(tools, only);
+    let call = json_body(&schema)?;
+    let repeat = if parallel { "+" } else { "" };
+    let mut g = String::new();
+    match answer {
+        Some(a) => {
+            g.push_str("start: answer | calls\n");
+            g.push_str(&format!("answer: %json {}\n", json_body(a)?));
+        }
+        None => g.push_str("start: calls\n"),
+    }
+    g.push_str(&format!("calls: block{repeat}\n"));
+    g.push_str("block: \"<tool_call>\" call \"</tool_call>\"\n");
+    g.push_str(&format!("call: %json {call}\n"));
+    Ok(g)
+}
+
+/// A schema as the text of a Lark `%json` body: closed objects, compact separators.
+fn json_body(schema: &Value) -> Result<String, GrammarError> {
+    let mut s = schema.clone();
+    close_objects(&mut s);
+    serde_json::to_string(&compact(&s)).map_err(|e| GrammarError::Compile(e.to_string()))
+}
+
+/// Makes every object schema that lists `properties` (and says nothing about other properties) admit only
+/// those: `additionalProperties: false`. The grammar's language stays a subset of the schema's, so every
+/// constrained output still validates against the original schema, but the model can no longer invent keys
+/// (and more of each call is forced). Branches of `allOf` are left alone (closing them would make their
+/// intersection reject every property).
+pub fn close_objects(schema: &mut Value) {
+    let Some(obj) = schema.as_object_mut() else {
+        return;
+    };
+    if obj.contains_key("properties")
+        && !obj.contains_key("additionalProperties")
+        && !obj.contains_key("patternProperties")
+        && !obj.contains_key("unevaluatedProperties")
+    {
+        obj.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (key, v) in obj.iter_mut() {
+        match key.as_str() {
+            "properties" | "$defs" | "definitions" | "patternProperties" => {
+                if let Some(m) = v.as_object_mut() {
+                    m.values_mut().for_each(close_objects);
+                }
+            }
+            "items" | "additionalProperties" | "not" | "if" | "then" | "else" | "contains" => {
+                close_objects(v)
+            }
+            "anyOf" | "oneOf" | "prefixItems" => {
+                if let Some(a) = v.as_array_mut() {
+                    a.iter_mut().for_each(close_objects);
+                }
+            }
+            "allOf" => {
+                // Close what is inside the branches, not the branches themselves.
+                if let Some(a) = v.as_array_mut() {
+                    for b in a.iter_mut().filter_map(Value::as_object_mut) {
+                        for (k, inner) in b.iter_mut() {
+                            if k == "properties" {
+                                if let Some(m) = inner.as_object_mut() {
+                                    m.values_mut().for_each(close_objects);
+                                }
+                            } else if k == "items" {
+                                close_objects(inner);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The schema of a call object: `{"name": <const>, "arguments": <that tool's parameters>}`, one branch per tool
+/// (or only the tool named `only`).
+pub fn call_schema(tools: &ToolSet, only: Option<&str>) -> Value {
     let branches: Vec<Value> = tools
         .tools()
         .iter()
+        .filter(|t| only.is_none_or(|n| n == t.name))
         .map(|t| {
             json!({
                 "type": "object",
@@ -195,18 +358,33 @@ impl Constraint {
         GrammarError::Matcher(e.to_string())
     }
 
-    /// Sets every disallowed token's logit to -inf. Returns how many tokens are allowed.
-    pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<usize, GrammarError> {
-        let mask = self.m.compute_mask_or_eos().map_err(Self::err)?;
-        let mut allowed = 0;
-        for (i, l) in logits.iter_mut().enumerate() {
-            if mask.is_allowed(i as TokenId) {
-                allowed += 1;
-            } else {
-                *l = f32::NEG_INFINITY;
-            }
-        }
-        Ok(allowed)
+    /// Writes the tokens allowed next into `mask` (its buffer is reused; once the grammar is done, only
+    /// end-of-sequence is allowed).
+    ///
+    /// llguidance 1.9 hands its mask back as a fresh 6 KB `SimpleVob` per call (its API has no
+    /// write-into variant); that one allocation is inside the library, and this side copies it into the
+    /// caller's buffer without allocating.
+    pub fn mask_into(&mut self, mask: &mut Mask) -> Result<(), GrammarError> {
+        let vob = self.m.compute_mask_or_eos().map_err(Self::err)?;
+        mask.words.clear();
+        mask.words.extend_from_slice(vob.as_slice());
+        Ok(())
+    }
+
+    /// Sets every disallowed token's logit to -inf, using `mask` as scratch. Returns how many tokens are
+    /// allowed.
+    pub fn mask_logits(
+        &mut self,
+        logits: &mut [f32],
+        mask: &mut Mask,
+    ) -> Result<usize, GrammarError> {
+        self.mask_into(mask)?;
+        Ok(mask.apply(logits))
+    }
+
+    /// Advances past several tokens.
+    pub fn commit_all(&mut self, tokens: &[TokenId]) -> Result<(), GrammarError> {
+        self.m.consume_tokens(tokens).map_err(Self::err)
     }
 
     /// Advances past `token`.
@@ -244,5 +422,57 @@ impl Constraint {
     /// Whether the text so far is a complete match.
     pub fn is_accepting(&mut self) -> bool {
         self.m.is_accepting().unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_objects_closes_listed_properties_only() {
+        let mut s = json!({"type": "object", "properties": {
+            "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            "b": {"type": "array", "items": {"type": "object", "properties": {"y": {}}}},
+            "c": {"type": "object"},
+            "d": {"type": "object", "properties": {"z": {}}, "additionalProperties": {"type": "string"}},
+            "e": {"allOf": [{"properties": {"p": {}}}, {"properties": {"q": {}}}]}
+        }});
+        close_objects(&mut s);
+        assert_eq!(s["additionalProperties"], json!(false));
+        assert_eq!(s["properties"]["a"]["additionalProperties"], json!(false));
+        assert_eq!(
+            s["properties"]["b"]["items"]["additionalProperties"],
+            json!(false)
+        );
+        assert!(
+            s["properties"]["c"].get("additionalProperties").is_none(),
+            "no list: open"
+        );
+        assert_eq!(
+            s["properties"]["d"]["additionalProperties"],
+            json!({"type": "string"})
+        );
+        assert!(
+            s["properties"]["e"]["allOf"][0]
+                .get("additionalProperties")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn masks_apply_word_by_word() {
+        let m = Mask {
+            words: vec![u32::MAX, 0, 0b101],
+        };
+        let mut logits = vec![1.0f32; 70];
+        assert_eq!(m.apply(&mut logits), 32 + 2);
+        assert!(logits[..32].iter().all(|l| *l == 1.0));
+        assert!(logits[32..64].iter().all(|l| l.is_infinite()));
+        assert_eq!(logits[64], 1.0);
+        assert!(logits[65].is_infinite());
+        assert_eq!(logits[66], 1.0);
+        assert!(m.allows(66) && !m.allows(65) && !m.allows(1000));
+        assert_eq!(m.count(), 34);
     }
 }

@@ -97,3 +97,84 @@ fn system_prompt_lists_the_tools_compactly() {
     );
     assert!(p.contains("<tool_call></tool_call>"));
 }
+
+#[test]
+fn tool_choice_and_response_format_parse_openai_values() {
+    assert_eq!(
+        ToolChoice::from_openai(&json!("none")).unwrap(),
+        ToolChoice::None
+    );
+    assert_eq!(
+        ToolChoice::from_openai(&Value::Null).unwrap(),
+        ToolChoice::Auto
+    );
+    assert_eq!(
+        ToolChoice::from_openai(&json!("required")).unwrap(),
+        ToolChoice::Required
+    );
+    assert_eq!(
+        ToolChoice::from_openai(&json!({"type": "function", "function": {"name": "get_weather"}}))
+            .unwrap(),
+        ToolChoice::Function("get_weather".into())
+    );
+    for bad in [json!("sometimes"), json!(3), json!({"type": "function"})] {
+        let err = ToolChoice::from_openai(&bad).unwrap_err();
+        assert!(err.to_string().starts_with("tool_choice:"), "{err}");
+    }
+    let set = ToolSet::new(&[weather()]).unwrap();
+    assert!(
+        ToolChoice::Function("get_weather".into())
+            .check(&set)
+            .is_ok()
+    );
+    assert!(ToolChoice::Function("nope".into()).check(&set).is_err());
+    assert!(ToolChoice::Required.check(&ToolSet::default()).is_err());
+
+    assert_eq!(
+        ResponseFormat::from_openai(&json!({"type": "json_object"})).unwrap(),
+        ResponseFormat::JsonObject
+    );
+    let f = ResponseFormat::from_openai(&json!({"type": "json_schema",
+        "json_schema": {"name": "n", "strict": true, "schema": {"type": "object"}}}))
+    .unwrap();
+    assert_eq!(f.schema(), Some((json!({"type": "object"}), true)));
+    for bad in [
+        json!({"type": "xml"}),
+        json!({}),
+        json!({"type": "json_schema"}),
+        json!({"type": "json_schema", "json_schema": {"schema": {"type": 5}}}),
+    ] {
+        assert!(ResponseFormat::from_openai(&bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn reply_validates_and_numbers_the_calls() {
+    let set = ToolSet::new(&[weather()]).unwrap();
+    let r = set
+        .reply("ok <tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}</tool_call>")
+        .unwrap();
+    assert_eq!(r.content, "ok");
+    assert_eq!(r.calls.len(), 1);
+    assert_eq!(r.calls[0].function.arguments, json!({"city": "Oslo"}));
+    let before = validation_failures();
+    let err = set
+        .reply(
+            "<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"unit\":\"kelvin\"}}</tool_call>",
+        )
+        .unwrap_err();
+    assert!(matches!(err, ToolError::Invalid { .. }), "{err}");
+    assert_eq!(validation_failures(), before + 1, "counted as a bug");
+    let ids: std::collections::HashSet<String> = (0..100)
+        .map(|_| {
+            set.reply(
+                "<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"x\"}}</tool_call>",
+            )
+            .unwrap()
+            .calls[0]
+                .id
+                .clone()
+        })
+        .collect();
+    assert_eq!(ids.len(), 100, "ids are unique");
+}

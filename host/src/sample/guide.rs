@@ -1,0 +1,222 @@
+//! What steers one generation: a grammar, when it applies, and whether forced tokens skip decode steps.
+//!
+//! A [`Guide`] is built from a request's tools, `tool_choice`, `parallel_tool_calls` and `response_format`
+//! ([`GrammarFactory::guide`]):
+//!
+//! | tools / choice | response_format | grammar | active |
+//! |---|---|---|---|
+//! | none, or `none` | text | — (no guide) | |
+//! | none, or `none` | json_object / json_schema | the answer's schema | from the first token |
+//! | `auto` | text | tool-call blocks | at the `<tool_call>` trigger |
+//! | `auto` | json_object / json_schema | answer \| tool-call blocks | from the first token |
+//! | `required` | any | tool-call blocks | from the first token |
+//! | named function | any | one block for that function | from the first token |
+//!
+//! With a trigger the model writes free prose, unmasked and at full speed, until its output contains
+//! `<tool_call>`; the engine then hands the trigger to the grammar and every later token is masked.
+//! Tool-call blocks repeat (`block+`) when parallel calls are allowed, and the turn may end after any of them.
+
+use super::grammar::{Constraint, GrammarError, GrammarFactory, Mask, calls_grammar};
+use crate::tokenizer::TokenId;
+use crate::tools::{OPEN, ResponseFormat, ToolChoice, ToolSet};
+use std::time::{Duration, Instant};
+
+/// One sequence's output constraint.
+#[derive(Debug)]
+pub struct Guide {
+    constraint: Constraint,
+    trigger: Option<String>,
+    active: bool,
+    fast_forward: bool,
+    mask: Mask,
+    timings: Option<Vec<Duration>>,
+    forced: usize,
+    stops_apply: bool,
+}
+
+impl Guide {
+    /// A guide whose grammar applies from the first token.
+    pub fn new(constraint: Constraint) -> Self {
+        Guide {
+            constraint,
+            trigger: None,
+            active: true,
+            fast_forward: true,
+            mask: Mask::default(),
+            timings: None,
+            forced: 0,
+            stops_apply: false,
+        }
+    }
+
+    /// A guide for the answer itself (`response_format`): active from the first token, and the request's
+    /// stop strings still apply.
+    pub fn answer(constraint: Constraint) -> Self {
+        Guide {
+            stops_apply: true,
+            ..Guide::new(constraint)
+        }
+    }
+
+    /// Whether the request's stop strings apply while the grammar is active (answers yes, tool calls no).
+    pub fn stops_apply(&self) -> bool {
+        self.stops_apply
+    }
+
+    /// A guide whose grammar starts with `trigger` and applies once the output contains it.
+    pub fn triggered(constraint: Constraint, trigger: impl Into<String>) -> Self {
+        Guide {
+            trigger: Some(trigger.into()),
+            active: false,
+            ..Guide::new(constraint)
+        }
+    }
+
+    /// Whether forced tokens are committed without sampling (on by default; off for measurements).
+    pub fn set_fast_forward(&mut self, on: bool) {
+        self.fast_forward = on;
+    }
+
+    /// Whether forced tokens skip sampling.
+    pub fn fast_forward(&self) -> bool {
+        self.fast_forward
+    }
+
+    /// Records the time of every mask computation (benchmarks).
+    pub fn record_mask_times(&mut self) {
+        self.timings = Some(Vec::with_capacity(1024));
+    }
+
+    /// The recorded mask times.
+    pub fn mask_times(&self) -> &[Duration] {
+        self.timings.as_deref().unwrap_or(&[])
+    }
+
+    /// Tokens committed by fast-forward (without sampling).
+    pub fn forced_tokens(&self) -> usize {
+        self.forced
+    }
+
+    /// The text that switches the grammar on, if it is not on from the start.
+    pub fn trigger(&self) -> Option<&str> {
+        self.trigger.as_deref()
+    }
+
+    /// Whether the grammar currently constrains the output.
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// Switches the grammar on, feeding it `tokens` (the trigger and whatever followed it, in the grammar's
+    /// own spelling). Returns `false`, changing nothing, if the grammar rejects them.
+    pub(crate) fn activate(&mut self, tokens: &[TokenId]) -> Result<bool, GrammarError> {
+        let ok = self.constraint.validate(tokens)? == tokens.len();
+        if ok {
+            self.constraint.commit_all(tokens)?;
+            self.active = true;
+        }
+        Ok(ok)
+    }
+
+    /// Bans what the grammar does not allow (inactive: nothing).
+    pub(crate) fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+        if !self.active {
+            return Ok(());
+        }
+        let t = self.timings.is_some().then(Instant::now);
+        self.constraint.mask_into(&mut self.mask)?;
+        if let (Some(t), Some(v)) = (t, self.timings.as_mut()) {
+            v.push(t.elapsed());
+        }
+        self.mask.apply(logits);
+        Ok(())
+    }
+
+    /// Advances past a sampled token (inactive: nothing).
+    pub(crate) fn commit(&mut self, token: TokenId) -> Result<(), GrammarError> {
+        if self.active {
+            self.constraint.commit(token)?;
+        }
+        Ok(())
+    }
+
+    /// Commits and returns the tokens the grammar forces next (none when inactive, finished, or with
+    /// fast-forward off), at most `limit`.
+    pub(crate) fn take_forced(
+        &mut self,
+        limit: usize,
+        out: &mut Vec<TokenId>,
+    ) -> Result<(), GrammarError> {
+        out.clear();
+        if !self.active || !self.fast_forward || self.constraint.is_stopped() {
+            return Ok(());
+        }
+        let mut forced = self.constraint.forced();
+        forced.truncate(limit);
+        self.constraint.commit_all(&forced)?;
+        self.forced += forced.len();
+        out.extend_from_slice(&forced);
+        Ok(())
+    }
+
+    /// Whether the grammar is complete (only end-of-sequence remains).
+    pub fn is_done(&self) -> bool {
+        self.active && self.constraint.is_stopped()
+    }
+
+    /// The grammar state.
+    pub fn constraint(&mut self) -> &mut Constraint {
+        &mut self.constraint
+    }
+}
+
+impl GrammarFactory {
+    /// The guide for a request, or `None` when its output is free text. Rejects a `tool_choice` that does
+    /// not fit the tools and any schema the grammar compiler cannot enforce (naming the tool).
+    pub fn guide(
+        &self,
+        tools: &ToolSet,
+        choice: &ToolChoice,
+        parallel: bool,
+        format: &ResponseFormat,
+    ) -> Result<Option<Guide>, GuideError> {
+        choice.check(tools)?;
+        let answer = format.schema().map(|(s, _)| s);
+        let use_tools = !tools.is_empty() && *choice != ToolChoice::None;
+        if !use_tools {
+            return Ok(match answer {
+                Some(schema) => Some(Guide::answer(self.json_schema(&schema)?)),
+                None => None,
+            });
+        }
+        self.check_tools(tools)?;
+        Ok(Some(match choice {
+            ToolChoice::Function(name) => {
+                Guide::new(self.lark(&calls_grammar(tools, Some(name), false, None)?)?)
+            }
+            ToolChoice::Required => {
+                Guide::new(self.lark(&calls_grammar(tools, None, parallel, None)?)?)
+            }
+            _ => match answer {
+                Some(schema) => {
+                    Guide::new(self.lark(&calls_grammar(tools, None, parallel, Some(&schema))?)?)
+                }
+                None => Guide::triggered(
+                    self.lark(&calls_grammar(tools, None, parallel, None)?)?,
+                    OPEN,
+                ),
+            },
+        }))
+    }
+}
+
+/// Why a request's output constraint cannot be built.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum GuideError {
+    /// The request's tool options are wrong.
+    #[error(transparent)]
+    Tool(#[from] crate::tools::ToolError),
+    /// A schema cannot be compiled into a grammar.
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
+}
