@@ -1,4 +1,7 @@
 //! `thorn bench engine`: the llama-bench measurements (pp, tg, tg at depth) on thorn's own engine.
+//! `thorn bench grammar`: constrained tool calls over BFCL ([`grammar`]).
+
+pub mod grammar;
 
 use anyhow::{Context, Result};
 use std::path::Path;

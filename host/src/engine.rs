@@ -521,6 +521,22 @@ impl Engine {
         })
     }
 
+    /// Runs `tokens` (appended to the cache) through the model and returns the last position's logits, as one
+    /// decode step does (benchmarks replay a fixed text this way).
+    pub fn step(&mut self, tokens: &[TokenId]) -> Result<&mut [f32], EngineError> {
+        let out = self.model.forward(
+            &self.cpu,
+            &mut self.kv,
+            tokens,
+            Logits::Last,
+            &mut self.scratch,
+        )?;
+        self.logits.clear();
+        self.logits.extend_from_slice(out);
+        self.cached.extend_from_slice(tokens);
+        Ok(&mut self.logits)
+    }
+
     /// Runs `tokens` through the model without sampling (benchmarks): returns the time the forward pass took.
     pub fn eval(&mut self, tokens: &[TokenId]) -> Result<Duration, EngineError> {
         let t = Instant::now();

@@ -24,6 +24,7 @@
 #![deny(unsafe_code)]
 
 pub mod backend;
+pub mod bfcl;
 pub mod chat;
 pub mod engine;
 pub mod error;

@@ -133,6 +133,50 @@ enum BenchCmd {
         #[arg(long)]
         model: Option<PathBuf>,
     },
+    /// Schema-constrained tool calls over the BFCL questions: validity, compile and mask times, forced
+    /// tokens, and decode speed with vs without the grammar.
+    Grammar(GrammarBenchArgs),
+}
+
+#[derive(clap::Args)]
+struct GrammarBenchArgs {
+    /// Folder with the BFCL v4 files.
+    #[arg(long, default_value = "../shared/bfcl")]
+    bfcl_dir: PathBuf,
+    /// BFCL categories (file names without `BFCL_v4_` and `.json`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "simple_python,multiple,parallel,parallel_multiple,irrelevance"
+    )]
+    categories: Vec<String>,
+    /// Questions per category (0 = all).
+    #[arg(long, default_value_t = 0)]
+    limit: usize,
+    /// Seeds per question.
+    #[arg(long, default_value_t = 3)]
+    seeds: u64,
+    /// Sampling temperature of the validity run.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Most tokens per answer.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// tool_choice: auto, required or a function name.
+    #[arg(long, default_value = "required")]
+    tool_choice: String,
+    /// Questions per category in the speed comparison (greedy; 0 = none).
+    #[arg(long, default_value_t = 10)]
+    speed_questions: usize,
+    /// CPU threads (0 = one per physical core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Model file (default: the pulled default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -171,6 +215,30 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Up => up(&cache),
         Cmd::Generate(args) => generate(&cache, args),
+        Cmd::Bench {
+            cmd: BenchCmd::Grammar(a),
+        } => {
+            let choice = match a.tool_choice.as_str() {
+                "auto" | "required" | "none" => {
+                    thorn::tools::ToolChoice::from_openai(&serde_json::json!(a.tool_choice))?
+                }
+                name => thorn::tools::ToolChoice::Function(name.to_owned()),
+            };
+            let model = resolve(&cache, a.model)?;
+            bench::grammar::run(&bench::grammar::Opts {
+                model: &model,
+                bfcl_dir: &a.bfcl_dir,
+                categories: &a.categories,
+                limit: a.limit,
+                seeds: a.seeds,
+                temperature: a.temperature,
+                max_tokens: a.max_tokens,
+                tool_choice: choice,
+                speed_questions: a.speed_questions,
+                threads: a.threads,
+                json: a.json,
+            })
+        }
         Cmd::Bench {
             cmd:
                 BenchCmd::Engine {

@@ -16,7 +16,9 @@ mod parse;
 pub use choice::{ResponseFormat, ToolChoice};
 pub use parse::{CLOSE, OPEN, ParsedCall, parse_tool_calls};
 
-use crate::chat::{FunctionCall, ToolCall};
+use crate::chat::{
+    ChatTemplate, FunctionCall, Message, RenderOptions, Role, TemplateError, ToolCall,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
@@ -191,6 +193,61 @@ impl ToolSet {
              When a tool is needed, reply only with a JSON object of the form {{\"name\": <function-name>, \"arguments\": <args-object>}} \
              inside <tool_call></tool_call> tags."
         )
+    }
+
+    /// The conversation as a template that does not know tools must see it (Hermes style): the tool list
+    /// appended to the system message (or a new one), each assistant tool call written out as a compact
+    /// `<tool_call>` block after its content, and each tool result wrapped in `<tool_response>` tags. A
+    /// template that knows tools gets the messages unchanged (and the definitions as `tools`).
+    pub fn messages_for(&self, template_knows_tools: bool, messages: &[Message]) -> Vec<Message> {
+        let mut out = messages.to_vec();
+        if template_knows_tools {
+            return out;
+        }
+        for m in &mut out {
+            match m.role {
+                Role::Assistant if !m.tool_calls.is_empty() => {
+                    for c in m.tool_calls.drain(..) {
+                        let call = serde_json::json!({"name": c.function.name, "arguments": c.function.arguments});
+                        m.content.push_str(&format!("{OPEN}{call}{CLOSE}"));
+                    }
+                }
+                Role::Tool => {
+                    m.content = format!("<tool_response>\n{}\n</tool_response>", m.content);
+                }
+                _ => {}
+            }
+        }
+        if self.is_empty() {
+            return out;
+        }
+        let block = self.system_prompt();
+        match out.first_mut() {
+            Some(m) if m.role == Role::System => m.content = format!("{}\n\n{block}", m.content),
+            _ => out.insert(0, Message::system(block)),
+        }
+        out
+    }
+
+    /// Renders a conversation with these tools through the model's chat template, as a prompt that ends with
+    /// the assistant header: tools as the template's `tools` if it knows them, else the Hermes protocol of
+    /// [`ToolSet::messages_for`].
+    pub fn render(
+        &self,
+        template: &ChatTemplate,
+        messages: &[Message],
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<String, TemplateError> {
+        let knows = template.knows_tools();
+        let msgs = self.messages_for(knows, messages);
+        let opts = RenderOptions {
+            add_generation_prompt: true,
+            tools: (knows && !self.is_empty()).then_some(self.definitions.as_slice()),
+            bos_token,
+            eos_token,
+        };
+        template.render(&msgs, &opts)
     }
 
     /// Checks a parsed call: the tool exists and the arguments satisfy its schema.

@@ -38,6 +38,7 @@ pub struct RenderOptions<'a> {
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    knows_tools: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -58,7 +59,16 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source.to_owned())
             .map_err(TemplateError::Compile)?;
-        Ok(ChatTemplate { env })
+        Ok(ChatTemplate {
+            env,
+            knows_tools: source.contains("tools"),
+        })
+    }
+
+    /// Whether the template renders `tools` and tool calls itself (it mentions `tools`); if not, the tool
+    /// protocol is written into the messages ([`crate::tools::ToolSet::messages_for`]).
+    pub fn knows_tools(&self) -> bool {
+        self.knows_tools
     }
 
     /// Renders a conversation to prompt text.

@@ -189,23 +189,24 @@ impl GrammarFactory {
                 None => None,
             });
         }
-        self.check_tools(tools)?;
-        Ok(Some(match choice {
-            ToolChoice::Function(name) => {
-                Guide::new(self.lark(&calls_grammar(tools, Some(name), false, None)?)?)
-            }
-            ToolChoice::Required => {
-                Guide::new(self.lark(&calls_grammar(tools, None, parallel, None)?)?)
-            }
-            _ => match answer {
-                Some(schema) => {
-                    Guide::new(self.lark(&calls_grammar(tools, None, parallel, Some(&schema))?)?)
-                }
-                None => Guide::triggered(
-                    self.lark(&calls_grammar(tools, None, parallel, None)?)?,
-                    OPEN,
-                ),
+        let (grammar, trigger) = match choice {
+            ToolChoice::Function(name) => (calls_grammar(tools, Some(name), false, None)?, None),
+            ToolChoice::Required => (calls_grammar(tools, None, parallel, None)?, None),
+            _ => match &answer {
+                Some(schema) => (calls_grammar(tools, None, parallel, Some(schema))?, None),
+                None => (calls_grammar(tools, None, parallel, None)?, Some(OPEN)),
             },
+        };
+        // One compile on the happy path; on failure, find the tool to blame.
+        let constraint = self
+            .lark(&grammar)
+            .map_err(|e| match self.check_tools(tools) {
+                Err(named) => named,
+                Ok(()) => e,
+            })?;
+        Ok(Some(match trigger {
+            Some(t) => Guide::triggered(constraint, t),
+            None => Guide::new(constraint),
         }))
     }
 }

@@ -29,12 +29,33 @@ pub fn parse_tool_calls(text: &str) -> Result<(String, Vec<ParsedCall>), ToolErr
     while let Some(start) = rest.find(OPEN) {
         prose.push_str(&rest[..start]);
         let body_start = start + OPEN.len();
-        let (body, next) = match rest[body_start..].find(CLOSE) {
-            Some(end) => (
-                &rest[body_start..body_start + end],
-                &rest[body_start + end + CLOSE.len()..],
-            ),
-            None => (&rest[body_start..], ""),
+        let after = &rest[body_start..];
+        // The block ends where its JSON value ends (a string inside it may itself contain the closing tag),
+        // then the closing tag; text that is not JSON falls back to the first closing tag.
+        let lead = after.len() - after.trim_start().len();
+        let mut values = serde_json::Deserializer::from_str(&after[lead..]).into_iter::<Value>();
+        let json_end = match values.next() {
+            Some(Ok(_)) => Some(lead + values.byte_offset()),
+            _ => None,
+        };
+        let (body, next) = match json_end {
+            Some(end) => {
+                let tail = after[end..].trim_start();
+                if let Some(t) = tail.strip_prefix(CLOSE) {
+                    (&after[..end], t)
+                } else if tail.is_empty() {
+                    (&after[..end], "")
+                } else {
+                    return Err(ToolError::Malformed(format!(
+                        "text after the call's JSON and before {CLOSE}: {:?}",
+                        &tail[..tail.len().min(40)]
+                    )));
+                }
+            }
+            None => match after.find(CLOSE) {
+                Some(end) => (&after[..end], &after[end + CLOSE.len()..]),
+                None => (after, ""),
+            },
         };
         calls.push(parse_one(body.trim())?);
         rest = next;

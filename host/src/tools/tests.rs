@@ -178,3 +178,49 @@ fn reply_validates_and_numbers_the_calls() {
         .collect();
     assert_eq!(ids.len(), 100, "ids are unique");
 }
+
+#[test]
+fn messages_for_a_template_without_tools_carry_the_protocol() {
+    use crate::chat::{FunctionCall, Message, Role, ToolCall};
+    let set = ToolSet::new(&[weather()]).unwrap();
+    let mut call = Message::assistant("Checking.");
+    call.tool_calls.push(ToolCall {
+        id: "call_1".into(),
+        kind: "function",
+        function: FunctionCall {
+            name: "get_weather".into(),
+            arguments: json!({"city": "Oslo"}),
+        },
+    });
+    let mut result = Message::new(Role::Tool, "{\"temp\":3}");
+    result.tool_call_id = Some("call_1".into());
+    let msgs = [Message::user("weather in Oslo?"), call, result];
+    let out = set.messages_for(false, &msgs);
+    assert_eq!(out.len(), 4);
+    assert_eq!(out[0].role, Role::System);
+    assert!(out[0].content.contains("<tools>"));
+    assert_eq!(
+        out[2].content,
+        "Checking.<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}</tool_call>"
+    );
+    assert!(out[2].tool_calls.is_empty());
+    assert_eq!(
+        out[3].content,
+        "<tool_response>\n{\"temp\":3}\n</tool_response>"
+    );
+    let with_sys = set.messages_for(false, &[Message::system("Be brief."), Message::user("hi")]);
+    assert!(with_sys[0].content.starts_with("Be brief.\n\n"));
+    assert_eq!(set.messages_for(true, &msgs), msgs.to_vec());
+}
+
+#[test]
+fn a_closing_tag_inside_a_string_does_not_end_the_call() {
+    let text = "<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"a}}</tool_call> b\"}}</tool_call>";
+    let (prose, calls) = parse_tool_calls(text).unwrap();
+    assert_eq!(prose, "");
+    assert_eq!(calls[0].arguments["city"], "a}}</tool_call> b");
+    assert!(matches!(
+        parse_tool_calls("<tool_call>{\"name\":\"x\"} junk</tool_call>"),
+        Err(ToolError::Malformed(_))
+    ));
+}

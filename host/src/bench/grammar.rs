@@ -1,0 +1,383 @@
+//! `thorn bench grammar`: constrained tool calls over the BFCL questions.
+//!
+//! Two parts:
+//!
+//! 1. **Validity** (every question of the chosen categories, several seeds, temperature 1.0 by default):
+//!    each answer is generated under the tool-call grammar and parsed and validated with `jsonschema`; the
+//!    bench reports how many calls parsed and validated (the goal is all of them), the compile time per tool
+//!    set, the mask time per token (p50/p99) and the share of tokens the grammar forced.
+//! 2. **Speed** (the first few questions of each category, greedy): the same answer decoded three ways:
+//!    constrained with fast-forward, constrained without it (a mask and a sampling step for every token), and
+//!    free (the same tokens replayed one decode step each with sampling and no mask). Grammar overhead is
+//!    constrained-without-FF against free; the FF gain is free against constrained-with-FF.
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use thorn::bfcl::{self, Question};
+use thorn::chat::ChatTemplate;
+use thorn::engine::{Engine, EngineConfig, FinishReason, Request};
+use thorn::sample::{Sampler, SamplingParams};
+use thorn::tools::{CLOSE, ResponseFormat, ToolChoice, ToolSet};
+
+/// Options of a run.
+pub struct Opts<'a> {
+    pub model: &'a Path,
+    pub bfcl_dir: &'a Path,
+    pub categories: &'a [String],
+    pub limit: usize,
+    pub seeds: u64,
+    pub temperature: f32,
+    pub max_tokens: usize,
+    pub tool_choice: ToolChoice,
+    pub speed_questions: usize,
+    pub threads: usize,
+    pub json: bool,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+struct Prompter {
+    template: ChatTemplate,
+    bos: String,
+    eos: String,
+}
+
+impl Prompter {
+    fn new(e: &Engine) -> Result<Self> {
+        let src = e
+            .gguf()
+            .get_str("tokenizer.chat_template")
+            .context("the model has no chat template")?;
+        let tok = e.tokenizer();
+        let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_owned();
+        Ok(Prompter {
+            template: ChatTemplate::new(src)?,
+            bos: text_of(tok.bos()),
+            eos: text_of(tok.eos()),
+        })
+    }
+
+    fn tokens(&self, e: &Engine, q: &Question, tools: &ToolSet) -> Result<Vec<u32>> {
+        let text = tools.render(&self.template, &q.messages, &self.bos, &self.eos)?;
+        Ok(e.tokenizer().encode(&text, true)?)
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    questions: usize,
+    generations: usize,
+    calls: usize,
+    valid: usize,
+    invalid: Vec<String>,
+    truncated: usize,
+    no_call: usize,
+    rejected_tool_sets: Vec<String>,
+    tokens: usize,
+    forced: usize,
+    compile_ms: Vec<f64>,
+    mask_us: Vec<f64>,
+}
+
+pub fn run(o: &Opts<'_>) -> Result<()> {
+    let cfg = EngineConfig {
+        threads: o.threads,
+        context: 4096,
+        ..EngineConfig::default()
+    };
+    let mut e =
+        Engine::load(o.model, &cfg).with_context(|| format!("loading {}", o.model.display()))?;
+    let prompter = Prompter::new(&e)?;
+    let grammars = e.grammars()?.clone();
+    let mut per_cat = Vec::new();
+    let mut all = Tally::default();
+    let mut speed_set: Vec<(Vec<u32>, ToolSet)> = Vec::new();
+    for cat in o.categories {
+        let path = o.bfcl_dir.join(format!("BFCL_v4_{cat}.json"));
+        let mut qs = bfcl::load(&path)?;
+        if o.limit > 0 {
+            qs.truncate(o.limit);
+        }
+        let mut t = Tally::default();
+        if !o.json {
+            eprintln!("{cat}: {} questions x {} seeds", qs.len(), o.seeds);
+        }
+        for (qi, q) in qs.iter().enumerate() {
+            t.questions += 1;
+            let tools = match ToolSet::new(&q.tools) {
+                Ok(t) => t,
+                Err(err) => {
+                    t.rejected_tool_sets.push(format!("{}: {err}", q.id));
+                    continue;
+                }
+            };
+            let c0 = Instant::now();
+            let guide = grammars.guide(&tools, &o.tool_choice, true, &ResponseFormat::Text);
+            t.compile_ms.push(c0.elapsed().as_secs_f64() * 1e3);
+            let guide = match guide {
+                Ok(Some(g)) => g,
+                Ok(None) => continue,
+                Err(err) => {
+                    t.rejected_tool_sets.push(format!("{}: {err}", q.id));
+                    continue;
+                }
+            };
+            drop(guide);
+            let prompt = prompter.tokens(&e, q, &tools)?;
+            if prompt.len() + o.max_tokens >= e.context() {
+                t.rejected_tool_sets.push(format!(
+                    "{}: prompt of {} tokens is too long",
+                    q.id,
+                    prompt.len()
+                ));
+                continue;
+            }
+            if qi < o.speed_questions {
+                speed_set.push((prompt.clone(), ToolSet::new(&q.tools)?));
+            }
+            for seed in 0..o.seeds {
+                let mut g = grammars
+                    .guide(&tools, &o.tool_choice, true, &ResponseFormat::Text)?
+                    .context("no guide")?;
+                g.record_mask_times();
+                let req = Request {
+                    sampling: SamplingParams {
+                        temperature: o.temperature,
+                        seed: Some(seed),
+                        ..SamplingParams::default()
+                    },
+                    ..Request::greedy(prompt.clone(), o.max_tokens)
+                };
+                let out = e.generate_guided(&req, Some(&mut g), &mut |_| {})?;
+                t.generations += 1;
+                t.tokens += out.tokens.len();
+                t.forced += g.forced_tokens();
+                t.mask_us
+                    .extend(g.mask_times().iter().map(|d| d.as_secs_f64() * 1e6));
+                // A call cut short by max_tokens is not an emitted call; the complete ones before it are.
+                let text = if out.finish == FinishReason::Length && !g.is_done() {
+                    t.truncated += 1;
+                    match out.text.rfind(CLOSE) {
+                        Some(i) => &out.text[..i + CLOSE.len()],
+                        None => "",
+                    }
+                } else {
+                    &out.text
+                };
+                let n_open = text.matches(thorn::tools::OPEN).count();
+                t.calls += n_open;
+                match tools.reply(text) {
+                    Ok(r) => {
+                        t.valid += r.calls.len();
+                        if r.calls.is_empty() && out.finish == FinishReason::Stop {
+                            t.no_call += 1;
+                        }
+                    }
+                    Err(err) => t
+                        .invalid
+                        .push(format!("{} seed {seed}: {err} in {:?}", q.id, out.text)),
+                }
+            }
+        }
+        merge(&mut all, &t);
+        per_cat.push((cat.clone(), t));
+    }
+
+    // Speed: the same answer three ways, interleaved per question.
+    let (mut t_ff, mut t_noff, mut t_free) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let (mut n_tokens, mut n_passes) = (0usize, 0usize);
+    for (i, (prompt, tools)) in speed_set.iter().enumerate() {
+        let req = Request::greedy(prompt.clone(), o.max_tokens);
+        let mut order = [0, 1, 2];
+        order.rotate_left(i % 3);
+        let mut answer: Vec<u32> = Vec::new();
+        let mut runs = [Duration::ZERO; 3];
+        // Reference tokens first (not timed), so every variant decodes the same answer.
+        let mut g = grammars
+            .guide(tools, &o.tool_choice, true, &ResponseFormat::Text)?
+            .context("no guide")?;
+        let reference = e.generate_guided(&req, Some(&mut g), &mut |_| {})?;
+        answer.extend_from_slice(&reference.tokens);
+        for &v in &order {
+            match v {
+                0 | 1 => {
+                    let mut g = grammars
+                        .guide(tools, &o.tool_choice, true, &ResponseFormat::Text)?
+                        .context("no guide")?;
+                    g.set_fast_forward(v == 0);
+                    let out = e.generate_guided(&req, Some(&mut g), &mut |_| {})?;
+                    anyhow::ensure!(out.tokens == answer, "greedy decoding is not repeatable");
+                    runs[v] = out.stats.decode;
+                    if v == 0 {
+                        n_passes += out.stats.forward_passes;
+                    }
+                }
+                _ => {
+                    e.prefill(prompt)?;
+                    let mut sampler =
+                        Sampler::new(SamplingParams::default(), e.model().config().vocab);
+                    let mut history = prompt.clone();
+                    let t0 = Instant::now();
+                    // The first token comes out of the prefill, as in generate.
+                    let mut logits = e.logits().to_vec();
+                    for (k, &tok) in answer.iter().enumerate() {
+                        let s = sampler.sample(&mut logits, &history);
+                        std::hint::black_box(s.token);
+                        history.push(tok);
+                        if k + 1 < answer.len() {
+                            let l = e.step(&[tok])?;
+                            logits.clear();
+                            logits.extend_from_slice(l);
+                        }
+                    }
+                    runs[2] = t0.elapsed();
+                }
+            }
+        }
+        t_ff += runs[0];
+        t_noff += runs[1];
+        t_free += runs[2];
+        n_tokens += answer.len();
+    }
+    let tps = |d: Duration| n_tokens as f64 / d.as_secs_f64().max(1e-9);
+
+    let summary = |t: &Tally| {
+        let mut c = t.compile_ms.clone();
+        c.sort_by(f64::total_cmp);
+        let mut m = t.mask_us.clone();
+        m.sort_by(f64::total_cmp);
+        json!({
+            "questions": t.questions,
+            "generations": t.generations,
+            "calls": t.calls,
+            "calls_valid": t.valid,
+            "calls_invalid": t.invalid.len(),
+            "truncated_by_max_tokens": t.truncated,
+            "answers_without_call": t.no_call,
+            "rejected_tool_sets": t.rejected_tool_sets,
+            "tokens": t.tokens,
+            "forced_tokens": t.forced,
+            "forced_share": t.forced as f64 / t.tokens.max(1) as f64,
+            "compile_ms_p50": pct(&c, 0.5),
+            "compile_ms_p99": pct(&c, 0.99),
+            "compile_ms_max": c.last().copied().unwrap_or(0.0),
+            "mask_us_p50": pct(&m, 0.5),
+            "mask_us_p99": pct(&m, 0.99),
+            "masks": m.len(),
+        })
+    };
+    let report = json!({
+        "model": o.model.display().to_string(),
+        "threads": e.cpu().threads(),
+        "tool_choice": format!("{:?}", o.tool_choice),
+        "temperature": o.temperature,
+        "seeds": o.seeds,
+        "max_tokens": o.max_tokens,
+        "categories": per_cat.iter().map(|(c, t)| (c.clone(), summary(t))).collect::<serde_json::Map<_, _>>(),
+        "total": summary(&all),
+        "invalid_examples": all.invalid.iter().take(10).collect::<Vec<_>>(),
+        "speed": {
+            "answers": speed_set.len(),
+            "tokens": n_tokens,
+            "forward_passes_with_ff": n_passes,
+            "free_tok_per_s": tps(t_free),
+            "constrained_no_ff_tok_per_s": tps(t_noff),
+            "constrained_ff_tok_per_s": tps(t_ff),
+            "grammar_overhead_pct": 100.0 * (t_noff.as_secs_f64() / t_free.as_secs_f64().max(1e-9) - 1.0),
+            "ff_speedup_vs_free": t_free.as_secs_f64() / t_ff.as_secs_f64().max(1e-9),
+        },
+        "validation_failures_logged": thorn::tools::validation_failures(),
+    });
+    if o.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{:<18} {:>5} {:>6} {:>6} {:>6} {:>5} {:>6} {:>7} {:>9} {:>9} {:>8} {:>8}",
+        "category",
+        "qs",
+        "gens",
+        "calls",
+        "valid",
+        "trunc",
+        "nocall",
+        "forced",
+        "compile50",
+        "compile99",
+        "mask50",
+        "mask99"
+    );
+    for (name, t) in per_cat
+        .iter()
+        .map(|(c, t)| (c.as_str(), t))
+        .chain([("total", &all)])
+    {
+        let s = summary(t);
+        println!(
+            "{:<18} {:>5} {:>6} {:>6} {:>6} {:>5} {:>6} {:>6.1}% {:>7.2}ms {:>7.2}ms {:>6.1}us {:>6.1}us",
+            name,
+            t.questions,
+            t.generations,
+            t.calls,
+            t.valid,
+            t.truncated,
+            t.no_call,
+            100.0 * s["forced_share"].as_f64().unwrap_or(0.0),
+            s["compile_ms_p50"].as_f64().unwrap_or(0.0),
+            s["compile_ms_p99"].as_f64().unwrap_or(0.0),
+            s["mask_us_p50"].as_f64().unwrap_or(0.0),
+            s["mask_us_p99"].as_f64().unwrap_or(0.0),
+        );
+    }
+    for r in all.rejected_tool_sets.iter().take(10) {
+        println!("rejected: {r}");
+    }
+    for r in all.invalid.iter().take(10) {
+        println!("INVALID: {r}");
+    }
+    println!(
+        "speed over {} answers ({} tokens, {} decode passes with fast-forward):",
+        speed_set.len(),
+        n_tokens,
+        n_passes
+    );
+    println!("  free decode (same tokens)     {:>7.1} tok/s", tps(t_free));
+    println!(
+        "  constrained, no fast-forward  {:>7.1} tok/s  (grammar overhead {:+.1}%)",
+        tps(t_noff),
+        report["speed"]["grammar_overhead_pct"]
+            .as_f64()
+            .unwrap_or(0.0)
+    );
+    println!(
+        "  constrained, fast-forward     {:>7.1} tok/s  ({:.2}x free)",
+        tps(t_ff),
+        report["speed"]["ff_speedup_vs_free"]
+            .as_f64()
+            .unwrap_or(0.0)
+    );
+    Ok(())
+}
+
+fn merge(all: &mut Tally, t: &Tally) {
+    all.questions += t.questions;
+    all.generations += t.generations;
+    all.calls += t.calls;
+    all.valid += t.valid;
+    all.invalid.extend(t.invalid.iter().cloned());
+    all.truncated += t.truncated;
+    all.no_call += t.no_call;
+    all.rejected_tool_sets
+        .extend(t.rejected_tool_sets.iter().cloned());
+    all.tokens += t.tokens;
+    all.forced += t.forced;
+    all.compile_ms.extend_from_slice(&t.compile_ms);
+    all.mask_us.extend_from_slice(&t.mask_us);
+}
