@@ -349,6 +349,7 @@ impl Engine {
         let prefill = t0.elapsed();
         let t1 = Instant::now();
         let mut sampler = Sampler::new(req.sampling.clone(), vocab);
+        let lazy_ok = sampler.lazy_mask_is_exact();
         let mut history: Vec<TokenId> = req.prompt.clone();
         let mut tokens = Vec::new();
         let mut sampled_all = Vec::new();
@@ -403,10 +404,24 @@ impl Engine {
                 last_logits.extend_from_slice(out);
                 cached.append(&mut pending);
             }
-            if let Some(g) = guide.as_deref_mut() {
-                g.mask_logits(last_logits)?;
-            }
-            let s = sampler.sample(last_logits, &history);
+            sampler.process(last_logits, &history);
+            let s = match guide.as_deref_mut() {
+                None => sampler.pick(last_logits),
+                // Sample first; compute the mask only if the grammar rejects the token (exact here).
+                Some(g) if lazy_ok && g.lazy_mask() => {
+                    let s = sampler.pick(last_logits);
+                    if g.allows(s.token)? {
+                        s
+                    } else {
+                        g.mask_logits(last_logits)?;
+                        sampler.pick(last_logits)
+                    }
+                }
+                Some(g) => {
+                    g.mask_logits(last_logits)?;
+                    sampler.pick(last_logits)
+                }
+            };
             step.clear();
             step.push(s);
             if let Some(g) = guide.as_deref_mut() {

@@ -168,6 +168,12 @@ struct GrammarBenchArgs {
     /// Questions per category in the speed comparison (greedy; 0 = none).
     #[arg(long, default_value_t = 10)]
     speed_questions: usize,
+    /// Sample every token of the validity run (no fast-forward of forced tokens).
+    #[arg(long)]
+    no_fast_forward: bool,
+    /// Compute the full mask before every sampled token (no sample-first check).
+    #[arg(long)]
+    no_lazy_mask: bool,
     /// CPU threads (0 = one per physical core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -235,6 +241,8 @@ fn main() -> Result<()> {
                 max_tokens: a.max_tokens,
                 tool_choice: choice,
                 speed_questions: a.speed_questions,
+                fast_forward: !a.no_fast_forward,
+                lazy_mask: !a.no_lazy_mask,
                 threads: a.threads,
                 json: a.json,
             })

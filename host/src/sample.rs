@@ -148,6 +148,23 @@ impl Sampler {
     /// Picks the next token from `logits` (modified in place by bias and penalties). `history` is the
     /// sequence so far (prompt and generated), used by the penalties.
     pub fn sample(&mut self, logits: &mut [f32], history: &[TokenId]) -> Sampled {
+        self.process(logits, history);
+        self.pick(logits)
+    }
+
+    /// Whether picking from unmasked logits and keeping the token if a constraint allows it (else masking and
+    /// picking again) draws exactly from the masked distribution: true for greedy, and for plain temperature
+    /// sampling (rejection sampling: a draw from `p` conditioned on landing in the allowed set is a draw from
+    /// `p` renormalised over it). Top-k/top-p/min-p truncate before the mask would, so they need the mask
+    /// first; so do top log-probabilities, which must be reported under the constrained distribution.
+    pub fn lazy_mask_is_exact(&self) -> bool {
+        let p = &self.params;
+        p.top_logprobs == 0
+            && (p.temperature <= 0.0 || (p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0))
+    }
+
+    /// Applies logit bias and penalties to `logits` in place (once per step, before [`Sampler::pick`]).
+    pub fn process(&mut self, logits: &mut [f32], history: &[TokenId]) {
         let p = &self.params;
         for &(t, b) in &p.logit_bias {
             if let Some(l) = logits.get_mut(t as usize) {
@@ -182,7 +199,11 @@ impl Sampler {
                 *c = 0;
             }
         }
+    }
 
+    /// Picks a token from processed logits (greedy or a seeded draw), with its log-probability under them.
+    pub fn pick(&mut self, logits: &[f32]) -> Sampled {
+        let p = &self.params;
         // log-softmax normaliser of the processed logits (for logprobs).
         let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
         let lse = max + logits.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();

@@ -14,7 +14,7 @@ mod choice;
 mod parse;
 
 pub use choice::{ResponseFormat, ToolChoice};
-pub use parse::{CLOSE, OPEN, ParsedCall, parse_tool_calls};
+pub use parse::{CLOSE, OPEN, ParsedCall, complete_calls_prefix, parse_tool_calls};
 
 use crate::chat::{
     ChatTemplate, FunctionCall, Message, RenderOptions, Role, TemplateError, ToolCall,

@@ -185,7 +185,7 @@ fn required_named_and_parallel_modes_shape_the_calls() {
         req.sampling.logit_bias = vec![(eos, -100.0)];
         let out = e.generate_guided(&req, Some(&mut g), &mut |_| {}).unwrap();
         // With the end of turn banned it writes calls until max_tokens cuts one short; the complete ones count.
-        let complete = &out.text[..out.text.rfind("</tool_call>").unwrap() + "</tool_call>".len()];
+        let complete = thorn::tools::complete_calls_prefix(&out.text);
         let reply = tools
             .reply(complete)
             .unwrap_or_else(|err| panic!("{err}: {:?}", out.text));

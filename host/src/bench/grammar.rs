@@ -19,7 +19,7 @@ use thorn::bfcl::{self, Question};
 use thorn::chat::ChatTemplate;
 use thorn::engine::{Engine, EngineConfig, FinishReason, Request};
 use thorn::sample::{Sampler, SamplingParams};
-use thorn::tools::{CLOSE, ResponseFormat, ToolChoice, ToolSet};
+use thorn::tools::{ResponseFormat, ToolChoice, ToolSet, complete_calls_prefix};
 
 /// Options of a run.
 pub struct Opts<'a> {
@@ -32,6 +32,8 @@ pub struct Opts<'a> {
     pub max_tokens: usize,
     pub tool_choice: ToolChoice,
     pub speed_questions: usize,
+    pub fast_forward: bool,
+    pub lazy_mask: bool,
     pub threads: usize,
     pub json: bool,
 }
@@ -84,6 +86,7 @@ struct Tally {
     forced: usize,
     compile_ms: Vec<f64>,
     mask_us: Vec<f64>,
+    lazy_hits: usize,
 }
 
 pub fn run(o: &Opts<'_>) -> Result<()> {
@@ -147,6 +150,8 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
                     .guide(&tools, &o.tool_choice, true, &ResponseFormat::Text)?
                     .context("no guide")?;
                 g.record_mask_times();
+                g.set_fast_forward(o.fast_forward);
+                g.set_lazy_mask(o.lazy_mask);
                 let req = Request {
                     sampling: SamplingParams {
                         temperature: o.temperature,
@@ -161,13 +166,11 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
                 t.forced += g.forced_tokens();
                 t.mask_us
                     .extend(g.mask_times().iter().map(|d| d.as_secs_f64() * 1e6));
+                t.lazy_hits += g.lazy_hits();
                 // A call cut short by max_tokens is not an emitted call; the complete ones before it are.
                 let text = if out.finish == FinishReason::Length && !g.is_done() {
                     t.truncated += 1;
-                    match out.text.rfind(CLOSE) {
-                        Some(i) => &out.text[..i + CLOSE.len()],
-                        None => "",
-                    }
+                    complete_calls_prefix(&out.text)
                 } else {
                     &out.text
                 };
@@ -190,63 +193,42 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
         per_cat.push((cat.clone(), t));
     }
 
-    // Speed: the same answer three ways, interleaved per question.
-    let (mut t_ff, mut t_noff, mut t_free) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-    let (mut n_tokens, mut n_passes) = (0usize, 0usize);
+    // Speed: constrained with and without fast-forward, each against a free replay of its own tokens. (The
+    // two constrained answers can differ: fast-forward commits the grammar's canonical spelling of forced
+    // text, while without it the model may spell the same bytes with other tokens.)
+    let (mut t_ff, mut t_noff) = (Duration::ZERO, Duration::ZERO);
+    let (mut t_free_ff, mut t_free_noff) = (Duration::ZERO, Duration::ZERO);
+    let (mut n_ff, mut n_noff, mut n_passes) = (0usize, 0usize, 0usize);
     for (i, (prompt, tools)) in speed_set.iter().enumerate() {
         let req = Request::greedy(prompt.clone(), o.max_tokens);
-        let mut order = [0, 1, 2];
-        order.rotate_left(i % 3);
-        let mut answer: Vec<u32> = Vec::new();
-        let mut runs = [Duration::ZERO; 3];
-        // Reference tokens first (not timed), so every variant decodes the same answer.
-        let mut g = grammars
-            .guide(tools, &o.tool_choice, true, &ResponseFormat::Text)?
-            .context("no guide")?;
-        let reference = e.generate_guided(&req, Some(&mut g), &mut |_| {})?;
-        answer.extend_from_slice(&reference.tokens);
+        let mut answers: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
         for &v in &order {
-            match v {
-                0 | 1 => {
-                    let mut g = grammars
-                        .guide(tools, &o.tool_choice, true, &ResponseFormat::Text)?
-                        .context("no guide")?;
-                    g.set_fast_forward(v == 0);
-                    let out = e.generate_guided(&req, Some(&mut g), &mut |_| {})?;
-                    anyhow::ensure!(out.tokens == answer, "greedy decoding is not repeatable");
-                    runs[v] = out.stats.decode;
-                    if v == 0 {
-                        n_passes += out.stats.forward_passes;
-                    }
-                }
-                _ => {
-                    e.prefill(prompt)?;
-                    let mut sampler =
-                        Sampler::new(SamplingParams::default(), e.model().config().vocab);
-                    let mut history = prompt.clone();
-                    let t0 = Instant::now();
-                    // The first token comes out of the prefill, as in generate.
-                    let mut logits = e.logits().to_vec();
-                    for (k, &tok) in answer.iter().enumerate() {
-                        let s = sampler.sample(&mut logits, &history);
-                        std::hint::black_box(s.token);
-                        history.push(tok);
-                        if k + 1 < answer.len() {
-                            let l = e.step(&[tok])?;
-                            logits.clear();
-                            logits.extend_from_slice(l);
-                        }
-                    }
-                    runs[2] = t0.elapsed();
-                }
+            let mut g = grammars
+                .guide(tools, &o.tool_choice, true, &ResponseFormat::Text)?
+                .context("no guide")?;
+            g.set_fast_forward(v == 0);
+            let out = e.generate_guided(&req, Some(&mut g), &mut |_| {})?;
+            if v == 0 {
+                t_ff += out.stats.decode;
+                n_ff += out.tokens.len();
+                n_passes += out.stats.forward_passes;
+            } else {
+                t_noff += out.stats.decode;
+                n_noff += out.tokens.len();
+            }
+            answers[v] = out.tokens;
+        }
+        for &v in &order {
+            let d = replay(&mut e, prompt, &answers[v])?;
+            if v == 0 {
+                t_free_ff += d;
+            } else {
+                t_free_noff += d;
             }
         }
-        t_ff += runs[0];
-        t_noff += runs[1];
-        t_free += runs[2];
-        n_tokens += answer.len();
     }
-    let tps = |d: Duration| n_tokens as f64 / d.as_secs_f64().max(1e-9);
+    let tps = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
 
     let summary = |t: &Tally| {
         let mut c = t.compile_ms.clone();
@@ -270,7 +252,9 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
             "compile_ms_max": c.last().copied().unwrap_or(0.0),
             "mask_us_p50": pct(&m, 0.5),
             "mask_us_p99": pct(&m, 0.99),
+            "mask_us_mean": m.iter().sum::<f64>() / m.len().max(1) as f64,
             "masks": m.len(),
+            "sampled_tokens_accepted_without_mask": t.lazy_hits,
         })
     };
     let report = json!({
@@ -285,13 +269,15 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
         "invalid_examples": all.invalid.iter().take(10).collect::<Vec<_>>(),
         "speed": {
             "answers": speed_set.len(),
-            "tokens": n_tokens,
+            "tokens_ff": n_ff,
+            "tokens_no_ff": n_noff,
             "forward_passes_with_ff": n_passes,
-            "free_tok_per_s": tps(t_free),
-            "constrained_no_ff_tok_per_s": tps(t_noff),
-            "constrained_ff_tok_per_s": tps(t_ff),
-            "grammar_overhead_pct": 100.0 * (t_noff.as_secs_f64() / t_free.as_secs_f64().max(1e-9) - 1.0),
-            "ff_speedup_vs_free": t_free.as_secs_f64() / t_ff.as_secs_f64().max(1e-9),
+            "constrained_no_ff_tok_per_s": tps(n_noff, t_noff),
+            "free_same_tokens_as_no_ff_tok_per_s": tps(n_noff, t_free_noff),
+            "grammar_overhead_pct": 100.0 * (t_noff.as_secs_f64() / t_free_noff.as_secs_f64().max(1e-9) - 1.0),
+            "constrained_ff_tok_per_s": tps(n_ff, t_ff),
+            "free_same_tokens_as_ff_tok_per_s": tps(n_ff, t_free_ff),
+            "ff_speedup_vs_free": t_free_ff.as_secs_f64() / t_ff.as_secs_f64().max(1e-9),
         },
         "validation_failures_logged": thorn::tools::validation_failures(),
     });
@@ -342,28 +328,46 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
     for r in all.invalid.iter().take(10) {
         println!("INVALID: {r}");
     }
+    let sp = &report["speed"];
+    let f = |k: &str| sp[k].as_f64().unwrap_or(0.0);
+    println!("speed over {} greedy answers:", speed_set.len());
     println!(
-        "speed over {} answers ({} tokens, {} decode passes with fast-forward):",
-        speed_set.len(),
-        n_tokens,
+        "  constrained, no fast-forward {:>7.1} tok/s; free decode of the same {} tokens {:>7.1} tok/s: grammar overhead {:+.1}%",
+        f("constrained_no_ff_tok_per_s"),
+        n_noff,
+        f("free_same_tokens_as_no_ff_tok_per_s"),
+        f("grammar_overhead_pct")
+    );
+    println!(
+        "  constrained, fast-forward    {:>7.1} tok/s; free decode of the same {} tokens {:>7.1} tok/s: {:.2}x ({} decode passes)",
+        f("constrained_ff_tok_per_s"),
+        n_ff,
+        f("free_same_tokens_as_ff_tok_per_s"),
+        f("ff_speedup_vs_free"),
         n_passes
     );
-    println!("  free decode (same tokens)     {:>7.1} tok/s", tps(t_free));
-    println!(
-        "  constrained, no fast-forward  {:>7.1} tok/s  (grammar overhead {:+.1}%)",
-        tps(t_noff),
-        report["speed"]["grammar_overhead_pct"]
-            .as_f64()
-            .unwrap_or(0.0)
-    );
-    println!(
-        "  constrained, fast-forward     {:>7.1} tok/s  ({:.2}x free)",
-        tps(t_ff),
-        report["speed"]["ff_speedup_vs_free"]
-            .as_f64()
-            .unwrap_or(0.0)
-    );
     Ok(())
+}
+
+/// Decodes `answer` after `prompt` the free way: one decode step and one (unmasked) sampling step per token,
+/// as unconstrained generation of that text would. Returns the decode time (the prefill is not counted).
+fn replay(e: &mut Engine, prompt: &[u32], answer: &[u32]) -> Result<Duration> {
+    e.prefill(prompt)?;
+    let mut sampler = Sampler::new(SamplingParams::default(), e.model().config().vocab);
+    let mut history = prompt.to_vec();
+    let mut logits = e.logits().to_vec();
+    let t0 = Instant::now();
+    for (k, &tok) in answer.iter().enumerate() {
+        // The first token comes out of the prefill, as in generate.
+        std::hint::black_box(sampler.sample(&mut logits, &history).token);
+        history.push(tok);
+        if k + 1 < answer.len() {
+            let l = e.step(&[tok])?;
+            logits.clear();
+            logits.extend_from_slice(l);
+        }
+    }
+    Ok(t0.elapsed())
 }
 
 fn merge(all: &mut Tally, t: &Tally) {
@@ -380,4 +384,5 @@ fn merge(all: &mut Tally, t: &Tally) {
     all.forced += t.forced;
     all.compile_ms.extend_from_slice(&t.compile_ms);
     all.mask_us.extend_from_slice(&t.mask_us);
+    all.lazy_hits += t.lazy_hits;
 }

@@ -30,6 +30,9 @@ pub struct Guide {
     fast_forward: bool,
     mask: Mask,
     timings: Option<Vec<Duration>>,
+    step_time: Duration,
+    lazy: bool,
+    lazy_hits: usize,
     forced: usize,
     stops_apply: bool,
 }
@@ -44,6 +47,9 @@ impl Guide {
             fast_forward: true,
             mask: Mask::default(),
             timings: None,
+            step_time: Duration::ZERO,
+            lazy: true,
+            lazy_hits: 0,
             forced: 0,
             stops_apply: false,
         }
@@ -87,9 +93,39 @@ impl Guide {
         self.timings = Some(Vec::with_capacity(1024));
     }
 
-    /// The recorded mask times.
+    /// The grammar's time for each sampled token while active (check or mask, and commit).
     pub fn mask_times(&self) -> &[Duration] {
         self.timings.as_deref().unwrap_or(&[])
+    }
+
+    /// Whether the engine may sample first and compute a mask only when the grammar rejects the token (on by
+    /// default; the engine does it only where that is exact, see [`crate::sample::Sampler::lazy_mask_is_exact`]).
+    pub fn set_lazy_mask(&mut self, on: bool) {
+        self.lazy = on;
+    }
+
+    /// Whether lazy masking is allowed.
+    pub fn lazy_mask(&self) -> bool {
+        self.lazy && self.active
+    }
+
+    /// Sampled tokens the grammar accepted without a mask.
+    pub fn lazy_hits(&self) -> usize {
+        self.lazy_hits
+    }
+
+    /// Whether the grammar allows `token` next (nothing is committed).
+    pub(crate) fn allows(&mut self, token: TokenId) -> Result<bool, GrammarError> {
+        if !self.active {
+            return Ok(true);
+        }
+        let t = self.timings.is_some().then(Instant::now);
+        let ok = self.constraint.validate(&[token])? == 1;
+        if let Some(t) = t {
+            self.step_time += t.elapsed();
+        }
+        self.lazy_hits += usize::from(ok);
+        Ok(ok)
     }
 
     /// Tokens committed by fast-forward (without sampling).
@@ -125,17 +161,22 @@ impl Guide {
         }
         let t = self.timings.is_some().then(Instant::now);
         self.constraint.mask_into(&mut self.mask)?;
-        if let (Some(t), Some(v)) = (t, self.timings.as_mut()) {
-            v.push(t.elapsed());
-        }
         self.mask.apply(logits);
+        if let Some(t) = t {
+            self.step_time += t.elapsed();
+        }
         Ok(())
     }
 
     /// Advances past a sampled token (inactive: nothing).
     pub(crate) fn commit(&mut self, token: TokenId) -> Result<(), GrammarError> {
         if self.active {
+            let t = self.timings.is_some().then(Instant::now);
             self.constraint.commit(token)?;
+            if let (Some(t), Some(v)) = (t, self.timings.as_mut()) {
+                v.push(self.step_time + t.elapsed());
+                self.step_time = Duration::ZERO;
+            }
         }
         Ok(())
     }

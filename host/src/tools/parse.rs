@@ -88,3 +88,17 @@ fn parse_one(body: &str) -> Result<ParsedCall, ToolError> {
     }
     Ok(ParsedCall { name, arguments })
 }
+
+/// The part of a generation cut short (by `max_tokens`) that holds only complete calls: everything before an
+/// unfinished last `<tool_call>` block.
+pub fn complete_calls_prefix(text: &str) -> &str {
+    let Some(at) = text.rfind(OPEN) else {
+        return text;
+    };
+    let last = &text[at..];
+    if last.trim_end().ends_with(CLOSE) && parse_tool_calls(last).is_ok() {
+        text
+    } else {
+        &text[..at]
+    }
+}

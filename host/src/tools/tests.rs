@@ -224,3 +224,13 @@ fn a_closing_tag_inside_a_string_does_not_end_the_call() {
         Err(ToolError::Malformed(_))
     ));
 }
+
+#[test]
+fn a_cut_short_generation_keeps_its_complete_calls() {
+    let one = "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>";
+    assert_eq!(complete_calls_prefix(one), one);
+    let cut =
+        format!("{one}<tool_call>{{\"name\":\"b\",\"arguments\":{{\"x\":\"}}</tool_call> more");
+    assert_eq!(complete_calls_prefix(&cut), one);
+    assert_eq!(complete_calls_prefix("prose only"), "prose only");
+}
