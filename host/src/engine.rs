@@ -410,23 +410,27 @@ impl Engine {
                 // Sample first; compute the mask only if the grammar rejects the token (exact here).
                 Some(g) if lazy_ok && g.lazy_mask() => {
                     let s = sampler.pick(last_logits);
-                    if g.allows(s.token)? {
+                    if g.allows(s.token, tokenizer)? {
                         s
                     } else {
-                        g.mask_logits(last_logits)?;
+                        g.mask_logits(last_logits, tokenizer)?;
                         sampler.pick(last_logits)
                     }
                 }
                 Some(g) => {
-                    g.mask_logits(last_logits)?;
+                    g.mask_logits(last_logits, tokenizer)?;
                     sampler.pick(last_logits)
                 }
             };
             step.clear();
             step.push(s);
             if let Some(g) = guide.as_deref_mut() {
-                g.commit(step[0].token)?;
-                g.take_forced(limit.saturating_sub(tokens.len() + 1), &mut forced)?;
+                g.commit(step[0].token, tokenizer)?;
+                g.take_forced(
+                    limit.saturating_sub(tokens.len() + 1),
+                    &mut forced,
+                    tokenizer,
+                )?;
                 step.extend(forced.iter().map(|&t| forced_sample(t)));
             }
             let mut i = 0;
@@ -467,7 +471,7 @@ impl Engine {
                     .ok()
                     .map(|t| tokenizer.encode(t, false))
                     .transpose()?
-                    .map(|toks| g.activate(&toks))
+                    .map(|toks| g.activate(&toks, tokenizer))
                     .transpose()?
                     .unwrap_or(false);
                 if kept {
@@ -494,7 +498,7 @@ impl Engine {
                     sampled_all.extend(respelled.iter().map(|&t| forced_sample(t)));
                     pending.extend_from_slice(&respelled);
                     let trig_toks = tokenizer.encode(trig, false)?;
-                    if !g.activate(&trig_toks)? {
+                    if !g.activate(&trig_toks, tokenizer)? {
                         return Err(GrammarError::Matcher(format!(
                             "the grammar does not start with its trigger {trig:?}"
                         ))
@@ -504,7 +508,7 @@ impl Engine {
                 }
                 detok = tokenizer.detokenizer(false);
                 // What the grammar forces right after the trigger joins this step.
-                g.take_forced(limit.saturating_sub(tokens.len()), &mut forced)?;
+                g.take_forced(limit.saturating_sub(tokens.len()), &mut forced, tokenizer)?;
                 step.extend(forced.iter().map(|&t| forced_sample(t)));
             }
             if guide.as_deref().is_some_and(Guide::is_done) {

@@ -96,6 +96,19 @@ struct GenerateArgs {
     /// Stop string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
+    /// A JSON file with OpenAI `tools` entries (a list); calls are constrained to their schemas.
+    #[arg(long)]
+    tools: Option<PathBuf>,
+    /// tool_choice: auto, none, required, or a function name.
+    #[arg(long, default_value = "auto")]
+    tool_choice: String,
+    /// Allow only one tool call per answer.
+    #[arg(long)]
+    no_parallel_tool_calls: bool,
+    /// A JSON file with a schema the answer must match (response_format json_schema), or `object` for any
+    /// JSON object.
+    #[arg(long)]
+    json: Option<String>,
     /// CPU threads (0 = one per physical core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -316,8 +329,10 @@ fn main() -> Result<()> {
 
 fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
     use std::io::Write;
+    use thorn::chat::{ChatTemplate, Message};
     use thorn::engine::{Engine, EngineConfig, FinishReason, Request};
     use thorn::sample::SamplingParams;
+    use thorn::tools::{ResponseFormat, ToolChoice, ToolSet};
     let path = resolve(cache, a.model)?;
     let cfg = EngineConfig {
         threads: a.threads,
@@ -326,8 +341,58 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
     };
     let mut engine =
         Engine::load(&path, &cfg).with_context(|| format!("loading {}", path.display()))?;
+    let read_json = |p: &std::path::Path| -> Result<serde_json::Value> {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", p.display()))
+    };
+    let defs = match &a.tools {
+        Some(p) => match read_json(p)? {
+            serde_json::Value::Array(v) => v,
+            _ => anyhow::bail!("{}: expected a JSON list of tools", p.display()),
+        },
+        None => Vec::new(),
+    };
+    let tools = ToolSet::new(&defs)?;
+    let choice = match a.tool_choice.as_str() {
+        "auto" | "none" | "required" => ToolChoice::from_openai(&serde_json::json!(a.tool_choice))?,
+        name => ToolChoice::Function(name.to_owned()),
+    };
+    let format = match a.json.as_deref() {
+        None => ResponseFormat::Text,
+        Some("object") => ResponseFormat::JsonObject,
+        Some(p) => ResponseFormat::from_openai(&serde_json::json!({"type": "json_schema",
+            "json_schema": {"name": "answer", "schema": read_json(std::path::Path::new(p))?}}))?,
+    };
+    let mut guide =
+        engine
+            .grammars()?
+            .guide(&tools, &choice, !a.no_parallel_tool_calls, &format)?;
+    let shown = if choice == ToolChoice::None {
+        ToolSet::default()
+    } else {
+        ToolSet::new(&defs)?
+    };
     let g = engine.gguf();
-    let (prompt_text, _) = render(g, a.system.as_deref(), &a.prompt)?;
+    let template = ChatTemplate::new(
+        g.get_str("tokenizer.chat_template")
+            .context("the model has no chat template")?,
+    )?;
+    let mut messages: Vec<Message> = a
+        .system
+        .as_deref()
+        .map(Message::system)
+        .into_iter()
+        .collect();
+    messages.push(Message::user(a.prompt.as_str()));
+    let tok = engine.tokenizer();
+    let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_owned();
+    let prompt_text = shown.render(
+        &template,
+        &messages,
+        &text_of(tok.bos()),
+        &text_of(tok.eos()),
+    )?;
     let prompt = engine.tokenizer().encode(&prompt_text, true)?;
     let sampling = SamplingParams {
         temperature: a.temperature,
@@ -347,18 +412,32 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
         ignore_eos: false,
     };
     let mut stdout = std::io::stdout().lock();
-    let out = engine.generate(&req, &mut |t| {
+    let out = engine.generate_guided(&req, guide.as_mut(), &mut |t| {
         let _ = stdout.write_all(t.as_bytes());
         let _ = stdout.flush();
     })?;
     drop(stdout);
     let st = &out.stats;
     println!();
+    if !tools.is_empty() && choice != ToolChoice::None {
+        match tools.reply(thorn::tools::complete_calls_prefix(&out.text)) {
+            Ok(r) => {
+                for c in &r.calls {
+                    eprintln!(
+                        "[tool call {}: {}({})]",
+                        c.id, c.function.name, c.function.arguments
+                    );
+                }
+            }
+            Err(e) => eprintln!("[tool call rejected: {e}]"),
+        }
+    }
     eprintln!(
-        "[{} prompt tokens: {:.1} tok/s prefill | {} tokens: {:.1} tok/s decode | {} threads, {:?} | finish: {}]",
+        "[{} prompt tokens: {:.1} tok/s prefill | {} tokens in {} decode passes: {:.1} tok/s decode | {} threads, {:?} | finish: {}]",
         st.prompt_tokens,
         st.prefill_tps(),
         st.generated,
+        st.forward_passes,
         st.decode_tps(),
         engine.cpu().threads(),
         engine.cpu().isa(),
@@ -514,6 +593,10 @@ fn up(cache: &std::path::Path) -> Result<()> {
             repeat_penalty: 1.0,
             seed: None,
             stop: vec![],
+            tools: None,
+            tool_choice: "auto".into(),
+            no_parallel_tool_calls: false,
+            json: None,
             threads: 0,
             context: 4096,
             model: Some(path),

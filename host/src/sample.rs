@@ -10,6 +10,7 @@
 pub mod grammar;
 pub mod guide;
 
+use crate::backend::cpu::simd::{self, Isa};
 use crate::tokenizer::TokenId;
 
 /// Sampling parameters (OpenAI's names where they exist).
@@ -113,6 +114,7 @@ pub struct Sampler {
     rng: Rng,
     cand: Vec<(TokenId, f32)>,
     counts: Vec<u32>,
+    isa: Isa,
 }
 
 /// How many candidates are sorted before falling back to sorting everything (top-p without top-k).
@@ -137,6 +139,7 @@ impl Sampler {
             rng: Rng::new(seed),
             cand: Vec::with_capacity(vocab),
             counts: vec![0; vocab],
+            isa: Isa::detect(),
         }
     }
 
@@ -205,11 +208,10 @@ impl Sampler {
     pub fn pick(&mut self, logits: &[f32]) -> Sampled {
         let p = &self.params;
         // log-softmax normaliser of the processed logits (for logprobs).
-        let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let lse = max + logits.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();
+        let lse = simd::logsumexp(self.isa, logits);
 
         let token = if p.temperature <= 0.0 {
-            crate::backend::cpu::ops::argmax(logits).unwrap_or(0) as TokenId
+            simd::argmax(self.isa, logits).unwrap_or(0) as TokenId
         } else {
             self.draw(logits)
         };

@@ -109,11 +109,19 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
             qs.truncate(o.limit);
         }
         let mut t = Tally::default();
-        if !o.json {
-            eprintln!("{cat}: {} questions x {} seeds", qs.len(), o.seeds);
-        }
+        eprintln!("{cat}: {} questions x {} seeds", qs.len(), o.seeds);
+        let started = Instant::now();
         for (qi, q) in qs.iter().enumerate() {
             t.questions += 1;
+            if qi > 0 && qi % 50 == 0 {
+                eprintln!(
+                    "  {qi}/{} questions, {} calls, {} invalid, {:.0} s",
+                    qs.len(),
+                    t.calls,
+                    t.invalid.len(),
+                    started.elapsed().as_secs_f64()
+                );
+            }
             let tools = match ToolSet::new(&q.tools) {
                 Ok(t) => t,
                 Err(err) => {

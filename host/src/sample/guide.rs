@@ -15,10 +15,24 @@
 //! With a trigger the model writes free prose, unmasked and at full speed, until its output contains
 //! `<tool_call>`; the engine then hands the trigger to the grammar and every later token is masked.
 //! Tool-call blocks repeat (`block+`) when parallel calls are allowed, and the turn may end after any of them.
+//!
+//! Each step while the grammar is active:
+//!
+//! 1. **Sample first** ([`Guide::allows`]): the sampler picks from the unmasked logits and the grammar only
+//!    checks that one token (a few µs). Only if it is rejected is the full mask computed (tens of µs, up to a
+//!    few hundred inside hard lexemes) and the token drawn again from the masked logits. For greedy and plain
+//!    temperature sampling this is exactly sampling from the masked distribution (see
+//!    [`crate::sample::Sampler::lazy_mask_is_exact`]); otherwise the engine masks first.
+//! 2. **Commit** the token.
+//! 3. **Fast-forward**: the tokens the grammar now forces (a key, the closing `"}}</tool_call>`) are committed
+//!    without sampling and ride in the next forward pass with the sampled token.
+
+mod numbers;
 
 use super::grammar::{Constraint, GrammarError, GrammarFactory, Mask, calls_grammar};
-use crate::tokenizer::TokenId;
+use crate::tokenizer::{TokenId, Tokenizer};
 use crate::tools::{OPEN, ResponseFormat, ToolChoice, ToolSet};
+use numbers::NumberGuard;
 use std::time::{Duration, Instant};
 
 /// One sequence's output constraint.
@@ -35,6 +49,7 @@ pub struct Guide {
     lazy_hits: usize,
     forced: usize,
     stops_apply: bool,
+    numbers: Option<NumberGuard>,
 }
 
 impl Guide {
@@ -52,7 +67,15 @@ impl Guide {
             lazy_hits: 0,
             forced: 0,
             stops_apply: false,
+            numbers: None,
         }
+    }
+
+    /// Keeps JSON number literals within `f64` range beside the grammar (for JSON grammars; see
+    /// [`numbers`]). The factory's guides have it on.
+    pub fn with_json_number_limits(mut self) -> Self {
+        self.numbers = Some(NumberGuard::default());
+        self
     }
 
     /// A guide for the answer itself (`response_format`): active from the first token, and the request's
@@ -115,12 +138,15 @@ impl Guide {
     }
 
     /// Whether the grammar allows `token` next (nothing is committed).
-    pub(crate) fn allows(&mut self, token: TokenId) -> Result<bool, GrammarError> {
+    pub(crate) fn allows(&mut self, token: TokenId, tok: &Tokenizer) -> Result<bool, GrammarError> {
         if !self.active {
             return Ok(true);
         }
         let t = self.timings.is_some().then(Instant::now);
-        let ok = self.constraint.validate(&[token])? == 1;
+        let ok = self
+            .numbers
+            .is_none_or(|n| n.accepts(tok.token_bytes(token)))
+            && self.constraint.validate(&[token])? == 1;
         if let Some(t) = t {
             self.step_time += t.elapsed();
         }
@@ -145,23 +171,53 @@ impl Guide {
 
     /// Switches the grammar on, feeding it `tokens` (the trigger and whatever followed it, in the grammar's
     /// own spelling). Returns `false`, changing nothing, if the grammar rejects them.
-    pub(crate) fn activate(&mut self, tokens: &[TokenId]) -> Result<bool, GrammarError> {
+    pub(crate) fn activate(
+        &mut self,
+        tokens: &[TokenId],
+        tok: &Tokenizer,
+    ) -> Result<bool, GrammarError> {
         let ok = self.constraint.validate(tokens)? == tokens.len();
         if ok {
             self.constraint.commit_all(tokens)?;
+            self.advance_numbers(tokens, tok);
             self.active = true;
         }
         Ok(ok)
     }
 
+    fn advance_numbers(&mut self, tokens: &[TokenId], tok: &Tokenizer) {
+        if let Some(n) = self.numbers.as_mut() {
+            for &t in tokens {
+                n.advance(tok.token_bytes(t));
+            }
+        }
+    }
+
     /// Bans what the grammar does not allow (inactive: nothing).
-    pub(crate) fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+    pub(crate) fn mask_logits(
+        &mut self,
+        logits: &mut [f32],
+        tok: &Tokenizer,
+    ) -> Result<(), GrammarError> {
         if !self.active {
             return Ok(());
         }
         let t = self.timings.is_some().then(Instant::now);
         self.constraint.mask_into(&mut self.mask)?;
-        self.mask.apply(logits);
+        let allowed = self.mask.apply(logits);
+        if let Some(n) = self.numbers.filter(NumberGuard::in_number) {
+            // Inside a number: also ban what would take it past the limits (unless that bans everything).
+            let mask = &self.mask;
+            let over =
+                |i: usize| mask.allows(i as TokenId) && !n.accepts(tok.token_bytes(i as TokenId));
+            if (0..logits.len()).filter(|&i| over(i)).count() < allowed {
+                for (i, l) in logits.iter_mut().enumerate() {
+                    if over(i) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
         if let Some(t) = t {
             self.step_time += t.elapsed();
         }
@@ -169,10 +225,11 @@ impl Guide {
     }
 
     /// Advances past a sampled token (inactive: nothing).
-    pub(crate) fn commit(&mut self, token: TokenId) -> Result<(), GrammarError> {
+    pub(crate) fn commit(&mut self, token: TokenId, tok: &Tokenizer) -> Result<(), GrammarError> {
         if self.active {
             let t = self.timings.is_some().then(Instant::now);
             self.constraint.commit(token)?;
+            self.advance_numbers(&[token], tok);
             if let (Some(t), Some(v)) = (t, self.timings.as_mut()) {
                 v.push(self.step_time + t.elapsed());
                 self.step_time = Duration::ZERO;
@@ -187,6 +244,7 @@ impl Guide {
         &mut self,
         limit: usize,
         out: &mut Vec<TokenId>,
+        tok: &Tokenizer,
     ) -> Result<(), GrammarError> {
         out.clear();
         if !self.active || !self.fast_forward || self.constraint.is_stopped() {
@@ -195,6 +253,7 @@ impl Guide {
         let mut forced = self.constraint.forced();
         forced.truncate(limit);
         self.constraint.commit_all(&forced)?;
+        self.advance_numbers(&forced, tok);
         self.forced += forced.len();
         out.extend_from_slice(&forced);
         Ok(())
@@ -226,7 +285,9 @@ impl GrammarFactory {
         let use_tools = !tools.is_empty() && *choice != ToolChoice::None;
         if !use_tools {
             return Ok(match answer {
-                Some(schema) => Some(Guide::answer(self.json_schema(&schema)?)),
+                Some(schema) => {
+                    Some(Guide::answer(self.json_schema(&schema)?).with_json_number_limits())
+                }
                 None => None,
             });
         }
@@ -245,10 +306,13 @@ impl GrammarFactory {
                 Err(named) => named,
                 Ok(()) => e,
             })?;
-        Ok(Some(match trigger {
-            Some(t) => Guide::triggered(constraint, t),
-            None => Guide::new(constraint),
-        }))
+        Ok(Some(
+            match trigger {
+                Some(t) => Guide::triggered(constraint, t),
+                None => Guide::new(constraint),
+            }
+            .with_json_number_limits(),
+        ))
     }
 }
 

@@ -20,48 +20,95 @@ pub struct ParsedCall {
 /// Splits `text` into the prose outside any `<tool_call>` block and the calls inside them, in order.
 ///
 /// A block must hold one JSON object `{"name": string, "arguments": object}` (`"parameters"` is accepted as a
-/// synonym, and `arguments` may be a JSON string holding the object, as some models write it). An unclosed
-/// final block is accepted when its JSON is complete (generation may stop on the closing tag).
+/// synonym, and `arguments` may be a JSON string holding the object, as some models write it). A block ends
+/// where its JSON value ends, so a string argument may itself contain `</tool_call>`. An unclosed final block
+/// is accepted when its JSON is complete (generation may stop on the closing tag).
 pub fn parse_tool_calls(text: &str) -> Result<(String, Vec<ParsedCall>), ToolError> {
     let mut prose = String::new();
     let mut calls = Vec::new();
     let mut rest = text;
     while let Some(start) = rest.find(OPEN) {
         prose.push_str(&rest[..start]);
-        let body_start = start + OPEN.len();
-        let after = &rest[body_start..];
-        // The block ends where its JSON value ends (a string inside it may itself contain the closing tag),
-        // then the closing tag; text that is not JSON falls back to the first closing tag.
-        let lead = after.len() - after.trim_start().len();
-        let mut values = serde_json::Deserializer::from_str(&after[lead..]).into_iter::<Value>();
-        let json_end = match values.next() {
-            Some(Ok(_)) => Some(lead + values.byte_offset()),
-            _ => None,
-        };
-        let (body, next) = match json_end {
-            Some(end) => {
-                let tail = after[end..].trim_start();
-                if let Some(t) = tail.strip_prefix(CLOSE) {
-                    (&after[..end], t)
-                } else if tail.is_empty() {
-                    (&after[..end], "")
-                } else {
-                    return Err(ToolError::Malformed(format!(
-                        "text after the call's JSON and before {CLOSE}: {:?}",
-                        &tail[..tail.len().min(40)]
-                    )));
-                }
-            }
-            None => match after.find(CLOSE) {
-                Some(end) => (&after[..end], &after[end + CLOSE.len()..]),
-                None => (after, ""),
-            },
-        };
-        calls.push(parse_one(body.trim())?);
-        rest = next;
+        let block = split_block(&rest[start + OPEN.len()..])?;
+        calls.push(parse_one(block.body.trim())?);
+        rest = block.next;
     }
     prose.push_str(rest);
     Ok((prose.trim().to_owned(), calls))
+}
+
+/// The part of a generation cut short (by `max_tokens`) that holds only complete calls: everything before
+/// the first block that is unfinished (no closing tag after its JSON) or malformed.
+pub fn complete_calls_prefix(text: &str) -> &str {
+    let mut offset = 0;
+    while let Some(start) = text[offset..].find(OPEN) {
+        let at = offset + start;
+        match split_block(&text[at + OPEN.len()..]) {
+            Ok(b) if b.closed && parse_one(b.body.trim()).is_ok() => {
+                offset = text.len() - b.next.len();
+            }
+            _ => return &text[..at],
+        }
+    }
+    // An opening tag cut off in the middle ("<tool_") is not prose either.
+    (1..OPEN.len())
+        .rev()
+        .find(|&k| text.ends_with(&OPEN[..k]))
+        .map_or(text, |k| &text[..text.len() - k])
+}
+
+/// One block after its opening tag.
+struct Block<'a> {
+    /// The JSON text.
+    body: &'a str,
+    /// What follows the block.
+    next: &'a str,
+    /// Whether the closing tag was there.
+    closed: bool,
+}
+
+/// Finds where the block that starts at `after` (just past `<tool_call>`) ends: where its JSON value ends,
+/// then the closing tag. Text that is not JSON falls back to the first closing tag (and fails to parse).
+fn split_block(after: &str) -> Result<Block<'_>, ToolError> {
+    let lead = after.len() - after.trim_start().len();
+    let mut values = serde_json::Deserializer::from_str(&after[lead..]).into_iter::<Value>();
+    let json_end = match values.next() {
+        Some(Ok(_)) => Some(lead + values.byte_offset()),
+        _ => None,
+    };
+    let Some(end) = json_end else {
+        return Ok(match after.find(CLOSE) {
+            Some(end) => Block {
+                body: &after[..end],
+                next: &after[end + CLOSE.len()..],
+                closed: true,
+            },
+            None => Block {
+                body: after,
+                next: "",
+                closed: false,
+            },
+        });
+    };
+    let tail = after[end..].trim_start();
+    if let Some(next) = tail.strip_prefix(CLOSE) {
+        Ok(Block {
+            body: &after[..end],
+            next,
+            closed: true,
+        })
+    } else if tail.is_empty() {
+        Ok(Block {
+            body: &after[..end],
+            next: "",
+            closed: false,
+        })
+    } else {
+        Err(ToolError::Malformed(format!(
+            "text after the call's JSON and before {CLOSE}: {:?}",
+            &tail[..tail.len().min(40)]
+        )))
+    }
 }
 
 fn parse_one(body: &str) -> Result<ParsedCall, ToolError> {
@@ -87,18 +134,4 @@ fn parse_one(body: &str) -> Result<ParsedCall, ToolError> {
         )));
     }
     Ok(ParsedCall { name, arguments })
-}
-
-/// The part of a generation cut short (by `max_tokens`) that holds only complete calls: everything before an
-/// unfinished last `<tool_call>` block.
-pub fn complete_calls_prefix(text: &str) -> &str {
-    let Some(at) = text.rfind(OPEN) else {
-        return text;
-    };
-    let last = &text[at..];
-    if last.trim_end().ends_with(CLOSE) && parse_tool_calls(last).is_ok() {
-        text
-    } else {
-        &text[..at]
-    }
 }

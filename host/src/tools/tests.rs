@@ -233,4 +233,16 @@ fn a_cut_short_generation_keeps_its_complete_calls() {
         format!("{one}<tool_call>{{\"name\":\"b\",\"arguments\":{{\"x\":\"}}</tool_call> more");
     assert_eq!(complete_calls_prefix(&cut), one);
     assert_eq!(complete_calls_prefix("prose only"), "prose only");
+    assert_eq!(complete_calls_prefix(&format!("{one}<tool_")), one);
+    // A tag inside a string of an unfinished call is not a block boundary.
+    let cut = format!(
+        "{one}<tool_call>{{\"name\":\"b\",\"arguments\":{{\"x\":\"y</tool_call><tool_call></tool_call>z"
+    );
+    assert_eq!(complete_calls_prefix(&cut), one);
+    assert_eq!(
+        complete_calls_prefix(&format!(
+            "{one}<tool_call>{{\"name\":\"a\",\"arguments\":{{}}}}"
+        )),
+        one
+    );
 }

@@ -100,6 +100,15 @@ pub fn attention_ref(
     }
 }
 
+/// `ln(sum(exp(x)))`, computed stably (reference for [`super::simd::logsumexp`]).
+pub fn logsumexp_ref(x: &[f32]) -> f32 {
+    let m = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if m == f32::NEG_INFINITY {
+        return m;
+    }
+    m + x.iter().map(|&v| (v - m).exp()).sum::<f32>().ln()
+}
+
 /// Index of the largest value (first on ties); `None` for an empty slice.
 pub fn argmax(x: &[f32]) -> Option<usize> {
     let mut best: Option<(usize, f32)> = None;

@@ -560,6 +560,108 @@ unsafe fn axpy_avx2(a: f32, x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// The largest value (`-inf` for an empty slice; NaNs are skipped by the vector path).
+pub fn max(isa: Isa, x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        // SAFETY: AVX2+FMA were detected.
+        return unsafe { max_avx2(x) };
+    }
+    let _ = isa;
+    x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+}
+
+/// Index of the largest value (first on ties); `None` for an empty slice. Same result as
+/// [`super::ops::argmax`] for NaN-free input.
+pub fn argmax(isa: Isa, x: &[f32]) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && !x.is_empty() {
+        let m = max(isa, x);
+        // SAFETY: AVX2+FMA were detected.
+        if let Some(i) = unsafe { first_eq_avx2(x, m) } {
+            return Some(i);
+        }
+    }
+    super::ops::argmax(x)
+}
+
+/// `ln(sum(exp(x)))`, the log-softmax normaliser (`-inf` for an empty or all `-inf` slice).
+pub fn logsumexp(isa: Isa, x: &[f32]) -> f32 {
+    let m = max(isa, x);
+    if m == f32::NEG_INFINITY {
+        return m;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        // SAFETY: AVX2+FMA were detected.
+        return m + unsafe { sum_exp_sub_avx2(x, m) }.ln();
+    }
+    super::ops::logsumexp_ref(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn max_avx2(x: &[f32]) -> f32 {
+    // SAFETY: full vectors are read only below x.len(); the tail is scalar.
+    unsafe {
+        let mut acc = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        while i + 8 <= x.len() {
+            acc = _mm256_max_ps(acc, _mm256_loadu_ps(x.as_ptr().add(i)));
+            i += 8;
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        let mut m = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        for &v in &x[i..] {
+            m = m.max(v);
+        }
+        m
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn first_eq_avx2(x: &[f32], v: f32) -> Option<usize> {
+    // SAFETY: full vectors are read only below x.len(); the tail is scalar.
+    unsafe {
+        let vv = _mm256_set1_ps(v);
+        let mut i = 0;
+        while i + 8 <= x.len() {
+            let eq = _mm256_cmp_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vv, _CMP_EQ_OQ);
+            let bits = _mm256_movemask_ps(eq);
+            if bits != 0 {
+                return Some(i + bits.trailing_zeros() as usize);
+            }
+            i += 8;
+        }
+        x[i..].iter().position(|&y| y == v).map(|k| i + k)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sum_exp_sub_avx2(x: &[f32], m: f32) -> f32 {
+    // SAFETY: full vectors are read only below x.len(); the tail is scalar.
+    unsafe {
+        let mv = _mm256_set1_ps(m);
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= x.len() {
+            acc = _mm256_add_ps(
+                acc,
+                exp256(_mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), mv)),
+            );
+            i += 8;
+        }
+        let mut total = hsum256(acc);
+        for &v in &x[i..] {
+            total += (v - m).exp();
+        }
+        total
+    }
+}
+
 /// `x[i] = exp(x[i] - m)` in place; returns the sum.
 fn exp_sub(isa: Isa, x: &mut [f32], m: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]

@@ -277,3 +277,27 @@ fn rope_table_equals_rope_ref() {
         assert_eq!(a, b, "pos {pos}");
     }
 }
+
+#[test]
+fn simd_reductions_match_reference() {
+    for isa in Isa::available() {
+        for n in [0usize, 1, 7, 8, 9, 100, 49152] {
+            let mut x = data(n, n as u64 + 3);
+            x.iter_mut().for_each(|v| *v *= 20.0);
+            if n > 50 {
+                // Ties resolve to the first, and -inf entries (masked logits) are ignored by the sum.
+                x[40] = 1e3;
+                x[n - 1] = 1e3;
+                x[10] = f32::NEG_INFINITY;
+            }
+            assert_eq!(simd::argmax(isa, &x), ops::argmax(&x), "{isa:?} n={n}");
+            let (a, b) = (simd::logsumexp(isa, &x), ops::logsumexp_ref(&x));
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs().max(1.0) || (a == b),
+                "{isa:?} n={n}: {a} vs {b}"
+            );
+        }
+        let masked = [f32::NEG_INFINITY; 12];
+        assert_eq!(simd::logsumexp(isa, &masked), f32::NEG_INFINITY);
+    }
+}
