@@ -75,3 +75,10 @@ pub fn token_ids(v: &serde_json::Value) -> Vec<u32> {
         .map(|x| x.as_u64().expect("a token id") as u32)
         .collect()
 }
+
+/// A test plugin component built by `tests/build.rs` (`calculator`, `hostile`, ...).
+pub fn plugin_wasm(name: &str) -> PathBuf {
+    let p = Path::new(env!("THORN_TEST_PLUGINS")).join(format!("{name}.wasm"));
+    assert!(p.is_file(), "{} was not built", p.display());
+    p
+}

@@ -12,6 +12,7 @@
 
 mod choice;
 mod parse;
+pub mod plugin;
 
 pub use choice::{ResponseFormat, ToolChoice};
 pub use parse::{CLOSE, OPEN, ParsedCall, complete_calls_prefix, parse_tool_calls};

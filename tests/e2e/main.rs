@@ -5,5 +5,6 @@ mod bfcl;
 mod chat_template;
 mod engine;
 mod model_file;
+mod plugins;
 mod tokenizer;
 mod tool_calls;

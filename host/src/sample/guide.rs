@@ -18,7 +18,7 @@
 //!
 //! Each step while the grammar is active:
 //!
-//! 1. **Sample first** ([`Guide::allows`]): the sampler picks from the unmasked logits and the grammar only
+//! 1. **Sample first**: the sampler picks from the unmasked logits and the grammar only
 //!    checks that one token (a few µs). Only if it is rejected is the full mask computed (tens of µs, up to a
 //!    few hundred inside hard lexemes) and the token drawn again from the masked logits. For greedy and plain
 //!    temperature sampling this is exactly sampling from the masked distribution (see
@@ -111,7 +111,7 @@ impl Guide {
         self.fast_forward
     }
 
-    /// Records the time of every mask computation (benchmarks).
+    /// Records the grammar's time for every sampled token (benchmarks; see [`Guide::mask_times`]).
     pub fn record_mask_times(&mut self) {
         self.timings = Some(Vec::with_capacity(1024));
     }

@@ -1,0 +1,95 @@
+//! A plugin whose functions misbehave on purpose, for the host's sandbox tests: spin forever, allocate
+//! forever, recurse forever, panic, read files it was not given, escape a preopen with `..`, open a socket,
+//! flood stdout, return a huge or malformed result, and sleep past its deadline. `ok` is a normal function,
+//! to show the host still serves afterwards.
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use thorn_plugin_sdk::Plugin;
+
+/// Arguments for every function (most ignore them).
+#[derive(Deserialize, JsonSchema, Default)]
+pub struct Args {
+    /// A path or an address.
+    #[serde(default)]
+    pub target: String,
+    /// A size or a duration in milliseconds.
+    #[serde(default)]
+    pub n: u64,
+}
+
+fn spin(_: Args) -> Result<u64, String> {
+    let mut x = 0u64;
+    loop {
+        x = std::hint::black_box(x.wrapping_add(1));
+    }
+}
+
+fn alloc(_: Args) -> Result<usize, String> {
+    let mut keep: Vec<Vec<u8>> = Vec::new();
+    loop {
+        keep.push(vec![1u8; 1 << 20]);
+        std::hint::black_box(&keep);
+    }
+}
+
+fn recurse(a: Args) -> Result<u64, String> {
+    #[expect(unconditional_recursion, reason = "unbounded recursion is the point")]
+    fn down(n: u64) -> u64 {
+        std::hint::black_box(down(std::hint::black_box(n + 1)) + 1)
+    }
+    Ok(down(a.n))
+}
+
+fn panic(_: Args) -> Result<u64, String> {
+    panic!("the hostile plugin panicked on purpose")
+}
+
+fn read(a: Args) -> Result<String, String> {
+    std::fs::read_to_string(&a.target).map_err(|e| format!("cannot read {}: {e}", a.target))
+}
+
+fn connect(a: Args) -> Result<String, String> {
+    std::net::TcpStream::connect(&a.target)
+        .map(|_| "connected".to_owned())
+        .map_err(|e| format!("cannot connect to {}: {e}", a.target))
+}
+
+fn flood(a: Args) -> Result<u64, String> {
+    use std::io::Write;
+    let chunk = vec![b'x'; 1 << 16];
+    let mut out = std::io::stdout();
+    let mut written = 0u64;
+    while written < a.n.max(1) {
+        out.write_all(&chunk).map_err(|e| format!("stdout: {e}"))?;
+        written += chunk.len() as u64;
+    }
+    Ok(written)
+}
+
+fn huge(a: Args) -> Result<String, String> {
+    Ok("y".repeat(a.n as usize))
+}
+
+fn sleep(a: Args) -> Result<u64, String> {
+    std::thread::sleep(std::time::Duration::from_millis(a.n));
+    Ok(a.n)
+}
+
+fn ok(a: Args) -> Result<u64, String> {
+    Ok(a.n + 1)
+}
+
+thorn_plugin_sdk::plugin!(
+    Plugin::new("hostile", "0.1.0", "Misbehaves on purpose (tests only).")
+        .function("spin", "Loops forever.", spin)
+        .function("alloc", "Allocates memory forever.", alloc)
+        .function("recurse", "Recurses without end.", recurse)
+        .function("panic", "Panics.", panic)
+        .function("read", "Reads a file.", read)
+        .function("connect", "Opens a TCP connection.", connect)
+        .function("flood", "Writes n bytes to stdout.", flood)
+        .function("huge", "Returns n bytes.", huge)
+        .function("sleep", "Sleeps n milliseconds.", sleep)
+        .function("ok", "Returns n + 1.", ok)
+);

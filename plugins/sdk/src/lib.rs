@@ -1,0 +1,178 @@
+//! Write a thorn tool plugin as typed Rust functions.
+//!
+//! A plugin is a WASI preview 2 component exporting the `thorn:tool/tool` world (`plugins/wit/tool.wit`):
+//! `describe()` returns the manifest and `call(function, args)` runs one function. This crate generates that
+//! glue. The author writes functions over serde types that derive [`JsonSchema`]; the SDK derives each
+//! function's `parameters` and `returns` schemas from those types (inlined, no `$ref`), builds the manifest,
+//! and decodes and encodes the JSON on every call:
+//!
+//! ```ignore
+//! use thorn_plugin_sdk::{JsonSchema, Plugin, Deserialize, Serialize};
+//!
+//! #[derive(Deserialize, JsonSchema)]
+//! struct Add { /// First term.
+//!     a: f64, /// Second term.
+//!     b: f64 }
+//!
+//! fn add(x: Add) -> Result<f64, String> { Ok(x.a + x.b) }
+//!
+//! thorn_plugin_sdk::plugin!(Plugin::new("adder", "0.1.0", "Adds numbers").function("add", "Adds two numbers", add));
+//! ```
+//!
+//! Build with `cargo build --release --target wasm32-wasip2`; the `.wasm` in `target/wasm32-wasip2/release/`
+//! is the component the host loads.
+
+pub use schemars::JsonSchema;
+pub use serde::{Deserialize, Serialize, de::DeserializeOwned};
+pub use serde_json::{Value, json};
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        world: "tool",
+        path: "../wit",
+        pub_export_macro: true,
+        default_bindings_module: "thorn_plugin_sdk::bindings",
+    });
+}
+
+type Handler = Box<dyn Fn(&str) -> Result<String, String> + Send + Sync>;
+
+/// One function of a plugin.
+struct Function {
+    name: String,
+    description: String,
+    parameters: Value,
+    returns: Value,
+    run: Handler,
+}
+
+/// A plugin: its identity, functions and the capabilities it asks for.
+pub struct Plugin {
+    name: String,
+    version: String,
+    description: String,
+    functions: Vec<Function>,
+    capabilities: serde_json::Map<String, Value>,
+}
+
+/// The JSON schema of `T`, inlined (no `$ref`/`$defs`) and without the `$schema`/`title` decoration.
+pub fn schema_of<T: JsonSchema>() -> Value {
+    let settings = schemars::generate::SchemaSettings::draft2020_12().with(|s| {
+        s.inline_subschemas = true;
+    });
+    let schema = settings.into_generator().into_root_schema_for::<T>();
+    let mut v = serde_json::to_value(schema).unwrap_or_else(|_| json!({}));
+    if let Some(o) = v.as_object_mut() {
+        o.remove("$schema");
+        o.remove("title");
+    }
+    v
+}
+
+impl Plugin {
+    /// A plugin with no functions yet.
+    pub fn new(name: &str, version: &str, description: &str) -> Self {
+        Plugin {
+            name: name.into(),
+            version: version.into(),
+            description: description.into(),
+            functions: Vec::new(),
+            capabilities: serde_json::Map::new(),
+        }
+    }
+
+    /// Adds a function: `f` takes the decoded arguments and returns a result to encode, or an error message
+    /// for the model.
+    pub fn function<A, R, F>(mut self, name: &str, description: &str, f: F) -> Self
+    where
+        A: DeserializeOwned + JsonSchema,
+        R: Serialize + JsonSchema,
+        F: Fn(A) -> Result<R, String> + Send + Sync + 'static,
+    {
+        let run: Handler = Box::new(move |args: &str| {
+            let a: A = serde_json::from_str(args).map_err(|e| format!("bad arguments: {e}"))?;
+            let r = f(a)?;
+            serde_json::to_string(&r).map_err(|e| format!("cannot encode the result: {e}"))
+        });
+        self.functions.push(Function {
+            name: name.into(),
+            description: description.into(),
+            parameters: schema_of::<A>(),
+            returns: schema_of::<R>(),
+            run,
+        });
+        self
+    }
+
+    /// Asks for a directory (`access` is `"read"` or `"read-write"`); the operator's policy decides.
+    pub fn wants_dir(mut self, path: &str, access: &str) -> Self {
+        let fs = self
+            .capabilities
+            .entry("filesystem")
+            .or_insert_with(|| json!([]));
+        if let Some(a) = fs.as_array_mut() {
+            a.push(json!({"path": path, "access": access}));
+        }
+        self
+    }
+
+    /// The manifest JSON that `describe()` returns.
+    pub fn manifest(&self) -> String {
+        let functions: Vec<Value> = self
+            .functions
+            .iter()
+            .map(|f| {
+                json!({"name": f.name, "description": f.description, "parameters": f.parameters,
+                    "returns": f.returns})
+            })
+            .collect();
+        json!({
+            "name": self.name,
+            "version": self.version,
+            "description": self.description,
+            "functions": functions,
+            "capabilities": self.capabilities,
+        })
+        .to_string()
+    }
+
+    /// Runs `function` on `args`.
+    pub fn call(&self, function: &str, args: &str) -> Result<String, String> {
+        let f = self
+            .functions
+            .iter()
+            .find(|f| f.name == function)
+            .ok_or_else(|| format!("no function {function:?} in plugin {:?}", self.name))?;
+        (f.run)(args)
+    }
+}
+
+/// Exports `plugin` (an expression building a [`Plugin`]) as the component's `thorn:tool/tool` world. The
+/// plugin is built once per instance.
+#[macro_export]
+macro_rules! plugin {
+    ($build:expr) => {
+        struct __ThornPlugin;
+
+        fn __thorn_plugin() -> &'static $crate::Plugin {
+            static P: ::std::sync::OnceLock<$crate::Plugin> = ::std::sync::OnceLock::new();
+            P.get_or_init(|| $build)
+        }
+
+        impl $crate::bindings::Guest for __ThornPlugin {
+            fn describe() -> ::std::string::String {
+                __thorn_plugin().manifest()
+            }
+
+            fn call(
+                function: ::std::string::String,
+                args: ::std::string::String,
+            ) -> ::std::result::Result<::std::string::String, ::std::string::String> {
+                __thorn_plugin().call(&function, &args)
+            }
+        }
+
+        $crate::bindings::export!(__ThornPlugin);
+    };
+}
