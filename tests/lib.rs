@@ -82,3 +82,15 @@ pub fn plugin_wasm(name: &str) -> PathBuf {
     assert!(p.is_file(), "{} was not built", p.display());
     p
 }
+
+/// A request sampled at temperature 1.0 with `seed`, for at most `max` tokens.
+pub fn sampled(prompt: Vec<u32>, seed: u64, max: usize) -> thorn::engine::Request {
+    thorn::engine::Request {
+        sampling: thorn::sample::SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            ..thorn::sample::SamplingParams::default()
+        },
+        ..thorn::engine::Request::greedy(prompt, max)
+    }
+}

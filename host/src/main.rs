@@ -237,12 +237,7 @@ fn main() -> Result<()> {
         Cmd::Bench {
             cmd: BenchCmd::Grammar(a),
         } => {
-            let choice = match a.tool_choice.as_str() {
-                "auto" | "required" | "none" => {
-                    thorn::tools::ToolChoice::from_openai(&serde_json::json!(a.tool_choice))?
-                }
-                name => thorn::tools::ToolChoice::Function(name.to_owned()),
-            };
+            let choice = thorn::tools::ToolChoice::from_name(&a.tool_choice);
             let model = resolve(&cache, a.model)?;
             bench::grammar::run(&bench::grammar::Opts {
                 model: &model,
@@ -354,10 +349,7 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
         None => Vec::new(),
     };
     let tools = ToolSet::new(&defs)?;
-    let choice = match a.tool_choice.as_str() {
-        "auto" | "none" | "required" => ToolChoice::from_openai(&serde_json::json!(a.tool_choice))?,
-        name => ToolChoice::Function(name.to_owned()),
-    };
+    let choice = ToolChoice::from_name(&a.tool_choice);
     let format = match a.json.as_deref() {
         None => ResponseFormat::Text,
         Some("object") => ResponseFormat::JsonObject,

@@ -4,11 +4,10 @@
 use std::sync::Arc;
 use thorn::bfcl;
 use thorn::chat::ChatTemplate;
-use thorn::engine::{Engine, EngineConfig, FinishReason, Request};
+use thorn::engine::{Engine, EngineConfig, FinishReason};
 use thorn::gguf::Gguf;
-use thorn::sample::SamplingParams;
 use thorn::tools::{ResponseFormat, ToolChoice, ToolSet, complete_calls_prefix};
-use thorn_tests::{default_model, root};
+use thorn_tests::{default_model, root, sampled};
 
 #[test]
 fn sampled_bfcl_calls_parse_and_validate() {
@@ -45,14 +44,7 @@ fn sampled_bfcl_calls_parse_and_validate() {
                     .guide(&tools, &choice, true, &ResponseFormat::Text)
                     .unwrap_or_else(|err| panic!("{}: {err}", q.id))
                     .unwrap();
-                let req = Request {
-                    sampling: SamplingParams {
-                        temperature: 1.0,
-                        seed: Some(seed),
-                        ..SamplingParams::default()
-                    },
-                    ..Request::greedy(prompt.clone(), 128)
-                };
+                let req = sampled(prompt.clone(), seed, 128);
                 let out = e
                     .generate_guided(&req, Some(&mut guide), &mut |_| {})
                     .unwrap();

@@ -3,10 +3,9 @@
 use std::sync::Arc;
 use thorn::engine::{Engine, EngineConfig, Request};
 use thorn::gguf::Gguf;
-use thorn::sample::SamplingParams;
 use thorn::sample::guide::{Guide, GuideError};
 use thorn::tools::{ResponseFormat, ToolChoice, ToolSet, parse_tool_calls};
-use thorn_tests::{default_model, jsonl, token_ids};
+use thorn_tests::{default_model, jsonl, sampled, token_ids};
 
 fn engine() -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
@@ -79,14 +78,7 @@ fn sampled_constrained_calls_always_validate() {
         // Compiled once, forked per request.
         let mut g = Guide::new(e.grammars().unwrap().tool_call(&tools).unwrap());
         assert_eq!(e.grammars().unwrap().cached(), 1);
-        let req = Request {
-            sampling: SamplingParams {
-                temperature: 1.0,
-                seed: Some(seed),
-                ..SamplingParams::default()
-            },
-            ..Request::greedy(prompt.clone(), 128)
-        };
+        let req = sampled(prompt.clone(), seed, 128);
         let out = e.generate_guided(&req, Some(&mut g), &mut |_| {}).unwrap();
         let (_, calls) = parse_tool_calls(&out.text)
             .unwrap_or_else(|err| panic!("seed {seed}: {err} in {:?}", out.text));
@@ -116,17 +108,6 @@ fn chat_prompt(e: &Engine, system: &str, user: &str) -> Vec<u32> {
         "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
     );
     e.tokenizer().encode(&text, true).unwrap()
-}
-
-fn sampled(prompt: Vec<u32>, seed: u64, max: usize) -> Request {
-    Request {
-        sampling: SamplingParams {
-            temperature: 1.0,
-            seed: Some(seed),
-            ..SamplingParams::default()
-        },
-        ..Request::greedy(prompt, max)
-    }
 }
 
 fn two_tools() -> ToolSet {

@@ -49,6 +49,16 @@ impl ToolChoice {
         }
     }
 
+    /// A command-line spelling: `none`, `auto`, `required`, or a function name.
+    pub fn from_name(name: &str) -> Self {
+        match name {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            f => ToolChoice::Function(f.to_owned()),
+        }
+    }
+
     /// Checks the choice against the request's tools: a named function must exist, and `required` or a
     /// named function needs at least one tool.
     pub fn check(&self, tools: &ToolSet) -> Result<(), ToolError> {
