@@ -9,6 +9,7 @@ use thorn::store::{self, Progress, PullOutcome};
 use thorn::tokenizer::Tokenizer;
 
 mod bench;
+mod plugins;
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +40,13 @@ enum Cmd {
     Model {
         #[command(subcommand)]
         cmd: ModelCmd,
+    },
+    /// Tool plugins: list, inspect, check, call, install, approve, grant.
+    Plugins {
+        #[command(flatten)]
+        place: plugins::Place,
+        #[command(subcommand)]
+        cmd: plugins::Cmd,
     },
     /// Tokenize text with a model's tokenizer and print the ids.
     Tokenize {
@@ -296,6 +304,7 @@ fn main() -> Result<()> {
         Cmd::Model {
             cmd: ModelCmd::Info { path, tensors },
         } => info(&resolve(&cache, path)?, tensors),
+        Cmd::Plugins { place, cmd } => plugins::run(&cache, &place, cmd),
         Cmd::Tokenize {
             text,
             special,

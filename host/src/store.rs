@@ -145,6 +145,21 @@ pub fn cache_dir(flag: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".thorn-cache"))
 }
 
+/// The data directory (installed plugins, their policy and audit log): `flag`, else `$THORN_DATA_DIR`, else
+/// `$XDG_DATA_HOME/thorn`, else `~/.local/share/thorn`.
+pub fn data_dir(flag: Option<&Path>) -> PathBuf {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    flag.map(Path::to_owned)
+        .or_else(|| env("THORN_DATA_DIR"))
+        .or_else(|| env("XDG_DATA_HOME").map(|p| p.join("thorn")))
+        .or_else(|| env("HOME").map(|p| p.join(".local").join("share").join("thorn")))
+        .unwrap_or_else(|| PathBuf::from(".thorn-data"))
+}
+
 /// Where `spec` lives in the cache.
 pub fn model_path(cache: &Path, spec: &ModelSpec) -> PathBuf {
     cache.join("models").join(spec.file_name)

@@ -1,36 +1,54 @@
-//! Real wasm plugins in the sandbox: the calculator, and every way the hostile plugin misbehaves. After each
-//! hostile call the host must still serve a normal call.
+//! Real wasm plugins in the sandbox, built by tests/build.rs: every example tool, every way the hostile
+//! plugin misbehaves (after each, a normal call must still succeed), the operator's policy (pins, grants,
+//! refusals), the audit log, and the concurrency limits.
 
-use serde_json::json;
-use std::sync::OnceLock;
-use std::time::Duration;
-use thorn::tools::plugin::{Limits, Plugin, PluginError, PluginHost};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use thorn::tools::plugin::{
+    Grant, HostConfig, Limits, NetRule, Plugin, PluginError, PluginHost, PluginSet, Policy,
+    PolicyError, Preopen,
+};
 use thorn_tests::plugin_wasm;
 
 fn host() -> &'static PluginHost {
     static HOST: OnceLock<PluginHost> = OnceLock::new();
     HOST.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("thorn-test-cwasm-{}", std::process::id()));
-        PluginHost::new(Some(dir)).unwrap()
+        PluginHost::with_config(HostConfig {
+            cache_dir: Some(dir),
+            pool_slots: 32,
+            max_memory: 256 << 20,
+        })
+        .unwrap()
     })
 }
 
-fn hostile() -> Plugin {
-    let limits = Limits {
-        timeout: Duration::from_millis(500),
-        memory: 32 << 20,
-        stdio: 16 << 10,
-        max_output: 64 << 10,
-        ..Limits::default()
-    };
-    host().load(&plugin_wasm("hostile"), limits).unwrap()
+fn plain(name: &str) -> Plugin {
+    host()
+        .load_with(&plugin_wasm(name), Grant::none(Limits::default()))
+        .unwrap()
+}
+
+fn dir_grant(host_dir: &Path, guest: &str, write: bool) -> Grant {
+    Grant {
+        preopens: vec![Preopen {
+            host: host_dir.to_owned(),
+            guest: guest.into(),
+            write,
+        }],
+        ..Grant::none(Limits::default())
+    }
+}
+
+fn tool_error(e: &PluginError, needle: &str) -> bool {
+    matches!(e, PluginError::Tool(m) if m.contains(needle))
 }
 
 #[test]
 fn calculator_describes_itself_and_evaluates() {
-    let p = host()
-        .load(&plugin_wasm("calculator"), Limits::default())
-        .unwrap();
+    let p = plain("calculator");
     assert_eq!(p.name(), "calculator");
     let m = p.manifest();
     assert_eq!(m.functions.len(), 1);
@@ -50,10 +68,7 @@ fn calculator_describes_itself_and_evaluates() {
     let err = p
         .call("evaluate", &json!({"expression": "1/0"}))
         .unwrap_err();
-    assert!(
-        matches!(err, PluginError::Tool(ref m) if m.contains("division by zero")),
-        "{err}"
-    );
+    assert!(tool_error(&err, "division by zero"), "{err}");
     // Arguments that violate the schema never reach the plugin.
     let err = p.call("evaluate", &json!({"expr": "1"})).unwrap_err();
     assert!(matches!(err, PluginError::Arguments(_)), "{err}");
@@ -62,10 +77,199 @@ fn calculator_describes_itself_and_evaluates() {
     let err = p.call("nope", &json!({})).unwrap_err();
     assert!(matches!(err, PluginError::UnknownFunction { .. }), "{err}");
     // A second load comes from the .cwasm cache.
-    let again = host()
-        .load(&plugin_wasm("calculator"), Limits::default())
-        .unwrap();
+    let again = plain("calculator");
     assert_eq!(again.sha256(), p.sha256());
+    assert!(p.ping().is_ok());
+}
+
+#[test]
+fn units_converts_and_its_schema_lists_the_units() {
+    let p = plain("units");
+    let out = p
+        .call("convert", &json!({"value": 100, "from": "C", "to": "F"}))
+        .unwrap();
+    assert_eq!(
+        out,
+        json!({"value": 212.0, "unit": "F", "quantity": "temperature"})
+    );
+    let out = p
+        .call("convert", &json!({"value": 3, "from": "mi", "to": "km"}))
+        .unwrap();
+    assert_eq!(out["value"], 4.828032);
+    let err = p
+        .call("convert", &json!({"value": 1, "from": "kg", "to": "m"}))
+        .unwrap_err();
+    assert!(tool_error(&err, "cannot convert"), "{err}");
+    // An unknown unit is a schema violation: it never reaches the plugin.
+    let err = p
+        .call(
+            "convert",
+            &json!({"value": 1, "from": "furlong", "to": "m"}),
+        )
+        .unwrap_err();
+    assert!(matches!(err, PluginError::Arguments(_)), "{err}");
+    let params = &p.manifest().functions[0].parameters;
+    assert!(
+        params["properties"]["to"]["enum"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("kWh"))
+    );
+}
+
+#[test]
+fn files_reads_and_searches_only_its_granted_directory() {
+    let root = tempfile::tempdir().unwrap();
+    let docs = root.path().join("docs");
+    std::fs::create_dir_all(docs.join("notes")).unwrap();
+    std::fs::write(docs.join("readme.md"), "# Thorn\nagent host\n").unwrap();
+    std::fs::write(docs.join("notes/todo.txt"), "ship the Agent loop\nbench\n").unwrap();
+    std::fs::write(root.path().join("secret.txt"), "outside the grant").unwrap();
+    let p = host()
+        .load_with(&plugin_wasm("files"), dir_grant(&docs, "/data", false))
+        .unwrap();
+    let list = p.call("list_files", &json!({})).unwrap();
+    assert_eq!(
+        list,
+        json!([{"name": "notes", "kind": "dir", "size": 0},
+               {"name": "readme.md", "kind": "file", "size": 19}])
+    );
+    let text = p
+        .call(
+            "read_file",
+            &json!({"path": "notes/todo.txt", "max_bytes": 4}),
+        )
+        .unwrap();
+    assert_eq!(text["content"], "ship");
+    assert_eq!(text["truncated"], true);
+    let hits = p.call("search_files", &json!({"query": "AGENT"})).unwrap();
+    assert_eq!(
+        hits["matches"],
+        json!([{"path": "notes/todo.txt", "line": 1, "text": "ship the Agent loop"},
+               {"path": "readme.md", "line": 2, "text": "agent host"}])
+    );
+    let err = p
+        .call("read_file", &json!({"path": "../secret.txt"}))
+        .unwrap_err();
+    assert!(tool_error(&err, "not allowed"), "{err}");
+    // The grant is read-only, and the manifest says so: a read-write grant is not handed out either.
+    assert!(!p.grant().preopens[0].write);
+}
+
+#[test]
+fn memory_persists_across_fresh_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = host()
+        .load_with(
+            &plugin_wasm("memory"),
+            dir_grant(dir.path(), "/memory", true),
+        )
+        .unwrap();
+    p.call("remember", &json!({"key": "user/name", "value": "Ada"}))
+        .unwrap();
+    p.call("remember", &json!({"key": "user/tea", "value": "green"}))
+        .unwrap();
+    p.call("remember", &json!({"key": "other", "value": "x"}))
+        .unwrap();
+    // Every call is a new instance: the notes live in the granted directory.
+    assert_eq!(
+        p.call("recall", &json!({"key": "user/name"})).unwrap(),
+        json!({"key": "user/name", "value": "Ada"})
+    );
+    assert_eq!(
+        p.call("list_keys", &json!({"prefix": "user/"})).unwrap(),
+        json!(["user/name", "user/tea"])
+    );
+    assert_eq!(
+        p.call("forget", &json!({"key": "user/tea"})).unwrap(),
+        json!(true)
+    );
+    assert_eq!(
+        p.call("recall", &json!({"key": "user/tea"})).unwrap()["value"],
+        Value::Null
+    );
+    // With only a read-only mount, writes fail inside the sandbox.
+    let ro = host()
+        .load_with(
+            &plugin_wasm("memory"),
+            dir_grant(dir.path(), "/memory", false),
+        )
+        .unwrap();
+    let err = ro
+        .call("remember", &json!({"key": "k", "value": "v"}))
+        .unwrap_err();
+    assert!(tool_error(&err, "cannot store"), "{err}");
+    assert_eq!(
+        ro.call("recall", &json!({"key": "user/name"})).unwrap()["value"],
+        "Ada"
+    );
+}
+
+#[test]
+fn robot_arm_enforces_limits_and_keeps_its_pose() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = host()
+        .load_with(
+            &plugin_wasm("robot_arm"),
+            dir_grant(dir.path(), "/state", true),
+        )
+        .unwrap();
+    let s = p.call("arm_state", &json!({})).unwrap();
+    assert_eq!(s["tool"], json!([0.28, 0.0, 0.35]));
+    // Out of the joint's range: rejected by the schema before the plugin runs.
+    let params = &p.manifest().functions[0].parameters;
+    assert_eq!(params["properties"]["elbow"]["maximum"], 150.0);
+    let err = p.call("move_joints", &json!({"shoulder": 95})).unwrap_err();
+    assert!(matches!(err, PluginError::Arguments(_)), "{err}");
+    // In range but into the table: refused by the plugin, pose unchanged.
+    let err = p
+        .call("move_joints", &json!({"shoulder": 90, "elbow": 90}))
+        .unwrap_err();
+    assert!(tool_error(&err, "below the table"), "{err}");
+    let s = p
+        .call(
+            "move_joints",
+            &json!({"base": 90, "shoulder": 30, "gripper": 10, "speed": 100}),
+        )
+        .unwrap();
+    assert_eq!(s["base"], 90.0);
+    assert_eq!(s["gripper"], 10.0);
+    assert_eq!(s["motion_seconds"], 1.0);
+    // The pose survives into the next (fresh) instance.
+    let s = p.call("arm_state", &json!({})).unwrap();
+    assert_eq!(
+        (s["shoulder"].clone(), s["tool"][0].clone()),
+        (json!(30.0), json!(0.0))
+    );
+    let s = p.call("arm_home", &json!({})).unwrap();
+    assert_eq!(s["tool"], json!([0.28, 0.0, 0.35]));
+}
+
+/// The hostile plugin with a real grant: a directory, one env var and loopback TCP.
+fn hostile(data: &Path) -> Plugin {
+    let limits = Limits {
+        timeout: Duration::from_millis(500),
+        memory: 32 << 20,
+        stdio: 16 << 10,
+        max_output: 64 << 10,
+        ..Limits::default()
+    };
+    let grant = Grant {
+        preopens: vec![Preopen {
+            host: data.to_owned(),
+            guest: "/data".into(),
+            write: false,
+        }],
+        env: vec![("THORN_TEST_VAR".into(), "granted".into())],
+        network: vec![NetRule {
+            host: "127.0.0.1".into(),
+            port: None,
+            addrs: vec!["127.0.0.1".parse().unwrap()],
+        }],
+        limits,
+        audit_arguments: false,
+    };
+    host().load_with(&plugin_wasm("hostile"), grant).unwrap()
 }
 
 fn still_serves(p: &Plugin) {
@@ -74,9 +278,33 @@ fn still_serves(p: &Plugin) {
 
 #[test]
 fn hostile_plugins_are_stopped_with_clear_errors() {
-    let p = hostile();
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("inside.txt"), "granted text").unwrap();
+    std::fs::write(root.path().join("outside.txt"), "not granted").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let p = hostile(&data);
+
+    // What the grant opens works.
+    assert_eq!(
+        p.call("read", &json!({"target": "/data/inside.txt"}))
+            .unwrap(),
+        "granted text"
+    );
+    assert_eq!(
+        p.call("env", &json!({"target": "THORN_TEST_VAR"})).unwrap(),
+        "granted"
+    );
+    assert_eq!(
+        p.call("connect", &json!({"target": format!("127.0.0.1:{port}")}))
+            .unwrap(),
+        "connected"
+    );
+
     type Expect = fn(&PluginError) -> bool;
-    let cases: Vec<(&str, serde_json::Value, Expect)> = vec![
+    let cases: Vec<(&str, Value, Expect)> = vec![
         ("spin", json!({}), |e| {
             matches!(e, PluginError::Timeout { .. })
         }),
@@ -96,34 +324,53 @@ fn hostile_plugins_are_stopped_with_clear_errors() {
             json!({}),
             |e| matches!(e, PluginError::Trap { stderr, .. } if stderr.contains("panicked on purpose")),
         ),
+        ("read", json!({"target": "/etc/passwd"}), |e| {
+            tool_error(e, "cannot read")
+        }),
+        // Escaping the granted directory with `..`.
+        ("read", json!({"target": "/data/../outside.txt"}), |e| {
+            tool_error(e, "cannot read")
+        }),
         (
             "read",
-            json!({"target": "/etc/passwd"}),
-            |e| matches!(e, PluginError::Tool(m) if m.contains("cannot read")),
+            json!({"target": "/data/../../../../etc/passwd"}),
+            |e| tool_error(e, "cannot read"),
         ),
-        (
-            "read",
-            json!({"target": "../../../../etc/passwd"}),
-            |e| matches!(e, PluginError::Tool(m) if m.contains("cannot read")),
-        ),
-        (
-            "connect",
-            json!({"target": "127.0.0.1:9"}),
-            |e| matches!(e, PluginError::Tool(m) if m.contains("cannot connect")),
-        ),
+        ("env", json!({"target": "HOME"}), |e| {
+            tool_error(e, "no env var")
+        }),
+        ("env", json!({"target": "PATH"}), |e| {
+            tool_error(e, "no env var")
+        }),
+        // Loopback is granted; other addresses are not (127.0.0.2 would reach this host too).
+        ("connect", json!({"target": "127.0.0.2:9"}), |e| {
+            tool_error(e, "cannot connect")
+        }),
+        ("connect", json!({"target": "10.255.255.1:80"}), |e| {
+            tool_error(e, "cannot connect")
+        }),
         ("flood", json!({"n": 100_000_000}), |e| {
-            matches!(e, PluginError::Tool(m) if m.contains("stdout"))
-                || matches!(e, PluginError::Trap { .. })
+            tool_error(e, "stdout") || matches!(e, PluginError::Trap { .. })
         }),
         ("huge", json!({"n": 1_000_000}), |e| {
             matches!(e, PluginError::Output { .. })
         }),
+        (
+            "garbage",
+            json!({}),
+            |e| matches!(e, PluginError::Output { msg, .. } if msg.contains("not JSON")),
+        ),
+        (
+            "bad_utf8",
+            json!({}),
+            |e| matches!(e, PluginError::Output { msg, .. } if msg.contains("UTF-8")),
+        ),
     ];
     for (f, args, expected) in cases {
-        let t = std::time::Instant::now();
+        let t = Instant::now();
         let err = p.call(f, &args).unwrap_err();
-        eprintln!("{f}: {err} ({:?})", t.elapsed());
-        assert!(expected(&err), "{f}: unexpected error {err:?}");
+        eprintln!("{f} {args}: {err} [{}] ({:?})", err.kind(), t.elapsed());
+        assert!(expected(&err), "{f} {args}: unexpected error {err:?}");
         assert!(
             t.elapsed() < Duration::from_secs(3),
             "{f} took {:?}",
@@ -131,4 +378,217 @@ fn hostile_plugins_are_stopped_with_clear_errors() {
         );
         still_serves(&p);
     }
+    drop(listener);
+}
+
+fn write_policy(dir: &Path, doc: Value) -> Policy {
+    let path = dir.join("policy.json");
+    std::fs::write(&path, doc.to_string()).unwrap();
+    Policy::load(&path).unwrap()
+}
+
+#[test]
+fn policy_pins_and_grants_decide_what_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let calc = host().open(&plugin_wasm("calculator")).unwrap();
+    let units = host().open(&plugin_wasm("units")).unwrap();
+    // Not in the policy.
+    let policy = write_policy(dir.path(), json!({"plugins": {}}));
+    let err = host()
+        .load(&plugin_wasm("calculator"), &policy)
+        .unwrap_err();
+    assert!(
+        matches!(err, PluginError::Policy(PolicyError::NotApproved { .. })),
+        "{err}"
+    );
+    // Pinned to another binary: refused until re-approved.
+    let policy = write_policy(
+        dir.path(),
+        json!({"plugins": {"units": {"sha256": calc.sha256()}}}),
+    );
+    let err = host().load(&plugin_wasm("units"), &policy).unwrap_err();
+    assert!(
+        matches!(&err, PluginError::Policy(PolicyError::Changed { actual, .. }) if actual == units.sha256()),
+        "{err}"
+    );
+    Policy::approve(&dir.path().join("policy.json"), "units", units.sha256()).unwrap();
+    let policy = Policy::load(&dir.path().join("policy.json")).unwrap();
+    assert!(host().load(&plugin_wasm("units"), &policy).is_ok());
+    // Approved but asking for more than is granted: refused, naming each missing grant.
+    let hostile = host().open(&plugin_wasm("hostile")).unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let policy = write_policy(
+        dir.path(),
+        json!({"plugins": {"hostile": {"sha256": hostile.sha256(),
+            "filesystem": [{"guest": "/data", "host": "data", "access": "read"}]}}}),
+    );
+    let err = host().load(&plugin_wasm("hostile"), &policy).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("env THORN_TEST_VAR") && msg.contains("network 127.0.0.1:*"),
+        "{msg}"
+    );
+    assert!(!msg.contains("/data"), "{msg}");
+    // Fully granted, with limits from the policy.
+    let policy = write_policy(
+        dir.path(),
+        json!({"defaults": {"timeout_ms": 300},
+            "plugins": {"hostile": {"sha256": hostile.sha256(),
+            "filesystem": [{"guest": "/data", "host": "data", "access": "read"}],
+            "env": {"THORN_TEST_VAR": "v"}, "network": ["127.0.0.1:*"],
+            "limits": {"memory_mib": 16, "max_concurrent": 3}}}}),
+    );
+    let p = host().load(&plugin_wasm("hostile"), &policy).unwrap();
+    let l = &p.grant().limits;
+    assert_eq!(
+        (l.timeout, l.memory, l.max_concurrent),
+        (Duration::from_millis(300), 16 << 20, 3)
+    );
+    assert_eq!(
+        p.call("env", &json!({"target": "THORN_TEST_VAR"})).unwrap(),
+        "v"
+    );
+    let err = p.call("alloc", &json!({})).unwrap_err();
+    assert!(
+        matches!(err, PluginError::MemoryLimit { limit, .. } if limit == 16 << 20),
+        "{err}"
+    );
+    // A memory limit above what the host reserves per plugin is refused at load.
+    let policy = write_policy(
+        dir.path(),
+        json!({"plugins": {"calculator": {"sha256": calc.sha256(), "limits": {"memory_mib": 1024}}}}),
+    );
+    let err = host()
+        .load(&plugin_wasm("calculator"), &policy)
+        .unwrap_err();
+    assert!(err.to_string().contains("per-plugin maximum"), "{err}");
+}
+
+#[test]
+fn plugin_set_routes_calls_refuses_the_ungranted_and_audits_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let installed = dir.path().join("plugins");
+    std::fs::create_dir(&installed).unwrap();
+    for name in ["calculator", "units", "hostile"] {
+        std::fs::copy(plugin_wasm(name), installed.join(format!("{name}.wasm"))).unwrap();
+    }
+    let sha = |n: &str| host().open(&plugin_wasm(n)).unwrap().sha256().to_owned();
+    let policy = write_policy(
+        dir.path(),
+        json!({"audit": {"path": "logs/audit.jsonl"},
+            "plugins": {
+                "calculator": {"sha256": sha("calculator"), "audit_arguments": true},
+                "units": {"sha256": sha("units")},
+                "hostile": {"sha256": sha("hostile")}}}),
+    );
+    let set = PluginSet::load_dir(host(), &installed, &policy).unwrap();
+    let names: Vec<&str> = set.plugins().iter().map(|p| p.name()).collect();
+    assert_eq!(names, ["calculator", "units"]);
+    assert_eq!(set.refused().len(), 1);
+    assert!(
+        set.refused()[0]
+            .error
+            .to_string()
+            .contains("does not grant")
+    );
+    assert!(set.tools().get("evaluate").is_some() && set.tools().get("convert").is_some());
+    let (ok, _) = set.call(Some("conv-1"), "evaluate", &json!({"expression": "6*7"}));
+    assert_eq!(ok.unwrap(), json!({"value": 42.0}));
+    let (err, _) = set.call(Some("conv-1"), "convert", &json!({"value": "x"}));
+    assert!(matches!(err, Err(PluginError::Arguments(_))));
+    let (err, _) = set.call(
+        Some("conv-2"),
+        "convert",
+        &json!({"value": 1, "from": "kg", "to": "m"}),
+    );
+    assert!(matches!(err, Err(PluginError::Tool(_))));
+    let (err, _) = set.call(None, "spin", &json!({}));
+    assert!(matches!(err, Err(PluginError::UnknownFunction { .. })));
+
+    let log = std::fs::read_to_string(dir.path().join("logs/audit.jsonl")).unwrap();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{log}");
+    assert_eq!(lines[0]["conversation"], "conv-1");
+    assert_eq!(lines[0]["plugin"], "calculator");
+    assert_eq!(lines[0]["function"], "evaluate");
+    assert_eq!(lines[0]["outcome"], "ok");
+    assert_eq!(lines[0]["args"], json!({"expression": "6*7"}));
+    assert_eq!(lines[0]["args_sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(lines[0]["result_bytes"], 14);
+    assert_eq!(lines[1]["outcome"], "rejected");
+    assert_eq!(lines[1]["error_kind"], "arguments");
+    assert!(
+        lines[1].get("args").is_none(),
+        "units does not record arguments"
+    );
+    assert_eq!(lines[2]["outcome"], "error");
+    assert_eq!(lines[2]["error_kind"], "tool");
+    assert_eq!(lines[2]["conversation"], "conv-2");
+    assert!(lines[2]["time"].as_str().unwrap().ends_with('Z'));
+}
+
+#[test]
+fn concurrency_is_limited_per_plugin_and_by_the_pool() {
+    // A pool of 2 slots with 8 callers: the semaphore in front queues them instead of failing.
+    let small = PluginHost::with_config(HostConfig {
+        cache_dir: Some(
+            std::env::temp_dir().join(format!("thorn-test-cwasm-{}", std::process::id())),
+        ),
+        pool_slots: 2,
+        max_memory: 64 << 20,
+    })
+    .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let mut p = hostile(data.path());
+    let limits = Limits {
+        timeout: Duration::from_secs(5),
+        memory: 32 << 20,
+        max_concurrent: 8,
+        ..Limits::default()
+    };
+    p = small
+        .load_with(
+            p.path(),
+            Grant {
+                limits: limits.clone(),
+                ..p.grant().clone()
+            },
+        )
+        .unwrap();
+    let p = Arc::new(p);
+    let wave = |p: &Arc<Plugin>, n: usize| {
+        let t = Instant::now();
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                let p = Arc::clone(p);
+                std::thread::spawn(move || p.call("sleep", &json!({"n": 100})))
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap().unwrap(), json!(100));
+        }
+        t.elapsed()
+    };
+    // 8 sleeps of 100 ms through 2 slots take at least 4 rounds.
+    let took = wave(&p, 8);
+    assert!(took >= Duration::from_millis(400), "{took:?}");
+    // The plugin's own limit applies too: 1 at a time means 4 sleeps take 4 rounds.
+    let one = small
+        .load_with(
+            p.path(),
+            Grant {
+                limits: Limits {
+                    max_concurrent: 1,
+                    ..limits
+                },
+                ..p.grant().clone()
+            },
+        )
+        .unwrap();
+    let took = wave(&Arc::new(one), 4);
+    assert!(took >= Duration::from_millis(400), "{took:?}");
 }

@@ -1,19 +1,34 @@
 //! Tool plugins: WASI preview 2 components run in wasmtime with no ambient authority.
 //!
 //! * One [`PluginHost`] per process owns the wasmtime `Engine` (Cranelift, epoch interruption, fuel), the
-//!   WASI linker, an epoch ticker thread and a tokio runtime for calls. Components are compiled once and
-//!   cached on disk as `.cwasm`, keyed by the component's sha256 and the engine's compatibility hash, so a
-//!   restart loads native code in milliseconds instead of recompiling.
-//! * [`PluginHost::load`] compiles (or loads) a component, pre-links it (`InstancePre`), calls its
-//!   `describe()` and validates the manifest against `schemas/tool-manifest.schema.json`. Every function's
-//!   `parameters` becomes a tool with a compiled `jsonschema` validator.
-//! * [`Plugin::call`] validates the arguments first (a call that violates the schema never reaches the
-//!   plugin), then runs the function in a **fresh `Store`** (a trap poisons an instance, so none is reused):
-//!   a deny-by-default WASI context (no env, args, preopens or sockets; stdout/stderr captured up to a bound),
-//!   a memory cap, optional fuel, and a deadline enforced twice: epochs (the guest yields every tick, and is
-//!   interrupted after the deadline plus a grace period) and a tokio timeout around the call (for a guest
-//!   blocked in a host call such as `sleep`). Every failure is a typed [`PluginError`]; the host keeps
-//!   serving.
+//!   WASI linker, an epoch ticker thread and a tokio runtime for synchronous callers. It uses the **pooling
+//!   allocator** (instance slots, memories and stacks reserved up front, copy-on-write heap images) when the
+//!   address space allows and falls back to on-demand allocation otherwise; a semaphore with one permit per
+//!   slot sits in front of it, since an exhausted pool is an error, not back-pressure. Components are
+//!   compiled once and cached on disk as `.cwasm`, keyed by the component's sha256 and the engine's
+//!   compatibility hash, so a restart loads native code in milliseconds instead of recompiling.
+//! * [`PluginHost::open`] compiles (or loads) a component, pre-links it (`InstancePre`), calls its
+//!   `describe()` in a sandbox with nothing granted and validates the manifest against
+//!   `schemas/tool-manifest.schema.json`. Every function's `parameters` becomes a tool with a compiled
+//!   `jsonschema` validator. [`Candidate::admit`] then asks the operator's [`Policy`] (sha256 pin,
+//!   capabilities) and yields a callable [`Plugin`]; [`PluginHost::load`] does both.
+//! * [`Plugin::call_async`] validates the arguments first (a call that violates the schema never reaches the
+//!   plugin), waits for a slot (the plugin's own concurrency limit, then the pool's), then runs the function
+//!   in a **fresh `Store`** (a trap poisons an instance, so none is reused): a WASI context holding exactly
+//!   the grant (preopened directories, env vars, a TCP allow-list; otherwise no env, args, files or
+//!   sockets), stdout/stderr captured up to a bound, a memory cap, optional fuel, and a deadline enforced
+//!   twice: epochs (the guest yields every tick, and is interrupted after the deadline plus a grace period)
+//!   and a tokio timeout around the call (for a guest blocked in a host call such as `sleep`). Every failure
+//!   is a typed [`PluginError`]; the host keeps serving. Every call, refused ones included, is appended to
+//!   the [`AuditLog`] and made durable before its result is returned.
+
+pub mod audit;
+pub mod policy;
+mod set;
+
+pub use audit::{AuditError, AuditLog, Outcome, Record};
+pub use policy::{Access, Grant, NetRule, Policy, PolicyError, Preopen, Requests};
+pub use set::{PluginSet, Refusal, components};
 
 use super::{ToolError, ToolSet};
 use serde_json::Value;
@@ -21,12 +36,17 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use thiserror::Error;
+use tokio::sync::Semaphore;
 use wasmtime::component::{Component, InstancePre, Linker, ResourceTable};
-use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap, UpdateDeadline};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits,
+    StoreLimitsBuilder, Trap, UpdateDeadline,
+};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::sockets::SocketAddrUse;
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 /// The manifest schema every plugin's `describe()` must satisfy.
 pub const MANIFEST_SCHEMA: &str = include_str!("../../../schemas/tool-manifest.schema.json");
@@ -109,6 +129,45 @@ pub enum PluginError {
     /// The tool ran and reported an error (for the model to read).
     #[error("{0}")]
     Tool(String),
+    /// The operator's policy refuses the plugin.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// No slot freed up within the call's time limit.
+    #[error(
+        "plugin {plugin:?} is busy: no free slot within {after:?} ({limit} concurrent calls allowed)"
+    )]
+    Busy {
+        /// The plugin.
+        plugin: String,
+        /// How long the call waited.
+        after: Duration,
+        /// Its concurrency limit.
+        limit: usize,
+    },
+    /// The call could not be recorded, so its result is withheld.
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+}
+
+impl PluginError {
+    /// A short stable name for the kind of error (audit log, metrics).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PluginError::Load { .. } => "load",
+            PluginError::Manifest { .. } => "manifest",
+            PluginError::UnknownFunction { .. } => "unknown_function",
+            PluginError::Arguments(_) => "arguments",
+            PluginError::Timeout { .. } => "timeout",
+            PluginError::MemoryLimit { .. } => "memory_limit",
+            PluginError::Fuel { .. } => "fuel",
+            PluginError::Trap { .. } => "trap",
+            PluginError::Output { .. } => "output",
+            PluginError::Tool(_) => "tool",
+            PluginError::Policy(_) => "policy",
+            PluginError::Busy { .. } => "busy",
+            PluginError::Audit(_) => "audit",
+        }
+    }
 }
 
 fn stderr_suffix(s: &str) -> String {
@@ -132,6 +191,8 @@ pub struct Limits {
     pub stdio: usize,
     /// Largest result accepted, in bytes.
     pub max_output: usize,
+    /// Calls of this plugin that may run at once (more wait, within their time limit).
+    pub max_concurrent: usize,
 }
 
 impl Default for Limits {
@@ -142,6 +203,7 @@ impl Default for Limits {
             fuel: None,
             stdio: 64 << 10,
             max_output: 1 << 20,
+            max_concurrent: 16,
         }
     }
 }
@@ -190,11 +252,38 @@ impl WasiView for State {
     }
 }
 
+/// How the process-wide runtime is set up.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Where compiled components are cached (`None`: compile on every load).
+    pub cache_dir: Option<PathBuf>,
+    /// Instance slots of the pooling allocator, which is also the most calls in flight at once; 0 means
+    /// on-demand allocation (no up-front reservation).
+    pub pool_slots: u32,
+    /// The largest linear memory any plugin may be granted, in bytes (the pool reserves this per slot).
+    pub max_memory: usize,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            cache_dir: None,
+            pool_slots: 256,
+            max_memory: 1 << 30,
+        }
+    }
+}
+
+/// Calls in flight at once when the on-demand allocator is used.
+const ON_DEMAND_SLOTS: usize = 1024;
+
 /// The process-wide plugin runtime.
 pub struct PluginHost {
     engine: Engine,
     linker: Linker<State>,
-    cache_dir: Option<PathBuf>,
+    config: HostConfig,
+    pooling: bool,
+    slots: Arc<Semaphore>,
     runtime: tokio::runtime::Runtime,
     manifest_validator: jsonschema::Validator,
     stop: Arc<AtomicBool>,
@@ -203,7 +292,8 @@ pub struct PluginHost {
 impl std::fmt::Debug for PluginHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PluginHost")
-            .field("cache_dir", &self.cache_dir)
+            .field("config", &self.config)
+            .field("pooling", &self.pooling)
             .finish_non_exhaustive()
     }
 }
@@ -214,9 +304,34 @@ impl Drop for PluginHost {
     }
 }
 
+fn pooling_config(c: &HostConfig) -> PoolingAllocationConfig {
+    let n = c.pool_slots;
+    let mut p = PoolingAllocationConfig::default();
+    // A Rust wasip2 component is a handful of core instances (the program, wasi-libc shims) with one
+    // memory; leave room for components composed of several modules.
+    p.total_component_instances(n)
+        .total_core_instances(n.saturating_mul(8))
+        .max_core_instances_per_component(16)
+        .total_memories(n.saturating_mul(2))
+        .max_memories_per_component(2)
+        .total_tables(n.saturating_mul(8))
+        .max_tables_per_component(16)
+        .total_stacks(n)
+        .max_memory_size(c.max_memory);
+    p
+}
+
 impl PluginHost {
-    /// A runtime that caches compiled components in `cache_dir` (none: compile on every load).
+    /// A runtime with the default configuration that caches compiled components in `cache_dir`.
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, PluginError> {
+        Self::with_config(HostConfig {
+            cache_dir,
+            ..HostConfig::default()
+        })
+    }
+
+    /// A runtime set up as `config` says.
+    pub fn with_config(config: HostConfig) -> Result<Self, PluginError> {
         let err = |msg: String| PluginError::Load {
             path: "(engine)".into(),
             msg,
@@ -224,13 +339,32 @@ impl PluginHost {
         let mut cfg = Config::new();
         cfg.epoch_interruption(true);
         cfg.consume_fuel(true);
-        let engine = Engine::new(&cfg).map_err(|e| err(e.to_string()))?;
+        let mut pooled = None;
+        if config.pool_slots > 0 {
+            let mut c = cfg.clone();
+            c.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling_config(&config)));
+            match Engine::new(&c) {
+                Ok(e) => pooled = Some(e),
+                // Typically too little address space (39-bit VA) or a strict overcommit setting.
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    slots = config.pool_slots,
+                    "the pooling allocator is unavailable; plugins use on-demand allocation"
+                ),
+            }
+        }
+        let pooling = pooled.is_some();
+        let engine = match pooled {
+            Some(e) => e,
+            None => Engine::new(&cfg).map_err(|e| err(e.to_string()))?,
+        };
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| err(e.to_string()))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("thorn-plugins")
-            .enable_time()
+            // Time for deadlines; IO for the sockets a network grant opens.
+            .enable_all()
             .build()
             .map_err(|e| err(e.to_string()))?;
         let schema: Value =
@@ -248,14 +382,31 @@ impl PluginHost {
                 }
             })
             .map_err(|e| err(e.to_string()))?;
+        let slots = if pooling {
+            config.pool_slots as usize
+        } else {
+            ON_DEMAND_SLOTS
+        };
         Ok(PluginHost {
             engine,
             linker,
-            cache_dir,
+            pooling,
+            slots: Arc::new(Semaphore::new(slots)),
+            config,
             runtime,
             manifest_validator,
             stop,
         })
+    }
+
+    /// Whether the pooling allocator is in use.
+    pub fn pooling(&self) -> bool {
+        self.pooling
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &HostConfig {
+        &self.config
     }
 
     /// Compiles `bytes`, or loads the native code compiled earlier for the same bytes and engine.
@@ -264,7 +415,7 @@ impl PluginHost {
             path: path.display().to_string(),
             msg,
         };
-        let Some(dir) = &self.cache_dir else {
+        let Some(dir) = &self.config.cache_dir else {
             return Component::new(&self.engine, bytes).map_err(|e| err(format!("{e:#}")));
         };
         use std::hash::{Hash, Hasher};
@@ -290,8 +441,9 @@ impl PluginHost {
         load_precompiled(&self.engine, &file).map_err(|e| err(format!("{e:#}")))
     }
 
-    /// Loads a component, checks its manifest and prepares it for calls.
-    pub fn load(&self, path: &Path, limits: Limits) -> Result<Plugin, PluginError> {
+    /// Compiles (or loads) a component and reads its manifest, granting it nothing: enough to inspect
+    /// or approve it. [`Candidate::admit`] makes it callable.
+    pub fn open(&self, path: &Path) -> Result<Candidate, PluginError> {
         let shown = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|e| PluginError::Load {
             path: shown.clone(),
@@ -307,10 +459,13 @@ impl PluginHost {
                 msg: format!("it needs imports the host does not provide: {e:#}"),
             })?;
         let mut plugin = Plugin {
-            name: String::new(),
+            name: path
+                .file_stem()
+                .map_or_else(String::new, |s| s.to_string_lossy().into_owned()),
             sha256: sha,
+            path: path.to_owned(),
             pre,
-            limits,
+            grant: Grant::none(Limits::default()),
             manifest: Manifest {
                 name: String::new(),
                 version: String::new(),
@@ -321,11 +476,17 @@ impl PluginHost {
             tools: ToolSet::default(),
             engine: self.engine.clone(),
             handle: self.runtime.handle().clone(),
+            slots: Arc::clone(&self.slots),
+            own: Arc::new(Semaphore::new(1)),
+            audit: None,
+            max_memory: self.config.max_memory,
         };
-        let text = plugin.run(None, "").map_err(|e| PluginError::Manifest {
-            path: shown.clone(),
-            msg: format!("describe() failed: {e}"),
-        })?;
+        let text = plugin
+            .block_on(plugin.run(None, "", &mut CallReport::default()))
+            .map_err(|e| PluginError::Manifest {
+                path: shown.clone(),
+                msg: format!("describe() failed: {e}"),
+            })?;
         let manifest = self.manifest(&shown, &text)?;
         let defs: Vec<Value> = manifest
             .functions
@@ -341,7 +502,18 @@ impl PluginHost {
         })?;
         plugin.name = manifest.name.clone();
         plugin.manifest = manifest;
-        Ok(plugin)
+        Ok(Candidate { plugin })
+    }
+
+    /// Opens a component and admits it under `policy`.
+    pub fn load(&self, path: &Path, policy: &Policy) -> Result<Plugin, PluginError> {
+        self.open(path)?.admit(policy)
+    }
+
+    /// Opens a component and gives it `grant` without asking a policy (tests, benchmarks, embedders that
+    /// decide themselves).
+    pub fn load_with(&self, path: &Path, grant: Grant) -> Result<Plugin, PluginError> {
+        self.open(path)?.admit_with(grant)
     }
 
     fn manifest(&self, path: &str, text: &str) -> Result<Manifest, PluginError> {
@@ -382,6 +554,54 @@ impl PluginHost {
     }
 }
 
+/// A compiled component whose manifest has been read, not yet admitted by a policy.
+#[derive(Debug)]
+pub struct Candidate {
+    plugin: Plugin,
+}
+
+impl Candidate {
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.plugin.manifest
+    }
+
+    /// The component's sha256.
+    pub fn sha256(&self) -> &str {
+        &self.plugin.sha256
+    }
+
+    /// What the manifest asks for.
+    pub fn requests(&self) -> Requests {
+        Requests::of(&self.plugin.manifest)
+    }
+
+    /// Admits it if `policy` approves this file and grants what it asks for.
+    pub fn admit(self, policy: &Policy) -> Result<Plugin, PluginError> {
+        let grant = policy.grant(&self.plugin.manifest, &self.plugin.sha256)?;
+        self.admit_with(grant)
+    }
+
+    /// Admits it with `grant`.
+    pub fn admit_with(mut self, grant: Grant) -> Result<Plugin, PluginError> {
+        let p = &mut self.plugin;
+        if grant.limits.memory > p.max_memory {
+            return Err(PolicyError::Grant {
+                plugin: p.name.clone(),
+                msg: format!(
+                    "its memory limit, {} MiB, is above the host's per-plugin maximum of {} MiB",
+                    grant.limits.memory >> 20,
+                    p.max_memory >> 20
+                ),
+            }
+            .into());
+        }
+        p.own = Arc::new(Semaphore::new(grant.limits.max_concurrent.max(1)));
+        p.grant = grant;
+        Ok(self.plugin)
+    }
+}
+
 #[expect(
     unsafe_code,
     reason = "loading native code wasmtime compiled for this engine"
@@ -397,16 +617,21 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A loaded plugin.
+/// A loaded plugin, ready to call. Cheap to share behind an `Arc`; calls may run concurrently.
 pub struct Plugin {
     name: String,
     sha256: String,
+    path: PathBuf,
     pre: InstancePre<State>,
-    limits: Limits,
+    grant: Grant,
     manifest: Manifest,
     tools: ToolSet,
     engine: Engine,
     handle: tokio::runtime::Handle,
+    slots: Arc<Semaphore>,
+    own: Arc<Semaphore>,
+    audit: Option<Arc<AuditLog>>,
+    max_memory: usize,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -421,7 +646,7 @@ impl std::fmt::Debug for Plugin {
 /// What one call produced besides its result.
 #[derive(Debug, Clone, Default)]
 pub struct CallReport {
-    /// Wall time of the call.
+    /// Wall time of the call, waiting for a slot included.
     pub duration: Duration,
     /// Fuel used (when metered).
     pub fuel: Option<u64>,
@@ -442,9 +667,19 @@ impl Plugin {
         &self.sha256
     }
 
+    /// The file it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// What it was granted.
+    pub fn grant(&self) -> &Grant {
+        &self.grant
     }
 
     /// Its functions as tools (for prompts, grammars and validation).
@@ -452,61 +687,207 @@ impl Plugin {
         &self.tools
     }
 
-    /// Calls `function` with `args` (validated against its schema first).
-    pub fn call(&self, function: &str, args: &Value) -> Result<Value, PluginError> {
-        self.call_reported(function, args).0
+    /// Records every call in `log` from now on.
+    pub fn with_audit(mut self, log: Arc<AuditLog>) -> Self {
+        self.audit = Some(log);
+        self
     }
 
-    /// [`Plugin::call`], with the call's report (time, fuel, captured output) even when it fails.
+    /// Runs `fut` to completion from synchronous code, on the host's runtime (from a thread of its own
+    /// when the caller is itself inside a tokio runtime, where blocking in place is not allowed).
+    fn block_on<F: std::future::Future + Send>(&self, fut: F) -> F::Output
+    where
+        F::Output: Send,
+    {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            std::thread::scope(|s| {
+                s.spawn(|| self.handle.block_on(fut))
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            })
+        } else {
+            self.handle.block_on(fut)
+        }
+    }
+
+    /// Calls `function` with `args` (validated against its schema first), blocking until it ends.
+    pub fn call(&self, function: &str, args: &Value) -> Result<Value, PluginError> {
+        self.call_reported(None, function, args).0
+    }
+
+    /// [`Plugin::call`] within a conversation, with the call's report (time, fuel, captured output) even
+    /// when it fails.
     pub fn call_reported(
         &self,
+        conversation: Option<&str>,
         function: &str,
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
+        self.block_on(self.call_async(conversation, function, args))
+    }
+
+    /// Instantiates the plugin once under its limits and drops the instance without calling anything:
+    /// a health check, and the cost every call pays on top of its own work.
+    pub fn ping(&self) -> Result<Duration, PluginError> {
+        self.block_on(async {
+            let t0 = Instant::now();
+            let mut store = self.store()?.0;
+            self.pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| self.classify(e, ""))?;
+            Ok(t0.elapsed())
+        })
+    }
+
+    /// Calls `function` with `args`: validation, a slot, a fresh instance, the audit record.
+    pub async fn call_async(
+        &self,
+        conversation: Option<&str>,
+        function: &str,
+        args: &Value,
+    ) -> (Result<Value, PluginError>, CallReport) {
+        let started = SystemTime::now();
+        let t0 = Instant::now();
+        let mut report = CallReport::default();
+        let (out, outcome, bytes) = match self.admit_call(function, args) {
+            Err(e) => (Err(e), Outcome::Rejected, 0),
+            Ok(()) => match self.acquire().await {
+                Err(e) => (Err(e), Outcome::Rejected, 0),
+                Ok(_permits) => {
+                    let text = self
+                        .run(Some(function), &args.to_string(), &mut report)
+                        .await;
+                    let bytes = text.as_ref().map_or(0, String::len);
+                    let value = text.and_then(|t| {
+                        serde_json::from_str(&t).map_err(|e| PluginError::Output {
+                            plugin: self.name.clone(),
+                            msg: format!("the result is not JSON: {e}"),
+                        })
+                    });
+                    let outcome = if value.is_ok() {
+                        Outcome::Ok
+                    } else {
+                        Outcome::Error
+                    };
+                    (value, outcome, bytes)
+                }
+            },
+        };
+        report.duration = t0.elapsed();
+        let Some(log) = &self.audit else {
+            return (out, report);
+        };
+        let text = args.to_string();
+        let record = Record {
+            time: Record::now(started),
+            conversation,
+            plugin: &self.name,
+            plugin_sha256: &self.sha256,
+            function,
+            args_sha256: hex(&Sha256::digest(text.as_bytes())),
+            args: self.grant.audit_arguments.then_some(args),
+            outcome,
+            error_kind: out.as_ref().err().map(PluginError::kind),
+            error: out.as_ref().err().map(ToString::to_string),
+            duration_us: Record::micros(report.duration),
+            fuel: report.fuel,
+            result_bytes: bytes,
+        };
+        match log.append(&record) {
+            Ok(()) => (out, report),
+            Err(e) => (Err(e.into()), report),
+        }
+    }
+
+    /// Checks the function exists and the arguments satisfy its schema.
+    fn admit_call(&self, function: &str, args: &Value) -> Result<(), PluginError> {
         if self.tools.get(function).is_none() {
-            let e = PluginError::UnknownFunction {
+            return Err(PluginError::UnknownFunction {
                 plugin: self.name.clone(),
                 function: function.to_owned(),
-            };
-            return (Err(e), CallReport::default());
+            });
         }
         let call = super::ParsedCall {
             name: function.to_owned(),
             arguments: args.clone(),
         };
-        if let Err(e) = self.tools.check(&call) {
-            return (Err(e.into()), CallReport::default());
-        }
-        let mut report = CallReport::default();
-        let out = self
-            .run_with(Some(function), &args.to_string(), &mut report)
-            .and_then(|text| {
-                serde_json::from_str(&text).map_err(|e| PluginError::Output {
-                    plugin: self.name.clone(),
-                    msg: format!("the result is not JSON: {e}"),
-                })
-            });
-        (out, report)
+        self.tools.check(&call)?;
+        Ok(())
     }
 
-    fn run(&self, function: Option<&str>, args: &str) -> Result<String, PluginError> {
-        self.run_with(function, args, &mut CallReport::default())
-    }
-
-    /// One fresh instance, one export call (`describe` when `function` is `None`).
-    fn run_with(
+    /// Waits (at most the call's time limit) for one of the plugin's own slots and then a pool slot.
+    async fn acquire(
         &self,
-        function: Option<&str>,
-        args: &str,
-        report: &mut CallReport,
-    ) -> Result<String, PluginError> {
-        let lim = &self.limits;
+    ) -> Result<
+        (
+            tokio::sync::SemaphorePermit<'_>,
+            tokio::sync::SemaphorePermit<'_>,
+        ),
+        PluginError,
+    > {
+        let wait = self.grant.limits.timeout;
+        let busy = || PluginError::Busy {
+            plugin: self.name.clone(),
+            after: wait,
+            limit: self.grant.limits.max_concurrent,
+        };
+        let both = async {
+            let a = self.own.acquire().await.ok()?;
+            let b = self.slots.acquire().await.ok()?;
+            Some((a, b))
+        };
+        match tokio::time::timeout(wait, both).await {
+            Ok(Some(p)) => Ok(p),
+            _ => Err(busy()),
+        }
+    }
+
+    /// A fresh store holding exactly the grant, and its captured stdout and stderr.
+    fn store(&self) -> Result<(Store<State>, MemoryOutputPipe, MemoryOutputPipe), PluginError> {
+        let g = &self.grant;
+        let lim = &g.limits;
         let stdout = MemoryOutputPipe::new(lim.stdio);
         let stderr = MemoryOutputPipe::new(lim.stdio);
-        let wasi = WasiCtxBuilder::new()
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .build();
+        let mut b = WasiCtxBuilder::new();
+        b.stdout(stdout.clone()).stderr(stderr.clone());
+        for (k, v) in &g.env {
+            b.env(k, v);
+        }
+        for p in &g.preopens {
+            let perms = if p.write {
+                FsPerms::ReadWrite
+            } else {
+                FsPerms::ReadOnly
+            };
+            b.preopened_dir(&p.host, &p.guest, perms).map_err(|e| {
+                PluginError::Policy(PolicyError::Grant {
+                    plugin: self.name.clone(),
+                    msg: format!(
+                        "cannot open the granted directory {}: {e}",
+                        p.host.display()
+                    ),
+                })
+            })?;
+        }
+        if !g.network.is_empty() {
+            let rules: Arc<[NetRule]> = g.network.clone().into();
+            b.allow_tcp(true);
+            b.allow_ip_name_lookup(
+                g.network
+                    .iter()
+                    .any(|r| r.host.parse::<std::net::IpAddr>().is_err()),
+            );
+            b.socket_addr_check(move |addr, use_| {
+                let ok = match use_ {
+                    // The implicit bind to an ephemeral port that precedes every connect.
+                    SocketAddrUse::TcpBind => addr.ip().is_unspecified() && addr.port() == 0,
+                    SocketAddrUse::TcpConnect => rules.iter().any(|r| r.allows(addr)),
+                    _ => false,
+                };
+                Box::pin(async move { ok })
+            });
+        }
         let limits = StoreLimitsBuilder::new()
             .memory_size(lim.memory)
             .memories(4)
@@ -517,14 +898,13 @@ impl Plugin {
         let mut store = Store::new(
             &self.engine,
             State {
-                wasi,
+                wasi: b.build(),
                 table: ResourceTable::new(),
                 limits,
             },
         );
         store.limiter(|s| &mut s.limits);
-        let fuel = lim.fuel.unwrap_or(u64::MAX);
-        let _ = store.set_fuel(fuel);
+        let _ = store.set_fuel(lim.fuel.unwrap_or(u64::MAX));
         // Yield to the executor every tick (so the tokio timeout can fire), and interrupt for good a grace
         // period after the deadline (a guest that never yields cannot outlive it).
         let hard = Instant::now() + lim.timeout + Duration::from_millis(500);
@@ -536,32 +916,37 @@ impl Plugin {
                 UpdateDeadline::Yield(1)
             })
         });
-        let t0 = Instant::now();
-        let pre = self.pre.clone();
-        let fname = function.map(str::to_owned);
-        let args = args.to_owned();
-        let fut = async move {
-            let instance = pre.instantiate_async(&mut store).await?;
-            let out: Result<String, String> = match fname {
+        Ok((store, stdout, stderr))
+    }
+
+    /// One fresh instance, one export call (`describe` when `function` is `None`).
+    async fn run(
+        &self,
+        function: Option<&str>,
+        args: &str,
+        report: &mut CallReport,
+    ) -> Result<String, PluginError> {
+        let lim = &self.grant.limits;
+        let (mut store, stdout, stderr) = self.store()?;
+        let fuel = lim.fuel.unwrap_or(u64::MAX);
+        let fut = async {
+            let instance = self.pre.instantiate_async(&mut store).await?;
+            let out: Result<String, String> = match function {
                 None => {
                     let f = instance.get_typed_func::<(), (String,)>(&mut store, "describe")?;
                     Ok(f.call_async(&mut store, ()).await?.0)
                 }
                 Some(name) => {
-                    let f = instance
-                        .get_typed_func::<(String, String), (Result<String, String>,)>(
-                            &mut store, "call",
-                        )?;
+                    let f = instance.get_typed_func::<(&str, &str), (Result<String, String>,)>(
+                        &mut store, "call",
+                    )?;
                     f.call_async(&mut store, (name, args)).await?.0
                 }
             };
             let used = store.get_fuel().ok().map(|left| fuel - left);
             wasmtime::Result::Ok((out, used))
         };
-        let res = self
-            .handle
-            .block_on(async { tokio::time::timeout(lim.timeout, fut).await });
-        report.duration = t0.elapsed();
+        let res = tokio::time::timeout(lim.timeout, fut).await;
         report.stdout = String::from_utf8_lossy(&stdout.contents()).into_owned();
         report.stderr = String::from_utf8_lossy(&stderr.contents()).into_owned();
         let plugin = || self.name.clone();
@@ -593,6 +978,7 @@ impl Plugin {
     /// Turns a wasmtime error into the error a user can act on.
     fn classify(&self, e: wasmtime::Error, stderr: &str) -> PluginError {
         let plugin = self.name.clone();
+        let lim = &self.grant.limits;
         let tail: String = {
             let t = stderr.trim();
             let start = t.len().saturating_sub(300);
@@ -604,11 +990,11 @@ impl Plugin {
         match e.downcast_ref::<Trap>() {
             Some(Trap::OutOfFuel) => PluginError::Fuel {
                 plugin,
-                fuel: self.limits.fuel.unwrap_or(u64::MAX),
+                fuel: lim.fuel.unwrap_or(u64::MAX),
             },
             Some(Trap::Interrupt) => PluginError::Timeout {
                 plugin,
-                after: self.limits.timeout,
+                after: lim.timeout,
             },
             Some(t) => PluginError::Trap {
                 plugin,
@@ -620,7 +1006,12 @@ impl Plugin {
                 if msg.contains("forcing trap when growing memory") {
                     PluginError::MemoryLimit {
                         plugin,
-                        limit: self.limits.memory,
+                        limit: lim.memory,
+                    }
+                } else if msg.contains("utf-8") || msg.contains("utf8") || msg.contains("UTF-8") {
+                    PluginError::Output {
+                        plugin,
+                        msg: format!("the result is not valid UTF-8 ({msg})"),
                     }
                 } else {
                     PluginError::Trap {

@@ -1,11 +1,12 @@
 //! A plugin whose functions misbehave on purpose, for the host's sandbox tests: spin forever, allocate
 //! forever, recurse forever, panic, read files it was not given, escape a preopen with `..`, open a socket,
-//! flood stdout, return a huge or malformed result, and sleep past its deadline. `ok` is a normal function,
+//! flood stdout, return a huge, non-JSON or non-UTF-8 result, and sleep past its deadline. It asks for `/data`
+//! (read), one env var and loopback TCP, so the tests also show what a grant does and does not open. `ok` is a normal function,
 //! to show the host still serves afterwards.
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use thorn_plugin_sdk::Plugin;
+use thorn_plugin_sdk::{Plugin, schema_of};
 
 /// Arguments for every function (most ignore them).
 #[derive(Deserialize, JsonSchema, Default)]
@@ -76,12 +77,29 @@ fn sleep(a: Args) -> Result<u64, String> {
     Ok(a.n)
 }
 
+fn garbage(_: &str) -> Result<String, String> {
+    Ok("{\"this is\": not JSON".into())
+}
+
+fn bad_utf8(_: &str) -> Result<String, String> {
+    let bytes = vec![b'"', 0xff, 0xfe, b'"'];
+    // SAFETY: not safe at all, on purpose: the host must reject a string that is not UTF-8 when it lifts it.
+    Ok(unsafe { String::from_utf8_unchecked(bytes) })
+}
+
+fn env(a: Args) -> Result<String, String> {
+    std::env::var(&a.target).map_err(|e| format!("no env var {}: {e}", a.target))
+}
+
 fn ok(a: Args) -> Result<u64, String> {
     Ok(a.n + 1)
 }
 
 thorn_plugin_sdk::plugin!(
     Plugin::new("hostile", "0.1.0", "Misbehaves on purpose (tests only).")
+        .wants_dir("/data", "read")
+        .wants_env("THORN_TEST_VAR")
+        .wants_network("127.0.0.1:*")
         .function("spin", "Loops forever.", spin)
         .function("alloc", "Allocates memory forever.", alloc)
         .function("recurse", "Recurses without end.", recurse)
@@ -91,5 +109,18 @@ thorn_plugin_sdk::plugin!(
         .function("flood", "Writes n bytes to stdout.", flood)
         .function("huge", "Returns n bytes.", huge)
         .function("sleep", "Sleeps n milliseconds.", sleep)
+        .function("env", "Reads an environment variable.", env)
+        .raw_function(
+            "garbage",
+            "Returns text that is not JSON.",
+            schema_of::<Args>(),
+            garbage
+        )
+        .raw_function(
+            "bad_utf8",
+            "Returns bytes that are not UTF-8.",
+            schema_of::<Args>(),
+            bad_utf8
+        )
         .function("ok", "Returns n + 1.", ok)
 );

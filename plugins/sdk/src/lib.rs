@@ -105,16 +105,46 @@ impl Plugin {
         self
     }
 
+    /// Adds a function that takes the arguments as JSON text and returns JSON text itself, with a schema
+    /// written by hand: for authors who want their own encoding. The host still validates the arguments
+    /// against `parameters` and the result as JSON.
+    pub fn raw_function<F>(mut self, name: &str, description: &str, parameters: Value, f: F) -> Self
+    where
+        F: Fn(&str) -> Result<String, String> + Send + Sync + 'static,
+    {
+        self.functions.push(Function {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+            returns: Value::Bool(true),
+            run: Box::new(f),
+        });
+        self
+    }
+
     /// Asks for a directory (`access` is `"read"` or `"read-write"`); the operator's policy decides.
     pub fn wants_dir(mut self, path: &str, access: &str) -> Self {
-        let fs = self
-            .capabilities
-            .entry("filesystem")
-            .or_insert_with(|| json!([]));
-        if let Some(a) = fs.as_array_mut() {
-            a.push(json!({"path": path, "access": access}));
-        }
+        self.push_capability("filesystem", json!({"path": path, "access": access}));
         self
+    }
+
+    /// Asks for an environment variable; the operator's policy decides whether and with what value.
+    pub fn wants_env(mut self, name: &str) -> Self {
+        self.push_capability("env", json!(name));
+        self
+    }
+
+    /// Asks to open TCP connections to `host:port` (`port` may be `*`); denied unless the policy grants it.
+    pub fn wants_network(mut self, host_port: &str) -> Self {
+        self.push_capability("network", json!(host_port));
+        self
+    }
+
+    fn push_capability(&mut self, kind: &str, v: Value) {
+        let list = self.capabilities.entry(kind).or_insert_with(|| json!([]));
+        if let Some(a) = list.as_array_mut() {
+            a.push(v);
+        }
     }
 
     /// The manifest JSON that `describe()` returns.

@@ -1,0 +1,463 @@
+//! `thorn plugins ...`: install, approve, grant, inspect, check and call tool plugins.
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use thorn::tools::plugin::{
+    AuditLog, Candidate, HostConfig, PluginError, PluginHost, Policy, Requests, components,
+};
+
+/// Where plugins, their policy and the compiled-code cache live.
+#[derive(clap::Args, Clone)]
+pub struct Place {
+    /// Directory of installed plugins (default: <data dir>/plugins; the data dir is $THORN_DATA_DIR,
+    /// $XDG_DATA_HOME/thorn or ~/.local/share/thorn).
+    #[arg(long, global = true)]
+    pub plugins: Option<PathBuf>,
+    /// The operator's policy file (default: <data dir>/policy.json).
+    #[arg(long, global = true)]
+    pub policy: Option<PathBuf>,
+}
+
+impl Place {
+    /// The plugin directory and the policy file.
+    pub fn resolve(&self) -> (PathBuf, PathBuf) {
+        let data = thorn::store::data_dir(None);
+        (
+            self.plugins.clone().unwrap_or_else(|| data.join("plugins")),
+            self.policy
+                .clone()
+                .unwrap_or_else(|| data.join("policy.json")),
+        )
+    }
+}
+
+#[derive(clap::Subcommand)]
+pub enum Cmd {
+    /// The installed plugins and whether the policy admits each.
+    List,
+    /// A plugin's manifest, what it asks for and what the policy says.
+    Inspect {
+        /// An installed plugin's name or a .wasm file.
+        plugin: String,
+        /// Print the manifest as JSON only.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Loads plugins under the policy and instantiates each once; exits non-zero if any is refused.
+    Check {
+        /// Installed plugin names or .wasm files (default: every installed plugin).
+        plugins: Vec<String>,
+    },
+    /// Calls one function (validated, sandboxed and audited, as the server would).
+    Call {
+        /// An installed plugin's name or a .wasm file.
+        plugin: String,
+        /// The function.
+        function: String,
+        /// Its arguments as a JSON object.
+        #[arg(default_value = "{}")]
+        args: String,
+        /// Conversation id recorded in the audit log.
+        #[arg(long)]
+        conversation: Option<String>,
+    },
+    /// Copies a component into the plugin directory (as <name>.wasm) and, with --approve, pins it.
+    Install {
+        /// The .wasm file.
+        file: PathBuf,
+        /// Also approve this exact file in the policy.
+        #[arg(long)]
+        approve: bool,
+    },
+    /// Pins a plugin's current file in the policy (first approval, or re-approval after it changed).
+    Approve {
+        /// An installed plugin's name or a .wasm file.
+        plugin: String,
+    },
+    /// Grants capabilities and sets limits for a plugin in the policy.
+    Grant(GrantArgs),
+}
+
+#[derive(clap::Args)]
+pub struct GrantArgs {
+    /// The plugin's name.
+    plugin: String,
+    /// A read-only directory: GUEST=HOST, e.g. /data=./docs (repeatable).
+    #[arg(long, value_name = "GUEST=HOST")]
+    dir: Vec<String>,
+    /// A read-write directory: GUEST=HOST (repeatable).
+    #[arg(long, value_name = "GUEST=HOST")]
+    dir_rw: Vec<String>,
+    /// An environment variable: NAME=VALUE (repeatable).
+    #[arg(long, value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    /// An environment variable copied from the host's environment (repeatable).
+    #[arg(long, value_name = "NAME")]
+    env_from_host: Vec<String>,
+    /// Outbound TCP to HOST:PORT (port may be *) (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    net: Vec<String>,
+    /// Per-call time limit.
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// Linear-memory cap.
+    #[arg(long)]
+    memory_mib: Option<u64>,
+    /// Fuel budget per call.
+    #[arg(long)]
+    fuel: Option<u64>,
+    /// Calls that may run at once.
+    #[arg(long)]
+    max_concurrent: Option<u32>,
+    /// Record call arguments in the audit log (not only their digest).
+    #[arg(long)]
+    audit_arguments: bool,
+}
+
+fn host(cache: &Path) -> Result<PluginHost> {
+    Ok(PluginHost::with_config(HostConfig {
+        cache_dir: Some(cache.join("cwasm")),
+        // The CLI runs one call at a time: no need to reserve a pool.
+        pool_slots: 0,
+        ..HostConfig::default()
+    })?)
+}
+
+/// `name` as a file: an existing path, else `<dir>/<name>.wasm`.
+fn locate(dir: &Path, name: &str) -> Result<PathBuf> {
+    let p = Path::new(name);
+    if p.is_file() {
+        return Ok(p.to_owned());
+    }
+    let installed = dir.join(format!("{name}.wasm"));
+    if installed.is_file() {
+        return Ok(installed);
+    }
+    bail!(
+        "no plugin {name:?}: not a file, and not installed in {} (see `thorn plugins list`)",
+        dir.display()
+    )
+}
+
+fn policy(path: &Path) -> Result<Policy> {
+    Ok(Policy::load(path)?)
+}
+
+/// The policy's verdict on a candidate, in words.
+fn verdict(c: &Candidate, policy: &Policy) -> std::result::Result<String, String> {
+    match policy.grant(c.manifest(), c.sha256()) {
+        Ok(g) => {
+            let mut parts: Vec<String> = g
+                .preopens
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{} -> {} ({})",
+                        p.guest,
+                        p.host.display(),
+                        if p.write { "read-write" } else { "read" }
+                    )
+                })
+                .collect();
+            parts.extend(g.env.iter().map(|(k, _)| format!("env {k}")));
+            parts.extend(g.network.iter().map(|n| {
+                format!(
+                    "network {}:{}",
+                    n.host,
+                    n.port.map_or("*".into(), |p| p.to_string())
+                )
+            }));
+            Ok(if parts.is_empty() {
+                "approved, no capabilities".into()
+            } else {
+                format!("approved: {}", parts.join(", "))
+            })
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
+    let (dir, policy_path) = place.resolve();
+    match cmd {
+        Cmd::List => {
+            let files = components(&dir)?;
+            if files.is_empty() {
+                println!(
+                    "no plugins in {} (install one with `thorn plugins install FILE --approve`)",
+                    dir.display()
+                );
+                return Ok(());
+            }
+            let host = host(cache)?;
+            let policy = policy(&policy_path)?;
+            println!(
+                "{:<12} {:<8} {:<14} {:<44} status",
+                "plugin", "version", "sha256", "functions"
+            );
+            for f in files {
+                match host.open(&f) {
+                    Ok(c) => {
+                        let m = c.manifest();
+                        let fns: Vec<&str> = m.functions.iter().map(|f| f.name.as_str()).collect();
+                        let status = match verdict(&c, &policy) {
+                            Ok(v) => v,
+                            Err(e) => format!("REFUSED: {e}"),
+                        };
+                        println!(
+                            "{:<12} {:<8} {:<14} {:<44} {status}",
+                            m.name,
+                            m.version,
+                            &c.sha256()[..12],
+                            fns.join(",")
+                        );
+                    }
+                    Err(e) => println!("{:<12} BROKEN: {e}", f.display()),
+                }
+            }
+            println!("policy: {}", policy_path.display());
+            Ok(())
+        }
+        Cmd::Inspect { plugin, json } => {
+            let c = host(cache)?.open(&locate(&dir, &plugin)?)?;
+            let m = c.manifest();
+            let manifest = json!({
+                "name": m.name, "version": m.version, "description": m.description,
+                "functions": m.functions.iter().map(|f| json!({"name": f.name,
+                    "description": f.description, "parameters": f.parameters, "returns": f.returns}))
+                    .collect::<Vec<_>>(),
+                "capabilities": m.capabilities,
+            });
+            if json {
+                println!("{}", serde_json::to_string_pretty(&manifest)?);
+                return Ok(());
+            }
+            println!("{} {}  sha256 {}", m.name, m.version, c.sha256());
+            println!("{}\n", m.description);
+            for f in &m.functions {
+                println!("{}: {}", f.name, f.description);
+                println!("  parameters: {}", f.parameters);
+                if let Some(r) = &f.returns {
+                    println!("  returns:    {r}");
+                }
+            }
+            let req = c.requests();
+            println!(
+                "\nasks for: {}",
+                if req.is_empty() {
+                    "nothing".into()
+                } else {
+                    req.describe().join(", ")
+                }
+            );
+            let policy = policy(&policy_path)?;
+            match verdict(&c, &policy) {
+                Ok(v) => println!("policy {}: {v}", policy_path.display()),
+                Err(e) => println!("policy {}: REFUSED: {e}", policy_path.display()),
+            }
+            Ok(())
+        }
+        Cmd::Check { plugins } => {
+            let host = host(cache)?;
+            let policy = policy(&policy_path)?;
+            let files = if plugins.is_empty() {
+                components(&dir)?
+            } else {
+                plugins
+                    .iter()
+                    .map(|p| locate(&dir, p))
+                    .collect::<Result<_>>()?
+            };
+            if files.is_empty() {
+                bail!("no plugins to check in {}", dir.display());
+            }
+            let mut refused = 0;
+            for f in files {
+                let res = host.load(&f, &policy).and_then(|p| {
+                    let t = p.ping()?;
+                    Ok((p, t))
+                });
+                match res {
+                    Ok((p, t)) => {
+                        let c = &p.grant().limits;
+                        println!(
+                            "ok       {:<12} {}  instantiates in {} us; limits: {} ms, {} MiB, {} concurrent",
+                            p.name(),
+                            &p.sha256()[..12],
+                            t.as_micros(),
+                            c.timeout.as_millis(),
+                            c.memory >> 20,
+                            c.max_concurrent
+                        );
+                    }
+                    Err(e) => {
+                        refused += 1;
+                        println!("REFUSED  {}: {e}", f.display());
+                    }
+                }
+            }
+            if refused > 0 {
+                bail!("{refused} plugin(s) refused");
+            }
+            Ok(())
+        }
+        Cmd::Call {
+            plugin,
+            function,
+            args,
+            conversation,
+        } => {
+            let args: Value = serde_json::from_str(&args).context("ARGS must be a JSON object")?;
+            let host = host(cache)?;
+            let policy = policy(&policy_path)?;
+            let mut p = host.load(&locate(&dir, &plugin)?, &policy)?;
+            if let Some(a) = policy.audit_path() {
+                p = p.with_audit(Arc::new(AuditLog::open(&a)?));
+            }
+            let (out, report) = p.call_reported(conversation.as_deref(), &function, &args);
+            for (name, text) in [("stdout", &report.stdout), ("stderr", &report.stderr)] {
+                if !text.is_empty() {
+                    eprintln!("--- plugin {name}:\n{}", text.trim_end());
+                }
+            }
+            eprintln!(
+                "--- {} us{}",
+                report.duration.as_micros(),
+                report.fuel.map_or(String::new(), |f| format!(", {f} fuel"))
+            );
+            match out {
+                Ok(v) => {
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                    Ok(())
+                }
+                Err(e @ PluginError::Tool(_)) => bail!("the tool reported an error: {e}"),
+                Err(e) => bail!("{e} [{}]", e.kind()),
+            }
+        }
+        Cmd::Install { file, approve } => {
+            let c = host(cache)?.open(&file)?;
+            let name = c.manifest().name.clone();
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let dest = dir.join(format!("{name}.wasm"));
+            let tmp = tempfile::NamedTempFile::new_in(&dir)?;
+            std::fs::copy(&file, tmp.path())?;
+            tmp.persist(&dest)?;
+            println!(
+                "installed {name} {} as {}",
+                c.manifest().version,
+                dest.display()
+            );
+            if approve {
+                approve_and_report(&c, &policy_path)?;
+            } else {
+                println!("approve it with `thorn plugins approve {name}`");
+            }
+            Ok(())
+        }
+        Cmd::Approve { plugin } => {
+            let c = host(cache)?.open(&locate(&dir, &plugin)?)?;
+            approve_and_report(&c, &policy_path)
+        }
+        Cmd::Grant(g) => grant(&policy_path, g),
+    }
+}
+
+fn approve_and_report(c: &Candidate, policy_path: &Path) -> Result<()> {
+    let name = &c.manifest().name;
+    Policy::approve(policy_path, name, c.sha256())?;
+    println!(
+        "approved {name} (sha256 {}) in {}",
+        c.sha256(),
+        policy_path.display()
+    );
+    let policy = policy(policy_path)?;
+    if let Err(e) = verdict(c, &policy) {
+        let req: Requests = c.requests();
+        println!("not loadable yet: {e}");
+        println!(
+            "it asks for: {}; grant with `thorn plugins grant {name} ...` (see --help)",
+            req.describe().join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn split_pair<'a>(s: &'a str, what: &str) -> Result<(&'a str, &'a str)> {
+    s.split_once('=')
+        .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+        .with_context(|| format!("{what} must be written as A=B, got {s:?}"))
+}
+
+fn grant(policy_path: &Path, g: GrantArgs) -> Result<()> {
+    let mut dirs = Vec::new();
+    for (list, access) in [(&g.dir, "read"), (&g.dir_rw, "read-write")] {
+        for d in list {
+            let (guest, host) = split_pair(d, "--dir")?;
+            let host = std::path::absolute(host)
+                .with_context(|| format!("resolving {host}"))?
+                .display()
+                .to_string();
+            dirs.push(json!({"guest": guest, "host": host, "access": access}));
+        }
+    }
+    let mut env = Vec::new();
+    for e in &g.env {
+        let (k, v) = split_pair(e, "--env")?;
+        env.push((k.to_owned(), v.to_owned()));
+    }
+    let limits: Vec<(&str, Option<u64>)> = vec![
+        ("timeout_ms", g.timeout_ms),
+        ("memory_mib", g.memory_mib),
+        ("fuel", g.fuel),
+        ("max_concurrent", g.max_concurrent.map(u64::from)),
+    ];
+    Policy::edit(policy_path, &g.plugin, |entry| {
+        fn list<'a>(entry: &'a mut serde_json::Map<String, Value>, k: &str) -> &'a mut Vec<Value> {
+            let v = entry.entry(k).or_insert_with(|| json!([]));
+            if !v.is_array() {
+                *v = json!([]);
+            }
+            v.as_array_mut().expect("just made an array")
+        }
+        for d in dirs {
+            let fs = list(entry, "filesystem");
+            fs.retain(|x| x["guest"] != d["guest"]);
+            fs.push(d);
+        }
+        if !env.is_empty() {
+            let e = entry.entry("env").or_insert_with(|| json!({}));
+            if let Some(o) = e.as_object_mut() {
+                for (k, v) in env {
+                    o.insert(k, Value::String(v));
+                }
+            }
+        }
+        for k in g.env_from_host {
+            let l = list(entry, "env_from_host");
+            if !l.contains(&json!(k)) {
+                l.push(json!(k));
+            }
+        }
+        for n in g.net {
+            let l = list(entry, "network");
+            if !l.contains(&json!(n)) {
+                l.push(json!(n));
+            }
+        }
+        for (k, v) in limits {
+            if let Some(v) = v {
+                let l = entry.entry("limits").or_insert_with(|| json!({}));
+                if let Some(o) = l.as_object_mut() {
+                    o.insert(k.into(), json!(v));
+                }
+            }
+        }
+        if g.audit_arguments {
+            entry.insert("audit_arguments".into(), Value::Bool(true));
+        }
+    })?;
+    println!("updated {} for {}", policy_path.display(), g.plugin);
+    Ok(())
+}

@@ -1,0 +1,731 @@
+//! The operator's policy: which plugins may load, pinned by sha256, and what each is granted.
+//!
+//! The file (`schemas/plugin-policy.schema.json`) is validated against its schema when it is read, so a typo
+//! is an error naming the field, not a silently ignored grant. A plugin's manifest *asks* for capabilities
+//! (directories, env vars, network hosts); [`Policy::grant`] checks every request against the plugin's entry
+//! and refuses the whole plugin, naming each missing grant, if any is not covered. What a plugin gets is
+//! exactly what it asked for (and was granted): a grant it did not ask for is not handed to it.
+
+use super::{Limits, Manifest};
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use thiserror::Error;
+
+/// The policy file's schema.
+pub const POLICY_SCHEMA: &str = include_str!("../../../../schemas/plugin-policy.schema.json");
+
+/// Why a policy could not be read, or a plugin is refused by it.
+#[derive(Debug, Error)]
+pub enum PolicyError {
+    /// The file could not be read or written.
+    #[error("policy {path}: {msg}")]
+    Io {
+        /// The policy file.
+        path: String,
+        /// What failed.
+        msg: String,
+    },
+    /// The file is not a valid policy.
+    #[error("policy {path} is invalid: {msg}")]
+    Invalid {
+        /// The policy file.
+        path: String,
+        /// Each problem, with where it is.
+        msg: String,
+    },
+    /// The plugin has no entry.
+    #[error(
+        "plugin {plugin:?} (sha256 {sha256}) is not approved by the policy {policy}; approve it with `thorn plugins approve`"
+    )]
+    NotApproved {
+        /// Its manifest name.
+        plugin: String,
+        /// Its file's digest.
+        sha256: String,
+        /// The policy file.
+        policy: String,
+    },
+    /// The plugin's file is not the one approved.
+    #[error(
+        "plugin {plugin:?} changed: its sha256 is {actual} but the policy pins {pinned}; it stays refused until re-approved (`thorn plugins approve`)"
+    )]
+    Changed {
+        /// Its manifest name.
+        plugin: String,
+        /// The approved digest.
+        pinned: String,
+        /// The file's digest.
+        actual: String,
+    },
+    /// The manifest asks for capabilities the policy does not grant.
+    #[error("plugin {plugin:?} asks for what the policy does not grant: {}", .missing.join("; "))]
+    Denied {
+        /// Its manifest name.
+        plugin: String,
+        /// Each request that is not granted, in words.
+        missing: Vec<String>,
+    },
+    /// A grant cannot be honoured (a granted directory is missing, say).
+    #[error("plugin {plugin:?}: {msg}")]
+    Grant {
+        /// Its manifest name.
+        plugin: String,
+        /// What is wrong.
+        msg: String,
+    },
+}
+
+/// Limits as written in the file: every field optional, layered over the defaults.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsSpec {
+    timeout_ms: Option<u64>,
+    memory_mib: Option<u64>,
+    fuel: Option<u64>,
+    stdio_kib: Option<u64>,
+    max_output_kib: Option<u64>,
+    max_concurrent: Option<u32>,
+}
+
+impl LimitsSpec {
+    fn apply(&self, l: &mut Limits) {
+        if let Some(v) = self.timeout_ms {
+            l.timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = self.memory_mib {
+            l.memory = (v as usize) << 20;
+        }
+        if let Some(v) = self.fuel {
+            l.fuel = Some(v);
+        }
+        if let Some(v) = self.stdio_kib {
+            l.stdio = (v as usize) << 10;
+        }
+        if let Some(v) = self.max_output_kib {
+            l.max_output = (v as usize) << 10;
+        }
+        if let Some(v) = self.max_concurrent {
+            l.max_concurrent = v as usize;
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditSpec {
+    path: Option<String>,
+    #[serde(default)]
+    arguments: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FsGrant {
+    guest: String,
+    host: String,
+    access: Access,
+}
+
+/// Directory access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Access {
+    /// Read only.
+    #[serde(rename = "read")]
+    Read,
+    /// Read and write.
+    #[serde(rename = "read-write")]
+    ReadWrite,
+}
+
+impl Access {
+    fn as_str(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::ReadWrite => "read-write",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    sha256: String,
+    #[serde(default)]
+    filesystem: Vec<FsGrant>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    env_from_host: Vec<String>,
+    #[serde(default)]
+    network: Vec<String>,
+    #[serde(default)]
+    limits: LimitsSpec,
+    audit_arguments: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyFile {
+    #[serde(default)]
+    defaults: LimitsSpec,
+    #[serde(default)]
+    audit: AuditSpec,
+    #[serde(default)]
+    plugins: BTreeMap<String, Entry>,
+}
+
+/// A directory mapped into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preopen {
+    /// The host directory.
+    pub host: PathBuf,
+    /// Where the plugin sees it.
+    pub guest: String,
+    /// Whether it may write.
+    pub write: bool,
+}
+
+/// One outbound TCP rule: a host (name or address) and a port (`None` = any).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetRule {
+    /// As written.
+    pub host: String,
+    /// The port, or any.
+    pub port: Option<u16>,
+    /// The addresses `host` resolved to when the plugin loaded.
+    pub addrs: Vec<IpAddr>,
+}
+
+impl NetRule {
+    /// Parses `host:port` (`port` may be `*`); IPv6 literals go in brackets.
+    pub fn parse(s: &str) -> Option<(String, Option<u16>)> {
+        let (host, port) = s.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return None;
+        }
+        let port = match port {
+            "*" => None,
+            p => Some(p.parse().ok()?),
+        };
+        Some((host.to_ascii_lowercase(), port))
+    }
+
+    fn resolve(host: String, port: Option<u16>) -> NetRule {
+        let addrs = match host.parse::<IpAddr>() {
+            Ok(ip) => vec![ip],
+            Err(_) => match (host.as_str(), 0).to_socket_addrs() {
+                Ok(it) => it.map(|a| a.ip()).collect(),
+                Err(e) => {
+                    tracing::warn!(%host, error = %e, "a granted host does not resolve; connections to it will fail");
+                    Vec::new()
+                }
+            },
+        };
+        NetRule { host, port, addrs }
+    }
+
+    /// Whether a connection to `addr` is allowed.
+    pub fn allows(&self, addr: SocketAddr) -> bool {
+        self.port.is_none_or(|p| p == addr.port()) && self.addrs.contains(&addr.ip())
+    }
+}
+
+/// What a plugin gets: the capabilities it asked for and was granted, and its limits.
+#[derive(Debug, Clone, Default)]
+pub struct Grant {
+    /// Directories.
+    pub preopens: Vec<Preopen>,
+    /// Environment variables.
+    pub env: Vec<(String, String)>,
+    /// Outbound TCP.
+    pub network: Vec<NetRule>,
+    /// Per-call limits.
+    pub limits: Limits,
+    /// Whether calls' arguments go into the audit log (else only their digest).
+    pub audit_arguments: bool,
+}
+
+impl Grant {
+    /// Nothing granted, with these limits.
+    pub fn none(limits: Limits) -> Self {
+        Grant {
+            limits,
+            ..Grant::default()
+        }
+    }
+}
+
+/// What a manifest asks for, parsed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Requests {
+    /// `(guest path, access)`.
+    pub filesystem: Vec<(String, Access)>,
+    /// Variable names.
+    pub env: Vec<String>,
+    /// `host:port` patterns.
+    pub network: Vec<String>,
+}
+
+impl Requests {
+    /// Reads the `capabilities` object of a (schema-valid) manifest.
+    pub fn of(manifest: &Manifest) -> Self {
+        let c = &manifest.capabilities;
+        let strings = |k: &str| -> Vec<String> {
+            c[k].as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let filesystem = c["filesystem"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|f| {
+                        let access = if f["access"] == "read-write" {
+                            Access::ReadWrite
+                        } else {
+                            Access::Read
+                        };
+                        (f["path"].as_str().unwrap_or("").to_owned(), access)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Requests {
+            filesystem,
+            env: strings("env"),
+            network: strings("network"),
+        }
+    }
+
+    /// Whether it asks for nothing.
+    pub fn is_empty(&self) -> bool {
+        self.filesystem.is_empty() && self.env.is_empty() && self.network.is_empty()
+    }
+
+    /// Each request in words, e.g. `directory /data (read)`.
+    pub fn describe(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .filesystem
+            .iter()
+            .map(|(p, a)| format!("directory {p} ({})", a.as_str()))
+            .collect();
+        out.extend(self.env.iter().map(|e| format!("env {e}")));
+        out.extend(self.network.iter().map(|n| format!("network {n}")));
+        out
+    }
+}
+
+/// The operator's policy.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// Where it was read from (`None`: no file, nothing approved).
+    path: Option<PathBuf>,
+    file: PolicyFile,
+}
+
+impl Policy {
+    /// No policy: every plugin is refused as not approved.
+    pub fn none() -> Self {
+        Policy::default()
+    }
+
+    /// Reads and validates a policy file. A missing file is an empty policy (nothing approved) that
+    /// `approve` will create.
+    pub fn load(path: &Path) -> Result<Self, PolicyError> {
+        let shown = path.display().to_string();
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Policy {
+                    path: Some(path.to_owned()),
+                    file: PolicyFile::default(),
+                });
+            }
+            Err(e) => {
+                return Err(PolicyError::Io {
+                    path: shown,
+                    msg: e.to_string(),
+                });
+            }
+        };
+        Self::parse(path, &text)
+    }
+
+    /// Parses policy text (`path` names it and anchors relative host paths).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, PolicyError> {
+        let invalid = |msg: String| PolicyError::Invalid {
+            path: path.display().to_string(),
+            msg,
+        };
+        let doc: Value = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let schema: Value =
+            serde_json::from_str(POLICY_SCHEMA).map_err(|e| invalid(e.to_string()))?;
+        let validator = jsonschema::validator_for(&schema).map_err(|e| invalid(e.to_string()))?;
+        let errors: Vec<String> = validator
+            .iter_errors(&doc)
+            .map(|e| format!("{e} at {}", e.instance_path()))
+            .collect();
+        if !errors.is_empty() {
+            return Err(invalid(errors.join("; ")));
+        }
+        let file: PolicyFile = serde_json::from_value(doc).map_err(|e| invalid(e.to_string()))?;
+        Ok(Policy {
+            path: Some(path.to_owned()),
+            file,
+        })
+    }
+
+    /// The file it came from.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    fn shown(&self) -> String {
+        self.path
+            .as_ref()
+            .map_or_else(|| "(none)".into(), |p| p.display().to_string())
+    }
+
+    /// `p` resolved against the policy file's directory.
+    fn host_path(&self, p: &str) -> PathBuf {
+        let p = Path::new(p);
+        match self.path.as_deref().and_then(Path::parent) {
+            Some(base) if p.is_relative() => base.join(p),
+            _ => p.to_owned(),
+        }
+    }
+
+    /// The audit log's path (default: `audit.jsonl` beside the policy), if there is a policy file.
+    pub fn audit_path(&self) -> Option<PathBuf> {
+        let own = self.file.audit.path.as_deref().map(|p| self.host_path(p));
+        own.or_else(|| {
+            self.path
+                .as_deref()
+                .map(|p| p.with_file_name("audit.jsonl"))
+        })
+    }
+
+    /// The pinned digest of `plugin`, if it has an entry.
+    pub fn pinned(&self, plugin: &str) -> Option<&str> {
+        self.file.plugins.get(plugin).map(|e| e.sha256.as_str())
+    }
+
+    /// The plugins with an entry.
+    pub fn plugins(&self) -> impl Iterator<Item = &str> {
+        self.file.plugins.keys().map(String::as_str)
+    }
+
+    /// The default limits (the file's `defaults` over the built-in ones).
+    pub fn default_limits(&self) -> Limits {
+        let mut l = Limits::default();
+        self.file.defaults.apply(&mut l);
+        l
+    }
+
+    /// Decides whether the plugin `manifest` (file digest `sha256`) may load, and what it gets.
+    pub fn grant(&self, manifest: &Manifest, sha256: &str) -> Result<Grant, PolicyError> {
+        let plugin = manifest.name.clone();
+        // `thorn plugins grant` before `approve` leaves an all-zero pin: granted, not yet approved.
+        let entry = self
+            .file
+            .plugins
+            .get(&plugin)
+            .filter(|e| e.sha256.bytes().any(|b| b != b'0'));
+        let Some(entry) = entry else {
+            return Err(PolicyError::NotApproved {
+                plugin,
+                sha256: sha256.to_owned(),
+                policy: self.shown(),
+            });
+        };
+        if entry.sha256 != sha256 {
+            return Err(PolicyError::Changed {
+                plugin,
+                pinned: entry.sha256.clone(),
+                actual: sha256.to_owned(),
+            });
+        }
+        let req = Requests::of(manifest);
+        let mut missing = Vec::new();
+        let mut grant = Grant {
+            limits: self.default_limits(),
+            audit_arguments: entry.audit_arguments.unwrap_or(self.file.audit.arguments),
+            ..Grant::default()
+        };
+        entry.limits.apply(&mut grant.limits);
+        for (guest, access) in &req.filesystem {
+            let g = entry
+                .filesystem
+                .iter()
+                .find(|g| g.guest.trim_end_matches('/') == guest.trim_end_matches('/'));
+            match g {
+                None => missing.push(format!("directory {guest} ({})", access.as_str())),
+                Some(g) if *access == Access::ReadWrite && g.access == Access::Read => missing
+                    .push(format!(
+                        "directory {guest} read-write (the policy grants it read-only)"
+                    )),
+                Some(g) => {
+                    let host = self.host_path(&g.host);
+                    if !host.is_dir() {
+                        return Err(PolicyError::Grant {
+                            plugin,
+                            msg: format!(
+                                "the directory granted as {guest}, {}, does not exist",
+                                host.display()
+                            ),
+                        });
+                    }
+                    grant.preopens.push(Preopen {
+                        host,
+                        guest: guest.clone(),
+                        write: *access == Access::ReadWrite,
+                    });
+                }
+            }
+        }
+        for name in &req.env {
+            if let Some(v) = entry.env.get(name) {
+                grant.env.push((name.clone(), v.clone()));
+            } else if entry.env_from_host.contains(name) {
+                match std::env::var(name) {
+                    Ok(v) => grant.env.push((name.clone(), v)),
+                    Err(_) => {
+                        return Err(PolicyError::Grant {
+                            plugin,
+                            msg: format!(
+                                "env {name} is granted from the host's environment, which does not set it"
+                            ),
+                        });
+                    }
+                }
+            } else {
+                missing.push(format!("env {name}"));
+            }
+        }
+        for want in &req.network {
+            let Some((host, port)) = NetRule::parse(want) else {
+                missing.push(format!("network {want} (not host:port)"));
+                continue;
+            };
+            let covered = entry.network.iter().any(|g| {
+                NetRule::parse(g).is_some_and(|(gh, gp)| gh == host && (gp.is_none() || gp == port))
+            });
+            if covered {
+                grant.network.push(NetRule::resolve(host, port));
+            } else {
+                missing.push(format!("network {want}"));
+            }
+        }
+        if !missing.is_empty() {
+            return Err(PolicyError::Denied { plugin, missing });
+        }
+        Ok(grant)
+    }
+
+    /// Pins `plugin` to `sha256` in the policy file at `path` (creating the file or the entry, keeping
+    /// everything else as it is), written atomically.
+    pub fn approve(path: &Path, plugin: &str, sha256: &str) -> Result<(), PolicyError> {
+        Self::edit(path, plugin, |entry| {
+            entry.insert("sha256".into(), Value::String(sha256.to_owned()));
+        })
+    }
+
+    /// Edits the entry of `plugin` in the policy file at `path` (created when missing, with an all-zero
+    /// pin that no file matches), then validates the result and writes it atomically; on any error the file
+    /// is left as it was.
+    pub fn edit(
+        path: &Path,
+        plugin: &str,
+        f: impl FnOnce(&mut serde_json::Map<String, Value>),
+    ) -> Result<(), PolicyError> {
+        let io = |msg: String| PolicyError::Io {
+            path: path.display().to_string(),
+            msg,
+        };
+        let mut doc: Value = match std::fs::read_to_string(path) {
+            Ok(t) => serde_json::from_str(&t).map_err(|e| io(format!("not JSON: {e}")))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::json!({}),
+            Err(e) => return Err(io(e.to_string())),
+        };
+        let plugins = doc
+            .as_object_mut()
+            .ok_or_else(|| io("not a JSON object".into()))?
+            .entry("plugins")
+            .or_insert_with(|| serde_json::json!({}));
+        let entry = plugins
+            .as_object_mut()
+            .ok_or_else(|| io("`plugins` is not an object".into()))?
+            .entry(plugin)
+            .or_insert_with(|| serde_json::json!({"sha256": "0".repeat(64)}));
+        let entry = entry
+            .as_object_mut()
+            .ok_or_else(|| io(format!("`plugins.{plugin}` is not an object")))?;
+        f(entry);
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| io(e.to_string()))?;
+        // Refuse to write a file that would not load.
+        Self::parse(path, &text)?;
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| io(e.to_string()))?;
+        let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| io(e.to_string()))?;
+        std::fs::write(tmp.path(), text + "\n").map_err(|e| io(e.to_string()))?;
+        tmp.persist(path).map_err(|e| io(e.to_string()))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn manifest(capabilities: Value) -> Manifest {
+        Manifest {
+            name: "p".into(),
+            version: "1".into(),
+            description: String::new(),
+            functions: Vec::new(),
+            capabilities,
+        }
+    }
+
+    const SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+    fn policy(dir: &Path, entry: Value) -> Policy {
+        let doc = json!({"defaults": {"timeout_ms": 750}, "plugins": {"p": entry}});
+        Policy::parse(&dir.join("policy.json"), &doc.to_string()).unwrap()
+    }
+
+    #[test]
+    fn refuses_unknown_changed_and_ungranted_plugins() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("docs")).unwrap();
+        let m = manifest(json!({
+            "filesystem": [{"path": "/data", "access": "read-write"}],
+            "env": ["A", "B"],
+            "network": ["api.example:443"]
+        }));
+        let e = Policy::none().grant(&m, SHA).unwrap_err();
+        assert!(matches!(e, PolicyError::NotApproved { .. }), "{e}");
+        let p = policy(dir.path(), json!({"sha256": "b".repeat(64)}));
+        let e = p.grant(&m, SHA).unwrap_err();
+        assert!(matches!(e, PolicyError::Changed { .. }), "{e}");
+        let p = policy(
+            dir.path(),
+            json!({"sha256": SHA, "filesystem": [{"guest": "/data", "host": "docs", "access": "read"}],
+                   "env": {"A": "1"}, "network": ["api.example:80"]}),
+        );
+        let e = p.grant(&m, SHA).unwrap_err();
+        let msg = e.to_string();
+        let PolicyError::Denied { missing, .. } = e else {
+            panic!("{msg}")
+        };
+        assert_eq!(
+            missing,
+            [
+                "directory /data read-write (the policy grants it read-only)",
+                "env B",
+                "network api.example:443"
+            ]
+        );
+    }
+
+    #[test]
+    fn grants_exactly_what_is_asked_and_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("docs")).unwrap();
+        let m = manifest(json!({
+            "filesystem": [{"path": "/data", "access": "read"}],
+            "env": ["A"],
+            "network": ["127.0.0.1:8080"]
+        }));
+        let p = policy(
+            dir.path(),
+            json!({"sha256": SHA,
+                   "filesystem": [{"guest": "/data", "host": "docs", "access": "read-write"},
+                                  {"guest": "/other", "host": "docs", "access": "read"}],
+                   "env": {"A": "1", "UNASKED": "2"}, "network": ["127.0.0.1:*"],
+                   "limits": {"memory_mib": 16}}),
+        );
+        let g = p.grant(&m, SHA).unwrap();
+        assert_eq!(
+            g.preopens,
+            [Preopen {
+                host: dir.path().join("docs"),
+                guest: "/data".into(),
+                write: false
+            }]
+        );
+        assert_eq!(g.env, [("A".to_owned(), "1".to_owned())]);
+        assert_eq!(g.network.len(), 1);
+        assert!(g.network[0].allows("127.0.0.1:8080".parse().unwrap()));
+        assert!(!g.network[0].allows("127.0.0.1:8081".parse().unwrap()));
+        assert!(!g.network[0].allows("127.0.0.2:8080".parse().unwrap()));
+        assert_eq!(g.limits.memory, 16 << 20);
+        assert_eq!(g.limits.timeout, Duration::from_millis(750));
+        // A missing granted directory is a clear error, not a silent empty grant.
+        let p = policy(
+            dir.path(),
+            json!({"sha256": SHA, "filesystem": [{"guest": "/data", "host": "nope", "access": "read"}],
+                   "env": {"A": "1"}, "network": ["127.0.0.1:*"]}),
+        );
+        assert!(matches!(p.grant(&m, SHA), Err(PolicyError::Grant { .. })));
+    }
+
+    #[test]
+    fn invalid_files_name_the_problem() {
+        let path = Path::new("/x/policy.json");
+        let e = Policy::parse(path, r#"{"plugins": {"p": {"sha256": "zz"}}}"#).unwrap_err();
+        assert!(e.to_string().contains("/plugins/p/sha256"), "{e}");
+        let e = Policy::parse(path, r#"{"plugin": {}}"#).unwrap_err();
+        assert!(e.to_string().contains("plugin"), "{e}");
+        let e = Policy::parse(
+            path,
+            &json!({"plugins": {"p": {"sha256": SHA, "network": ["no-port"]}}}).to_string(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("network"), "{e}");
+    }
+
+    #[test]
+    fn approve_pins_and_keeps_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.json");
+        Policy::approve(&path, "p", SHA).unwrap();
+        assert_eq!(Policy::load(&path).unwrap().pinned("p"), Some(SHA));
+        let doc = json!({"defaults": {"timeout_ms": 10},
+            "plugins": {"p": {"sha256": SHA, "env": {"A": "1"}}}});
+        std::fs::write(&path, doc.to_string()).unwrap();
+        let other = "c".repeat(64);
+        Policy::approve(&path, "p", &other).unwrap();
+        let p = Policy::load(&path).unwrap();
+        assert_eq!(p.pinned("p"), Some(other.as_str()));
+        assert_eq!(p.default_limits().timeout, Duration::from_millis(10));
+        let again: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(again["plugins"]["p"]["env"]["A"], "1");
+        assert_eq!(p.audit_path(), Some(dir.path().join("audit.jsonl")));
+    }
+
+    #[test]
+    fn net_rules_parse() {
+        assert_eq!(
+            NetRule::parse("Example.com:443"),
+            Some(("example.com".into(), Some(443)))
+        );
+        assert_eq!(NetRule::parse("[::1]:*"), Some(("::1".into(), None)));
+        assert_eq!(NetRule::parse("host"), None);
+        assert_eq!(NetRule::parse(":80"), None);
+        assert_eq!(NetRule::parse("h:99999"), None);
+    }
+}

@@ -1,0 +1,175 @@
+//! The installed plugins: every component in a directory, admitted by the policy, their functions gathered
+//! into one tool set, and calls routed by tool name and audited.
+
+use super::{AuditLog, CallReport, Plugin, PluginError, PluginHost, Policy};
+use crate::tools::ToolSet;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A component that was not loaded, and why.
+#[derive(Debug)]
+pub struct Refusal {
+    /// The component file.
+    pub path: PathBuf,
+    /// Why.
+    pub error: PluginError,
+}
+
+/// The plugins of one directory under one policy.
+#[derive(Debug, Default)]
+pub struct PluginSet {
+    plugins: Vec<Arc<Plugin>>,
+    by_tool: HashMap<String, usize>,
+    tools: ToolSet,
+    refused: Vec<Refusal>,
+    audit: Option<Arc<AuditLog>>,
+}
+
+/// The `.wasm` files of `dir`, sorted (none when it does not exist).
+pub fn components(dir: &Path) -> Result<Vec<PathBuf>, PluginError> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(PluginError::Load {
+                path: dir.display().to_string(),
+                msg: e.to_string(),
+            });
+        }
+    };
+    let mut out: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wasm") && p.is_file())
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+impl PluginSet {
+    /// Loads every `.wasm` in `dir` under `policy`. A plugin the policy refuses (or that fails to load, or
+    /// whose function names clash with one already loaded) is skipped and listed in [`PluginSet::refused`];
+    /// the others serve. The audit log named by the policy is opened here, and failing to open it is an
+    /// error: plugins never run unaudited under a policy file.
+    pub fn load_dir(host: &PluginHost, dir: &Path, policy: &Policy) -> Result<Self, PluginError> {
+        let audit = match policy.audit_path() {
+            Some(p) => Some(Arc::new(AuditLog::open(&p)?)),
+            None => None,
+        };
+        let mut set = PluginSet {
+            audit,
+            ..PluginSet::default()
+        };
+        let mut defs = Vec::new();
+        for path in components(dir)? {
+            let plugin = match host.load(&path, policy) {
+                Ok(p) => p,
+                Err(error) => {
+                    tracing::warn!(path = %path.display(), %error, "plugin refused");
+                    set.refused.push(Refusal { path, error });
+                    continue;
+                }
+            };
+            let clash = plugin.manifest().functions.iter().find_map(|f| {
+                set.by_tool
+                    .get(&f.name)
+                    .map(|&i| (f.name.clone(), set.plugins[i].name().to_owned()))
+            });
+            if let Some((function, other)) = clash {
+                let error = PluginError::Load {
+                    path: path.display().to_string(),
+                    msg: format!(
+                        "its function {function:?} has the same name as one of plugin {other:?}"
+                    ),
+                };
+                tracing::warn!(%error, "plugin refused");
+                set.refused.push(Refusal { path, error });
+                continue;
+            }
+            let plugin = match &set.audit {
+                Some(log) => plugin.with_audit(Arc::clone(log)),
+                None => plugin,
+            };
+            let index = set.plugins.len();
+            for f in &plugin.manifest().functions {
+                set.by_tool.insert(f.name.clone(), index);
+                defs.push(
+                    serde_json::json!({"type": "function", "function": {"name": f.name,
+                    "description": f.description, "parameters": f.parameters}}),
+                );
+            }
+            tracing::info!(plugin = plugin.name(), path = %path.display(), "plugin loaded");
+            set.plugins.push(Arc::new(plugin));
+        }
+        set.tools = ToolSet::new(&defs).map_err(|e| PluginError::Load {
+            path: dir.display().to_string(),
+            msg: e.to_string(),
+        })?;
+        Ok(set)
+    }
+
+    /// The loaded plugins.
+    pub fn plugins(&self) -> &[Arc<Plugin>] {
+        &self.plugins
+    }
+
+    /// The components that were not loaded.
+    pub fn refused(&self) -> &[Refusal] {
+        &self.refused
+    }
+
+    /// Every function of every loaded plugin, as tools.
+    pub fn tools(&self) -> &ToolSet {
+        &self.tools
+    }
+
+    /// The audit log, if the policy has one.
+    pub fn audit(&self) -> Option<&AuditLog> {
+        self.audit.as_deref()
+    }
+
+    /// The plugin that provides `tool`.
+    pub fn plugin_for(&self, tool: &str) -> Option<&Arc<Plugin>> {
+        self.by_tool.get(tool).map(|&i| &self.plugins[i])
+    }
+
+    /// Calls the plugin that provides `tool`.
+    pub async fn call_async(
+        &self,
+        conversation: Option<&str>,
+        tool: &str,
+        args: &Value,
+    ) -> (Result<Value, PluginError>, CallReport) {
+        match self.plugin_for(tool) {
+            Some(p) => p.call_async(conversation, tool, args).await,
+            None => (
+                Err(PluginError::UnknownFunction {
+                    plugin: "(any installed)".into(),
+                    function: tool.to_owned(),
+                }),
+                CallReport::default(),
+            ),
+        }
+    }
+
+    /// [`PluginSet::call_async`], blocking.
+    pub fn call(
+        &self,
+        conversation: Option<&str>,
+        tool: &str,
+        args: &Value,
+    ) -> (Result<Value, PluginError>, CallReport) {
+        match self.plugin_for(tool) {
+            Some(p) => p.call_reported(conversation, tool, args),
+            None => (
+                Err(PluginError::UnknownFunction {
+                    plugin: "(any installed)".into(),
+                    function: tool.to_owned(),
+                }),
+                CallReport::default(),
+            ),
+        }
+    }
+}

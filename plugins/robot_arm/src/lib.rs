@@ -1,0 +1,282 @@
+//! A robot-arm actuator simulator, the shape of a plugin that fronts real hardware: a 4-joint arm (base yaw,
+//! shoulder, elbow, wrist pitch) and a gripper. The joint limits are in the schema, so a constrained model
+//! cannot even write an out-of-range move and the host rejects one before the plugin runs; the plugin checks
+//! them again (never trust the caller with hardware) and also refuses poses that would drive the tool into
+//! the table. The pose persists in `/state` (read-write), as a real arm keeps its pose between calls.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use thorn_plugin_sdk::Plugin;
+
+/// Where the granted state directory appears inside the sandbox.
+pub const STATE: &str = "/state/arm.json";
+
+/// Link lengths in metres: base height, upper arm, forearm, wrist to tool tip.
+const LINKS: [f64; 4] = [0.10, 0.25, 0.20, 0.08];
+/// Joint limits in degrees, in the order base, shoulder, elbow, wrist.
+pub const LIMITS: [(&str, f64, f64); 4] = [
+    ("base", -170.0, 170.0),
+    ("shoulder", -90.0, 90.0),
+    ("elbow", 0.0, 150.0),
+    ("wrist", -120.0, 120.0),
+];
+/// Slowest joint speed in degrees per second at speed 100%.
+const MAX_SPEED: f64 = 90.0;
+
+/// A move: absolute joint targets in degrees; joints left out stay where they are.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Move {
+    /// Base yaw, degrees.
+    #[schemars(range(min = -170.0, max = 170.0))]
+    pub base: Option<f64>,
+    /// Shoulder pitch from vertical, degrees (positive leans forward).
+    #[schemars(range(min = -90.0, max = 90.0))]
+    pub shoulder: Option<f64>,
+    /// Elbow bend relative to the upper arm, degrees.
+    #[schemars(range(min = 0.0, max = 150.0))]
+    pub elbow: Option<f64>,
+    /// Wrist pitch relative to the forearm, degrees.
+    #[schemars(range(min = -120.0, max = 120.0))]
+    pub wrist: Option<f64>,
+    /// Gripper opening, percent (0 closed, 100 open).
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub gripper: Option<f64>,
+    /// Speed, percent of the maximum.
+    #[schemars(range(min = 1.0, max = 100.0))]
+    pub speed: Option<f64>,
+}
+
+/// No arguments.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Nothing {}
+
+/// Where the arm is.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct Pose {
+    /// Joint angles in degrees: base, shoulder, elbow, wrist.
+    pub joints: [f64; 4],
+    /// Gripper opening, percent.
+    pub gripper: f64,
+}
+
+impl Default for Pose {
+    fn default() -> Self {
+        Pose {
+            joints: [0.0, 0.0, 90.0, 0.0],
+            gripper: 100.0,
+        }
+    }
+}
+
+/// What the arm reports after every call.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Status {
+    /// Joint angles in degrees.
+    pub base: f64,
+    /// See `base`.
+    pub shoulder: f64,
+    /// See `base`.
+    pub elbow: f64,
+    /// See `base`.
+    pub wrist: f64,
+    /// Gripper opening, percent.
+    pub gripper: f64,
+    /// Tool tip position in metres, base frame (x forward, z up).
+    pub tool: [f64; 3],
+    /// Simulated time the last motion took, seconds.
+    pub motion_seconds: f64,
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let s = 10f64.powi(digits);
+    (x * s).round() / s
+}
+
+/// Forward kinematics: the tool tip for a pose, and the lowest point of the elbow, wrist and tip.
+pub fn tool_position(j: &[f64; 4]) -> ([f64; 3], f64) {
+    let rad = |d: f64| d.to_radians();
+    let (t1, t2) = (rad(j[1]), rad(j[1] + j[2]));
+    let t3 = rad(j[1] + j[2] + j[3]);
+    let elbow = (LINKS[1] * t1.sin(), LINKS[0] + LINKS[1] * t1.cos());
+    let wrist = (elbow.0 + LINKS[2] * t2.sin(), elbow.1 + LINKS[2] * t2.cos());
+    let tip = (wrist.0 + LINKS[3] * t3.sin(), wrist.1 + LINKS[3] * t3.cos());
+    let yaw = rad(j[0]);
+    let lowest = elbow.1.min(wrist.1).min(tip.1);
+    (
+        [
+            round(tip.0 * yaw.cos(), 4),
+            round(tip.0 * yaw.sin(), 4),
+            round(tip.1, 4),
+        ],
+        lowest,
+    )
+}
+
+fn status(p: &Pose, motion_seconds: f64) -> Status {
+    Status {
+        base: p.joints[0],
+        shoulder: p.joints[1],
+        elbow: p.joints[2],
+        wrist: p.joints[3],
+        gripper: p.gripper,
+        tool: tool_position(&p.joints).0,
+        motion_seconds: round(motion_seconds, 3),
+    }
+}
+
+fn load() -> Result<Pose, String> {
+    match std::fs::read_to_string(STATE) {
+        Ok(t) => serde_json::from_str(&t).map_err(|e| format!("the arm's state is damaged: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Pose::default()),
+        Err(e) => Err(format!(
+            "cannot read the arm's state: {e} (is /state granted?)"
+        )),
+    }
+}
+
+fn save(p: &Pose) -> Result<(), String> {
+    let text = serde_json::to_string(p).map_err(|e| e.to_string())?;
+    let tmp = format!("{STATE}.tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, STATE))
+        .map_err(|e| format!("cannot save the arm's state: {e} (is /state granted read-write?)"))
+}
+
+/// Applies a move to `from`: the new pose and the time it takes, or why it is refused.
+pub fn plan(from: &Pose, m: &Move) -> Result<(Pose, f64), String> {
+    let targets = [m.base, m.shoulder, m.elbow, m.wrist];
+    let mut to = from.clone();
+    for (i, (t, (name, lo, hi))) in targets.iter().zip(LIMITS).enumerate() {
+        if let Some(t) = *t {
+            if !t.is_finite() || t < lo || t > hi {
+                return Err(format!(
+                    "refused: {name} {t} degrees is outside its limits [{lo}, {hi}]"
+                ));
+            }
+            to.joints[i] = t;
+        }
+    }
+    if let Some(g) = m.gripper {
+        if !(0.0..=100.0).contains(&g) {
+            return Err(format!("refused: gripper {g}% is outside [0, 100]"));
+        }
+        to.gripper = g;
+    }
+    let (tip, lowest) = tool_position(&to.joints);
+    if lowest < 0.0 {
+        return Err(format!(
+            "refused: that pose puts the arm {:.3} m below the table (tool tip at z = {} m)",
+            -lowest, tip[2]
+        ));
+    }
+    let speed = m.speed.unwrap_or(50.0);
+    if !(1.0..=100.0).contains(&speed) {
+        return Err(format!("refused: speed {speed}% is outside [1, 100]"));
+    }
+    let travel = from
+        .joints
+        .iter()
+        .zip(to.joints)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    Ok((to, travel / (MAX_SPEED * speed / 100.0)))
+}
+
+/// Moves the joints (absolute targets), if the move is safe.
+pub fn move_joints(m: Move) -> Result<Status, String> {
+    let from = load()?;
+    let (to, secs) = plan(&from, &m)?;
+    save(&to)?;
+    Ok(status(&to, secs))
+}
+
+/// Reports the pose without moving.
+pub fn state(_: Nothing) -> Result<Status, String> {
+    Ok(status(&load()?, 0.0))
+}
+
+/// Returns to the home pose.
+pub fn home(_: Nothing) -> Result<Status, String> {
+    let from = load()?;
+    let h = Pose::default();
+    let (to, secs) = plan(
+        &from,
+        &Move {
+            base: Some(h.joints[0]),
+            shoulder: Some(h.joints[1]),
+            elbow: Some(h.joints[2]),
+            wrist: Some(h.joints[3]),
+            gripper: Some(h.gripper),
+            speed: None,
+        },
+    )?;
+    save(&to)?;
+    Ok(status(&to, secs))
+}
+
+thorn_plugin_sdk::plugin!(
+    Plugin::new(
+        "robot_arm",
+        "0.1.0",
+        "A simulated 4-joint robot arm with a gripper. Joint limits: base -170..170, shoulder -90..90, elbow 0..150, wrist -120..120 degrees."
+    )
+    .wants_dir("/state", "read-write")
+    .function(
+        "move_joints",
+        "Moves the arm's joints to absolute angles in degrees and/or sets the gripper; joints left out stay put. Refuses moves outside the joint limits or into the table.",
+        move_joints
+    )
+    .function("arm_state", "Reports the joint angles, the gripper and the tool tip position.", state)
+    .function("arm_home", "Moves the arm back to its home pose.", home)
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mv(shoulder: Option<f64>, elbow: Option<f64>) -> Move {
+        Move {
+            base: None,
+            shoulder,
+            elbow,
+            wrist: None,
+            gripper: None,
+            speed: Some(100.0),
+        }
+    }
+
+    #[test]
+    fn kinematics_of_known_poses() {
+        // Straight up: everything stacked on the z axis.
+        let (tip, _) = tool_position(&[0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(tip, [0.0, 0.0, 0.63]);
+        // Home: forearm horizontal forward.
+        let (tip, low) = tool_position(&Pose::default().joints);
+        assert_eq!(tip, [0.28, 0.0, 0.35]);
+        assert!(low > 0.0);
+        // Base turned 90 degrees moves the tip to +y.
+        let (tip, _) = tool_position(&[90.0, 0.0, 90.0, 0.0]);
+        assert_eq!(tip, [0.0, 0.28, 0.35]);
+    }
+
+    #[test]
+    fn refuses_unsafe_moves() {
+        let home = Pose::default();
+        let e = plan(&home, &mv(Some(95.0), None)).unwrap_err();
+        assert!(e.contains("shoulder 95 degrees is outside"), "{e}");
+        let e = plan(&home, &mv(Some(90.0), Some(90.0))).unwrap_err();
+        assert!(e.contains("below the table"), "{e}");
+        let (to, secs) = plan(&home, &mv(Some(30.0), None)).unwrap();
+        assert_eq!(to.joints, [0.0, 30.0, 90.0, 0.0]);
+        assert!((secs - 30.0 / 90.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn schema_carries_the_limits() {
+        let s = thorn_plugin_sdk::schema_of::<Move>();
+        assert_eq!(s["properties"]["elbow"]["maximum"], 150.0);
+        assert_eq!(s["properties"]["shoulder"]["minimum"], -90.0);
+    }
+}
