@@ -38,12 +38,28 @@ pub mod bindings {
 
 type Handler = Box<dyn Fn(&str) -> Result<String, String> + Send + Sync>;
 
+/// A schema, generated only when the manifest is asked for: every call runs in a fresh instance, so work
+/// done while building the [`Plugin`] is paid on every call.
+enum Schema {
+    Of(fn() -> Value),
+    Given(Value),
+}
+
+impl Schema {
+    fn get(&self) -> Value {
+        match self {
+            Schema::Of(f) => f(),
+            Schema::Given(v) => v.clone(),
+        }
+    }
+}
+
 /// One function of a plugin.
 struct Function {
     name: String,
     description: String,
-    parameters: Value,
-    returns: Value,
+    parameters: Schema,
+    returns: Schema,
     run: Handler,
 }
 
@@ -98,8 +114,8 @@ impl Plugin {
         self.functions.push(Function {
             name: name.into(),
             description: description.into(),
-            parameters: schema_of::<A>(),
-            returns: schema_of::<R>(),
+            parameters: Schema::Of(schema_of::<A>),
+            returns: Schema::Of(schema_of::<R>),
             run,
         });
         self
@@ -115,8 +131,8 @@ impl Plugin {
         self.functions.push(Function {
             name: name.into(),
             description: description.into(),
-            parameters,
-            returns: Value::Bool(true),
+            parameters: Schema::Given(parameters),
+            returns: Schema::Given(Value::Bool(true)),
             run: Box::new(f),
         });
         self
@@ -153,8 +169,8 @@ impl Plugin {
             .functions
             .iter()
             .map(|f| {
-                json!({"name": f.name, "description": f.description, "parameters": f.parameters,
-                    "returns": f.returns})
+                json!({"name": f.name, "description": f.description, "parameters": f.parameters.get(),
+                    "returns": f.returns.get()})
             })
             .collect();
         json!({

@@ -3,9 +3,11 @@
 //! A line records when, which conversation, which plugin (name and sha256), which function, the sha256 of
 //! the arguments' JSON text (and, when the policy says so, the arguments themselves), the outcome
 //! (`ok`, `rejected` before the plugin ran, or `error` with its kind and message), the duration and the fuel
-//! used. The file is opened in append mode; each line is written whole under a lock and `fdatasync`ed before
-//! [`AuditLog::append`] returns, so a crash right after a tool's effect still leaves its record. A call whose
-//! record cannot be written fails: an unaudited result is never handed back.
+//! used. The file is opened in append mode; each line is written whole under a lock and is covered by an
+//! `fdatasync` before [`AuditLog::append`] returns, so a crash right after a tool's effect still leaves its
+//! record. Syncs are group-committed: a caller whose line was already covered by another caller's sync
+//! (one that started after the line was written) returns without syncing again, so concurrent calls share
+//! one disk flush. A call whose record cannot be written fails: an unaudited result is never handed back.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -13,6 +15,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 use thiserror::Error;
 
@@ -90,7 +93,14 @@ impl Record<'_> {
 #[derive(Debug)]
 pub struct AuditLog {
     path: PathBuf,
+    /// Held while a line is written, so lines never interleave.
     file: Mutex<File>,
+    /// Lines written so far (their sequence numbers are 1, 2, ...).
+    written: AtomicU64,
+    /// Held while syncing; holds the number of lines known durable.
+    synced: Mutex<u64>,
+    /// A second handle to the file, for syncing without holding the write lock.
+    sync_handle: File,
 }
 
 impl AuditLog {
@@ -110,7 +120,10 @@ impl AuditLog {
             .map_err(err)?;
         Ok(AuditLog {
             path: path.to_owned(),
+            sync_handle: file.try_clone().map_err(err)?,
             file: Mutex::new(file),
+            written: AtomicU64::new(0),
+            synced: Mutex::new(0),
         })
     }
 
@@ -128,9 +141,22 @@ impl AuditLog {
         let mut line = serde_json::to_vec(record).map_err(|e| err(e.to_string()))?;
         line.push(b'\n');
         // A poisoned lock only means another writer panicked mid-call; the file handle is still fine.
-        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        f.write_all(&line).map_err(|e| err(e.to_string()))?;
-        f.sync_data().map_err(|e| err(e.to_string()))
+        let mine = {
+            let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+            f.write_all(&line).map_err(|e| err(e.to_string()))?;
+            self.written.fetch_add(1, Ordering::SeqCst) + 1
+        };
+        let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
+        if *synced >= mine {
+            return Ok(()); // a sync that started after our write covered it
+        }
+        // Everything written before this sync starts is covered by it.
+        let upto = self.written.load(Ordering::SeqCst);
+        self.sync_handle
+            .sync_data()
+            .map_err(|e| err(e.to_string()))?;
+        *synced = upto;
+        Ok(())
     }
 }
 
@@ -177,5 +203,51 @@ mod tests {
         assert_eq!(lines[0]["outcome"], "ok");
         assert!(lines[1].get("args").is_none());
         assert_eq!(lines[1]["error_kind"], "timeout");
+    }
+
+    #[test]
+    fn concurrent_appends_stay_whole_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path).unwrap();
+        let big = "x".repeat(10_000);
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let (log, big) = (&log, &big);
+                s.spawn(move || {
+                    for i in 0..50 {
+                        let conv = format!("t{t}-{i}");
+                        log.append(&Record {
+                            time: Record::now(SystemTime::now()),
+                            conversation: Some(&conv),
+                            plugin: "p",
+                            plugin_sha256: "ab",
+                            function: big,
+                            args_sha256: String::new(),
+                            args: None,
+                            outcome: Outcome::Ok,
+                            error_kind: None,
+                            error: None,
+                            duration_us: 1,
+                            fuel: None,
+                            result_bytes: 0,
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut seen: Vec<String> = text
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                v["conversation"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 400);
+        assert_eq!(*log.synced.lock().unwrap(), 400);
     }
 }
