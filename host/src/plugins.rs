@@ -461,3 +461,87 @@ fn grant(policy_path: &Path, g: GrantArgs) -> Result<()> {
     println!("updated {} for {}", policy_path.display(), g.plugin);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(plugin: &str) -> GrantArgs {
+        GrantArgs {
+            plugin: plugin.into(),
+            dir: Vec::new(),
+            dir_rw: Vec::new(),
+            env: Vec::new(),
+            env_from_host: Vec::new(),
+            net: Vec::new(),
+            timeout_ms: None,
+            memory_mib: None,
+            fuel: None,
+            max_concurrent: None,
+            audit_arguments: false,
+        }
+    }
+
+    #[test]
+    fn grant_edits_the_policy_and_keeps_it_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.json");
+        let docs = dir.path().join("docs");
+        grant(
+            &path,
+            GrantArgs {
+                dir: vec![format!("/data={}", docs.display())],
+                env: vec!["A=1".into()],
+                net: vec!["example.com:443".into()],
+                timeout_ms: Some(250),
+                ..args("files")
+            },
+        )
+        .unwrap();
+        // Granting again replaces the mount of the same guest path and adds, never duplicates.
+        grant(
+            &path,
+            GrantArgs {
+                dir_rw: vec![format!("/data={}", docs.display())],
+                net: vec!["example.com:443".into()],
+                audit_arguments: true,
+                ..args("files")
+            },
+        )
+        .unwrap();
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let e = &doc["plugins"]["files"];
+        assert_eq!(e["sha256"], "0".repeat(64), "granted, not yet approved");
+        assert_eq!(
+            e["filesystem"],
+            json!([{"guest": "/data", "host": docs.display().to_string(), "access": "read-write"}])
+        );
+        assert_eq!(e["env"], json!({"A": "1"}));
+        assert_eq!(e["network"], json!(["example.com:443"]));
+        assert_eq!(e["limits"], json!({"timeout_ms": 250}));
+        assert_eq!(e["audit_arguments"], true);
+        // A bad value is refused and the file is left as it was.
+        let before = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            grant(
+                &path,
+                GrantArgs {
+                    net: vec!["no-port".into()],
+                    ..args("files")
+                }
+            )
+            .is_err()
+        );
+        assert!(
+            grant(
+                &path,
+                GrantArgs {
+                    env: vec!["novalue".into()],
+                    ..args("files")
+                }
+            )
+            .is_err()
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
+    }
+}

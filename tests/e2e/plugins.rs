@@ -379,6 +379,38 @@ fn hostile_plugins_are_stopped_with_clear_errors() {
         still_serves(&p);
     }
     drop(listener);
+
+    // Fuel makes a runaway guest stop deterministically, long before its deadline.
+    let metered = host()
+        .load_with(
+            p.path(),
+            Grant {
+                limits: Limits {
+                    fuel: Some(50_000_000),
+                    ..p.grant().limits.clone()
+                },
+                ..p.grant().clone()
+            },
+        )
+        .unwrap();
+    let err = metered.call("spin", &json!({})).unwrap_err();
+    assert!(matches!(err, PluginError::Fuel { .. }), "{err}");
+    let (out, report) = metered.call_reported(None, "ok", &json!({"n": 1}));
+    assert_eq!(out.unwrap(), json!(2));
+    assert!(
+        report.fuel.is_some_and(|f| f > 0 && f < 50_000_000),
+        "{report:?}"
+    );
+
+    // Synchronous calls work from inside an async runtime too (the server's case).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let inside = rt.block_on(async { metered.call("ok", &json!({"n": 2})) });
+    assert_eq!(inside.unwrap(), json!(3));
+    let awaited = rt.block_on(metered.call_async(Some("c"), "ok", &json!({"n": 3})));
+    assert_eq!(awaited.0.unwrap(), json!(4));
 }
 
 fn write_policy(dir: &Path, doc: Value) -> Policy {

@@ -794,7 +794,7 @@ impl Plugin {
             fuel: report.fuel,
             result_bytes: bytes,
         };
-        match log.append(&record) {
+        match log.append_async(&record).await {
             Ok(()) => (out, report),
             Err(e) => (Err(e.into()), report),
         }

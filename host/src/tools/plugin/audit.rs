@@ -14,8 +14,8 @@ use serde_json::Value;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use thiserror::Error;
 
@@ -97,10 +97,11 @@ pub struct AuditLog {
     file: Mutex<File>,
     /// Lines written so far (their sequence numbers are 1, 2, ...).
     written: AtomicU64,
-    /// Held while syncing; holds the number of lines known durable.
-    synced: Mutex<u64>,
+    /// Held while syncing; holds the number of lines known durable. An async lock, so callers waiting for
+    /// a sync yield their worker thread instead of blocking it.
+    synced: tokio::sync::Mutex<u64>,
     /// A second handle to the file, for syncing without holding the write lock.
-    sync_handle: File,
+    sync_handle: Arc<File>,
 }
 
 impl AuditLog {
@@ -120,10 +121,10 @@ impl AuditLog {
             .map_err(err)?;
         Ok(AuditLog {
             path: path.to_owned(),
-            sync_handle: file.try_clone().map_err(err)?,
+            sync_handle: Arc::new(file.try_clone().map_err(err)?),
             file: Mutex::new(file),
             written: AtomicU64::new(0),
-            synced: Mutex::new(0),
+            synced: tokio::sync::Mutex::new(0),
         })
     }
 
@@ -132,21 +133,27 @@ impl AuditLog {
         &self.path
     }
 
-    /// Appends one record and makes it durable.
-    pub fn append(&self, record: &Record<'_>) -> Result<(), AuditError> {
-        let err = |msg: String| AuditError {
+    /// Writes one record's line (not yet durable); returns its sequence number.
+    fn write(&self, record: &Record<'_>) -> Result<u64, AuditError> {
+        let mut line = serde_json::to_vec(record).map_err(|e| self.err(e.to_string()))?;
+        line.push(b'\n');
+        // A poisoned lock only means another writer panicked mid-write; the file handle is still fine.
+        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        f.write_all(&line).map_err(|e| self.err(e.to_string()))?;
+        Ok(self.written.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    fn err(&self, msg: String) -> AuditError {
+        AuditError {
             path: self.path.display().to_string(),
             msg,
-        };
-        let mut line = serde_json::to_vec(record).map_err(|e| err(e.to_string()))?;
-        line.push(b'\n');
-        // A poisoned lock only means another writer panicked mid-call; the file handle is still fine.
-        let mine = {
-            let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-            f.write_all(&line).map_err(|e| err(e.to_string()))?;
-            self.written.fetch_add(1, Ordering::SeqCst) + 1
-        };
-        let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Appends one record and makes it durable (blocking; not from inside an async runtime).
+    pub fn append(&self, record: &Record<'_>) -> Result<(), AuditError> {
+        let mine = self.write(record)?;
+        let mut synced = self.synced.blocking_lock();
         if *synced >= mine {
             return Ok(()); // a sync that started after our write covered it
         }
@@ -154,7 +161,25 @@ impl AuditLog {
         let upto = self.written.load(Ordering::SeqCst);
         self.sync_handle
             .sync_data()
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| self.err(e.to_string()))?;
+        *synced = upto;
+        Ok(())
+    }
+
+    /// [`AuditLog::append`] for async callers: the sync runs on a blocking thread, and while it runs other
+    /// calls go on and queue their lines, which the next sync then covers together.
+    pub async fn append_async(&self, record: &Record<'_>) -> Result<(), AuditError> {
+        let mine = self.write(record)?;
+        let mut synced = self.synced.lock().await;
+        if *synced >= mine {
+            return Ok(());
+        }
+        let upto = self.written.load(Ordering::SeqCst);
+        let file = Arc::clone(&self.sync_handle);
+        tokio::task::spawn_blocking(move || file.sync_data())
+            .await
+            .map_err(|e| self.err(e.to_string()))?
+            .map_err(|e| self.err(e.to_string()))?;
         *synced = upto;
         Ok(())
     }
@@ -248,6 +273,48 @@ mod tests {
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), 400);
-        assert_eq!(*log.synced.lock().unwrap(), 400);
+        assert_eq!(*log.synced.blocking_lock(), 400);
+    }
+
+    #[test]
+    fn async_appends_share_syncs() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(AuditLog::open(&dir.path().join("audit.jsonl")).unwrap());
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..64)
+                .map(|i| {
+                    let log = Arc::clone(&log);
+                    tokio::spawn(async move {
+                        let conv = format!("c{i}");
+                        let r = Record {
+                            time: Record::now(SystemTime::now()),
+                            conversation: Some(&conv),
+                            plugin: "p",
+                            plugin_sha256: "ab",
+                            function: "f",
+                            args_sha256: String::new(),
+                            args: None,
+                            outcome: Outcome::Ok,
+                            error_kind: None,
+                            error: None,
+                            duration_us: 1,
+                            fuel: None,
+                            result_bytes: 0,
+                        };
+                        log.append_async(&r).await.unwrap();
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let text = std::fs::read_to_string(log.path()).unwrap();
+        assert_eq!(text.lines().count(), 64);
+        assert_eq!(*log.synced.blocking_lock(), 64);
     }
 }
