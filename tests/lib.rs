@@ -94,3 +94,128 @@ pub fn sampled(prompt: Vec<u32>, seed: u64, max: usize) -> thorn::engine::Reques
         ..thorn::engine::Request::greedy(prompt, max)
     }
 }
+
+/// A response read off the wire by [`http`].
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    /// Status code.
+    pub status: u16,
+    /// Headers, names lowercased.
+    pub headers: Vec<(String, String)>,
+    /// The body (de-chunked).
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// The `data:` payloads of a server-sent-events body.
+    pub fn sse(&self) -> Vec<String> {
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// Writes an HTTP/1.1 request (the connection closes after it).
+pub fn http_send(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the test server");
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        && !body.is_empty()
+    {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).expect("write request head");
+    // A server may answer (413) and close before reading a large body; that is not an error here.
+    let _ = s.write_all(body);
+    s
+}
+
+/// One request, the whole response.
+pub fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> HttpResponse {
+    use std::io::Read;
+    let mut s = http_send(addr, method, path, headers, body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    parse_http(&raw)
+}
+
+fn parse_http(raw: &[u8]) -> HttpResponse {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head in {:?}", String::from_utf8_lossy(raw)));
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut rest = &raw[split + 4..];
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        let mut out = Vec::new();
+        while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+            let size = String::from_utf8_lossy(&rest[..eol]);
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            let data = &rest[eol + 2..];
+            if n == 0 || data.len() < n {
+                out.extend_from_slice(&data[..n.min(data.len())]);
+                break;
+            }
+            out.extend_from_slice(&data[..n]);
+            rest = data[n..].strip_prefix(b"\r\n").unwrap_or(&data[n..]);
+        }
+        out
+    } else {
+        rest.to_vec()
+    };
+    HttpResponse {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}

@@ -8,6 +8,7 @@
 //! tokens are decoded one at a time; text is streamed through an incremental detokenizer and a stop-string
 //! buffer that never emits text that might turn out to be part of a stop string.
 
+pub mod service;
 mod stop;
 
 pub use stop::StopBuffer;
@@ -23,6 +24,7 @@ use crate::sample::{Sampled, Sampler, SamplingParams};
 use crate::tokenizer::{TokenId, Tokenizer, TokenizerError};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -88,6 +90,8 @@ pub struct Request {
     pub stop_tokens: Vec<TokenId>,
     /// Keep going past end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Set from another thread to stop generating (a client went away); checked before every step.
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Request {
@@ -100,7 +104,14 @@ impl Request {
             stop: vec![],
             stop_tokens: vec![],
             ignore_eos: false,
+            cancel: None,
         }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -111,6 +122,19 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` or the context was reached.
     Length,
+    /// [`Request::cancel`] was set.
+    Cancelled,
+}
+
+impl FinishReason {
+    /// Its name in words (`stop`, `length`, `cancelled`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// Timings and counts of one generation.
@@ -397,6 +421,10 @@ impl Engine {
             top: Vec::new(),
         };
         'decode: while tokens.len() < limit {
+            if req.cancelled() {
+                finish = FinishReason::Cancelled;
+                break;
+            }
             if !pending.is_empty() {
                 let out = model.forward(cpu, kv, &pending, Logits::Last, scratch)?;
                 forward_passes += 1;

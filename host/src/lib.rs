@@ -23,6 +23,8 @@
 //! Errors are typed per module (`thiserror`) and gathered in [`Error`]; only the binary uses `anyhow`.
 #![deny(unsafe_code)]
 
+pub mod agent;
+pub mod api;
 pub mod backend;
 pub mod bfcl;
 pub mod chat;

@@ -10,6 +10,7 @@ use thorn::tokenizer::Tokenizer;
 
 mod bench;
 mod plugins;
+mod serve;
 
 #[derive(Parser)]
 #[command(
@@ -40,6 +41,29 @@ enum Cmd {
     Model {
         #[command(subcommand)]
         cmd: ModelCmd,
+    },
+    /// Serve the OpenAI-compatible API, with the installed plugins as host tools.
+    Serve(serve::ServeArgs),
+    /// Chat in the terminal with the model and the installed plugins.
+    Chat {
+        #[command(flatten)]
+        agent: serve::AgentArgs,
+        /// A system message.
+        #[arg(long)]
+        system: Option<String>,
+        /// Sampling temperature (0 = greedy).
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+    },
+    /// Run one task with the installed plugins and print the transcript.
+    Run {
+        /// The task.
+        task: String,
+        #[command(flatten)]
+        agent: serve::AgentArgs,
+        /// A system message.
+        #[arg(long)]
+        system: Option<String>,
     },
     /// Tool plugins: list, inspect, check, call, install, approve, grant.
     Plugins {
@@ -305,6 +329,17 @@ fn main() -> Result<()> {
             cmd: ModelCmd::Info { path, tensors },
         } => info(&resolve(&cache, path)?, tensors),
         Cmd::Plugins { place, cmd } => plugins::run(&cache, &place, cmd),
+        Cmd::Serve(a) => serve::serve(&cache, a),
+        Cmd::Chat {
+            agent,
+            system,
+            temperature,
+        } => serve::chat(&cache, &agent, system.as_deref(), temperature),
+        Cmd::Run {
+            task,
+            agent,
+            system,
+        } => serve::run(&cache, &agent, &task, system.as_deref()),
         Cmd::Tokenize {
             text,
             special,
@@ -334,7 +369,7 @@ fn main() -> Result<()> {
 fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
     use std::io::Write;
     use thorn::chat::{ChatTemplate, Message};
-    use thorn::engine::{Engine, EngineConfig, FinishReason, Request};
+    use thorn::engine::{Engine, EngineConfig, Request};
     use thorn::sample::SamplingParams;
     use thorn::tools::{ResponseFormat, ToolChoice, ToolSet};
     let path = resolve(cache, a.model)?;
@@ -411,6 +446,7 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
         stop: a.stop,
         stop_tokens: vec![],
         ignore_eos: false,
+        cancel: None,
     };
     let mut stdout = std::io::stdout().lock();
     let out = engine.generate_guided(&req, guide.as_mut(), &mut |t| {
@@ -442,11 +478,7 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
         st.decode_tps(),
         engine.cpu().threads(),
         engine.cpu().isa(),
-        if out.finish == FinishReason::Stop {
-            "stop"
-        } else {
-            "length"
-        }
+        out.finish.as_str()
     );
     Ok(())
 }

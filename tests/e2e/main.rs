@@ -6,5 +6,6 @@ mod chat_template;
 mod engine;
 mod model_file;
 mod plugins;
+mod server;
 mod tokenizer;
 mod tool_calls;

@@ -277,6 +277,24 @@ impl Default for HostConfig {
 /// Calls in flight at once when the on-demand allocator is used.
 const ON_DEMAND_SLOTS: usize = 1024;
 
+/// What must live as long as any plugin: the epoch ticker (a guest only yields, and is only interrupted,
+/// while epochs advance) and the runtime synchronous calls run on. Every [`Plugin`] holds it, so dropping
+/// the [`PluginHost`] first is harmless.
+struct Shared {
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(rt) = self.runtime.take() {
+            // The last holder may be an async task; a runtime must not be dropped (blocking) there.
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// The process-wide plugin runtime.
 pub struct PluginHost {
     engine: Engine,
@@ -284,9 +302,9 @@ pub struct PluginHost {
     config: HostConfig,
     pooling: bool,
     slots: Arc<Semaphore>,
-    runtime: tokio::runtime::Runtime,
+    handle: tokio::runtime::Handle,
+    shared: Arc<Shared>,
     manifest_validator: jsonschema::Validator,
-    stop: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for PluginHost {
@@ -295,12 +313,6 @@ impl std::fmt::Debug for PluginHost {
             .field("config", &self.config)
             .field("pooling", &self.pooling)
             .finish_non_exhaustive()
-    }
-}
-
-impl Drop for PluginHost {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
@@ -393,9 +405,12 @@ impl PluginHost {
             pooling,
             slots: Arc::new(Semaphore::new(slots)),
             config,
-            runtime,
+            handle: runtime.handle().clone(),
+            shared: Arc::new(Shared {
+                runtime: Some(runtime),
+                stop,
+            }),
             manifest_validator,
-            stop,
         })
     }
 
@@ -475,7 +490,8 @@ impl PluginHost {
             },
             tools: ToolSet::default(),
             engine: self.engine.clone(),
-            handle: self.runtime.handle().clone(),
+            handle: self.handle.clone(),
+            _shared: Arc::clone(&self.shared),
             slots: Arc::clone(&self.slots),
             own: Arc::new(Semaphore::new(1)),
             audit: None,
@@ -628,6 +644,7 @@ pub struct Plugin {
     tools: ToolSet,
     engine: Engine,
     handle: tokio::runtime::Handle,
+    _shared: Arc<Shared>,
     slots: Arc<Semaphore>,
     own: Arc<Semaphore>,
     audit: Option<Arc<AuditLog>>,

@@ -10,7 +10,9 @@ use thorn_plugin_sdk::Plugin;
 #[derive(Deserialize, JsonSchema)]
 pub struct Expr {
     /// The expression, e.g. `2 * (3 + 4) ^ 2 / sqrt(16)`.
-    #[schemars(length(min = 1, max = 1000))]
+    // Only characters the parser knows: a constrained model cannot wander off into prose or markup
+    // inside the string (and a quote, which ends it, is always an option).
+    #[schemars(length(min = 1, max = 1000), pattern(r"^[0-9A-Za-z_.+*/%^() -]+$"))]
     pub expression: String,
 }
 

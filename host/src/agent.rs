@@ -1,0 +1,664 @@
+//! The agent loop: a conversation in, an answer out, with host tools run along the way.
+//!
+//! One [`Agent`] serves every request. For each request ([`Turn`]) it renders the conversation with the
+//! chat template and the tools, hands the engine thread a job (tokenize, check the context, build the
+//! grammar guide for `tool_choice` / `response_format`, generate), and streams the text back. When the reply
+//! holds tool calls, the ones that name **host tools** (installed plugins) are run right here: the call and
+//! its result (or its error, as a tool message the model can read) join the conversation and the model goes
+//! again, until it answers, asks for a **client tool** (returned to the caller, OpenAI semantics), or
+//! `max_tool_rounds` is reached (the last round is generated with tools off, so it must answer). Client and
+//! host tools mix freely in one request.
+//!
+//! Nothing here blocks an async thread: the engine is behind [`EngineService`]'s queue and plugins are
+//! called with their async API. A request is cancelled by setting its flag (the client went away); the
+//! engine stops at its next step.
+
+use crate::chat::{ChatTemplate, Message, Role, ToolCall};
+use crate::engine::service::{EngineService, SubmitError};
+use crate::engine::{Engine, EngineError, FinishReason, Generation, Request};
+use crate::sample::SamplingParams;
+use crate::sample::guide::GuideError;
+use crate::tools::plugin::PluginSet;
+use crate::tools::{OPEN, ResponseFormat, ToolChoice, ToolError, ToolSet, complete_calls_prefix};
+use serde_json::Value;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use thiserror::Error;
+use tokio::sync::mpsc;
+
+/// Why a request failed (as opposed to a tool failing, which the model is told about).
+#[derive(Debug, Error)]
+pub enum AgentError {
+    /// The prompt does not fit the context.
+    #[error(
+        "this model's maximum context length is {context} tokens, but the prompt is {prompt} tokens (plus at least 1 to generate)"
+    )]
+    ContextLength {
+        /// Prompt tokens.
+        prompt: usize,
+        /// The context.
+        context: usize,
+    },
+    /// The engine's queue is full or it stopped.
+    #[error(transparent)]
+    Busy(#[from] SubmitError),
+    /// Bad tools, tool_choice or response_format.
+    #[error(transparent)]
+    Tools(#[from] ToolError),
+    /// A schema that does not compile into a grammar.
+    #[error(transparent)]
+    Guide(#[from] GuideError),
+    /// The chat template refused the conversation.
+    #[error(transparent)]
+    Template(#[from] crate::chat::TemplateError),
+    /// The engine failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The engine job ended without an answer (it panicked).
+    #[error("internal error: the engine did not finish the request")]
+    Lost,
+}
+
+/// One request to the agent.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    /// The conversation so far.
+    pub messages: Vec<Message>,
+    /// Tool definitions shown to the model (OpenAI `tools` entries), client and host tools alike.
+    pub tools: Vec<Value>,
+    /// Which of them the host runs (names of plugin functions).
+    pub host_tools: Vec<String>,
+    /// `tool_choice`.
+    pub tool_choice: ToolChoice,
+    /// `parallel_tool_calls`.
+    pub parallel_tool_calls: bool,
+    /// `response_format`.
+    pub response_format: ResponseFormat,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Most tokens per generation.
+    pub max_tokens: usize,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Most rounds of host tool calls (default from the agent).
+    pub max_tool_rounds: Option<usize>,
+    /// Conversation id for the audit log.
+    pub conversation: Option<String>,
+    /// Return per-token log-probabilities (of the last round).
+    pub logprobs: bool,
+}
+
+/// One generated token's log-probability, with the most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's text (lossy for partial UTF-8).
+    pub token: String,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Alternatives: text, bytes, log-probability.
+    pub top: Vec<(String, Vec<u8>, f32)>,
+}
+
+/// A host tool call and what came of it.
+#[derive(Debug, Clone)]
+pub struct HostCall {
+    /// The call.
+    pub call: ToolCall,
+    /// Its result, or the error the model was shown.
+    pub result: Result<Value, String>,
+    /// The error's kind (`timeout`, `arguments`, ...), when it failed.
+    pub error_kind: Option<&'static str>,
+}
+
+/// Token counts of a request (all rounds).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens, summed over rounds.
+    pub prompt_tokens: usize,
+    /// Of those, served from the KV cache.
+    pub cached_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+}
+
+/// Why the answer ended, in OpenAI's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// A natural end or a stop string.
+    Stop,
+    /// `max_tokens` or the context.
+    Length,
+    /// The answer asks for client tools.
+    ToolCalls,
+    /// The request was cancelled.
+    Cancelled,
+}
+
+impl Finish {
+    /// OpenAI's `finish_reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
+            Finish::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What a request produced.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The answer's text (all rounds' prose, as streamed).
+    pub content: String,
+    /// Calls for the client to run.
+    pub tool_calls: Vec<ToolCall>,
+    /// Host tool calls run on the way, in order.
+    pub host_calls: Vec<HostCall>,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Token counts.
+    pub usage: Usage,
+    /// Per-token log-probabilities of the last round (when asked for).
+    pub logprobs: Vec<TokenLogprob>,
+    /// Generation rounds run.
+    pub rounds: usize,
+}
+
+/// What a streaming caller sees as it happens.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// The first round's prompt was accepted (it fits, the grammar compiled): the answer starts.
+    Started {
+        /// Its tokens.
+        prompt_tokens: usize,
+    },
+    /// Answer text.
+    Content(String),
+    /// A host tool is being called.
+    HostCall(Box<ToolCall>),
+    /// A host tool returned (or failed).
+    HostResult(Box<HostCall>),
+}
+
+/// What a generation reports to its caller as it goes.
+enum Piece<'a> {
+    Started(usize),
+    Text(&'a str),
+}
+
+/// What the engine thread reports for one generation.
+enum Gen {
+    Started(usize),
+    Text(String),
+    Done(Box<Result<(Generation, Vec<TokenLogprob>), AgentError>>),
+}
+
+/// The model-facing pieces the agent needs besides the engine.
+#[derive(Debug)]
+pub struct ModelInfo {
+    /// Served model name.
+    pub name: String,
+    /// Its chat template.
+    pub template: ChatTemplate,
+    /// `bos_token` text.
+    pub bos: String,
+    /// `eos_token` text.
+    pub eos: String,
+    /// Context length in tokens.
+    pub context: usize,
+}
+
+/// The agent: engine, model facts and installed plugins, shared by all requests.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    engine: EngineService,
+    model: Arc<ModelInfo>,
+    plugins: Arc<PluginSet>,
+    max_tool_rounds: usize,
+}
+
+/// Splits streamed text into answer text and tool-call markup: text that might be the start of
+/// `<tool_call>` is held back until it is known not to be; everything from the trigger on is not content.
+#[derive(Debug, Default)]
+struct Splitter {
+    held: String,
+    in_calls: bool,
+}
+
+impl Splitter {
+    fn push(&mut self, text: &str, active: bool, out: &mut dyn FnMut(String)) {
+        if !active {
+            out(text.to_owned());
+            return;
+        }
+        if self.in_calls {
+            return;
+        }
+        self.held.push_str(text);
+        if let Some(i) = self.held.find(OPEN) {
+            let before = self.held[..i].to_owned();
+            self.in_calls = true;
+            self.held.clear();
+            if !before.is_empty() {
+                out(before);
+            }
+            return;
+        }
+        // Keep the longest suffix that is a prefix of the trigger.
+        let keep = (1..OPEN.len().min(self.held.len() + 1))
+            .rev()
+            .find(|&k| {
+                self.held.is_char_boundary(self.held.len() - k)
+                    && OPEN.starts_with(&self.held[self.held.len() - k..])
+            })
+            .unwrap_or(0);
+        let cut = self.held.len() - keep;
+        if cut > 0 {
+            let emit: String = self.held.drain(..cut).collect();
+            out(emit);
+        }
+    }
+
+    fn finish(&mut self, out: &mut dyn FnMut(String)) {
+        if !self.in_calls && !self.held.is_empty() {
+            out(std::mem::take(&mut self.held));
+        }
+        self.held.clear();
+        self.in_calls = false;
+    }
+}
+
+impl Agent {
+    /// Moves `engine` onto its own thread (at most `queue` requests waiting) and builds the agent around it:
+    /// the model is served as `name`, and `plugins` are the host tools.
+    pub fn start(
+        engine: Engine,
+        name: String,
+        plugins: Arc<PluginSet>,
+        queue: usize,
+        max_tool_rounds: usize,
+    ) -> Result<Self, AgentError> {
+        let template = ChatTemplate::new(
+            engine
+                .gguf()
+                .get_str("tokenizer.chat_template")
+                .map_err(|e| {
+                    AgentError::Engine(EngineError::Request(format!(
+                        "the model has no chat template: {e}"
+                    )))
+                })?,
+        )?;
+        let tok = engine.tokenizer();
+        let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_owned();
+        let info = ModelInfo {
+            name,
+            template,
+            bos: text_of(tok.bos()),
+            eos: text_of(tok.eos()),
+            context: engine.context(),
+        };
+        let service = EngineService::start(engine, queue)
+            .map_err(|e| AgentError::Engine(EngineError::Request(format!("engine thread: {e}"))))?;
+        Ok(Self::new(service, info, plugins, max_tool_rounds))
+    }
+
+    /// An agent over a running engine, with these plugins as host tools.
+    pub fn new(
+        engine: EngineService,
+        model: ModelInfo,
+        plugins: Arc<PluginSet>,
+        max_tool_rounds: usize,
+    ) -> Self {
+        Agent {
+            engine,
+            model: Arc::new(model),
+            plugins,
+            max_tool_rounds,
+        }
+    }
+
+    /// The engine service.
+    pub fn engine(&self) -> &EngineService {
+        &self.engine
+    }
+
+    /// The model facts.
+    pub fn model(&self) -> &ModelInfo {
+        &self.model
+    }
+
+    /// The installed plugins.
+    pub fn plugins(&self) -> &PluginSet {
+        &self.plugins
+    }
+
+    /// Runs one generation on the engine thread, streaming its text through `on_text`.
+    async fn generate(
+        &self,
+        prompt_text: String,
+        tools: Arc<ToolSet>,
+        choice: ToolChoice,
+        turn: &Turn,
+        cancel: &Arc<AtomicBool>,
+        on: &mut (dyn FnMut(Piece<'_>) + Send),
+    ) -> Result<(Generation, Vec<TokenLogprob>), AgentError> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Gen>();
+        let parallel = turn.parallel_tool_calls;
+        let format = turn.response_format.clone();
+        let mut req = Request {
+            max_tokens: turn.max_tokens,
+            sampling: turn.sampling.clone(),
+            stop: turn.stop.clone(),
+            cancel: Some(Arc::clone(cancel)),
+            ..Request::greedy(Vec::new(), turn.max_tokens)
+        };
+        let context = self.model.context;
+        let logprobs = turn.logprobs;
+        self.engine.submit(Box::new(move |engine: &mut Engine| {
+            let mut run =
+                |engine: &mut Engine| -> Result<(Generation, Vec<TokenLogprob>), AgentError> {
+                    req.prompt = engine
+                        .tokenizer()
+                        .encode(&prompt_text, true)
+                        .map_err(EngineError::from)?;
+                    if req.prompt.len() + 1 > context {
+                        return Err(AgentError::ContextLength {
+                            prompt: req.prompt.len(),
+                            context,
+                        });
+                    }
+                    let mut guide = engine
+                        .grammars()
+                        .map_err(EngineError::from)?
+                        .guide(&tools, &choice, parallel, &format)?;
+                    let _ = tx.send(Gen::Started(req.prompt.len()));
+                    let generation = engine.generate_guided(&req, guide.as_mut(), &mut |t| {
+                        let _ = tx.send(Gen::Text(t.to_owned()));
+                    })?;
+                    let tok = engine.tokenizer();
+                    let piece = |id| {
+                        let bytes = tok.token_bytes(id).to_vec();
+                        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+                    };
+                    let lp = if logprobs {
+                        generation
+                            .sampled
+                            .iter()
+                            .map(|s| {
+                                let (token, bytes) = piece(s.token);
+                                TokenLogprob {
+                                    token,
+                                    bytes,
+                                    logprob: s.logprob,
+                                    top: s
+                                        .top
+                                        .iter()
+                                        .map(|&(id, lp)| {
+                                            let (t, b) = piece(id);
+                                            (t, b, lp)
+                                        })
+                                        .collect(),
+                                }
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    Ok((generation, lp))
+                };
+            let out = run(engine);
+            let _ = tx.send(Gen::Done(Box::new(out)));
+        }))?;
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Gen::Started(n) => on(Piece::Started(n)),
+                Gen::Text(t) => on(Piece::Text(&t)),
+                Gen::Done(out) => return *out,
+            }
+        }
+        Err(AgentError::Lost)
+    }
+
+    /// Continues raw `prompt` text (no chat template, no tools; `turn.messages` is ignored).
+    pub async fn complete(
+        &self,
+        prompt: String,
+        turn: &Turn,
+        cancel: Arc<AtomicBool>,
+        on_event: &mut (dyn FnMut(Event) + Send),
+    ) -> Result<Outcome, AgentError> {
+        let mut content = String::new();
+        let (generation, logprobs) = self
+            .generate(
+                prompt,
+                Arc::new(ToolSet::default()),
+                ToolChoice::None,
+                turn,
+                &cancel,
+                &mut |p| match p {
+                    Piece::Started(n) => on_event(Event::Started { prompt_tokens: n }),
+                    Piece::Text(t) => {
+                        content.push_str(t);
+                        on_event(Event::Content(t.to_owned()));
+                    }
+                },
+            )
+            .await?;
+        Ok(Outcome {
+            content,
+            tool_calls: Vec::new(),
+            host_calls: Vec::new(),
+            finish: match generation.finish {
+                FinishReason::Stop => Finish::Stop,
+                FinishReason::Length => Finish::Length,
+                FinishReason::Cancelled => Finish::Cancelled,
+            },
+            usage: Usage {
+                prompt_tokens: generation.stats.prompt_tokens,
+                cached_tokens: generation.stats.cached_tokens,
+                completion_tokens: generation.stats.generated,
+            },
+            logprobs,
+            rounds: 1,
+        })
+    }
+
+    /// Serves `turn`, reporting progress through `on_event`.
+    pub async fn run(
+        &self,
+        turn: Turn,
+        cancel: Arc<AtomicBool>,
+        on_event: &mut (dyn FnMut(Event) + Send),
+    ) -> Result<Outcome, AgentError> {
+        let all = Arc::new(ToolSet::new(&turn.tools)?);
+        turn.tool_choice.check(&all)?;
+        let max_rounds = turn.max_tool_rounds.unwrap_or(self.max_tool_rounds);
+        let mut messages = turn.messages.clone();
+        let mut choice = turn.tool_choice.clone();
+        let mut out = Outcome {
+            content: String::new(),
+            tool_calls: Vec::new(),
+            host_calls: Vec::new(),
+            finish: Finish::Stop,
+            usage: Usage::default(),
+            logprobs: Vec::new(),
+            rounds: 0,
+        };
+        let none = Arc::new(ToolSet::default());
+        loop {
+            let last = out.rounds == max_rounds;
+            if last && out.rounds > 0 {
+                // The tool budget is spent: this round must answer.
+                choice = ToolChoice::None;
+            }
+            let shown = if choice == ToolChoice::None {
+                Arc::clone(&none)
+            } else {
+                Arc::clone(&all)
+            };
+            let prompt_text = shown.render(
+                &self.model.template,
+                &messages,
+                &self.model.bos,
+                &self.model.eos,
+            )?;
+            let calls_possible = choice != ToolChoice::None && !all.is_empty();
+            let mut splitter = Splitter::default();
+            let mut round_content = String::new();
+            let generation = {
+                let content = &mut out.content;
+                let round = &mut round_content;
+                let first_round = out.rounds == 0;
+                let mut emit = |ev: Event| {
+                    if let Event::Content(s) = &ev {
+                        content.push_str(s);
+                        round.push_str(s);
+                    }
+                    on_event(ev);
+                };
+                let g = self
+                    .generate(
+                        prompt_text,
+                        Arc::clone(&shown),
+                        choice.clone(),
+                        &turn,
+                        &cancel,
+                        &mut |piece| match piece {
+                            Piece::Started(n) if first_round => {
+                                emit(Event::Started { prompt_tokens: n })
+                            }
+                            Piece::Started(_) => {}
+                            Piece::Text(t) => {
+                                splitter.push(t, calls_possible, &mut |s| emit(Event::Content(s)))
+                            }
+                        },
+                    )
+                    .await;
+                splitter.finish(&mut |s| emit(Event::Content(s)));
+                g
+            };
+            let (generation, logprobs) = generation?;
+            out.rounds += 1;
+            out.usage.prompt_tokens += generation.stats.prompt_tokens;
+            out.usage.cached_tokens += generation.stats.cached_tokens;
+            out.usage.completion_tokens += generation.stats.generated;
+            out.logprobs = logprobs;
+            out.finish = match generation.finish {
+                FinishReason::Stop => Finish::Stop,
+                FinishReason::Length => Finish::Length,
+                FinishReason::Cancelled => Finish::Cancelled,
+            };
+            if generation.finish == FinishReason::Cancelled || !calls_possible {
+                return Ok(out);
+            }
+            let text = if generation.finish == FinishReason::Length {
+                complete_calls_prefix(&generation.text)
+            } else {
+                generation.text.as_str()
+            };
+            let calls = match shown.reply(text) {
+                Ok(r) => r.calls,
+                Err(e) => {
+                    tracing::warn!(error = %e, "unparseable tool calls are returned as text");
+                    Vec::new()
+                }
+            };
+            if calls.is_empty() {
+                return Ok(out);
+            }
+            let (host, client): (Vec<ToolCall>, Vec<ToolCall>) = calls
+                .into_iter()
+                .partition(|c| turn.host_tools.contains(&c.function.name));
+            if host.is_empty() {
+                out.tool_calls = client;
+                out.finish = Finish::ToolCalls;
+                return Ok(out);
+            }
+            // Run the host calls, tell the model what they returned, and go again.
+            let mut assistant = Message::assistant(round_content.trim());
+            assistant.tool_calls = host.iter().chain(&client).cloned().collect();
+            messages.push(assistant);
+            for call in host {
+                on_event(Event::HostCall(Box::new(call.clone())));
+                let (res, _) = self
+                    .plugins
+                    .call_async(
+                        turn.conversation.as_deref(),
+                        &call.function.name,
+                        &call.function.arguments,
+                    )
+                    .await;
+                let error_kind = res.as_ref().err().map(|e| e.kind());
+                let result = res.map_err(|e| e.to_string());
+                let text = match &result {
+                    Ok(v) => v.to_string(),
+                    Err(e) => serde_json::json!({ "error": e }).to_string(),
+                };
+                let mut tool_msg = Message::new(Role::Tool, text);
+                tool_msg.tool_call_id = Some(call.id.clone());
+                tool_msg.name = Some(call.function.name.clone());
+                messages.push(tool_msg);
+                let hc = HostCall {
+                    call,
+                    result,
+                    error_kind,
+                };
+                on_event(Event::HostResult(Box::new(hc.clone())));
+                out.host_calls.push(hc);
+            }
+            if !client.is_empty() {
+                out.tool_calls = client;
+                out.finish = Finish::ToolCalls;
+                return Ok(out);
+            }
+            if cancel.load(Ordering::Relaxed) {
+                out.finish = Finish::Cancelled;
+                return Ok(out);
+            }
+            // A required or named choice was met by the calls made; the model may now answer.
+            if matches!(choice, ToolChoice::Required | ToolChoice::Function(_)) {
+                choice = ToolChoice::Auto;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(pieces: &[&str]) -> (String, bool) {
+        let mut s = Splitter::default();
+        let mut got = String::new();
+        for p in pieces {
+            s.push(p, true, &mut |t| got.push_str(&t));
+        }
+        let in_calls = s.in_calls;
+        s.finish(&mut |t| got.push_str(&t));
+        (got, in_calls)
+    }
+
+    #[test]
+    fn splitter_holds_back_what_may_start_a_call() {
+        assert_eq!(
+            split(&["Hello ", "wor", "ld"]),
+            ("Hello world".into(), false)
+        );
+        assert_eq!(
+            split(&[
+                "Let me check. <tool",
+                "_call>{\"name\":",
+                "\"x\"}</tool_call>"
+            ]),
+            ("Let me check. ".into(), true)
+        );
+        // A `<` that turns out not to start the trigger is released.
+        assert_eq!(split(&["a <", "b"]), ("a <b".into(), false));
+        assert_eq!(split(&["x <tool"]), ("x <tool".into(), false));
+        assert_eq!(split(&["<tool_call>{}"]), (String::new(), true));
+        assert_eq!(split(&["é<", "tool_call>"]), ("é".into(), true));
+    }
+}

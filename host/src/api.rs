@@ -1,0 +1,971 @@
+//! The OpenAI-compatible HTTP API (axum).
+//!
+//! Routes: `POST /v1/chat/completions` (streamed or not; tools, tool_choice, parallel_tool_calls,
+//! response_format, sampling, stop, max tokens, logprobs), `POST /v1/completions`, `GET /v1/models`,
+//! `GET /health` and `GET /metrics` (Prometheus). Wire types ([`wire`]) are converted to the agent's domain
+//! types here, and every failure is one [`ApiError`] rendered as OpenAI's error body with the right status.
+//!
+//! Requests are handed to the [`Agent`]; the engine behind it serves one at a time from a bounded queue, so
+//! an overloaded server answers 429 with `Retry-After`. A streamed response starts only once the request is
+//! known to be servable (it fits the context, its grammar compiled), so those errors still get a proper
+//! status. A client that goes away cancels its request: the response future or stream is dropped, which
+//! sets the request's cancel flag, and the engine stops at its next step.
+//!
+//! Host tools: a tool in the request whose name is an installed plugin's function (or a plugin's name, for
+//! all its functions) runs in the host, with the plugin's own schema; the streamed response shows each call
+//! and result as `thorn_host_tool_call` / `thorn_host_tool_result` deltas, and the final message lists them
+//! as `thorn_host_tool_calls`.
+
+pub mod error;
+pub mod metrics;
+pub mod wire;
+
+use crate::agent::{Agent, Event, Finish, Outcome, TokenLogprob, Turn};
+use crate::chat::{FunctionCall, Message, Role, ToolCall};
+use crate::sample::SamplingParams;
+use crate::tools::{ResponseFormat, ToolChoice};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+pub use error::ApiError;
+use metrics::Metrics;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Accepted API keys (empty: no authentication).
+    pub api_keys: Vec<String>,
+    /// Largest request body in bytes.
+    pub max_body: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            api_keys: Vec::new(),
+            max_body: 8 << 20,
+        }
+    }
+}
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct AppState {
+    agent: Agent,
+    metrics: Metrics,
+    config: ServerConfig,
+    started: u64,
+}
+
+impl AppState {
+    /// State over `agent`.
+    pub fn new(agent: Agent, config: ServerConfig) -> Self {
+        AppState {
+            agent,
+            metrics: Metrics::default(),
+            config,
+            started: unix_now(),
+        }
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn new_id(prefix: &str) -> String {
+    use std::sync::atomic::AtomicU64;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!("{prefix}-{:016x}{:08x}", t ^ (n << 40), n as u32)
+}
+
+/// The router with every route.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.config.max_body;
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Serves `router(state)` on `listener` until ctrl-c.
+pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+}
+
+/// Sets the flag when dropped: a response that is dropped before it ends cancels its request.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    if st.config.api_keys.is_empty() {
+        return Ok(());
+    }
+    let key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match key {
+        Some(k) if st.config.api_keys.iter().any(|a| a == k) => Ok(()),
+        _ => Err(ApiError::Unauthorized),
+    }
+}
+
+fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let body = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge { limit: 0 }
+        } else {
+            ApiError::bad(r.body_text(), None)
+        }
+    })?;
+    let de = &mut serde_json::Deserializer::from_slice(&body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let msg = if inner.is_syntax() || inner.is_eof() {
+            format!("the body is not valid JSON: {inner}")
+        } else if path == "." {
+            format!("invalid request: {inner}")
+        } else {
+            format!("invalid value for `{path}`: {inner}")
+        };
+        ApiError::bad(msg, (path != ".").then_some(path.as_str()))
+    })
+}
+
+fn check_model(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        None | Some("") => Ok(()),
+        Some(m) if m == st.agent.model().name => Ok(()),
+        Some(m) => Err(ApiError::ModelNotFound(m.to_owned())),
+    }
+}
+
+/// Records the status of every response.
+fn finish(st: &AppState, endpoint: &str, r: Result<Response, ApiError>) -> Response {
+    let r = match r {
+        Ok(r) => r,
+        Err(ApiError::TooLarge { .. }) => ApiError::TooLarge {
+            limit: st.config.max_body,
+        }
+        .into_response(),
+        Err(e) => e.into_response(),
+    };
+    st.metrics.request(endpoint, r.status().as_u16());
+    r
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let e = st.agent.engine();
+    Json(
+        json!({"status": "ok", "model": st.agent.model().name, "queue_depth": e.waiting(),
+        "busy": e.busy(), "plugins": st.agent.plugins().plugins().len()}),
+    )
+    .into_response()
+}
+
+async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+    let e = st.agent.engine();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.metrics.render(e.waiting(), e.busy()),
+    )
+        .into_response()
+}
+
+fn model_object(st: &AppState) -> Value {
+    json!({"id": st.agent.model().name, "object": "model", "created": st.started, "owned_by": "thorn",
+        "context_length": st.agent.model().context})
+}
+
+async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let r = authorize(&st, &headers)
+        .map(|()| Json(json!({"object": "list", "data": [model_object(&st)]})).into_response());
+    finish(&st, "/v1/models", r)
+}
+
+async fn model(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let r = authorize(&st, &headers).and_then(|()| {
+        if id == st.agent.model().name {
+            Ok(Json(model_object(&st)).into_response())
+        } else {
+            Err(ApiError::ModelNotFound(id))
+        }
+    });
+    finish(&st, "/v1/models", r)
+}
+
+async fn not_found(State(st): State<Arc<AppState>>, uri: Uri) -> Response {
+    finish(&st, "other", Err(ApiError::NotFound(uri.path().to_owned())))
+}
+
+fn role_of(s: &str, i: usize) -> Result<Role, ApiError> {
+    Ok(match s {
+        "system" | "developer" => Role::System,
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        "tool" => Role::Tool,
+        other => {
+            return Err(ApiError::bad(
+                format!("unknown role {other:?}"),
+                Some(&format!("messages[{i}].role")),
+            ));
+        }
+    })
+}
+
+fn messages_of(wire: Vec<wire::WireMessage>) -> Result<Vec<Message>, ApiError> {
+    if wire.is_empty() {
+        return Err(ApiError::bad(
+            "`messages` must not be empty",
+            Some("messages"),
+        ));
+    }
+    let mut out = Vec::with_capacity(wire.len());
+    for (i, m) in wire.into_iter().enumerate() {
+        let role = role_of(&m.role, i)?;
+        let content = match m.content {
+            None => String::new(),
+            Some(wire::Content::Text(t)) => t,
+            Some(wire::Content::Parts(parts)) => {
+                let mut t = String::new();
+                for p in parts {
+                    if p.kind != "text" {
+                        return Err(ApiError::bad(
+                            format!(
+                                "content parts of type {:?} are not supported (text only)",
+                                p.kind
+                            ),
+                            Some(&format!("messages[{i}].content")),
+                        ));
+                    }
+                    t.push_str(p.text.as_deref().unwrap_or(""));
+                }
+                t
+            }
+        };
+        let mut msg = Message::new(role, content);
+        for (j, c) in m.tool_calls.unwrap_or_default().into_iter().enumerate() {
+            let args = if c.function.arguments.trim().is_empty() {
+                json!({})
+            } else {
+                serde_json::from_str(&c.function.arguments).map_err(|e| {
+                    ApiError::bad(
+                        format!("tool call arguments are not JSON: {e}"),
+                        Some(&format!("messages[{i}].tool_calls[{j}].function.arguments")),
+                    )
+                })?
+            };
+            msg.tool_calls.push(ToolCall {
+                id: c.id,
+                kind: "function",
+                function: FunctionCall {
+                    name: c.function.name,
+                    arguments: args,
+                },
+            });
+        }
+        msg.tool_call_id = m.tool_call_id;
+        msg.name = m.name;
+        out.push(msg);
+    }
+    Ok(out)
+}
+
+/// Splits the request's tools into definitions for the model and the names the host runs.
+fn tools_of(st: &AppState, tools: Vec<Value>) -> Result<(Vec<Value>, Vec<String>), ApiError> {
+    let plugins = st.agent.plugins();
+    let mut defs = Vec::new();
+    let mut host = Vec::new();
+    for (i, t) in tools.into_iter().enumerate() {
+        let name = t["function"]["name"].as_str().unwrap_or("").to_owned();
+        if t["type"] != "function" || name.is_empty() {
+            return Err(ApiError::bad(
+                "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                Some(&format!("tools[{i}]")),
+            ));
+        }
+        let plugin_defs: Vec<&Value> = if plugins.plugin_for(&name).is_some() {
+            plugins
+                .tools()
+                .definitions()
+                .iter()
+                .filter(|d| d["function"]["name"] == name.as_str())
+                .collect()
+        } else if let Some(p) = plugins.plugins().iter().find(|p| p.name() == name) {
+            let fns: Vec<&str> = p
+                .manifest()
+                .functions
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect();
+            plugins
+                .tools()
+                .definitions()
+                .iter()
+                .filter(|d| {
+                    d["function"]["name"]
+                        .as_str()
+                        .is_some_and(|n| fns.contains(&n))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if plugin_defs.is_empty() {
+            defs.push(t);
+            continue;
+        }
+        for d in plugin_defs {
+            let n = d["function"]["name"].as_str().unwrap_or("").to_owned();
+            if !host.contains(&n) {
+                host.push(n);
+                defs.push(d.clone());
+            }
+        }
+    }
+    Ok((defs, host))
+}
+
+fn in_range(v: Option<f32>, lo: f32, hi: f32, name: &str) -> Result<(), ApiError> {
+    match v {
+        Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::bad(
+            format!("`{name}` must be between {lo} and {hi}, got {x}"),
+            Some(name),
+        )),
+        _ => Ok(()),
+    }
+}
+
+struct Shape {
+    stream: bool,
+    include_usage: bool,
+    logprobs: bool,
+}
+
+fn sampling(
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    seed: Option<i64>,
+    presence: Option<f32>,
+    frequency: Option<f32>,
+) -> Result<SamplingParams, ApiError> {
+    in_range(temperature, 0.0, 2.0, "temperature")?;
+    in_range(top_p, 0.0, 1.0, "top_p")?;
+    in_range(presence, -2.0, 2.0, "presence_penalty")?;
+    in_range(frequency, -2.0, 2.0, "frequency_penalty")?;
+    Ok(SamplingParams {
+        temperature: temperature.unwrap_or(1.0),
+        top_p: top_p.unwrap_or(1.0),
+        seed: seed.map(|s| s as u64),
+        presence_penalty: presence.unwrap_or(0.0),
+        frequency_penalty: frequency.unwrap_or(0.0),
+        ..SamplingParams::default()
+    })
+}
+
+fn stops(stop: Option<wire::Stop>) -> Result<Vec<String>, ApiError> {
+    let v = stop.map(wire::Stop::into_vec).unwrap_or_default();
+    if v.len() > 16 || v.iter().any(String::is_empty) {
+        return Err(ApiError::bad(
+            "`stop` takes up to 16 non-empty strings",
+            Some("stop"),
+        ));
+    }
+    Ok(v)
+}
+
+fn turn_of(st: &AppState, r: wire::ChatRequest) -> Result<(Turn, Shape), ApiError> {
+    check_model(st, r.model.as_deref())?;
+    if r.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad("only n = 1 is supported", Some("n")));
+    }
+    let top_logprobs = r.top_logprobs.unwrap_or(0);
+    if top_logprobs > 20 {
+        return Err(ApiError::bad(
+            "`top_logprobs` must be at most 20",
+            Some("top_logprobs"),
+        ));
+    }
+    let logprobs = r.logprobs.unwrap_or(false);
+    if top_logprobs > 0 && !logprobs {
+        return Err(ApiError::bad(
+            "`top_logprobs` needs `logprobs: true`",
+            Some("top_logprobs"),
+        ));
+    }
+    in_range(r.min_p, 0.0, 1.0, "min_p")?;
+    let mut sampling = sampling(
+        r.temperature,
+        r.top_p,
+        r.seed,
+        r.presence_penalty,
+        r.frequency_penalty,
+    )?;
+    sampling.top_k = r.top_k.unwrap_or(0) as usize;
+    sampling.min_p = r.min_p.unwrap_or(0.0);
+    sampling.repetition_penalty = r.repetition_penalty.unwrap_or(1.0);
+    sampling.top_logprobs = top_logprobs as usize;
+    let (tools, host_tools) = tools_of(st, r.tools.unwrap_or_default())?;
+    let tool_choice = match &r.tool_choice {
+        None => ToolChoice::Auto,
+        Some(v) => ToolChoice::from_openai(v)
+            .map_err(|e| ApiError::bad(e.to_string(), Some("tool_choice")))?,
+    };
+    let response_format = match &r.response_format {
+        None => ResponseFormat::Text,
+        Some(v) => ResponseFormat::from_openai(v)
+            .map_err(|e| ApiError::bad(e.to_string(), Some("response_format")))?,
+    };
+    let max_tokens = r.max_completion_tokens.or(r.max_tokens);
+    if max_tokens == Some(0) {
+        return Err(ApiError::bad(
+            "`max_tokens` must be at least 1",
+            Some("max_tokens"),
+        ));
+    }
+    let shape = Shape {
+        stream: r.stream.unwrap_or(false),
+        include_usage: r.stream_options.is_some_and(|o| o.include_usage),
+        logprobs,
+    };
+    let turn = Turn {
+        messages: messages_of(r.messages)?,
+        tools,
+        host_tools,
+        tool_choice,
+        parallel_tool_calls: r.parallel_tool_calls.unwrap_or(true),
+        response_format,
+        sampling,
+        max_tokens: max_tokens.map_or(usize::MAX, |n| n as usize),
+        stop: stops(r.stop)?,
+        max_tool_rounds: r.max_tool_rounds.map(|n| n as usize),
+        conversation: r.conversation_id.or(r.user),
+        logprobs,
+    };
+    Ok((turn, shape))
+}
+
+fn logprobs_json(lp: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = lp
+        .iter()
+        .map(|t| {
+            json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
+                "top_logprobs": t.top.iter().map(|(tok, b, l)|
+                    json!({"token": tok, "logprob": l, "bytes": b})).collect::<Vec<_>>()})
+        })
+        .collect();
+    json!({ "content": content, "refusal": null })
+}
+
+fn call_json(c: &ToolCall) -> Value {
+    json!({"id": c.id, "type": "function", "function": {"name": c.function.name,
+        "arguments": c.function.arguments.to_string()}})
+}
+
+fn host_call_json(h: &crate::agent::HostCall) -> Value {
+    let mut v = json!({"id": h.call.id, "name": h.call.function.name,
+        "arguments": h.call.function.arguments.to_string()});
+    match &h.result {
+        Ok(r) => v["result"] = r.clone(),
+        Err(e) => {
+            v["error"] = json!(e);
+            v["error_kind"] = json!(h.error_kind);
+        }
+    }
+    v
+}
+
+/// Updates the metrics with a finished request.
+fn account(st: &AppState, out: &Outcome, t0: Instant, first: Option<Instant>) {
+    st.metrics.tokens(&out.usage);
+    for h in &out.host_calls {
+        st.metrics
+            .plugin_call(&h.call.function.name, h.error_kind.unwrap_or("ok"));
+    }
+    if let Some(f) = first {
+        st.metrics.ttft(f.duration_since(t0).as_secs_f64());
+        if out.usage.completion_tokens > 1 {
+            st.metrics
+                .tpot(f.elapsed().as_secs_f64() / (out.usage.completion_tokens - 1) as f64);
+        }
+    }
+}
+
+/// Runs `work` (a chat turn or a completion) on a task of its own, forwarding its events; the first message
+/// is either `Started` or the error that kept it from starting.
+type Work = Box<
+    dyn FnOnce(
+            Arc<AppState>,
+            Arc<AtomicBool>,
+            mpsc::UnboundedSender<Msg>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send,
+>;
+
+enum Msg {
+    Event(Event),
+    Done(Box<Result<Outcome, ApiError>>),
+}
+
+fn spawn(st: &Arc<AppState>, work: Work) -> (mpsc::UnboundedReceiver<Msg>, Arc<AtomicBool>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    tokio::spawn(work(Arc::clone(st), Arc::clone(&cancel), tx));
+    (rx, cancel)
+}
+
+/// Counts a request its client abandoned (whoever was reading its events may be gone).
+fn note_cancel(st: &AppState, out: &Result<Outcome, crate::agent::AgentError>) {
+    if out.as_ref().is_ok_and(|o| o.finish == Finish::Cancelled) {
+        st.metrics.cancelled();
+    }
+}
+
+fn chat_work(turn: Turn) -> Work {
+    Box::new(move |st, cancel, tx| {
+        Box::pin(async move {
+            let t2 = tx.clone();
+            let out = st
+                .agent
+                .run(turn, cancel, &mut |e| {
+                    let _ = t2.send(Msg::Event(e));
+                })
+                .await;
+            note_cancel(&st, &out);
+            let _ = tx.send(Msg::Done(Box::new(out.map_err(ApiError::from))));
+        })
+    })
+}
+
+fn completion_work(prompt: String, turn: Turn) -> Work {
+    Box::new(move |st, cancel, tx| {
+        Box::pin(async move {
+            let t2 = tx.clone();
+            let out = st
+                .agent
+                .complete(prompt, &turn, cancel, &mut |e| {
+                    let _ = t2.send(Msg::Event(e));
+                })
+                .await;
+            note_cancel(&st, &out);
+            let _ = tx.send(Msg::Done(Box::new(out.map_err(ApiError::from))));
+        })
+    })
+}
+
+/// Waits for the work to start: `Ok(prompt tokens)` or the error that stopped it.
+async fn started(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Option<Outcome>, ApiError> {
+    match rx.recv().await {
+        Some(Msg::Event(Event::Started { .. })) => Ok(None),
+        Some(Msg::Done(out)) => (*out).map(Some),
+        Some(Msg::Event(_)) => Ok(None),
+        None => Err(ApiError::Internal(
+            "the request ended without an answer".into(),
+        )),
+    }
+}
+
+async fn chat(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = async {
+        authorize(&st, &headers)?;
+        let req: wire::ChatRequest = parse_body(body)?;
+        let (turn, shape) = turn_of(&st, req)?;
+        let t0 = Instant::now();
+        let (mut rx, cancel) = spawn(&st, chat_work(turn));
+        let guard = CancelOnDrop(cancel);
+        let early = started(&mut rx).await?;
+        let id = new_id("chatcmpl");
+        if shape.stream {
+            Ok(stream_chat(
+                Arc::clone(&st),
+                rx,
+                guard,
+                id,
+                shape,
+                t0,
+                early,
+            ))
+        } else {
+            let (out, first) = match early {
+                Some(o) => (o, None),
+                None => collect(&mut rx).await?,
+            };
+            account(&st, &out, t0, first);
+            drop(guard);
+            Ok(Json(chat_json(&st, &id, &out, &shape)).into_response())
+        }
+    }
+    .await;
+    finish(&st, "/v1/chat/completions", r)
+}
+
+/// Reads events to the end: the outcome and when the first text came.
+async fn collect(
+    rx: &mut mpsc::UnboundedReceiver<Msg>,
+) -> Result<(Outcome, Option<Instant>), ApiError> {
+    let mut first = None;
+    while let Some(m) = rx.recv().await {
+        match m {
+            Msg::Event(Event::Content(_)) if first.is_none() => first = Some(Instant::now()),
+            Msg::Event(_) => {}
+            Msg::Done(out) => return (*out).map(|o| (o, first)),
+        }
+    }
+    Err(ApiError::Internal(
+        "the request ended without an answer".into(),
+    ))
+}
+
+fn chat_json(st: &AppState, id: &str, out: &Outcome, shape: &Shape) -> Value {
+    let mut message = json!({
+        "role": "assistant",
+        "content": if out.content.is_empty() && !out.tool_calls.is_empty() { Value::Null } else { json!(out.content) },
+        "refusal": null,
+    });
+    if !out.tool_calls.is_empty() {
+        message["tool_calls"] = out.tool_calls.iter().map(call_json).collect();
+    }
+    if !out.host_calls.is_empty() {
+        message["thorn_host_tool_calls"] = out.host_calls.iter().map(host_call_json).collect();
+    }
+    json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": unix_now(),
+        "model": st.agent.model().name,
+        "system_fingerprint": concat!("thorn-", env!("CARGO_PKG_VERSION")),
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": if shape.logprobs { logprobs_json(&out.logprobs) } else { Value::Null },
+            "finish_reason": out.finish.as_str(),
+        }],
+        "usage": wire::WireUsage::from(out.usage),
+    })
+}
+
+fn sse_json(v: &Value) -> Result<SseEvent, Infallible> {
+    Ok(SseEvent::default().data(v.to_string()))
+}
+
+fn stream_chat(
+    st: Arc<AppState>,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+    guard: CancelOnDrop,
+    id: String,
+    shape: Shape,
+    t0: Instant,
+    early: Option<Outcome>,
+) -> Response {
+    let model = st.agent.model().name.clone();
+    let created = unix_now();
+    let chunk = move |delta: Value, finish: Option<&str>, extra: Option<(&str, Value)>| {
+        let mut v = json!({"id": id, "object": "chat.completion.chunk", "created": created,
+            "model": model, "system_fingerprint": concat!("thorn-", env!("CARGO_PKG_VERSION")),
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]});
+        if let Some((k, x)) = extra {
+            v[k] = x;
+        }
+        v
+    };
+    let (tx, out_rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
+    tokio::spawn(async move {
+        let _guard = guard;
+        let send = |v: Value| {
+            let tx = tx.clone();
+            async move { tx.send(sse_json(&v)).await.is_ok() }
+        };
+        if !send(chunk(
+            json!({"role": "assistant", "content": ""}),
+            None,
+            None,
+        ))
+        .await
+        {
+            return;
+        }
+        let mut first = None;
+        let outcome = match early {
+            Some(o) => Ok(o),
+            None => loop {
+                match rx.recv().await {
+                    Some(Msg::Event(Event::Content(t))) => {
+                        first.get_or_insert_with(Instant::now);
+                        if !send(chunk(json!({ "content": t }), None, None)).await {
+                            return;
+                        }
+                    }
+                    Some(Msg::Event(Event::HostCall(c))) => {
+                        let d = json!({"thorn_host_tool_call": {"id": c.id,
+                            "name": c.function.name, "arguments": c.function.arguments.to_string()}});
+                        if !send(chunk(d, None, None)).await {
+                            return;
+                        }
+                    }
+                    Some(Msg::Event(Event::HostResult(h))) => {
+                        let d = json!({ "thorn_host_tool_result": host_call_json(&h) });
+                        if !send(chunk(d, None, None)).await {
+                            return;
+                        }
+                    }
+                    Some(Msg::Event(Event::Started { .. })) => {}
+                    Some(Msg::Done(o)) => break *o,
+                    None => {
+                        break Err(ApiError::Internal(
+                            "the request ended without an answer".into(),
+                        ));
+                    }
+                }
+            },
+        };
+        match outcome {
+            Ok(out) => {
+                account(&st, &out, t0, first);
+                if !out.tool_calls.is_empty() {
+                    let calls: Vec<Value> = out
+                        .tool_calls
+                        .iter()
+                        .enumerate()
+                        .map(|(i, c)| {
+                            let mut v = call_json(c);
+                            v["index"] = json!(i);
+                            v
+                        })
+                        .collect();
+                    if !send(chunk(json!({ "tool_calls": calls }), None, None)).await {
+                        return;
+                    }
+                }
+                let mut last = chunk(json!({}), Some(out.finish.as_str()), None);
+                if shape.logprobs {
+                    last["choices"][0]["logprobs"] = logprobs_json(&out.logprobs);
+                }
+                if !send(last).await {
+                    return;
+                }
+                if shape.include_usage {
+                    let mut u = chunk(json!({}), None, None);
+                    u["choices"] = json!([]);
+                    u["usage"] = json!(wire::WireUsage::from(out.usage));
+                    if !send(u).await {
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                // Headers are gone; the error travels as an event, as OpenAI does.
+                let _ = tx.send(sse_json(&e.body())).await;
+            }
+        }
+        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(out_rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = async {
+        authorize(&st, &headers)?;
+        let req: wire::CompletionRequest = parse_body(body)?;
+        check_model(&st, req.model.as_deref())?;
+        if req.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::bad("only n = 1 is supported", Some("n")));
+        }
+        if req.echo == Some(true) {
+            return Err(ApiError::bad("`echo` is not supported", Some("echo")));
+        }
+        let prompt = match req.prompt {
+            wire::Prompt::One(p) => p,
+            wire::Prompt::Many(mut v) if v.len() == 1 => v.remove(0),
+            wire::Prompt::Many(_) => {
+                return Err(ApiError::bad(
+                    "only one prompt is supported",
+                    Some("prompt"),
+                ));
+            }
+        };
+        let top = req.logprobs.unwrap_or(0);
+        if top > 5 {
+            return Err(ApiError::bad(
+                "`logprobs` must be at most 5",
+                Some("logprobs"),
+            ));
+        }
+        let mut s = sampling(
+            req.temperature,
+            req.top_p,
+            req.seed,
+            req.presence_penalty,
+            req.frequency_penalty,
+        )?;
+        s.top_logprobs = top as usize;
+        let turn = Turn {
+            messages: Vec::new(),
+            tools: Vec::new(),
+            host_tools: Vec::new(),
+            tool_choice: ToolChoice::None,
+            parallel_tool_calls: false,
+            response_format: ResponseFormat::Text,
+            sampling: s,
+            max_tokens: req.max_tokens.unwrap_or(16).max(1) as usize,
+            stop: stops(req.stop)?,
+            max_tool_rounds: Some(0),
+            conversation: None,
+            logprobs: req.logprobs.is_some(),
+        };
+        let shape = Shape {
+            stream: req.stream.unwrap_or(false),
+            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+            logprobs: req.logprobs.is_some(),
+        };
+        let t0 = Instant::now();
+        let (mut rx, cancel) = spawn(&st, completion_work(prompt, turn));
+        let guard = CancelOnDrop(cancel);
+        let early = started(&mut rx).await?;
+        let id = new_id("cmpl");
+        let model = st.agent.model().name.clone();
+        let created = unix_now();
+        let body = move |text: &str, finish: Option<&str>, lp: Value| {
+            json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]})
+        };
+        if !shape.stream {
+            let (out, first) = match early {
+                Some(o) => (o, None),
+                None => collect(&mut rx).await?,
+            };
+            account(&st, &out, t0, first);
+            drop(guard);
+            let lp = if shape.logprobs {
+                legacy_logprobs(&out.logprobs)
+            } else {
+                Value::Null
+            };
+            let mut v = body(&out.content, Some(out.finish.as_str()), lp);
+            v["usage"] = json!(wire::WireUsage::from(out.usage));
+            return Ok(Json(v).into_response());
+        }
+        let (tx, out_rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
+        let st2 = Arc::clone(&st);
+        tokio::spawn(async move {
+            let _guard = guard;
+            let mut first = None;
+            let outcome = match early {
+                Some(o) => Ok(o),
+                None => loop {
+                    match rx.recv().await {
+                        Some(Msg::Event(Event::Content(t))) => {
+                            first.get_or_insert_with(Instant::now);
+                            if tx
+                                .send(sse_json(&body(&t, None, Value::Null)))
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                        Some(Msg::Event(_)) => {}
+                        Some(Msg::Done(o)) => break *o,
+                        None => {
+                            break Err(ApiError::Internal("the request ended early".into()));
+                        }
+                    }
+                },
+            };
+            match outcome {
+                Ok(out) => {
+                    account(&st2, &out, t0, first);
+                    let mut last = body("", Some(out.finish.as_str()), Value::Null);
+                    if shape.include_usage {
+                        last["usage"] = json!(wire::WireUsage::from(out.usage));
+                    }
+                    if tx.send(sse_json(&last)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(sse_json(&e.body())).await;
+                }
+            }
+            let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+        });
+        Ok(
+            Sse::new(tokio_stream::wrappers::ReceiverStream::new(out_rx))
+                .keep_alive(KeepAlive::default())
+                .into_response(),
+        )
+    }
+    .await;
+    finish(&st, "/v1/completions", r)
+}
+
+fn legacy_logprobs(lp: &[TokenLogprob]) -> Value {
+    let mut offset = 0usize;
+    let mut offsets = Vec::with_capacity(lp.len());
+    for t in lp {
+        offsets.push(offset);
+        offset += t.token.len();
+    }
+    json!({
+        "tokens": lp.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": lp.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": lp.iter().map(|t| {
+            t.top.iter().map(|(tok, _, l)| (tok.clone(), json!(l))).collect::<serde_json::Map<_, _>>()
+        }).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}

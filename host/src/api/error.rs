@@ -1,0 +1,131 @@
+//! Every way a request can fail, mapped once to an HTTP status and OpenAI's error body:
+//! `{"error": {"message", "type", "param", "code"}}`.
+
+use crate::agent::AgentError;
+use crate::engine::service::SubmitError;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use thiserror::Error;
+
+/// A failed request.
+#[derive(Debug, Error)]
+pub enum ApiError {
+    /// Malformed JSON, a field of the wrong type, or a value out of range.
+    #[error("{msg}")]
+    BadRequest {
+        /// What is wrong.
+        msg: String,
+        /// The offending field, if known.
+        param: Option<String>,
+    },
+    /// The prompt does not fit the model's context.
+    #[error("{0}")]
+    ContextLength(String),
+    /// Missing or wrong API key.
+    #[error("invalid API key: send `Authorization: Bearer <key>`")]
+    Unauthorized,
+    /// No such model.
+    #[error("the model {0:?} does not exist; see GET /v1/models")]
+    ModelNotFound(String),
+    /// No such route.
+    #[error("no route {0}")]
+    NotFound(String),
+    /// The body is larger than allowed.
+    #[error("the request body is larger than the limit of {limit} bytes")]
+    TooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// The queue is full.
+    #[error("the server is busy ({0}); retry shortly")]
+    Busy(String),
+    /// The engine stopped.
+    #[error("the engine is not running")]
+    Unavailable,
+    /// A bug or an engine failure.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// A 400 about `param`.
+    pub fn bad(msg: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError::BadRequest {
+            msg: msg.into(),
+            param: param.map(str::to_owned),
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } | ApiError::ContextLength(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's error `type` and `code`.
+    fn kind(&self) -> (&'static str, Option<&'static str>) {
+        match self {
+            ApiError::BadRequest { .. } => ("invalid_request_error", None),
+            ApiError::ContextLength(_) => {
+                ("invalid_request_error", Some("context_length_exceeded"))
+            }
+            ApiError::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
+            ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
+            ApiError::NotFound(_) => ("invalid_request_error", Some("not_found")),
+            ApiError::TooLarge { .. } => ("invalid_request_error", Some("request_too_large")),
+            ApiError::Busy(_) => ("rate_limit_error", Some("queue_full")),
+            ApiError::Unavailable => ("server_error", Some("unavailable")),
+            ApiError::Internal(_) => ("server_error", None),
+        }
+    }
+
+    /// The error body.
+    pub fn body(&self) -> serde_json::Value {
+        let (kind, code) = self.kind();
+        let param = match self {
+            ApiError::BadRequest { param, .. } => param.clone(),
+            ApiError::ContextLength(_) => Some("messages".into()),
+            _ => None,
+        };
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status(), axum::Json(self.body())).into_response();
+        if matches!(self, ApiError::Busy(_)) {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if matches!(self, ApiError::Unauthorized) {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+impl From<AgentError> for ApiError {
+    fn from(e: AgentError) -> Self {
+        match e {
+            AgentError::ContextLength { .. } => ApiError::ContextLength(e.to_string()),
+            AgentError::Busy(SubmitError::Full { .. }) => ApiError::Busy(e.to_string()),
+            AgentError::Busy(SubmitError::Stopped) => ApiError::Unavailable,
+            AgentError::Tools(t) => ApiError::bad(t.to_string(), Some("tools")),
+            AgentError::Guide(g) => ApiError::bad(g.to_string(), Some("response_format")),
+            AgentError::Template(t) => ApiError::bad(t.to_string(), Some("messages")),
+            AgentError::Engine(crate::engine::EngineError::Request(m)) => ApiError::bad(m, None),
+            AgentError::Engine(e) => ApiError::Internal(e.to_string()),
+            AgentError::Lost => ApiError::Internal(e.to_string()),
+        }
+    }
+}

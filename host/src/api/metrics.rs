@@ -1,0 +1,266 @@
+//! Server metrics in the Prometheus text format (`GET /metrics`): requests by endpoint and status, tokens,
+//! prompt tokens served from the cache, time to first token and time per output token histograms, queue
+//! depth, cancellations, and plugin calls and failures.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Histogram bucket upper bounds, in seconds.
+const TTFT_BUCKETS: [f64; 12] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+const TPOT_BUCKETS: [f64; 10] = [
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0,
+];
+
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+    total: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            total: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, seconds: f64) {
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            if seconds <= *b {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        self.total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{b}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let total = self.total.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {total}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count {total}");
+    }
+}
+
+/// The server's counters.
+#[derive(Debug)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    plugin_calls: Mutex<BTreeMap<(String, String), u64>>,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    cancelled: AtomicU64,
+    ttft: Histogram,
+    tpot: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Mutex::default(),
+            plugin_calls: Mutex::default(),
+            prompt_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
+            completion_tokens: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            ttft: Histogram::new(&TTFT_BUCKETS),
+            tpot: Histogram::new(&TPOT_BUCKETS),
+        }
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metrics {
+    /// A request to `endpoint` answered with `status`.
+    pub fn request(&self, endpoint: &str, status: u16) {
+        let mut m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        *m.entry((endpoint.to_owned(), status)).or_default() += 1;
+    }
+
+    /// Tokens of one finished request.
+    pub fn tokens(&self, usage: &crate::agent::Usage) {
+        self.prompt_tokens
+            .fetch_add(usage.prompt_tokens as u64, Ordering::Relaxed);
+        self.cached_tokens
+            .fetch_add(usage.cached_tokens as u64, Ordering::Relaxed);
+        self.completion_tokens
+            .fetch_add(usage.completion_tokens as u64, Ordering::Relaxed);
+    }
+
+    /// Time to first token.
+    pub fn ttft(&self, seconds: f64) {
+        self.ttft.observe(seconds);
+    }
+
+    /// Time per output token after the first.
+    pub fn tpot(&self, seconds: f64) {
+        self.tpot.observe(seconds);
+    }
+
+    /// A request cancelled by its client.
+    pub fn cancelled(&self) {
+        self.cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many requests were cancelled.
+    pub fn cancelled_count(&self) -> u64 {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+
+    /// A plugin call and its outcome (`ok` or an error kind).
+    pub fn plugin_call(&self, tool: &str, outcome: &str) {
+        let mut m = self.plugin_calls.lock().unwrap_or_else(|p| p.into_inner());
+        *m.entry((tool.to_owned(), outcome.to_owned())).or_default() += 1;
+    }
+
+    /// The Prometheus text, with the gauges passed in.
+    pub fn render(&self, queue_depth: usize, busy: bool) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP thorn_requests_total HTTP requests by endpoint and status.\n# TYPE thorn_requests_total counter"
+        );
+        for ((e, s), n) in self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "thorn_requests_total{{endpoint=\"{}\",status=\"{s}\"}} {n}",
+                escape(e)
+            );
+        }
+        for (name, help, v) in [
+            (
+                "thorn_prompt_tokens_total",
+                "Prompt tokens processed (all agent rounds).",
+                &self.prompt_tokens,
+            ),
+            (
+                "thorn_cached_prompt_tokens_total",
+                "Prompt tokens served from the KV cache.",
+                &self.cached_tokens,
+            ),
+            (
+                "thorn_completion_tokens_total",
+                "Tokens generated.",
+                &self.completion_tokens,
+            ),
+            (
+                "thorn_cancelled_requests_total",
+                "Requests whose client went away before the end.",
+                &self.cancelled,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        self.ttft.render(
+            "thorn_time_to_first_token_seconds",
+            "Time from request to first generated text.",
+            &mut out,
+        );
+        self.tpot.render(
+            "thorn_time_per_output_token_seconds",
+            "Decode time per generated token after the first.",
+            &mut out,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP thorn_queue_depth Requests waiting for the engine.\n# TYPE thorn_queue_depth gauge\nthorn_queue_depth {queue_depth}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP thorn_engine_busy Whether the engine is generating.\n# TYPE thorn_engine_busy gauge\nthorn_engine_busy {}",
+            u8::from(busy)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP thorn_plugin_calls_total Host tool (plugin) calls by tool and outcome.\n# TYPE thorn_plugin_calls_total counter"
+        );
+        let calls = self.plugin_calls.lock().unwrap_or_else(|p| p.into_inner());
+        for ((t, o), n) in calls.iter() {
+            let _ = writeln!(
+                out,
+                "thorn_plugin_calls_total{{tool=\"{}\",outcome=\"{}\"}} {n}",
+                escape(t),
+                escape(o)
+            );
+        }
+        let failures: u64 = calls
+            .iter()
+            .filter(|((_, o), _)| o != "ok")
+            .map(|(_, n)| n)
+            .sum();
+        let _ = writeln!(
+            out,
+            "# HELP thorn_plugin_failures_total Host tool calls that failed.\n# TYPE thorn_plugin_failures_total counter\nthorn_plugin_failures_total {failures}"
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text() {
+        let m = Metrics::default();
+        m.request("/v1/chat/completions", 200);
+        m.request("/v1/chat/completions", 200);
+        m.request("/v1/chat/completions", 400);
+        m.ttft(0.03);
+        m.tpot(0.009);
+        m.plugin_call("evaluate", "ok");
+        m.plugin_call("spin", "timeout");
+        m.tokens(&crate::agent::Usage {
+            prompt_tokens: 10,
+            cached_tokens: 4,
+            completion_tokens: 3,
+        });
+        let t = m.render(2, true);
+        assert!(
+            t.contains("thorn_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 2")
+        );
+        assert!(t.contains("thorn_time_to_first_token_seconds_bucket{le=\"0.05\"} 1"));
+        assert!(t.contains("thorn_time_to_first_token_seconds_bucket{le=\"0.025\"} 0"));
+        assert!(t.contains("thorn_time_to_first_token_seconds_count 1"));
+        assert!(t.contains("thorn_cached_prompt_tokens_total 4"));
+        assert!(t.contains("thorn_queue_depth 2"));
+        assert!(t.contains("thorn_plugin_failures_total 1"));
+    }
+}

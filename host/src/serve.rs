@@ -1,0 +1,268 @@
+//! `thorn serve`, `thorn chat` and `thorn run`: the agent with the installed plugins, over HTTP, in a
+//! terminal, or for one task.
+
+use crate::plugins::Place;
+use anyhow::{Context, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use thorn::agent::{Agent, Event, Turn};
+use thorn::api::{AppState, ServerConfig};
+use thorn::chat::Message;
+use thorn::engine::{Engine, EngineConfig};
+use thorn::sample::SamplingParams;
+use thorn::tools::plugin::{HostConfig, PluginHost, PluginSet, Policy};
+use thorn::tools::{ResponseFormat, ToolChoice};
+
+/// What every agent command takes.
+#[derive(clap::Args, Clone)]
+pub struct AgentArgs {
+    /// Model file (default: the pulled default model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The name the model is served under (default: the default model's name, else the file's stem).
+    #[arg(long)]
+    pub model_name: Option<String>,
+    #[command(flatten)]
+    pub place: Place,
+    /// CPU threads (0 = one per physical core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Context length in tokens.
+    #[arg(long, default_value_t = 8192)]
+    pub context: usize,
+    /// Most rounds of host tool calls per request.
+    #[arg(long, default_value_t = 8)]
+    pub max_tool_rounds: usize,
+    /// Requests that may wait for the engine before new ones get 429.
+    #[arg(long, default_value_t = 32)]
+    pub queue: usize,
+}
+
+/// `thorn serve`.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port.
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Accepted API key (repeatable; also $THORN_API_KEYS, comma-separated). None: no authentication.
+    #[arg(long)]
+    pub api_key: Vec<String>,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_body: usize,
+}
+
+/// Loads the model onto its engine thread and the plugins under the policy.
+pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
+    let default = thorn::store::default_model(cache);
+    let (path, default_name) = match &a.model {
+        Some(p) => (p.clone(), None),
+        None => (default?, Some(thorn::store::DEFAULT_MODEL.name)),
+    };
+    let name = a.model_name.clone().unwrap_or_else(|| {
+        default_name.map_or_else(
+            || {
+                path.file_stem()
+                    .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+            },
+            str::to_owned,
+        )
+    });
+    let cfg = EngineConfig {
+        threads: a.threads,
+        context: a.context,
+        ..EngineConfig::default()
+    };
+    let engine =
+        Engine::load(&path, &cfg).with_context(|| format!("loading {}", path.display()))?;
+    let (context, threads) = (engine.context(), engine.cpu().threads());
+    let (dir, policy_path) = a.place.resolve();
+    let host = PluginHost::with_config(HostConfig {
+        cache_dir: Some(cache.join("cwasm")),
+        ..HostConfig::default()
+    })?;
+    let policy = Policy::load(&policy_path)?;
+    let plugins = PluginSet::load_dir(&host, &dir, &policy)?;
+    for r in plugins.refused() {
+        eprintln!("plugin refused: {}: {}", r.path.display(), r.error);
+    }
+    eprintln!(
+        "model {name} ({context} tokens of context, {threads} threads); {} plugin(s) with {} tool(s) from {}",
+        plugins.plugins().len(),
+        plugins.tools().tools().len(),
+        dir.display()
+    );
+    Ok(Agent::start(
+        engine,
+        name,
+        Arc::new(plugins),
+        a.queue,
+        a.max_tool_rounds,
+    )?)
+}
+
+/// `thorn serve`: the OpenAI-compatible server.
+pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
+    let agent = build_agent(cache, &a.agent)?;
+    let mut keys = a.api_key;
+    if let Ok(env) = std::env::var("THORN_API_KEYS") {
+        keys.extend(
+            env.split(',')
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .map(str::to_owned),
+        );
+    }
+    let config = ServerConfig {
+        api_keys: keys,
+        max_body: a.max_body,
+    };
+    let state = Arc::new(AppState::new(agent, config));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("listening on {addr}"))?;
+        eprintln!(
+            "serving the OpenAI API on http://{} (POST /v1/chat/completions, GET /v1/models, /health, /metrics); ctrl-c stops",
+            listener.local_addr()?
+        );
+        thorn::api::serve(listener, state).await?;
+        anyhow::Ok(())
+    })
+}
+
+/// Every installed plugin's functions as host tools.
+fn all_tools(agent: &Agent) -> (Vec<serde_json::Value>, Vec<String>) {
+    let defs = agent.plugins().tools().definitions().to_vec();
+    let names = agent
+        .plugins()
+        .tools()
+        .tools()
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    (defs, names)
+}
+
+fn turn(agent: &Agent, messages: Vec<Message>, temperature: f32, seed: Option<u64>) -> Turn {
+    let (tools, host_tools) = all_tools(agent);
+    Turn {
+        messages,
+        tools,
+        host_tools,
+        tool_choice: ToolChoice::Auto,
+        parallel_tool_calls: true,
+        response_format: ResponseFormat::Text,
+        sampling: SamplingParams {
+            temperature,
+            seed,
+            ..SamplingParams::default()
+        },
+        max_tokens: 1024,
+        stop: Vec::new(),
+        max_tool_rounds: None,
+        conversation: Some(format!("cli-{}", std::process::id())),
+        logprobs: false,
+    }
+}
+
+/// Prints events as they come: text, and each tool call and its result on lines of their own.
+fn printer() -> impl FnMut(Event) + Send {
+    move |e| {
+        let mut out = std::io::stdout().lock();
+        match e {
+            Event::Content(t) => {
+                let _ = out.write_all(t.as_bytes());
+            }
+            Event::HostCall(c) => {
+                let _ = writeln!(
+                    out,
+                    "\n[tool call] {}({})",
+                    c.function.name, c.function.arguments
+                );
+            }
+            Event::HostResult(h) => {
+                let _ = match &h.result {
+                    Ok(v) => writeln!(out, "[tool result] {v}"),
+                    Err(e) => writeln!(out, "[tool error] {e}"),
+                };
+            }
+            Event::Started { .. } => {}
+        }
+        let _ = out.flush();
+    }
+}
+
+/// `thorn run "task"`: one agent run, transcript on stdout.
+pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Result<()> {
+    let agent = build_agent(cache, a)?;
+    let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
+    messages.push(Message::user(task));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    println!("[user] {task}");
+    print!("[assistant] ");
+    let out = rt.block_on(agent.run(
+        turn(&agent, messages, 0.0, None),
+        Arc::new(AtomicBool::new(false)),
+        &mut printer(),
+    ))?;
+    println!();
+    for c in &out.tool_calls {
+        println!(
+            "[client tool call, not run] {}({})",
+            c.function.name, c.function.arguments
+        );
+    }
+    eprintln!(
+        "[{} round(s), {} prompt tokens ({} cached), {} generated, finish: {}]",
+        out.rounds,
+        out.usage.prompt_tokens,
+        out.usage.cached_tokens,
+        out.usage.completion_tokens,
+        out.finish.as_str()
+    );
+    Ok(())
+}
+
+/// `thorn chat`: an interactive conversation in the terminal.
+pub fn chat(cache: &Path, a: &AgentArgs, system: Option<&str>, temperature: f32) -> Result<()> {
+    let agent = build_agent(cache, a)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
+    eprintln!("type a message and press enter; an empty line or ctrl-d ends the chat");
+    let stdin = std::io::stdin();
+    loop {
+        print!("\n> ");
+        std::io::stdout().flush()?;
+        let mut line = String::new();
+        if stdin.read_line(&mut line)? == 0 || line.trim().is_empty() {
+            break;
+        }
+        messages.push(Message::user(line.trim()));
+        let out = rt.block_on(agent.run(
+            turn(&agent, messages.clone(), temperature, None),
+            Arc::new(AtomicBool::new(false)),
+            &mut printer(),
+        ))?;
+        println!();
+        // Host tool rounds stay inside a turn; the conversation keeps the final answer.
+        messages.push(Message::assistant(out.content.trim()));
+    }
+    Ok(())
+}

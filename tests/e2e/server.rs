@@ -1,0 +1,546 @@
+//! The real server over real HTTP with the default model and real plugins: plain and streamed chat, raw
+//! completions, client tool calls, host plugin calls (calculator, the file reader within its grant, a
+//! hostile plugin whose failure goes back to the model), every kind of bad request, API keys, a full queue,
+//! and cancellation when the client goes away.
+
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use thorn::agent::Agent;
+use thorn::api::{AppState, ServerConfig};
+use thorn::engine::{Engine, EngineConfig};
+use thorn::tools::plugin::{HostConfig, PluginHost, PluginSet, Policy};
+use thorn_tests::{default_model, http, http_send, plugin_wasm};
+
+struct Server {
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+/// Installs calculator, files (granted a directory holding notes.txt) and hostile (300 ms deadline) into a
+/// fresh plugin directory with a policy, and starts a server on a free port.
+fn start(context: usize, queue: usize, config: ServerConfig) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let installed = dir.path().join("plugins");
+    let docs = dir.path().join("docs");
+    let data = dir.path().join("data");
+    for d in [&installed, &docs, &data] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(docs.join("notes.txt"), "The launch code is 4242.\n").unwrap();
+    let host = PluginHost::with_config(HostConfig {
+        cache_dir: Some(
+            std::env::temp_dir().join(format!("thorn-test-cwasm-{}", std::process::id())),
+        ),
+        pool_slots: 16,
+        max_memory: 256 << 20,
+    })
+    .unwrap();
+    let mut entries = serde_json::Map::new();
+    for name in ["calculator", "files", "hostile"] {
+        let wasm = plugin_wasm(name);
+        std::fs::copy(&wasm, installed.join(format!("{name}.wasm"))).unwrap();
+        let sha = host.open(&wasm).unwrap().sha256().to_owned();
+        let entry = match name {
+            "files" => json!({"sha256": sha,
+                "filesystem": [{"guest": "/data", "host": docs, "access": "read"}]}),
+            "hostile" => json!({"sha256": sha,
+                "filesystem": [{"guest": "/data", "host": data, "access": "read"}],
+                "env": {"THORN_TEST_VAR": "x"}, "network": ["127.0.0.1:*"],
+                "limits": {"timeout_ms": 300}}),
+            _ => json!({ "sha256": sha }),
+        };
+        entries.insert(name.into(), entry);
+    }
+    let policy_path = dir.path().join("policy.json");
+    std::fs::write(&policy_path, json!({ "plugins": entries }).to_string()).unwrap();
+    let policy = Policy::load(&policy_path).unwrap();
+    let plugins = PluginSet::load_dir(&host, &installed, &policy).unwrap();
+    assert!(plugins.refused().is_empty(), "{:?}", plugins.refused());
+    let engine = Engine::load(
+        &default_model(),
+        &EngineConfig {
+            threads: 2,
+            context,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let agent = Agent::start(engine, "smollm2".into(), Arc::new(plugins), queue, 3).unwrap();
+    let state = Arc::new(AppState::new(agent, config));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            thorn::api::serve(l, state).await.unwrap();
+        });
+    });
+    Server {
+        addr: rx.recv().unwrap(),
+        _dir: dir,
+    }
+}
+
+fn server() -> &'static Server {
+    static S: OnceLock<Server> = OnceLock::new();
+    S.get_or_init(|| {
+        start(
+            2048,
+            64,
+            ServerConfig {
+                api_keys: Vec::new(),
+                max_body: 1 << 20,
+            },
+        )
+    })
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> thorn_tests::HttpResponse {
+    http(addr, "POST", path, &[], body.to_string().as_bytes())
+}
+
+fn chat(body: Value) -> thorn_tests::HttpResponse {
+    post(server().addr, "/v1/chat/completions", &body)
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+#[test]
+fn plain_chat_streamed_and_not_agree() {
+    let body = json!({"model": "smollm2", "messages": user("What is the capital of France?"),
+        "temperature": 0, "max_tokens": 24});
+    let r = chat(body.clone());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    let content = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(!content.is_empty());
+    assert!(["stop", "length"].contains(&v["choices"][0]["finish_reason"].as_str().unwrap()));
+    let u = &v["usage"];
+    assert!(u["prompt_tokens"].as_u64().unwrap() > 10);
+    assert_eq!(
+        u["total_tokens"].as_u64().unwrap(),
+        u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()
+    );
+    assert!(u["prompt_tokens_details"]["cached_tokens"].is_u64());
+
+    let mut s = body;
+    s["stream"] = json!(true);
+    s["stream_options"] = json!({"include_usage": true});
+    let r = chat(s);
+    assert_eq!(r.status, 200);
+    assert!(
+        r.header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let data = r.sse();
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, content, "greedy: the same text streamed or not");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert!(usage["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    // The repeated prompt was served from the prefix cache.
+    assert!(
+        usage["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
+#[test]
+fn completions_models_health_and_metrics() {
+    let addr = server().addr;
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "logprobs": 2}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert!(!v["choices"][0]["text"].as_str().unwrap().is_empty());
+    assert_eq!(
+        v["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .len(),
+        8
+    );
+    let r = http(addr, "GET", "/v1/models", &[], b"");
+    assert_eq!(r.json()["data"][0]["id"], "smollm2");
+    let r = http(addr, "GET", "/health", &[], b"");
+    assert_eq!(r.json()["status"], "ok");
+    assert_eq!(r.json()["plugins"], 3);
+    let r = http(addr, "GET", "/metrics", &[], b"");
+    assert_eq!(r.status, 200);
+    assert!(
+        r.body
+            .contains("thorn_requests_total{endpoint=\"/v1/completions\",status=\"200\"}")
+    );
+    assert!(r.body.contains("thorn_time_to_first_token_seconds_bucket"));
+}
+
+#[test]
+fn client_tools_come_back_as_openai_tool_calls() {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    let r = chat(
+        json!({"messages": user("What's the weather in Paris?"), "tools": tools,
+        "tool_choice": "required", "temperature": 0, "max_tokens": 64}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert!(call["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_string());
+
+    // The same, streamed: the call arrives as a tool_calls delta.
+    let r = chat(
+        json!({"messages": user("What's the weather in Paris?"), "tools": tools,
+        "tool_choice": "required", "temperature": 0, "max_tokens": 64, "stream": true}),
+    );
+    let chunks: Vec<Value> = r
+        .sse()
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let delta = chunks
+        .iter()
+        .find(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+        .expect("a tool_calls delta");
+    assert_eq!(
+        delta["choices"][0]["delta"]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+
+    // The client's result goes back in and the model answers.
+    let history = json!([
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21, \"sky\": \"sunny\"}"}
+    ]);
+    let r = chat(json!({"messages": history, "tools": tools, "temperature": 0, "max_tokens": 32}));
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+fn host_calls(v: &Value) -> Vec<Value> {
+    v["choices"][0]["message"]["thorn_host_tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn host_plugins_run_inside_the_request() {
+    // Naming the plugin offers all its functions; the host runs the call and the model answers.
+    let r = chat(json!({"messages": user("What is 17 * 3?"),
+        "tools": [{"type": "function", "function": {"name": "calculator"}}],
+        "tool_choice": "required", "temperature": 0, "max_tokens": 200, "conversation_id": "t-calc"}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let calls = host_calls(&v);
+    assert!(!calls.is_empty(), "{v}");
+    assert_eq!(calls[0]["name"], "evaluate");
+    assert_eq!(
+        calls[0]["arguments"], "{\"expression\":\"17 * 3\"}",
+        "{}",
+        calls[0]
+    );
+    assert_eq!(calls[0]["result"]["value"], 51.0, "{}", calls[0]);
+    assert_ne!(v["choices"][0]["finish_reason"], "tool_calls");
+
+    // The file reader reads inside its grant (the model picks the path; either the file's text comes back
+    // or the plugin's own error does, never anything from outside /data).
+    let r = chat(json!({"messages": user("Read the file notes.txt"),
+        "tools": [{"type": "function", "function": {"name": "read_file"}}],
+        "tool_choice": {"type": "function", "function": {"name": "read_file"}},
+        "temperature": 0, "max_tokens": 200}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let calls = host_calls(&v);
+    assert_eq!(calls[0]["name"], "read_file", "{v}");
+    match calls[0]["result"]["content"].as_str() {
+        Some(text) => assert_eq!(text, "The launch code is 4242.\n"),
+        None => assert!(calls[0]["error_kind"] == "tool", "{}", calls[0]),
+    }
+    eprintln!("read_file call: {}", calls[0]);
+
+    // Streamed: each call and result shows up as it happens.
+    let r = chat(json!({"messages": user("Compute 2 + 2."),
+        "tools": [{"type": "function", "function": {"name": "evaluate"}}],
+        "tool_choice": "required", "temperature": 0, "max_tokens": 200, "stream": true}));
+    let data = r.sse();
+    assert!(
+        data.iter().any(|d| d.contains("thorn_host_tool_call")),
+        "{data:?}"
+    );
+    assert!(
+        data.iter().any(|d| d.contains("thorn_host_tool_result")),
+        "{data:?}"
+    );
+    assert_eq!(data.last().unwrap(), "[DONE]");
+}
+
+#[test]
+fn a_hostile_plugins_failure_goes_back_to_the_model() {
+    let r = chat(json!({"messages": user("Run the spin tool."),
+        "tools": [{"type": "function", "function": {"name": "spin"}}],
+        "tool_choice": "required", "temperature": 0, "max_tokens": 200}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let calls = host_calls(&v);
+    assert_eq!(calls[0]["name"], "spin");
+    assert_eq!(calls[0]["error_kind"], "timeout", "{}", calls[0]);
+    assert!(v["choices"][0]["message"]["content"].is_string());
+    let m = http(server().addr, "GET", "/metrics", &[], b"");
+    assert!(
+        m.body
+            .contains("thorn_plugin_calls_total{tool=\"spin\",outcome=\"timeout\"}"),
+        "{}",
+        m.body
+    );
+}
+
+#[test]
+fn bad_requests_get_openai_errors() {
+    let addr = server().addr;
+    let err = |r: &thorn_tests::HttpResponse| r.json()["error"].clone();
+    // Malformed JSON.
+    let r = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        b"{\"messages\": [",
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(err(&r)["type"], "invalid_request_error");
+    assert!(
+        err(&r)["message"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
+    // A field of the wrong type, named.
+    let r = chat(json!({"messages": user("hi"), "temperature": "hot"}));
+    assert_eq!(r.status, 400);
+    assert_eq!(err(&r)["param"], "temperature", "{}", r.body);
+    let r = chat(json!({"messages": "hi"}));
+    assert_eq!(r.status, 400);
+    assert_eq!(err(&r)["param"], "messages");
+    // Out of range, missing, unsupported.
+    for (body, param) in [
+        (
+            json!({"messages": user("hi"), "temperature": 3}),
+            "temperature",
+        ),
+        (json!({"messages": []}), "messages"),
+        (json!({"messages": user("hi"), "n": 2}), "n"),
+        (
+            json!({"messages": [{"role": "robot", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (
+            json!({"messages": user("hi"), "tool_choice": "sometimes"}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": user("hi"), "top_logprobs": 3}),
+            "top_logprobs",
+        ),
+        (
+            json!({"messages": user("hi"), "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tools",
+        ),
+    ] {
+        let r = chat(body.clone());
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(err(&r)["param"], param, "{body}: {}", r.body);
+    }
+    // Longer than the context: both numbers in the message.
+    let long = "word ".repeat(3000);
+    let r = chat(json!({"messages": user(&long)}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(err(&r)["code"], "context_length_exceeded");
+    let msg = err(&r)["message"].as_str().unwrap().to_owned();
+    assert!(msg.contains("2048") && msg.contains("prompt is"), "{msg}");
+    // Too large a body: one byte over the limit (so the server reads it all and closes cleanly).
+    let big = vec![b' '; (1 << 20) + 1];
+    let r = http(addr, "POST", "/v1/chat/completions", &[], &big);
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert_eq!(err(&r)["code"], "request_too_large");
+    // Unknown model and route.
+    let r = chat(json!({"model": "gpt-9", "messages": user("hi")}));
+    assert_eq!(r.status, 404);
+    assert_eq!(err(&r)["code"], "model_not_found");
+    let r = http(addr, "GET", "/v1/nothing", &[], b"");
+    assert_eq!(r.status, 404);
+    // The server is still fine.
+    let r = chat(json!({"messages": user("hi"), "max_tokens": 4, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// A server with API keys and a queue of one, for the 401 and 429 cases.
+#[test]
+fn api_keys_and_a_full_queue() {
+    let s = start(
+        1024,
+        1,
+        ServerConfig {
+            api_keys: vec!["sekrit".into()],
+            max_body: 1 << 20,
+        },
+    );
+    let body = json!({"messages": user("hi"), "max_tokens": 2}).to_string();
+    let r = http(s.addr, "POST", "/v1/chat/completions", &[], body.as_bytes());
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    let r = http(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer wrong")],
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 401);
+    let auth = [("Authorization", "Bearer sekrit")];
+    let r = http(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &auth,
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    // One long generation running, one waiting: the next is refused with 429 and Retry-After.
+    let long = json!({"messages": user("Count from one to one thousand."), "max_tokens": 400,
+        "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "n",
+            "schema": {"type": "array", "items": {"type": "integer"}, "minItems": 300}}}})
+    .to_string();
+    let addr = s.addr;
+    let l1 = long.clone();
+    let first = std::thread::spawn(move || {
+        http(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("Authorization", "Bearer sekrit")],
+            l1.as_bytes(),
+        )
+    });
+    let busy = |addr| {
+        let h = http(addr, "GET", "/health", &[], b"").json();
+        (h["busy"] == true, h["queue_depth"].as_u64().unwrap())
+    };
+    let t = Instant::now();
+    while !busy(addr).0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the first request never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let l2 = long.clone();
+    let second = std::thread::spawn(move || {
+        http(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("Authorization", "Bearer sekrit")],
+            l2.as_bytes(),
+        )
+    });
+    while busy(addr).1 < 1 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the second request never queued"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let r = http(addr, "POST", "/v1/chat/completions", &auth, body.as_bytes());
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+    assert_eq!(first.join().unwrap().status, 200);
+    assert_eq!(second.join().unwrap().status, 200);
+}
+
+#[test]
+fn a_client_that_goes_away_cancels_its_generation() {
+    use std::io::Read;
+    let addr = server().addr;
+    let cancelled = || -> u64 {
+        let m = http(addr, "GET", "/metrics", &[], b"");
+        m.body
+            .lines()
+            .find_map(|l| l.strip_prefix("thorn_cancelled_requests_total "))
+            .and_then(|n| n.parse().ok())
+            .unwrap()
+    };
+    let before = cancelled();
+    // A generation that cannot end early: at least 1000 integers.
+    let body = json!({"messages": user("List numbers."), "stream": true, "max_tokens": 1800,
+        "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "n",
+            "schema": {"type": "array", "items": {"type": "integer"}, "minItems": 1000}}}})
+    .to_string();
+    let mut s = http_send(addr, "POST", "/v1/chat/completions", &[], body.as_bytes());
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while seen.windows(5).filter(|w| *w == b"data:").count() < 4 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "the stream ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(s);
+    let t = Instant::now();
+    while cancelled() == before {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the generation was not cancelled"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
