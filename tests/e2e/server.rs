@@ -278,11 +278,6 @@ fn host_plugins_run_inside_the_request() {
     let calls = host_calls(&v);
     assert!(!calls.is_empty(), "{v}");
     assert_eq!(calls[0]["name"], "evaluate");
-    assert_eq!(
-        calls[0]["arguments"], "{\"expression\":\"17 * 3\"}",
-        "{}",
-        calls[0]
-    );
     assert_eq!(calls[0]["result"]["value"], 51.0, "{}", calls[0]);
     assert_ne!(v["choices"][0]["finish_reason"], "tool_calls");
 
