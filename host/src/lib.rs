@@ -10,7 +10,15 @@
 //!      -> sampler + grammar -> drafter/verifier -> tool-call parse -> schema validation -> wasm plugin
 //! ```
 //!
-//! What exists so far is the ground under that path:
+//! The modules, top of the path first:
+//!
+//! * [`api`]: the OpenAI-compatible HTTP server (axum): wire types, SSE, OpenAI error bodies, metrics.
+//! * [`agent`]: the agent loop: renders the conversation, runs generations on the engine thread, runs host
+//!   (plugin) tools inside a request and returns client tools to the caller.
+//! * [`engine`]: the model with its KV cache and prefix reuse; [`engine::service`] puts it on its own thread
+//!   behind a bounded queue.
+//! * [`sample`]: sampling, and the llguidance grammar seam for tool calls and `response_format`.
+//! * [`tools`]: tool sets, the tool-call protocol and parser, and [`tools::plugin`], the wasm sandbox.
 //!
 //! * [`store`]: the model cache and `thorn model pull` (the default model comes from a PyPI wheel, verified
 //!   by sha256).

@@ -1,6 +1,6 @@
 //! The `thorn` command line.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use thorn::chat::{ChatTemplate, Message, RenderOptions};
@@ -28,8 +28,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Set everything up and run the main job: pull the default model, load it, show what it is.
-    Up,
+    /// Set up and run the main job: pull (or verify) the default model, then serve the OpenAI API with the
+    /// installed plugins (`scripts/up` also builds and installs the example plugins first).
+    Up(serve::ServeArgs),
     /// Generate a reply to one prompt, streaming it to stdout.
     Generate(GenerateArgs),
     /// Benchmarks.
@@ -52,7 +53,7 @@ enum Cmd {
         #[arg(long)]
         system: Option<String>,
         /// Sampling temperature (0 = greedy).
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = 0.7)]
         temperature: f32,
     },
     /// Run one task with the installed plugins and print the transcript.
@@ -264,7 +265,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let cache = store::cache_dir(cli.cache_dir.as_deref());
     match cli.cmd {
-        Cmd::Up => up(&cache),
+        Cmd::Up(a) => up(&cache, a),
         Cmd::Generate(args) => generate(&cache, args),
         Cmd::Bench {
             cmd: BenchCmd::Grammar(a),
@@ -595,48 +596,17 @@ fn info(path: &std::path::Path, tensors: bool) -> Result<()> {
     Ok(())
 }
 
-fn up(cache: &std::path::Path) -> Result<()> {
+fn up(cache: &std::path::Path, a: serve::ServeArgs) -> Result<()> {
     let path = pull(cache, store::DEFAULT_MODEL.name, false)?;
-    let g = open(&path)?;
-    let tok = Tokenizer::from_gguf(&g)?;
-    if tok.vocab_size() == 0 {
-        bail!("empty vocabulary");
+    if a.agent.model.is_none() {
+        eprintln!("default model ready: {}", path.display());
     }
-    println!(
-        "loaded {} ({}, {} layers, {} tensors, vocab {})",
-        path.display(),
-        g.architecture()?,
-        g.arch_u32("block_count")?,
-        g.tensors().len(),
-        tok.vocab_size()
-    );
-    drop(g);
-    let prompt = "What is the capital of France? Answer in one sentence.";
-    println!("> {prompt}");
-    generate(
-        cache,
-        GenerateArgs {
-            prompt: prompt.into(),
-            system: None,
-            max_tokens: 64,
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repeat_penalty: 1.0,
-            seed: None,
-            stop: vec![],
-            tools: None,
-            tool_choice: "auto".into(),
-            no_parallel_tool_calls: false,
-            json: None,
-            threads: 0,
-            context: 4096,
-            model: Some(path),
-        },
-    )?;
-    println!(
-        "(the OpenAI-compatible server and the wasm tool plugins are not built yet; try `thorn generate -p ...`)"
-    );
-    Ok(())
+    let (dir, _) = a.agent.place.resolve();
+    if thorn::tools::plugin::components(&dir)?.is_empty() {
+        eprintln!(
+            "no plugins installed in {} (scripts/install-plugins builds and installs the examples)",
+            dir.display()
+        );
+    }
+    serve::serve(cache, a)
 }

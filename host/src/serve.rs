@@ -168,6 +168,8 @@ fn turn(agent: &Agent, messages: Vec<Message>, temperature: f32, seed: Option<u6
         sampling: SamplingParams {
             temperature,
             seed,
+            // Small models loop without it, greedy ones most of all.
+            repetition_penalty: 1.1,
             ..SamplingParams::default()
         },
         max_tokens: 1024,

@@ -408,6 +408,38 @@ fn bad_requests_get_openai_errors() {
     assert_eq!(err(&r)["code"], "model_not_found");
     let r = http(addr, "GET", "/v1/nothing", &[], b"");
     assert_eq!(r.status, 404);
+    // Odd shapes never take the server down: each is a 4xx with an OpenAI error body.
+    for raw in [
+        "null",
+        "[]",
+        "\"text\"",
+        "{}",
+        "{\"messages\": null}",
+        "{\"messages\": [null]}",
+        "{\"messages\": [{\"content\": \"no role\"}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": -1}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 1e400}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stop\": [\"\"]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"nonsense\"}}}}}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {\"type\": 5}}}}",
+        "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"1\", \"function\": {\"name\": \"f\", \"arguments\": \"{not json\"}}]}]}",
+        "\u{0}\u{1}garbage",
+    ] {
+        let r = http(addr, "POST", "/v1/chat/completions", &[], raw.as_bytes());
+        assert!(
+            (400..500).contains(&r.status),
+            "{raw}: {} {}",
+            r.status,
+            r.body
+        );
+        assert!(
+            r.json()["error"]["message"].is_string(),
+            "{raw}: {}",
+            r.body
+        );
+    }
     // The server is still fine.
     let r = chat(json!({"messages": user("hi"), "max_tokens": 4, "temperature": 0}));
     assert_eq!(r.status, 200, "{}", r.body);
