@@ -1,6 +1,11 @@
 //! `thorn bench engine`: the llama-bench measurements (pp, tg, tg at depth) on thorn's own engine.
 //! `thorn bench grammar`: constrained tool calls over BFCL ([`grammar`]).
+//! `thorn bench bfcl` and `thorn bench agentic`: BFCL accuracy and the MLPerf Edge Agentic replay against any
+//! OpenAI-compatible endpoint ([`bfcl`], [`agentic`]), so thorn and its peers are measured by the same code.
 
+pub mod agentic;
+pub mod bfcl;
+mod client;
 pub mod grammar;
 
 use anyhow::{Context, Result};

@@ -8,6 +8,10 @@
 //! dots in names replaced by underscores, and " This is a float type value." appended to float descriptions.
 //! Field names and rules: `../shared/bfcl/README.md`.
 
+pub mod check;
+
+pub use check::{Answer, Category, Verdict, check, load_answers};
+
 use crate::chat::{Message, Role};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -45,6 +49,8 @@ pub struct Question {
     pub messages: Vec<Message>,
     /// Its functions as OpenAI `tools` entries.
     pub tools: Vec<Value>,
+    /// The function documents as written (the checker's reference for types and required parameters).
+    pub functions: Vec<Value>,
 }
 
 /// Reads every question of a BFCL JSON Lines file.
@@ -84,14 +90,13 @@ pub fn load(path: &Path) -> Result<Vec<Question>, BfclError> {
             };
             messages.push(Message::new(role, m["content"].as_str().unwrap_or("")));
         }
-        let tools = rec["function"]
-            .as_array()
-            .map(|fs| fs.iter().map(to_tool).collect())
-            .unwrap_or_default();
+        let functions: Vec<Value> = rec["function"].as_array().cloned().unwrap_or_default();
+        let tools = functions.iter().map(to_tool).collect();
         out.push(Question {
             id,
             messages,
             tools,
+            functions,
         });
     }
     Ok(out)

@@ -182,6 +182,75 @@ enum BenchCmd {
     /// Schema-constrained tool calls over the BFCL questions: validity, compile and mask times, forced
     /// tokens, and decode speed with vs without the grammar.
     Grammar(GrammarBenchArgs),
+    /// BFCL v4 accuracy of an OpenAI-compatible endpoint (AST checker; MLPerf sample with --mlperf).
+    Bfcl(BfclBenchArgs),
+    /// The MLPerf Edge Agentic replay (teacher-forced SWE-agent conversations) against an endpoint.
+    Agentic(AgenticBenchArgs),
+}
+
+#[derive(clap::Args)]
+struct EndpointArgs {
+    /// The endpoint's base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    endpoint: String,
+    /// API key (Bearer).
+    #[arg(long, env = "THORN_BENCH_API_KEY")]
+    api_key: Option<String>,
+    /// Model name to request (default: the first the endpoint lists).
+    #[arg(long = "model")]
+    model_name: Option<String>,
+    /// Most new tokens per request.
+    #[arg(long, default_value_t = 1024)]
+    max_tokens: usize,
+    /// Write the JSON report here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the markdown summary here.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct BfclBenchArgs {
+    #[command(flatten)]
+    endpoint: EndpointArgs,
+    /// Folder with the BFCL v4 files.
+    #[arg(long, default_value = "../shared/bfcl")]
+    data: PathBuf,
+    /// Categories (default: the twelve MLPerf scores).
+    #[arg(long, value_delimiter = ',')]
+    categories: Vec<String>,
+    /// Questions per category (0 = all).
+    #[arg(long, default_value_t = 0)]
+    limit: usize,
+    /// MLPerf's deterministic sample (995 questions).
+    #[arg(long)]
+    mlperf: bool,
+}
+
+#[derive(clap::Args)]
+struct AgenticBenchArgs {
+    #[command(flatten)]
+    endpoint: EndpointArgs,
+    /// The recorded conversations (JSON Lines).
+    #[arg(
+        long,
+        default_value = "../shared/trajectories/agentic_coding_2.5h.jsonl"
+    )]
+    trajectories: PathBuf,
+    /// Drop turns whose prompt plus --max-tokens exceeds this many tokens (0 = send everything).
+    #[arg(long, default_value_t = 0)]
+    max_context: usize,
+    /// Only the first K conversations (0 = all).
+    #[arg(long, default_value_t = 0)]
+    conversations: usize,
+    /// At most T turns per conversation (0 = all).
+    #[arg(long, default_value_t = 0)]
+    turns: usize,
+    /// GGUF whose tokenizer and chat template count prompt tokens for --max-context (default: the
+    /// default model).
+    #[arg(long)]
+    tokenizer_model: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -267,6 +336,35 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Up(a) => up(&cache, a),
         Cmd::Generate(args) => generate(&cache, args),
+        Cmd::Bench {
+            cmd: BenchCmd::Bfcl(a),
+        } => bench::bfcl::run(&bench::bfcl::Opts {
+            endpoint: a.endpoint.endpoint,
+            api_key: a.endpoint.api_key,
+            model: a.endpoint.model_name,
+            data: a.data,
+            categories: a.categories,
+            limit: a.limit,
+            mlperf: a.mlperf,
+            max_tokens: a.endpoint.max_tokens,
+            json: a.endpoint.json,
+            markdown: a.endpoint.markdown,
+        }),
+        Cmd::Bench {
+            cmd: BenchCmd::Agentic(a),
+        } => bench::agentic::run(&bench::agentic::Opts {
+            endpoint: a.endpoint.endpoint,
+            api_key: a.endpoint.api_key,
+            model: a.endpoint.model_name,
+            trajectories: a.trajectories,
+            max_context: a.max_context,
+            conversations: a.conversations,
+            turns: a.turns,
+            max_tokens: a.endpoint.max_tokens,
+            tokenizer_model: resolve(&cache, a.tokenizer_model)?,
+            json: a.endpoint.json,
+            markdown: a.endpoint.markdown,
+        }),
         Cmd::Bench {
             cmd: BenchCmd::Grammar(a),
         } => {

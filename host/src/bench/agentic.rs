@@ -1,0 +1,316 @@
+//! `thorn bench agentic --endpoint URL`: the MLPerf Edge Agentic replay against any OpenAI-compatible
+//! endpoint. The recorded SWE-agent conversations (`../shared/trajectories/`) are replayed turn by turn and
+//! teacher-forced: each request carries the recorded history (never the model's own reply) plus the next
+//! user or tool row, one conversation at a time, temperature 0, seed 42, the recorded tools.
+//!
+//! `--max-context N` drops the turns whose prompt plus `--max-tokens` would not fit the model (counted with
+//! thorn's tokenizer and the model's chat template; prompts only grow, so a conversation stops at its first
+//! dropped turn) and reports what was kept. Per turn the bench records TTFT (first streamed delta), TPOT,
+//! prompt, cached and completion tokens; the summary has the wall time, output tok/s and percentiles.
+
+use super::client::Endpoint;
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use thorn::chat::{ChatTemplate, FunctionCall, Message, Role, ToolCall};
+use thorn::gguf::Gguf;
+use thorn::tokenizer::Tokenizer;
+use thorn::tools::ToolSet;
+
+/// Options of a run.
+pub struct Opts {
+    pub endpoint: String,
+    pub api_key: Option<String>,
+    pub model: Option<String>,
+    pub trajectories: PathBuf,
+    pub max_context: usize,
+    pub conversations: usize,
+    pub turns: usize,
+    pub max_tokens: usize,
+    pub tokenizer_model: PathBuf,
+    pub json: Option<PathBuf>,
+    pub markdown: Option<PathBuf>,
+}
+
+/// One recorded conversation: the system prompt, the tools, and its rows in order.
+struct Conversation {
+    id: String,
+    tools: Vec<Value>,
+    system: String,
+    rows: Vec<Value>,
+}
+
+fn load(path: &Path) -> Result<Vec<Conversation>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out: Vec<Conversation> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: Value = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
+        let id = row["conversation_id"].as_str().unwrap_or("").to_owned();
+        if out.last().is_none_or(|c| c.id != id) {
+            if row["role"] != "user" {
+                bail!(
+                    "{}:{}: a conversation must start with its user row",
+                    path.display(),
+                    i + 1
+                );
+            }
+            out.push(Conversation {
+                id,
+                tools: row["tools"].as_array().cloned().unwrap_or_default(),
+                system: row["system"].as_str().unwrap_or("").to_owned(),
+                rows: Vec::new(),
+            });
+        }
+        if let Some(c) = out.last_mut() {
+            c.rows.push(row);
+        }
+    }
+    Ok(out)
+}
+
+/// The chat messages of a conversation up to and including row `upto`, in OpenAI form and as thorn
+/// messages (for counting tokens).
+fn history(c: &Conversation, upto: usize) -> (Vec<Value>, Vec<Message>) {
+    let mut wire = vec![json!({"role": "system", "content": c.system})];
+    let mut msgs = vec![Message::system(c.system.as_str())];
+    for row in &c.rows[..=upto] {
+        match row["role"].as_str() {
+            Some("user") => {
+                let t = row["content"].as_str().unwrap_or("");
+                wire.push(json!({"role": "user", "content": t}));
+                msgs.push(Message::user(t));
+            }
+            Some("assistant") => {
+                let calls = row["tool_calls"].as_array().cloned().unwrap_or_default();
+                let mut m = json!({"role": "assistant", "content": "", "tool_calls": calls});
+                if let Some(r) = row.get("reasoning_content") {
+                    m["reasoning_content"] = r.clone();
+                }
+                wire.push(m);
+                let mut a = Message::assistant("");
+                a.tool_calls = calls
+                    .iter()
+                    .map(|c| ToolCall {
+                        id: c["id"].as_str().unwrap_or("").to_owned(),
+                        kind: "function",
+                        function: FunctionCall {
+                            name: c["function"]["name"].as_str().unwrap_or("").to_owned(),
+                            arguments: c["function"]["arguments"]
+                                .as_str()
+                                .and_then(|a| serde_json::from_str(a).ok())
+                                .unwrap_or(Value::Null),
+                        },
+                    })
+                    .collect();
+                msgs.push(a);
+            }
+            Some("tool") => {
+                for r in row["tool_results"].as_array().into_iter().flatten() {
+                    let content = r["content"].as_str().unwrap_or("");
+                    wire.push(json!({"role": "tool", "tool_call_id": r["tool_call_id"],
+                        "content": content}));
+                    let mut m = Message::new(Role::Tool, content);
+                    m.tool_call_id = r["tool_call_id"].as_str().map(str::to_owned);
+                    msgs.push(m);
+                }
+            }
+            _ => {}
+        }
+    }
+    (wire, msgs)
+}
+
+struct Counter {
+    tok: Tokenizer,
+    template: ChatTemplate,
+    bos: String,
+    eos: String,
+}
+
+impl Counter {
+    fn new(model: &Path) -> Result<Self> {
+        let g = Gguf::open(model).with_context(|| format!("opening {}", model.display()))?;
+        let tok = Tokenizer::from_gguf(&g)?;
+        let template = ChatTemplate::new(g.get_str("tokenizer.chat_template")?)?;
+        let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_owned();
+        let (bos, eos) = (text_of(tok.bos()), text_of(tok.eos()));
+        Ok(Counter {
+            tok,
+            template,
+            bos,
+            eos,
+        })
+    }
+
+    fn count(&self, tools: &ToolSet, msgs: &[Message]) -> Result<usize> {
+        let text = tools.render(&self.template, msgs, &self.bos, &self.eos)?;
+        Ok(self.tok.encode(&text, true)?.len())
+    }
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[((s.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn run(o: &Opts) -> Result<()> {
+    let ep = Endpoint::new(&o.endpoint, o.api_key.clone(), Duration::from_secs(600));
+    let model = match &o.model {
+        Some(m) => m.clone(),
+        None => ep.model().context("asking the endpoint for its model")?,
+    };
+    let convs = load(&o.trajectories)?;
+    let convs: Vec<&Conversation> = convs
+        .iter()
+        .take(if o.conversations == 0 {
+            usize::MAX
+        } else {
+            o.conversations
+        })
+        .collect();
+    let counter = if o.max_context > 0 {
+        Some(Counter::new(&o.tokenizer_model)?)
+    } else {
+        None
+    };
+    // Plan the requests: every user/tool row, cut at the first that does not fit.
+    let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (conversation, row, local prompt tokens)
+    let (mut recorded, mut dropped, mut skipped) = (0usize, 0usize, 0usize);
+    for (ci, c) in convs.iter().enumerate() {
+        let tools = ToolSet::new(&c.tools)?;
+        let mut kept = 0;
+        for (ri, row) in c.rows.iter().enumerate() {
+            if row["role"] == "assistant" {
+                continue;
+            }
+            recorded += 1;
+            if o.turns > 0 && kept >= o.turns {
+                skipped += 1;
+                continue;
+            }
+            let n = match &counter {
+                Some(k) => k.count(&tools, &history(c, ri).1)?,
+                None => 0,
+            };
+            if o.max_context > 0 && n + o.max_tokens > o.max_context {
+                dropped += 1;
+                continue;
+            }
+            plan.push((ci, ri, n));
+            kept += 1;
+        }
+    }
+    let bar = indicatif::ProgressBar::new(plan.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} turns {msg} [{elapsed_precise}, eta {eta}]",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut turns = Vec::with_capacity(plan.len());
+    let mut failed = Vec::new();
+    let t0 = Instant::now();
+    for &(ci, ri, local) in &plan {
+        let c = convs[ci];
+        bar.set_message(c.id.clone());
+        let (messages, _) = history(c, ri);
+        let body = json!({"model": model, "messages": messages, "tools": c.tools,
+            "tool_choice": "auto", "temperature": 0, "seed": 42, "max_tokens": o.max_tokens});
+        match ep.chat(&body) {
+            Ok(r) => {
+                let completion = r.completion_tokens.unwrap_or(0);
+                let ttft = r.ttft.unwrap_or(r.total).as_secs_f64();
+                let tpot = if completion > 1 {
+                    Some((r.total.as_secs_f64() - ttft) / (completion - 1) as f64)
+                } else {
+                    None
+                };
+                turns.push(json!({"conversation": c.id, "row": ri,
+                    "prompt_tokens": r.prompt_tokens.unwrap_or(local as u64), "local_prompt_tokens": local,
+                    "cached_tokens": r.cached_tokens, "completion_tokens": completion,
+                    "ttft_s": ttft, "tpot_s": tpot, "total_s": r.total.as_secs_f64(),
+                    "finish": r.finish, "calls": r.calls.len()}));
+            }
+            Err(e) => {
+                failed.push(json!({"conversation": c.id, "row": ri, "error": format!("{e:#}")}))
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let wall = t0.elapsed().as_secs_f64();
+    let f = |k: &str| -> Vec<f64> { turns.iter().filter_map(|t| t[k].as_f64()).collect() };
+    let sum = |k: &str| -> u64 { turns.iter().filter_map(|t| t[k].as_u64()).sum() };
+    let (ttft, tpot) = (f("ttft_s"), f("tpot_s"));
+    let out_tokens = sum("completion_tokens");
+    let prompt_tokens = sum("prompt_tokens");
+    let cached_reported = turns.iter().any(|t| t["cached_tokens"].is_u64());
+    let cached = sum("cached_tokens");
+    let report = json!({
+        "endpoint": o.endpoint, "model": model, "conversations": convs.len(),
+        "recorded_turns": recorded, "turns": turns.len(), "dropped_turns": dropped,
+        "skipped_turns": skipped,
+        "failed_turns": failed.len(), "max_context": o.max_context, "max_tokens": o.max_tokens,
+        "wall_s": wall, "output_tokens": out_tokens, "output_tok_per_s": out_tokens as f64 / wall,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": if cached_reported { json!(cached) } else { Value::Null },
+        "cached_share": if cached_reported { json!(cached as f64 / prompt_tokens.max(1) as f64) } else { Value::Null },
+        "ttft_s": {"p50": pct(&ttft, 0.5), "p90": pct(&ttft, 0.9), "p99": pct(&ttft, 0.99)},
+        "tpot_s": {"p50": pct(&tpot, 0.5), "p90": pct(&tpot, 0.9), "p99": pct(&tpot, 0.99)},
+        "per_turn": turns, "failures": failed,
+    });
+    let md = markdown(&report);
+    println!("{md}");
+    if let Some(p) = &o.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &o.markdown {
+        std::fs::write(p, &md).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if !failed.is_empty() {
+        bail!("{} turn(s) failed; the run is not valid", failed.len());
+    }
+    Ok(())
+}
+
+/// The markdown summary of a report.
+pub fn markdown(r: &Value) -> String {
+    let ms = |v: &Value| v.as_f64().map_or("-".into(), |s| format!("{:.1}", s * 1e3));
+    format!(
+        "Agentic replay on {} ({}): {} conversations, {} of {} turns sent ({} dropped for context, {} beyond --turns, {} failed)\n\n\
+         | wall (s) | output tokens | output tok/s | prompt tokens | cached share | TTFT p50/p90/p99 (ms) | TPOT p50/p90/p99 (ms) |\n\
+         |---:|---:|---:|---:|---:|---|---|\n\
+         | {:.1} | {} | {:.2} | {} | {} | {} / {} / {} | {} / {} / {} |\n",
+        r["endpoint"].as_str().unwrap_or(""),
+        r["model"].as_str().unwrap_or(""),
+        r["conversations"],
+        r["turns"],
+        r["recorded_turns"],
+        r["dropped_turns"],
+        r["skipped_turns"],
+        r["failed_turns"],
+        r["wall_s"].as_f64().unwrap_or(0.0),
+        r["output_tokens"],
+        r["output_tok_per_s"].as_f64().unwrap_or(0.0),
+        r["prompt_tokens"],
+        r["cached_share"]
+            .as_f64()
+            .map_or("not reported".into(), |s| format!("{:.1}%", s * 100.0)),
+        ms(&r["ttft_s"]["p50"]),
+        ms(&r["ttft_s"]["p90"]),
+        ms(&r["ttft_s"]["p99"]),
+        ms(&r["tpot_s"]["p50"]),
+        ms(&r["tpot_s"]["p90"]),
+        ms(&r["tpot_s"]["p99"]),
+    )
+}

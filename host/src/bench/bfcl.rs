@@ -1,0 +1,249 @@
+//! `thorn bench bfcl --endpoint URL`: BFCL v4 single-turn accuracy of any OpenAI-compatible endpoint, scored
+//! with the AST checker ([`thorn::bfcl::check`]). Requests are sent as MLPerf Edge Agentic sends them:
+//! `tool_choice: auto`, temperature 0, seed 42, at most 1024 new tokens. `--mlperf` takes MLPerf's
+//! deterministic sample (the first 62% of each non-live file, 10% of the others, small files whole: 995
+//! questions); otherwise `--limit` questions per category.
+
+use super::client::Endpoint;
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use thorn::bfcl::{self, Category};
+
+/// Options of a run.
+pub struct Opts {
+    pub endpoint: String,
+    pub api_key: Option<String>,
+    pub model: Option<String>,
+    pub data: PathBuf,
+    pub categories: Vec<String>,
+    pub limit: usize,
+    pub mlperf: bool,
+    pub max_tokens: usize,
+    pub json: Option<PathBuf>,
+    pub markdown: Option<PathBuf>,
+}
+
+/// The categories MLPerf scores, in its groups.
+pub const MLPERF: [(&str, &str); 12] = [
+    ("simple_python", "non_live"),
+    ("simple_java", "non_live"),
+    ("simple_javascript", "non_live"),
+    ("multiple", "non_live"),
+    ("parallel", "non_live"),
+    ("parallel_multiple", "non_live"),
+    ("live_simple", "live"),
+    ("live_multiple", "live"),
+    ("live_parallel", "live"),
+    ("live_parallel_multiple", "live"),
+    ("irrelevance", "hallucination"),
+    ("live_irrelevance", "hallucination"),
+];
+
+fn group_of(cat: &str) -> &'static str {
+    MLPERF
+        .iter()
+        .find(|(c, _)| *c == cat)
+        .map_or("other", |(_, g)| g)
+}
+
+/// How many questions MLPerf takes from a file of `total`.
+pub fn mlperf_count(cat: &str, total: usize) -> usize {
+    if total <= 25 {
+        return total;
+    }
+    let pct = if group_of(cat) == "non_live" { 62 } else { 10 };
+    (total * pct / 100).max(1)
+}
+
+/// One category's result.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CategoryScore {
+    pub category: String,
+    pub group: String,
+    pub questions: usize,
+    pub correct: usize,
+    pub errors: usize,
+    pub accuracy: f64,
+    pub seconds: f64,
+}
+
+pub fn run(o: &Opts) -> Result<()> {
+    let ep = Endpoint::new(&o.endpoint, o.api_key.clone(), Duration::from_secs(600));
+    let model = match &o.model {
+        Some(m) => m.clone(),
+        None => ep.model().context("asking the endpoint for its model")?,
+    };
+    let cats: Vec<String> = if o.categories.is_empty() {
+        MLPERF.iter().map(|(c, _)| (*c).to_owned()).collect()
+    } else {
+        o.categories.clone()
+    };
+    let mut plan = Vec::new();
+    for cat in &cats {
+        let qs = bfcl::load(&o.data.join(format!("BFCL_v4_{cat}.json")))?;
+        let answers = if matches!(
+            Category::of(cat),
+            Some((Category::Irrelevance | Category::Relevance, _))
+        ) {
+            Vec::new()
+        } else {
+            bfcl::load_answers(&o.data.join(format!("possible_answer/BFCL_v4_{cat}.json")))?
+        };
+        let n = if o.mlperf {
+            mlperf_count(cat, qs.len())
+        } else if o.limit > 0 {
+            o.limit.min(qs.len())
+        } else {
+            qs.len()
+        };
+        plan.push((cat.clone(), qs, answers, n));
+    }
+    let total: usize = plan.iter().map(|p| p.3).sum();
+    let bar = indicatif::ProgressBar::new(total as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} {msg} [{elapsed_precise}, eta {eta}]",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut scores = Vec::new();
+    let mut failures = Vec::new();
+    for (cat, qs, answers, n) in &plan {
+        bar.set_message(cat.clone());
+        let t0 = Instant::now();
+        let mut s = CategoryScore {
+            category: cat.clone(),
+            group: group_of(cat).into(),
+            questions: *n,
+            ..CategoryScore::default()
+        };
+        for (i, q) in qs.iter().take(*n).enumerate() {
+            let expected: &[Value] = answers.get(i).map_or(&[], |a| &a.ground_truth);
+            if let Some(a) = answers.get(i) {
+                anyhow::ensure!(
+                    a.id == q.id,
+                    "answer {} does not match question {}",
+                    a.id,
+                    q.id
+                );
+            }
+            let messages: Vec<Value> = q
+                .messages
+                .iter()
+                .map(|m| json!({"role": m.role, "content": m.content}))
+                .collect();
+            let mut body = json!({"model": model, "messages": messages, "tool_choice": "auto",
+                "temperature": 0, "seed": 42, "max_tokens": o.max_tokens});
+            if !q.tools.is_empty() {
+                body["tools"] = json!(q.tools);
+            }
+            let verdict = match ep.chat(&body) {
+                Ok(r) => {
+                    // Calls whose arguments are not JSON count as no call.
+                    let calls: Vec<(String, Value)> = r
+                        .calls
+                        .into_iter()
+                        .filter_map(|(n, a)| Some((n, a?)))
+                        .collect();
+                    bfcl::check(&q.id, &q.functions, expected, &calls)
+                }
+                Err(e) => {
+                    s.errors += 1;
+                    Err(format!("request failed: {e:#}"))
+                }
+            };
+            match verdict {
+                Ok(()) => s.correct += 1,
+                Err(e) => failures.push(json!({"id": q.id, "why": e})),
+            }
+            bar.inc(1);
+        }
+        s.accuracy = s.correct as f64 / s.questions.max(1) as f64;
+        s.seconds = t0.elapsed().as_secs_f64();
+        scores.push(s);
+    }
+    bar.finish_and_clear();
+    let all: usize = scores.iter().map(|s| s.questions).sum();
+    let ok: usize = scores.iter().map(|s| s.correct).sum();
+    let overall = ok as f64 / all.max(1) as f64;
+    let groups: Vec<(String, f64)> = ["non_live", "live", "hallucination"]
+        .iter()
+        .filter_map(|g| {
+            let (q, c) = scores
+                .iter()
+                .filter(|s| s.group == *g)
+                .fold((0, 0), |(q, c), s| (q + s.questions, c + s.correct));
+            (q > 0).then(|| ((*g).to_owned(), c as f64 / q as f64))
+        })
+        .collect();
+    let normalized = groups.iter().map(|g| g.1).sum::<f64>() / groups.len().max(1) as f64;
+    let report = json!({"endpoint": o.endpoint, "model": model, "questions": all, "correct": ok,
+        "overall": overall, "normalized": normalized,
+        "groups": groups.iter().map(|(g, a)| json!({"group": g, "accuracy": a})).collect::<Vec<_>>(),
+        "categories": scores, "failures": failures});
+    let md = markdown(&report);
+    println!("{md}");
+    if let Some(p) = &o.json {
+        write(p, &serde_json::to_string_pretty(&report)?)?;
+    }
+    if let Some(p) = &o.markdown {
+        write(p, &md)?;
+    }
+    Ok(())
+}
+
+fn write(p: &Path, text: &str) -> Result<()> {
+    if let Some(d) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(d)?;
+    }
+    std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))
+}
+
+/// The markdown summary of a report.
+pub fn markdown(r: &Value) -> String {
+    let mut s = format!(
+        "BFCL v4 on {} ({}): {} questions, overall {:.2}%, normalized {:.2}%\n\n| category | group | questions | correct | accuracy |\n|---|---|---:|---:|---:|\n",
+        r["endpoint"].as_str().unwrap_or(""),
+        r["model"].as_str().unwrap_or(""),
+        r["questions"],
+        r["overall"].as_f64().unwrap_or(0.0) * 100.0,
+        r["normalized"].as_f64().unwrap_or(0.0) * 100.0,
+    );
+    for c in r["categories"].as_array().into_iter().flatten() {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {:.1}% |\n",
+            c["category"].as_str().unwrap_or(""),
+            c["group"].as_str().unwrap_or(""),
+            c["questions"],
+            c["correct"],
+            c["accuracy"].as_f64().unwrap_or(0.0) * 100.0
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mlperf_sample_is_995_questions() {
+        let sizes = [
+            ("simple_python", 400),
+            ("simple_java", 100),
+            ("simple_javascript", 50),
+            ("multiple", 200),
+            ("parallel", 200),
+            ("parallel_multiple", 200),
+            ("live_simple", 258),
+            ("live_multiple", 1053),
+            ("live_parallel", 16),
+            ("live_parallel_multiple", 24),
+            ("irrelevance", 240),
+            ("live_irrelevance", 884),
+        ];
+        let n: usize = sizes.iter().map(|(c, t)| mlperf_count(c, *t)).sum();
+        assert_eq!(n, 995);
+    }
+}
