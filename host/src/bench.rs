@@ -5,6 +5,7 @@
 
 pub mod agentic;
 pub mod bfcl;
+pub mod chart;
 mod client;
 pub mod grammar;
 

@@ -186,6 +186,15 @@ enum BenchCmd {
     Bfcl(BfclBenchArgs),
     /// The MLPerf Edge Agentic replay (teacher-forced SWE-agent conversations) against an endpoint.
     Agentic(AgenticBenchArgs),
+    /// Chart TTFT per turn against context length from agentic reports (one series each).
+    Chart {
+        /// Agentic JSON reports, each `FILE` or `LABEL=FILE`.
+        #[arg(required = true)]
+        reports: Vec<String>,
+        /// The SVG to write.
+        #[arg(long, default_value = "ttft.svg")]
+        out: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -336,6 +345,17 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Up(a) => up(&cache, a),
         Cmd::Generate(args) => generate(&cache, args),
+        Cmd::Bench {
+            cmd: BenchCmd::Chart { reports, out },
+        } => {
+            let series = reports
+                .iter()
+                .map(|r| bench::chart::series(r))
+                .collect::<Result<Vec<_>>>()?;
+            bench::chart::draw(&series, &out)?;
+            eprintln!("wrote {}", out.display());
+            Ok(())
+        }
         Cmd::Bench {
             cmd: BenchCmd::Bfcl(a),
         } => bench::bfcl::run(&bench::bfcl::Opts {
