@@ -136,6 +136,16 @@ pub enum Finish {
     Cancelled,
 }
 
+impl From<FinishReason> for Finish {
+    fn from(f: FinishReason) -> Self {
+        match f {
+            FinishReason::Stop => Finish::Stop,
+            FinishReason::Length => Finish::Length,
+            FinishReason::Cancelled => Finish::Cancelled,
+        }
+    }
+}
+
 impl Finish {
     /// OpenAI's `finish_reason`.
     pub fn as_str(self) -> &'static str {
@@ -451,11 +461,7 @@ impl Agent {
             content,
             tool_calls: Vec::new(),
             host_calls: Vec::new(),
-            finish: match generation.finish {
-                FinishReason::Stop => Finish::Stop,
-                FinishReason::Length => Finish::Length,
-                FinishReason::Cancelled => Finish::Cancelled,
-            },
+            finish: generation.finish.into(),
             usage: Usage {
                 prompt_tokens: generation.stats.prompt_tokens,
                 cached_tokens: generation.stats.cached_tokens,
@@ -546,11 +552,7 @@ impl Agent {
             out.usage.cached_tokens += generation.stats.cached_tokens;
             out.usage.completion_tokens += generation.stats.generated;
             out.logprobs = logprobs;
-            out.finish = match generation.finish {
-                FinishReason::Stop => Finish::Stop,
-                FinishReason::Length => Finish::Length,
-                FinishReason::Cancelled => Finish::Cancelled,
-            };
+            out.finish = generation.finish.into();
             if generation.finish == FinishReason::Cancelled || !calls_possible {
                 return Ok(out);
             }

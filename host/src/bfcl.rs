@@ -53,8 +53,10 @@ pub struct Question {
     pub functions: Vec<Value>,
 }
 
-/// Reads every question of a BFCL JSON Lines file.
-pub fn load(path: &Path) -> Result<Vec<Question>, BfclError> {
+/// The records of a JSON Lines file, each with a constructor for an error at its line.
+pub(crate) fn records(
+    path: &Path,
+) -> Result<Vec<(Value, impl Fn(String) -> BfclError + use<>)>, BfclError> {
     let p = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| BfclError::Io {
         path: p.clone(),
@@ -65,12 +67,22 @@ pub fn load(path: &Path) -> Result<Vec<Question>, BfclError> {
         if line.trim().is_empty() {
             continue;
         }
-        let bad = |msg: String| BfclError::Record {
-            path: p.clone(),
-            line: i + 1,
+        let (path, line_no) = (p.clone(), i + 1);
+        let bad = move |msg: String| BfclError::Record {
+            path: path.clone(),
+            line: line_no,
             msg,
         };
         let rec: Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+        out.push((rec, bad));
+    }
+    Ok(out)
+}
+
+/// Reads every question of a BFCL JSON Lines file.
+pub fn load(path: &Path) -> Result<Vec<Question>, BfclError> {
+    let mut out = Vec::new();
+    for (rec, bad) in records(path)? {
         let id = rec["id"]
             .as_str()
             .ok_or_else(|| bad("no string \"id\"".into()))?

@@ -82,31 +82,18 @@ pub struct Answer {
 
 /// Reads a possible-answer file (JSON Lines).
 pub fn load_answers(path: &Path) -> Result<Vec<Answer>, super::BfclError> {
-    let p = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| super::BfclError::Io {
-        path: p.clone(),
-        source,
-    })?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let bad = |msg: String| super::BfclError::Record {
-            path: p.clone(),
-            line: i + 1,
-            msg,
-        };
-        let v: Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
-        out.push(Answer {
-            id: v["id"]
-                .as_str()
-                .ok_or_else(|| bad("no string \"id\"".into()))?
-                .to_owned(),
-            ground_truth: v["ground_truth"].as_array().cloned().unwrap_or_default(),
-        });
-    }
-    Ok(out)
+    super::records(path)?
+        .into_iter()
+        .map(|(v, bad)| {
+            Ok(Answer {
+                id: v["id"]
+                    .as_str()
+                    .ok_or_else(|| bad("no string \"id\"".into()))?
+                    .to_owned(),
+                ground_truth: v["ground_truth"].as_array().cloned().unwrap_or_default(),
+            })
+        })
+        .collect()
 }
 
 /// The checker's decision.

@@ -48,6 +48,15 @@ pub fn components(dir: &Path) -> Result<Vec<PathBuf>, PluginError> {
     Ok(out)
 }
 
+/// What a call to a tool no installed plugin provides returns.
+fn unknown(tool: &str) -> (Result<Value, PluginError>, CallReport) {
+    let e = PluginError::UnknownFunction {
+        plugin: "(any installed)".into(),
+        function: tool.to_owned(),
+    };
+    (Err(e), CallReport::default())
+}
+
 impl PluginSet {
     /// Loads every `.wasm` in `dir` under `policy`. A plugin the policy refuses (or that fails to load, or
     /// whose function names clash with one already loaded) is skipped and listed in [`PluginSet::refused`];
@@ -144,13 +153,7 @@ impl PluginSet {
     ) -> (Result<Value, PluginError>, CallReport) {
         match self.plugin_for(tool) {
             Some(p) => p.call_async(conversation, tool, args).await,
-            None => (
-                Err(PluginError::UnknownFunction {
-                    plugin: "(any installed)".into(),
-                    function: tool.to_owned(),
-                }),
-                CallReport::default(),
-            ),
+            None => unknown(tool),
         }
     }
 
@@ -163,13 +166,7 @@ impl PluginSet {
     ) -> (Result<Value, PluginError>, CallReport) {
         match self.plugin_for(tool) {
             Some(p) => p.call_reported(conversation, tool, args),
-            None => (
-                Err(PluginError::UnknownFunction {
-                    plugin: "(any installed)".into(),
-                    function: tool.to_owned(),
-                }),
-                CallReport::default(),
-            ),
+            None => unknown(tool),
         }
     }
 }
