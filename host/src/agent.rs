@@ -14,6 +14,7 @@
 //! engine stops at its next step.
 
 use crate::chat::{ChatTemplate, Message, Role, ToolCall};
+use crate::engine::scheduler::{SchedulerConfig, Sink, Submission};
 use crate::engine::service::{EngineService, SubmitError};
 use crate::engine::{Engine, EngineError, FinishReason, Generation, Request};
 use crate::sample::SamplingParams;
@@ -206,6 +207,55 @@ enum Gen {
     Done(Box<Result<(Generation, Vec<TokenLogprob>), AgentError>>),
 }
 
+/// Streams a batched sequence's text and result back to the request's task.
+struct GenSink {
+    tx: mpsc::UnboundedSender<Gen>,
+    tokenizer: Arc<crate::tokenizer::Tokenizer>,
+    logprobs: bool,
+}
+
+impl Sink for GenSink {
+    fn text(&mut self, text: &str) {
+        let _ = self.tx.send(Gen::Text(text.to_owned()));
+    }
+
+    fn done(self: Box<Self>, result: Result<Generation, EngineError>) {
+        let out = result.map_err(AgentError::from).map(|generation| {
+            let tok = &self.tokenizer;
+            let piece = |id| {
+                let bytes = tok.token_bytes(id).to_vec();
+                (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+            };
+            let lp = if self.logprobs {
+                generation
+                    .sampled
+                    .iter()
+                    .map(|s| {
+                        let (token, bytes) = piece(s.token);
+                        TokenLogprob {
+                            token,
+                            bytes,
+                            logprob: s.logprob,
+                            top: s
+                                .top
+                                .iter()
+                                .map(|&(id, lp)| {
+                                    let (t, b) = piece(id);
+                                    (t, b, lp)
+                                })
+                                .collect(),
+                        }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            (generation, lp)
+        });
+        let _ = self.tx.send(Gen::Done(Box::new(out)));
+    }
+}
+
 /// The model-facing pieces the agent needs besides the engine.
 #[derive(Debug)]
 pub struct ModelInfo {
@@ -291,6 +341,25 @@ impl Agent {
         queue: usize,
         max_tool_rounds: usize,
     ) -> Result<Self, AgentError> {
+        Self::start_with(
+            engine,
+            name,
+            plugins,
+            queue,
+            max_tool_rounds,
+            SchedulerConfig::default(),
+        )
+    }
+
+    /// [`Agent::start`] with the batch scheduler's limits.
+    pub fn start_with(
+        engine: Engine,
+        name: String,
+        plugins: Arc<PluginSet>,
+        queue: usize,
+        max_tool_rounds: usize,
+        sched: SchedulerConfig,
+    ) -> Result<Self, AgentError> {
         let template = ChatTemplate::new(
             engine
                 .gguf()
@@ -310,7 +379,7 @@ impl Agent {
             eos: text_of(tok.eos()),
             context: engine.context(),
         };
-        let service = EngineService::start(engine, queue)
+        let service = EngineService::with_scheduler(engine, queue, sched)
             .map_err(|e| AgentError::Engine(EngineError::Request(format!("engine thread: {e}"))))?;
         Ok(Self::new(service, info, plugins, max_tool_rounds))
     }
@@ -367,60 +436,40 @@ impl Agent {
         };
         let context = self.model.context;
         let logprobs = turn.logprobs;
-        self.engine.submit(Box::new(move |engine: &mut Engine| {
-            let mut run =
-                |engine: &mut Engine| -> Result<(Generation, Vec<TokenLogprob>), AgentError> {
-                    req.prompt = engine
-                        .tokenizer()
-                        .encode(&prompt_text, true)
-                        .map_err(EngineError::from)?;
-                    if req.prompt.len() + 1 > context {
-                        return Err(AgentError::ContextLength {
-                            prompt: req.prompt.len(),
-                            context,
-                        });
-                    }
-                    let mut guide = engine
-                        .grammars()
-                        .map_err(EngineError::from)?
-                        .guide(&tools, &choice, parallel, &format)?;
-                    let _ = tx.send(Gen::Started(req.prompt.len()));
-                    let generation = engine.generate_guided(&req, guide.as_mut(), &mut |t| {
-                        let _ = tx.send(Gen::Text(t.to_owned()));
-                    })?;
-                    let tok = engine.tokenizer();
-                    let piece = |id| {
-                        let bytes = tok.token_bytes(id).to_vec();
-                        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
-                    };
-                    let lp = if logprobs {
-                        generation
-                            .sampled
-                            .iter()
-                            .map(|s| {
-                                let (token, bytes) = piece(s.token);
-                                TokenLogprob {
-                                    token,
-                                    bytes,
-                                    logprob: s.logprob,
-                                    top: s
-                                        .top
-                                        .iter()
-                                        .map(|&(id, lp)| {
-                                            let (t, b) = piece(id);
-                                            (t, b, lp)
-                                        })
-                                        .collect(),
-                                }
-                            })
-                            .collect()
-                    } else {
-                        Vec::new()
-                    };
-                    Ok((generation, lp))
-                };
-            let out = run(engine);
-            let _ = tx.send(Gen::Done(Box::new(out)));
+        self.engine.generate(Box::new(move |engine: &mut Engine| {
+            let prepared = (|| -> Result<Submission, AgentError> {
+                req.prompt = engine
+                    .tokenizer()
+                    .encode(&prompt_text, true)
+                    .map_err(EngineError::from)?;
+                if req.prompt.len() + 1 > context {
+                    return Err(AgentError::ContextLength {
+                        prompt: req.prompt.len(),
+                        context,
+                    });
+                }
+                let guide = engine
+                    .grammars()
+                    .map_err(EngineError::from)?
+                    .guide(&tools, &choice, parallel, &format)?;
+                let _ = tx.send(Gen::Started(req.prompt.len()));
+                Ok(Submission {
+                    request: std::mem::replace(&mut req, Request::greedy(Vec::new(), 0)),
+                    guide: guide.map(Box::new),
+                    sink: Box::new(GenSink {
+                        tx: tx.clone(),
+                        tokenizer: engine.tokenizer_arc(),
+                        logprobs,
+                    }),
+                })
+            })();
+            match prepared {
+                Ok(sub) => Some(sub),
+                Err(e) => {
+                    let _ = tx.send(Gen::Done(Box::new(Err(e))));
+                    None
+                }
+            }
         }))?;
         while let Some(ev) = rx.recv().await {
             match ev {

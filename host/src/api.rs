@@ -208,7 +208,7 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
     let e = st.agent.engine();
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        st.metrics.render(e.waiting(), e.busy()),
+        st.metrics.render(&metrics::EngineGauges::of(e)),
     )
         .into_response()
 }

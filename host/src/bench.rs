@@ -28,62 +28,89 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-pub fn engine(
-    path: &Path,
-    pp: usize,
-    tg: usize,
-    depths: &[usize],
-    reps: usize,
-    threads: usize,
-    json: bool,
-) -> Result<()> {
-    let max_depth = depths.iter().copied().max().unwrap_or(0);
+/// What `thorn bench engine` measures.
+#[derive(Debug, Clone)]
+pub struct EngineBench {
+    /// Prompt tokens for the prefill measurement.
+    pub pp: usize,
+    /// Tokens per decode measurement.
+    pub tg: usize,
+    /// Depths to decode at besides 0.
+    pub depths: Vec<usize>,
+    /// Repetitions (the median is reported).
+    pub reps: usize,
+    /// CPU threads.
+    pub threads: usize,
+    /// KV element types, one set of rows each.
+    pub kv_dtypes: Vec<thorn::kv::KvDtype>,
+    /// Positions per KV page.
+    pub page_size: usize,
+}
+
+/// `thorn bench engine`: prefill and decode speed, llama-bench style, once per KV element type.
+pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
+    let (pp, tg, reps) = (b.pp, b.tg, b.reps.max(1));
+    let max_depth = b.depths.iter().copied().max().unwrap_or(0);
     let context = (pp.max(max_depth + tg) + 16).next_multiple_of(256);
-    let cfg = EngineConfig {
-        threads,
-        context,
-        ..EngineConfig::default()
-    };
-    let mut e = Engine::load(path, &cfg).with_context(|| format!("loading {}", path.display()))?;
-    let vocab = e.model().config().vocab;
-    let reps = reps.max(1);
+    let mut rows: Vec<(String, &'static str, f64, Vec<f64>)> = Vec::new();
+    let mut profiled = None;
+    for &dtype in &b.kv_dtypes {
+        let cfg = EngineConfig {
+            threads: b.threads,
+            context,
+            kv_dtype: dtype,
+            page_size: b.page_size,
+            ..EngineConfig::default()
+        };
+        let mut e =
+            Engine::load(path, &cfg).with_context(|| format!("loading {}", path.display()))?;
+        let vocab = e.model().config().vocab;
+        let kv = dtype.name();
 
-    // Warm-up: one short prefill and a few decode steps (page in weights, spin up the pool).
-    e.reset();
-    e.eval(&tokens(64, vocab, 1))?;
-    for t in tokens(8, vocab, 2) {
-        e.eval(&[t])?;
-    }
-
-    let mut pp_runs = Vec::new();
-    for r in 0..reps {
+        // Warm-up: one short prefill and a few decode steps (page in weights, spin up the pool).
         e.reset();
-        let d = e.eval(&tokens(pp, vocab, 10 + r as u64))?;
-        pp_runs.push(pp as f64 / d.as_secs_f64());
-    }
-    let mut rows = vec![(format!("pp{pp}"), median(pp_runs.clone()), pp_runs)];
-    for &depth in std::iter::once(&0).chain(depths) {
-        let mut runs = Vec::new();
+        e.eval(&tokens(64, vocab, 1))?;
+        for t in tokens(8, vocab, 2) {
+            e.eval(&[t])?;
+        }
+
+        let mut pp_runs = Vec::new();
         for r in 0..reps {
             e.reset();
-            if depth > 0 {
-                e.eval(&tokens(depth, vocab, 100 + r as u64))?;
-            }
-            let mut total = Duration::ZERO;
-            for t in tokens(tg, vocab, 200 + r as u64) {
-                total += e.eval(&[t])?;
-            }
-            runs.push(tg as f64 / total.as_secs_f64());
+            let d = e.eval(&tokens(pp, vocab, 10 + r as u64))?;
+            pp_runs.push(pp as f64 / d.as_secs_f64());
         }
-        let name = if depth == 0 {
-            format!("tg{tg}")
-        } else {
-            format!("tg{tg}@d{depth}")
-        };
-        rows.push((name, median(runs.clone()), runs));
+        rows.push((format!("pp{pp}"), kv, median(pp_runs.clone()), pp_runs));
+        for &depth in std::iter::once(&0).chain(&b.depths) {
+            let mut runs = Vec::new();
+            for r in 0..reps {
+                e.reset();
+                if depth > 0 {
+                    e.eval(&tokens(depth, vocab, 100 + r as u64))?;
+                }
+                let mut total = Duration::ZERO;
+                for t in tokens(tg, vocab, 200 + r as u64) {
+                    total += e.eval(&[t])?;
+                }
+                runs.push(tg as f64 / total.as_secs_f64());
+            }
+            let name = if depth == 0 {
+                format!("tg{tg}")
+            } else {
+                format!("tg{tg}@d{depth}")
+            };
+            rows.push((name, kv, median(runs.clone()), runs));
+        }
+        if profiled.is_none() {
+            profiled = Some(e);
+        }
     }
+    let Some(mut e) = profiled else {
+        anyhow::bail!("no KV type to measure");
+    };
 
     // A profile of plain decode at depth 0: where a token's time goes.
+    let vocab = e.model().config().vocab;
     e.reset();
     e.set_profiling(true);
     let mut total = Duration::ZERO;
@@ -107,12 +134,13 @@ pub fn engine(
     if json {
         let items: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(name, med, runs)| serde_json::json!({"test": name, "tok_per_s": med, "runs": runs}))
+            .map(|(name, kv, med, runs)| serde_json::json!({"test": name, "kv": kv, "tok_per_s": med, "runs": runs}))
             .collect();
         let out = serde_json::json!({
             "model": path.display().to_string(),
             "threads": e.cpu().threads(),
             "isa": format!("{:?}", e.cpu().isa()),
+            "page_size": b.page_size,
             "weight_bytes_per_token": weights,
             "results": items,
             "decode_profile_ms_per_token": stages.iter().map(|(n, v)| (n.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
@@ -121,15 +149,16 @@ pub fn engine(
     } else {
         println!("model   {}", path.display());
         println!(
-            "threads {} ({:?}), weights read per decode step {:.1} MB",
+            "threads {} ({:?}), weights read per decode step {:.1} MB, KV pages of {}",
             e.cpu().threads(),
             e.cpu().isa(),
-            weights as f64 / 1e6
+            weights as f64 / 1e6,
+            b.page_size
         );
-        println!("{:<14} {:>10}   runs", "test", "tok/s");
-        for (name, med, runs) in &rows {
+        println!("{:<14} {:>4} {:>10}   runs", "test", "kv", "tok/s");
+        for (name, kv, med, runs) in &rows {
             let r: Vec<String> = runs.iter().map(|v| format!("{v:.1}")).collect();
-            println!("{name:<14} {med:>10.1}   {}", r.join(" "));
+            println!("{name:<14} {kv:>4} {med:>10.1}   {}", r.join(" "));
         }
         println!("decode profile at depth 0 ({per_token_ms:.2} ms/token, profiled run):");
         for (name, ms) in &stages {

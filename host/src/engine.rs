@@ -1,26 +1,31 @@
 //! The engine: a loaded model with its KV cache, turning prompts into tokens.
 //!
-//! This is the synchronous core that the scheduler (continuous batching, paged KV, prefix cache) will wrap.
-//! Today it serves one sequence at a time and already reuses the longest common prefix of the previous
-//! prompt+output that is still in the KV cache, so a multi-turn conversation only prefills the new turn.
+//! This is the synchronous core that the scheduler wraps. Its KV lives in a paged cache with a radix tree of
+//! cached prefixes ([`crate::kv`]): every request reuses the longest prefix of its tokens that any earlier
+//! request left in memory, so a multi-turn conversation only prefills the new turn, and interleaved
+//! conversations do not evict each other until memory runs short.
 //!
 //! Prompts are prefilled in micro-batches of [`PREFILL_CHUNK`] tokens (weights are read once per batch), then
 //! tokens are decoded one at a time; text is streamed through an incremental detokenizer and a stop-string
 //! buffer that never emits text that might turn out to be part of a stop string.
 
+mod decoder;
+pub mod scheduler;
 pub mod service;
 mod stop;
+
+pub use decoder::{Decoded, Decoder, GuideSlot};
 
 pub use stop::StopBuffer;
 
 use crate::backend::cpu::Cpu;
 use crate::gguf::{Gguf, GgufError};
-use crate::kv::{KvCache, KvDtype};
+use crate::kv::{Batch, KvCache, KvConfig, KvDtype, KvError, KvStats, SeqKv};
 use crate::model::ModelError;
 use crate::model::llama::{Llama, Logits, Precision, Profile, Scratch};
 use crate::sample::grammar::{GrammarError, GrammarFactory};
 use crate::sample::guide::Guide;
-use crate::sample::{Sampled, Sampler, SamplingParams};
+use crate::sample::{Sampled, SamplingParams};
 use crate::tokenizer::{TokenId, Tokenizer, TokenizerError};
 use std::path::Path;
 use std::sync::Arc;
@@ -49,6 +54,12 @@ pub enum EngineError {
     /// A request the engine cannot serve (empty prompt, too long, ...).
     #[error("invalid request: {0}")]
     Request(String),
+    /// KV memory ran out.
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    /// The engine failed (a bug); the request is lost but the engine keeps serving.
+    #[error("internal engine error: {0}")]
+    Internal(String),
 }
 
 /// How to load a model.
@@ -60,6 +71,12 @@ pub struct EngineConfig {
     pub context: usize,
     /// KV cache element type.
     pub kv_dtype: KvDtype,
+    /// KV cache memory budget in bytes (0 = room for four full contexts).
+    pub kv_memory: usize,
+    /// Positions per KV page.
+    pub page_size: usize,
+    /// Whether finished requests leave their generated tokens in the prefix cache (not only the prompt).
+    pub cache_output: bool,
     /// Arithmetic of the forward pass.
     pub precision: Precision,
 }
@@ -70,6 +87,9 @@ impl Default for EngineConfig {
             threads: 0,
             context: 4096,
             kv_dtype: KvDtype::F16,
+            kv_memory: 0,
+            page_size: KvConfig::PAGE_SIZE,
+            cache_output: true,
             precision: Precision::Quantized,
         }
     }
@@ -190,9 +210,12 @@ pub struct Engine {
     grammar: std::sync::OnceLock<GrammarFactory>,
     gguf: Arc<Gguf>,
     kv: KvCache,
+    /// Positions one sequence may use.
+    context: usize,
+    batch: Batch,
     scratch: Scratch,
-    /// The tokens whose KV the cache holds, in order.
-    cached: Vec<TokenId>,
+    /// The sequence [`Engine::prefill`] / [`Engine::step`] / [`Engine::eval`] extend, and its tokens.
+    current: Option<(SeqKv, Vec<TokenId>)>,
     logits: Vec<f32>,
 }
 
@@ -213,15 +236,31 @@ impl Engine {
         } else {
             cfg.context
         };
-        let kv = model.new_cache(ctx, cfg.kv_dtype);
+        let shape = model.kv_shape();
+        let memory = if cfg.kv_memory == 0 {
+            4 * ctx * shape.bytes_per_position(cfg.kv_dtype)
+        } else {
+            cfg.kv_memory
+        };
+        let kv = KvCache::new(
+            shape,
+            KvConfig {
+                dtype: cfg.kv_dtype,
+                page_size: cfg.page_size,
+                memory,
+                cache_output: cfg.cache_output,
+            },
+        );
         Ok(Engine {
             cpu: Cpu::new(cfg.threads),
             tokenizer,
             grammar: std::sync::OnceLock::new(),
             gguf,
+            context: ctx.min(kv.capacity()),
             kv,
+            batch: Batch::default(),
             scratch: Scratch::default(),
-            cached: Vec::new(),
+            current: None,
             logits: Vec::new(),
             model,
         })
@@ -230,6 +269,11 @@ impl Engine {
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The tokenizer, shared.
+    pub fn tokenizer_arc(&self) -> Arc<Tokenizer> {
+        Arc::clone(&self.tokenizer)
     }
 
     /// The grammar factory for this model's vocabulary (built on first use).
@@ -256,9 +300,19 @@ impl Engine {
         &self.cpu
     }
 
-    /// Context capacity in tokens.
+    /// Context capacity in tokens (positions one sequence may use).
     pub fn context(&self) -> usize {
-        self.kv.capacity()
+        self.context
+    }
+
+    /// The KV cache's counters.
+    pub fn kv_stats(&self) -> KvStats {
+        self.kv.stats()
+    }
+
+    /// The KV cache's configuration.
+    pub fn kv_config(&self) -> &KvConfig {
+        self.kv.config()
     }
 
     /// Turns per-stage timing of the forward pass on (fresh counters) or off.
@@ -271,36 +325,45 @@ impl Engine {
         self.scratch.profile.as_ref()
     }
 
-    /// Drops the KV cache contents.
+    /// Drops the KV cache contents: the current sequence and every cached prefix.
     pub fn reset(&mut self) {
-        self.kv.truncate(0);
-        self.cached.clear();
+        if let Some((seq, _)) = self.current.take() {
+            self.kv.release(seq, None);
+        }
+        self.kv.clear();
     }
 
-    /// Makes the cache hold `prompt` and leaves the last position's logits in `self.logits`.
-    /// Returns how many prompt tokens were reused from the cache.
+    /// Throws the KV cache away and starts a fresh one (after a panic left its state unknown).
+    pub fn rebuild_kv(&mut self) {
+        self.current = None;
+        self.kv = KvCache::new(self.model.kv_shape(), *self.kv.config());
+    }
+
+    /// Ends the current sequence, leaving its tokens in the prefix cache.
+    fn finish_current(&mut self) {
+        if let Some((seq, tokens)) = self.current.take() {
+            self.kv.release(seq, Some(&tokens));
+        }
+    }
+
+    /// Makes a sequence hold `prompt` (reusing the longest cached prefix) and leaves the last position's
+    /// logits in `self.logits`. Returns how many prompt tokens were reused from the cache. The sequence stays
+    /// current for [`Engine::step`].
     pub fn prefill(&mut self, prompt: &[TokenId]) -> Result<usize, EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::Request("the prompt is empty".into()));
         }
-        if prompt.len() >= self.kv.capacity() {
+        if prompt.len() >= self.context {
             return Err(EngineError::Request(format!(
                 "the prompt has {} tokens; the context holds {}",
                 prompt.len(),
-                self.kv.capacity()
+                self.context
             )));
         }
-        // Reuse the common prefix, but always recompute at least the last token (its logits are needed).
-        let lcp = self
-            .cached
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(prompt.len() - 1);
-        self.kv.truncate(lcp);
-        self.cached.truncate(lcp);
-        let mut pos = lcp;
+        self.finish_current();
+        let mut seq = self.kv.acquire(prompt);
+        let hit = seq.len();
+        let mut pos = hit;
         while pos < prompt.len() {
             let end = (pos + PREFILL_CHUNK).min(prompt.len());
             let want = if end == prompt.len() {
@@ -308,25 +371,34 @@ impl Engine {
             } else {
                 Logits::None
             };
-            let chunk = &prompt[pos..end];
-            let out = self
-                .model
-                .forward(&self.cpu, &mut self.kv, chunk, want, &mut self.scratch);
-            let out = match out {
-                Ok(o) => o,
-                Err(e) => {
-                    self.reset();
-                    return Err(e.into());
+            let out = run_seq(
+                &self.cpu,
+                &self.model,
+                &mut self.kv,
+                &mut self.batch,
+                &mut self.scratch,
+                &mut seq,
+                &prompt[pos..end],
+                want,
+            );
+            match out {
+                Ok(o) => {
+                    if want == Logits::Last {
+                        self.logits.clear();
+                        self.logits.extend_from_slice(o);
+                    }
                 }
-            };
-            if want == Logits::Last {
-                self.logits.clear();
-                self.logits.extend_from_slice(out);
+                Err(e) => {
+                    // Keep what was computed cached: a retry (or the next turn) resumes from there.
+                    let done = seq.len();
+                    self.kv.release(seq, Some(&prompt[..done]));
+                    return Err(e);
+                }
             }
-            self.cached.extend_from_slice(chunk);
             pos = end;
         }
-        Ok(lcp)
+        self.current = Some((seq, prompt.to_vec()));
+        Ok(hit)
     }
 
     /// The logits after the last prefill or step.
@@ -354,7 +426,7 @@ impl Engine {
     pub fn generate_guided(
         &mut self,
         req: &Request,
-        mut guide: Option<&mut Guide>,
+        guide: Option<&mut Guide>,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, EngineError> {
         let vocab = self.model.config().vocab;
@@ -372,240 +444,134 @@ impl Engine {
         let cached_tokens = self.prefill(&req.prompt)?;
         let prefill = t0.elapsed();
         let t1 = Instant::now();
-        let mut sampler = Sampler::new(req.sampling.clone(), vocab);
-        let lazy_ok = sampler.lazy_mask_is_exact();
-        let mut history: Vec<TokenId> = req.prompt.clone();
-        let mut tokens = Vec::new();
-        let mut sampled_all = Vec::new();
-        let trigger = guide
-            .as_deref()
-            .filter(|g| !g.is_active())
-            .and_then(|g| g.trigger().map(str::to_owned));
-        let stops_apply = guide.as_deref().is_none_or(Guide::stops_apply) || trigger.is_some();
-        let mut stops = if stops_apply {
-            req.stop.clone()
-        } else {
-            Vec::new()
+        let (mut seq, _) = self.current.take().expect("prefill leaves a sequence");
+        let slot = match guide {
+            Some(g) => GuideSlot::Borrowed(g),
+            None => GuideSlot::None,
         };
-        stops.extend(trigger.clone());
-        let mut stop = StopBuffer::new(stops);
-        // Text before the trigger, once the grammar has taken over.
-        let mut prose = String::new();
-        // Bytes generated so far, kept only to locate a trigger inside the tokens.
-        let mut gen_bytes: Vec<u8> = Vec::new();
-        let Engine {
-            cpu,
-            model,
-            tokenizer,
-            kv,
-            scratch,
-            cached,
-            logits: last_logits,
-            ..
-        } = self;
-        let mut detok = tokenizer.detokenizer(false);
-        let mut delta = String::new();
-        let mut finish = FinishReason::Length;
-        let limit = req.max_tokens.min(kv.capacity() - req.prompt.len());
-        // Tokens chosen but not yet run through the model: the last sampled one, plus any the grammar
-        // forced after it. They go through the next forward pass together (a mini-prefill), so forced
-        // tokens cost no decode step of their own.
-        let mut pending: Vec<TokenId> = Vec::new();
-        let mut forward_passes = 0usize;
-        let mut step: Vec<Sampled> = Vec::with_capacity(16);
-        let mut forced: Vec<TokenId> = Vec::with_capacity(64);
-        let forced_sample = |token| Sampled {
-            token,
-            // Forced: probability 1 under the constraint.
-            logprob: 0.0,
-            top: Vec::new(),
-        };
-        'decode: while tokens.len() < limit {
-            if req.cancelled() {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            if !pending.is_empty() {
-                let out = model.forward(cpu, kv, &pending, Logits::Last, scratch)?;
-                forward_passes += 1;
-                last_logits.clear();
-                last_logits.extend_from_slice(out);
-                cached.append(&mut pending);
-            }
-            sampler.process(last_logits, &history);
-            let s = match guide.as_deref_mut() {
-                None => sampler.pick(last_logits),
-                // Sample first; compute the mask only if the grammar rejects the token (exact here).
-                Some(g) if lazy_ok && g.lazy_mask() => {
-                    let s = sampler.pick(last_logits);
-                    if g.allows(s.token, tokenizer)? {
-                        s
-                    } else {
-                        g.mask_logits(last_logits, tokenizer)?;
-                        sampler.pick(last_logits)
-                    }
+        let mut dec = Decoder::new(req.clone(), slot, vocab, self.context);
+        let mut run = || -> Result<(), EngineError> {
+            loop {
+                dec.advance(&mut self.logits, &self.tokenizer, on_text)?;
+                if dec.is_done() {
+                    return Ok(());
                 }
-                Some(g) => {
-                    g.mask_logits(last_logits, tokenizer)?;
-                    sampler.pick(last_logits)
-                }
-            };
-            step.clear();
-            step.push(s);
-            if let Some(g) = guide.as_deref_mut() {
-                g.commit(step[0].token, tokenizer)?;
-                g.take_forced(
-                    limit.saturating_sub(tokens.len() + 1),
-                    &mut forced,
-                    tokenizer,
+                let out = run_seq(
+                    &self.cpu,
+                    &self.model,
+                    &mut self.kv,
+                    &mut self.batch,
+                    &mut self.scratch,
+                    &mut seq,
+                    dec.pending(),
+                    Logits::Last,
                 )?;
-                step.extend(forced.iter().map(|&t| forced_sample(t)));
+                self.logits.clear();
+                self.logits.extend_from_slice(out);
+                dec.ran_pending();
             }
-            let mut i = 0;
-            while i < step.len() {
-                let s = std::mem::replace(&mut step[i], forced_sample(0));
-                i += 1;
-                let tok = s.token;
-                tokens.push(tok);
-                history.push(tok);
-                sampled_all.push(s);
-                let eog =
-                    !req.ignore_eos && (tokenizer.is_eog(tok) || req.stop_tokens.contains(&tok));
-                if eog {
-                    finish = FinishReason::Stop;
-                    break 'decode;
-                }
-                if trigger.is_some() && !tokenizer.is_control(tok) {
-                    gen_bytes.extend_from_slice(tokenizer.token_bytes(tok));
-                }
-                delta.clear();
-                detok.push(tok, &mut delta);
-                if !stop.push(&delta, on_text) {
-                    pending.push(tok);
-                    continue;
-                }
-                let (Some(trig), Some(g)) = (trigger.as_deref(), guide.as_deref_mut()) else {
-                    finish = FinishReason::Stop;
-                    break 'decode;
-                };
-                if stop.matched() != Some(trig) || g.is_active() {
-                    finish = FinishReason::Stop;
-                    break 'decode;
-                }
-                // The trigger: hand it (and whatever followed it inside this token) to the grammar.
-                prose = std::mem::replace(&mut stop, StopBuffer::new(Vec::new())).finish(on_text);
-                let tail = trigger_tail(&gen_bytes, trig.as_bytes());
-                let kept = std::str::from_utf8(tail)
-                    .ok()
-                    .map(|t| tokenizer.encode(t, false))
-                    .transpose()?
-                    .map(|toks| g.activate(&toks, tokenizer))
-                    .transpose()?
-                    .unwrap_or(false);
-                if kept {
-                    stop.push(std::str::from_utf8(tail).unwrap_or(trig), on_text);
-                    pending.push(tok);
-                } else {
-                    // This token carries bytes past the trigger that the grammar rejects: re-spell the
-                    // token's text up to the end of the trigger and let the grammar continue from there.
-                    let bytes = tokenizer.token_bytes(tok);
-                    let cut = bytes.len().checked_sub(tail.len() - trig.len());
-                    let head = cut
-                        .and_then(|c| std::str::from_utf8(&bytes[..c]).ok())
-                        .ok_or_else(|| {
-                            GrammarError::Matcher(format!(
-                                "cannot re-spell the token that completed the trigger {trig:?}"
-                            ))
-                        })?;
-                    let respelled = tokenizer.encode(head, false)?;
-                    tokens.pop();
-                    history.pop();
-                    sampled_all.pop();
-                    tokens.extend_from_slice(&respelled);
-                    history.extend_from_slice(&respelled);
-                    sampled_all.extend(respelled.iter().map(|&t| forced_sample(t)));
-                    pending.extend_from_slice(&respelled);
-                    let trig_toks = tokenizer.encode(trig, false)?;
-                    if !g.activate(&trig_toks, tokenizer)? {
-                        return Err(GrammarError::Matcher(format!(
-                            "the grammar does not start with its trigger {trig:?}"
-                        ))
-                        .into());
-                    }
-                    stop.push(trig, on_text);
-                }
-                detok = tokenizer.detokenizer(false);
-                // What the grammar forces right after the trigger joins this step.
-                g.take_forced(limit.saturating_sub(tokens.len()), &mut forced, tokenizer)?;
-                step.extend(forced.iter().map(|&t| forced_sample(t)));
-            }
-            if guide.as_deref().is_some_and(Guide::is_done) {
-                finish = FinishReason::Stop;
-                break;
-            }
-        }
-        if finish == FinishReason::Length {
-            delta.clear();
-            detok.finish(&mut delta);
-            stop.push(&delta, on_text);
-        }
-        prose.push_str(&stop.finish(on_text));
-        let text = prose;
+        };
+        let res = run();
+        // What the cache holds is valid whether or not generation succeeded.
+        let keep = if self.kv.config().cache_output {
+            seq.len()
+        } else {
+            seq.len().min(dec.prompt_len())
+        };
+        self.kv.release(seq, Some(&dec.history()[..keep]));
+        res?;
+        let d = dec.finish(on_text);
         let stats = Stats {
-            forward_passes,
+            forward_passes: d.forward_passes,
             prompt_tokens: req.prompt.len(),
             cached_tokens,
-            generated: tokens.len(),
+            generated: d.tokens.len(),
             prefill,
             decode: t1.elapsed(),
         };
         Ok(Generation {
-            tokens,
-            text,
-            sampled: sampled_all,
-            finish,
+            tokens: d.tokens,
+            text: d.text,
+            sampled: d.sampled,
+            finish: d.finish,
             stats,
         })
     }
 
-    /// Runs `tokens` (appended to the cache) through the model and returns the last position's logits, as one
-    /// decode step does (benchmarks replay a fixed text this way).
+    /// Runs `tokens` (appended to the current sequence) through the model and returns the last position's
+    /// logits, as one decode step does (benchmarks replay a fixed text this way).
     pub fn step(&mut self, tokens: &[TokenId]) -> Result<&mut [f32], EngineError> {
-        let out = self.model.forward(
+        let (mut seq, mut toks) = match self.current.take() {
+            Some(c) => c,
+            None => (self.kv.acquire(&[]), Vec::new()),
+        };
+        if seq.len() + tokens.len() > self.context {
+            let msg = format!(
+                "context full: {} + {} tokens > {}",
+                seq.len(),
+                tokens.len(),
+                self.context
+            );
+            self.current = Some((seq, toks));
+            return Err(EngineError::Request(msg));
+        }
+        let out = run_seq(
             &self.cpu,
+            &self.model,
             &mut self.kv,
+            &mut self.batch,
+            &mut self.scratch,
+            &mut seq,
             tokens,
             Logits::Last,
-            &mut self.scratch,
-        )?;
-        self.logits.clear();
-        self.logits.extend_from_slice(out);
-        self.cached.extend_from_slice(tokens);
+        );
+        match out {
+            Ok(o) => {
+                self.logits.clear();
+                self.logits.extend_from_slice(o);
+            }
+            Err(e) => {
+                self.current = Some((seq, toks));
+                return Err(e);
+            }
+        }
+        toks.extend_from_slice(tokens);
+        self.current = Some((seq, toks));
         Ok(&mut self.logits)
     }
 
-    /// Runs `tokens` through the model without sampling (benchmarks): returns the time the forward pass took.
+    /// Runs `tokens` through the model without sampling (benchmarks), appended to the current sequence:
+    /// returns the time the forward passes took.
     pub fn eval(&mut self, tokens: &[TokenId]) -> Result<Duration, EngineError> {
         let t = Instant::now();
         for chunk in tokens.chunks(PREFILL_CHUNK) {
-            self.model.forward(
-                &self.cpu,
-                &mut self.kv,
-                chunk,
-                Logits::Last,
-                &mut self.scratch,
-            )?;
-            self.cached.extend_from_slice(chunk);
+            self.step(chunk)?;
         }
         Ok(t.elapsed())
     }
 }
 
-/// The generated bytes from the last occurrence of `trigger` on.
-fn trigger_tail<'a>(bytes: &'a [u8], trigger: &[u8]) -> &'a [u8] {
-    let at = bytes
-        .windows(trigger.len().max(1))
-        .rposition(|w| w == trigger)
-        .unwrap_or(bytes.len().saturating_sub(trigger.len()));
-    &bytes[at..]
+/// Reserves pages for `tokens` after `seq`'s positions, runs them as a one-sequence batch and marks them
+/// written; returns the logits asked for.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "split borrows of the engine's fields"
+)]
+fn run_seq<'s>(
+    cpu: &Cpu,
+    model: &Llama,
+    kv: &mut KvCache,
+    batch: &mut Batch,
+    scratch: &'s mut Scratch,
+    seq: &mut SeqKv,
+    tokens: &[TokenId],
+    want: Logits,
+) -> Result<&'s [f32], EngineError> {
+    kv.reserve(seq, seq.len() + tokens.len())?;
+    batch.clear();
+    batch.push(seq, tokens, want);
+    let out = model.forward(cpu, kv.pool_mut(), batch, scratch)?;
+    seq.advance(tokens.len());
+    kv.count_computed(tokens.len());
+    Ok(out)
 }

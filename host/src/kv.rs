@@ -1,158 +1,542 @@
-//! The attention KV cache, behind a small interface the paged/prefix cache will replace.
+//! The attention KV cache: fixed-size pages under a memory budget, a radix tree of cached prefixes over
+//! them, and one page table per running sequence.
 //!
-//! Storage is one contiguous region per (layer, KV head): `capacity` positions of `head_dim` elements, so
-//! attention for one head streams keys and values in position order. Elements are f16 (the default, like
-//! llama.cpp) or f32 (exact, for reference runs).
+//! * [`pages`]: the [`PagePool`], every page of KV memory allocated once (`--kv-memory`), handed out by
+//!   refcount. A page holds `page_size` positions of one sequence for all layers and heads.
+//! * [`radix`]: the [`RadixTree`] of token runs whose KV is still in memory. A new request reuses the
+//!   longest cached prefix of its tokens (whole pages by reference, a partly matching page by copy), so an
+//!   agent loop that resends the whole conversation each turn only prefills the new turn.
+//! * [`fp8`]: the E4M3 format of `--kv-dtype fp8`, with a power-of-two scale per (page, layer, KV head).
+//!
+//! [`KvCache`] ties them together with the calls a scheduler needs: [`KvCache::acquire`] a sequence for a
+//! prompt (prefix reuse), [`KvCache::reserve`] pages before a forward pass (evicting least recently used
+//! cached prefixes when memory is short, and failing cleanly when even that is not enough, so the
+//! scheduler can preempt), [`KvCache::commit`] a running sequence's full pages to the tree so concurrent
+//! requests share them, and [`KvCache::release`] it when done, leaving its tokens cached.
+//!
+//! Invariants (checked by the property tests): a page's refcount is the number of tree nodes and sequence
+//! tables that hold it; a page in the tree is never written (a sequence only writes pages it alone owns:
+//! [`KvCache::reserve`] copies a shared partly filled page first); a free page is in no table.
 
+pub mod fp8;
+pub mod pages;
+pub mod radix;
+
+pub use pages::{PageId, PagePool};
+pub use radix::{PrefixMatch, RadixTree};
+
+use crate::tokenizer::TokenId;
 use half::f16;
+use thiserror::Error;
 
 /// Element type of the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KvDtype {
     /// 32-bit floats (exact).
     F32,
-    /// 16-bit floats (half the memory traffic; ~1e-2 logit differences).
+    /// 16-bit floats (half the memory traffic; ~1e-2 logit differences). The default, like llama.cpp.
     F16,
+    /// FP8 E4M3 with a power-of-two scale per (page, layer, KV head): a quarter of f32.
+    Fp8,
 }
 
-/// Keys or values for one (layer, head): positions `0..len`, `head_dim` elements each.
+impl KvDtype {
+    /// Bytes per element.
+    pub fn element_bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+            KvDtype::Fp8 => 1,
+        }
+    }
+
+    /// Its name on the command line (`f32`, `f16`, `fp8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::Fp8 => "fp8",
+        }
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvDtype::F32),
+            "f16" => Ok(KvDtype::F16),
+            "fp8" | "e4m3" | "fp8_e4m3" => Ok(KvDtype::Fp8),
+            _ => Err(format!("unknown KV type {s:?} (f32, f16 or fp8)")),
+        }
+    }
+}
+
+/// The part of a model's shape the cache needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    /// Layers.
+    pub n_layers: usize,
+    /// KV heads per layer.
+    pub n_kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+}
+
+impl KvShape {
+    /// Bytes of K and V per position (all layers and heads) at `dtype`.
+    pub fn bytes_per_position(&self, dtype: KvDtype) -> usize {
+        2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype.element_bytes()
+    }
+}
+
+/// Keys or values of one page for one (layer, head): `page_size` rows of `head_dim` elements.
 #[derive(Debug, Clone, Copy)]
 pub enum KvSlice<'a> {
     /// f32 elements.
     F32(&'a [f32]),
     /// f16 elements.
     F16(&'a [f16]),
+    /// E4M3 bytes; the value is `e4m3_decode(byte) * scale`.
+    Fp8 {
+        /// The bytes.
+        data: &'a [u8],
+        /// The page's scale for this (layer, head).
+        scale: f32,
+    },
 }
 
-#[derive(Debug)]
-enum Store {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-}
-
-/// A contiguous KV cache for one sequence.
-#[derive(Debug)]
-pub struct KvCache {
-    n_layers: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    capacity: usize,
-    len: usize,
-    k: Store,
-    v: Store,
-}
-
-impl KvCache {
-    /// A cache for `capacity` positions.
-    pub fn new(
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        capacity: usize,
-        dtype: KvDtype,
-    ) -> Self {
-        let n = n_layers * n_kv_heads * capacity * head_dim;
-        let store = || match dtype {
-            KvDtype::F32 => Store::F32(vec![0.0; n]),
-            KvDtype::F16 => Store::F16(vec![f16::ZERO; n]),
-        };
-        KvCache {
-            n_layers,
-            n_kv_heads,
-            head_dim,
-            capacity,
-            len: 0,
-            k: store(),
-            v: store(),
-        }
-    }
-
-    /// Positions filled.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no position is filled.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Positions the cache can hold.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Element type.
-    pub fn dtype(&self) -> KvDtype {
-        match self.k {
-            Store::F32(_) => KvDtype::F32,
-            Store::F16(_) => KvDtype::F16,
-        }
-    }
-
-    /// Bytes per position, all layers and heads, K and V.
-    pub fn bytes_per_position(&self) -> usize {
-        let el = if self.dtype() == KvDtype::F32 { 4 } else { 2 };
-        2 * self.n_layers * self.n_kv_heads * self.head_dim * el
-    }
-
-    /// Forgets positions `n..` (a later prompt diverged from the cached one there).
-    pub fn truncate(&mut self, n: usize) {
-        self.len = self.len.min(n);
-    }
-
-    /// Marks positions `..n` as filled (after a forward pass wrote them).
-    pub fn set_len(&mut self, n: usize) {
-        assert!(
-            n <= self.capacity,
-            "KV cache overflow: {n} > {}",
-            self.capacity
-        );
-        self.len = n;
-    }
-
-    fn base(&self, layer: usize, head: usize, pos: usize) -> usize {
-        ((layer * self.n_kv_heads + head) * self.capacity + pos) * self.head_dim
-    }
-
-    /// Stores position `pos` of layer `layer`: `k` and `v` hold all KV heads (`n_kv_heads * head_dim`).
-    pub fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        assert!(pos < self.capacity, "KV cache overflow at position {pos}");
-        let hd = self.head_dim;
-        for h in 0..self.n_kv_heads {
-            let o = self.base(layer, h, pos);
-            for (store, src) in [
-                (&mut self.k, &k[h * hd..(h + 1) * hd]),
-                (&mut self.v, &v[h * hd..(h + 1) * hd]),
-            ] {
-                match store {
-                    Store::F32(d) => d[o..o + hd].copy_from_slice(src),
-                    Store::F16(d) => {
-                        for (x, &s) in d[o..o + hd].iter_mut().zip(src) {
-                            *x = f16::from_f32(s);
-                        }
-                    }
+impl KvSlice<'_> {
+    /// Row `pos` as f32, written into `out` (`head_dim` long). The scalar reference of every kernel's load.
+    pub fn row_into(&self, pos: usize, out: &mut [f32]) {
+        let hd = out.len();
+        let r = pos * hd..(pos + 1) * hd;
+        match *self {
+            KvSlice::F32(d) => out.copy_from_slice(&d[r]),
+            KvSlice::F16(d) => half::slice::HalfFloatSliceExt::convert_to_f32_slice(&d[r], out),
+            KvSlice::Fp8 { data, scale } => {
+                for (o, &b) in out.iter_mut().zip(&data[r]) {
+                    *o = fp8::e4m3_decode(b) * scale;
                 }
             }
         }
     }
 
-    /// Keys of (layer, head) for positions `0..n`.
-    pub fn keys(&self, layer: usize, head: usize, n: usize) -> KvSlice<'_> {
-        self.slice(&self.k, layer, head, n)
-    }
-
-    /// Values of (layer, head) for positions `0..n`.
-    pub fn values(&self, layer: usize, head: usize, n: usize) -> KvSlice<'_> {
-        self.slice(&self.v, layer, head, n)
-    }
-
-    fn slice<'a>(&self, s: &'a Store, layer: usize, head: usize, n: usize) -> KvSlice<'a> {
-        let o = self.base(layer, head, 0);
-        let end = o + n.min(self.capacity) * self.head_dim;
-        match s {
-            Store::F32(d) => KvSlice::F32(&d[o..end]),
-            Store::F16(d) => KvSlice::F16(&d[o..end]),
-        }
+    /// Row `pos` as a new vector (tests and references).
+    pub fn row(&self, pos: usize, head_dim: usize) -> Vec<f32> {
+        let mut v = vec![0.0; head_dim];
+        self.row_into(pos, &mut v);
+        v
     }
 }
+
+/// Where one sequence's new tokens go in a batched forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqSpan {
+    /// Index of its first page in [`Batch::table`].
+    pub table: usize,
+    /// Pages it has there.
+    pub pages: usize,
+    /// Position of its first new token.
+    pub start: usize,
+    /// Index of its first new token in [`Batch::tokens`].
+    pub first: usize,
+    /// New tokens.
+    pub len: usize,
+}
+
+/// Which positions' logits a forward pass returns for a sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's.
+    Last,
+    /// Every token's (`n * vocab`).
+    All,
+    /// None (prefilling a prefix).
+    None,
+}
+
+/// The input of one forward pass: the new tokens of several sequences, their page tables and positions.
+/// Built afresh each step into reused buffers.
+#[derive(Debug, Default, Clone)]
+pub struct Batch {
+    /// Every new token, sequence after sequence.
+    pub tokens: Vec<TokenId>,
+    /// Every sequence's page table, concatenated.
+    pub table: Vec<PageId>,
+    /// One span per sequence.
+    pub seqs: Vec<SeqSpan>,
+    /// Which logits each sequence wants.
+    pub logits: Vec<Logits>,
+    /// For each token, its sequence.
+    pub owner: Vec<u32>,
+}
+
+impl Batch {
+    /// Empties the batch, keeping its buffers.
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.table.clear();
+        self.seqs.clear();
+        self.logits.clear();
+        self.owner.clear();
+    }
+
+    /// Adds `tokens` of `seq`, to be written at positions `seq.len()..`; the sequence must have pages for
+    /// them ([`KvCache::reserve`]).
+    pub fn push(&mut self, seq: &SeqKv, tokens: &[TokenId], logits: Logits) {
+        assert!(
+            seq.pages.len() * seq.page_size >= seq.len + tokens.len(),
+            "no pages reserved for the batch"
+        );
+        let span = SeqSpan {
+            table: self.table.len(),
+            pages: seq.pages.len(),
+            start: seq.len,
+            first: self.tokens.len(),
+            len: tokens.len(),
+        };
+        self.owner
+            .extend(std::iter::repeat_n(self.seqs.len() as u32, tokens.len()));
+        self.table.extend_from_slice(&seq.pages);
+        self.tokens.extend_from_slice(tokens);
+        self.seqs.push(span);
+        self.logits.push(logits);
+    }
+
+    /// Tokens in the batch.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether it has no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Rows of logits the forward pass returns for sequence `i`.
+    pub fn logit_rows(&self, i: usize) -> usize {
+        match self.logits[i] {
+            Logits::None => 0,
+            Logits::Last => 1,
+            Logits::All => self.seqs[i].len,
+        }
+    }
+
+    /// The sequence and position of token `t`.
+    #[inline]
+    pub fn locate(&self, t: usize) -> (&SeqSpan, usize) {
+        let s = &self.seqs[self.owner[t] as usize];
+        (s, s.start + t - s.first)
+    }
+
+    /// The page table of `span`.
+    #[inline]
+    pub fn pages(&self, span: &SeqSpan) -> &[PageId] {
+        &self.table[span.table..span.table + span.pages]
+    }
+}
+
+/// One sequence's view of the cache: its page table and how many positions hold KV.
+#[derive(Debug)]
+pub struct SeqKv {
+    pages: Vec<PageId>,
+    len: usize,
+    page_size: usize,
+    /// Positions that came from the prefix cache when it was acquired.
+    hit: usize,
+}
+
+impl SeqKv {
+    /// Positions holding KV.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position holds KV.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions served from the prefix cache when the sequence started.
+    pub fn hit(&self) -> usize {
+        self.hit
+    }
+
+    /// Its page table.
+    pub fn pages(&self) -> &[PageId] {
+        &self.pages
+    }
+
+    /// Marks `n` more positions as written (after a forward pass wrote them).
+    pub fn advance(&mut self, n: usize) {
+        assert!(
+            self.len + n <= self.pages.len() * self.page_size,
+            "advance past the reserved pages"
+        );
+        self.len += n;
+    }
+}
+
+/// Why pages could not be had.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum KvError {
+    /// Every page is in use by running sequences, even after evicting every cached prefix.
+    #[error("KV cache memory is full: {need} more pages needed, {free} free of {total}")]
+    OutOfPages {
+        /// Pages the request needed.
+        need: usize,
+        /// Pages free.
+        free: usize,
+        /// Pages in the pool.
+        total: usize,
+    },
+}
+
+/// How to size and run the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvConfig {
+    /// Element type.
+    pub dtype: KvDtype,
+    /// Positions per page.
+    pub page_size: usize,
+    /// Memory budget in bytes (rounded down to whole pages).
+    pub memory: usize,
+    /// Whether finished sequences leave their generated tokens in the tree too (not only their prompt).
+    pub cache_output: bool,
+}
+
+impl KvConfig {
+    /// Default positions per page.
+    pub const PAGE_SIZE: usize = 32;
+}
+
+/// Counters of the cache (the stats endpoint and benchmarks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvStats {
+    /// Pages in the pool.
+    pub pages_total: usize,
+    /// Pages referenced by anything.
+    pub pages_used: usize,
+    /// Pages held by the prefix tree.
+    pub pages_cached: usize,
+    /// Nodes in the prefix tree.
+    pub nodes: usize,
+    /// Positions per page.
+    pub page_size: usize,
+    /// Bytes per page.
+    pub page_bytes: usize,
+    /// Sequences acquired.
+    pub sequences: u64,
+    /// Prompt tokens served from the cache.
+    pub hit_tokens: u64,
+    /// Tokens computed by forward passes (prefill and decode).
+    pub computed_tokens: u64,
+    /// Tree nodes evicted.
+    pub evicted_nodes: u64,
+    /// Pages freed by eviction.
+    pub evicted_pages: u64,
+}
+
+/// The paged KV cache with its prefix tree.
+#[derive(Debug)]
+pub struct KvCache {
+    pool: PagePool,
+    tree: RadixTree,
+    cfg: KvConfig,
+    stats: KvStats,
+}
+
+impl KvCache {
+    /// A cache for a model of `shape`, sized by `cfg.memory` (at least one page).
+    pub fn new(shape: KvShape, cfg: KvConfig) -> Self {
+        let page_size = cfg.page_size.max(1);
+        let page_bytes = PagePool::page_bytes(shape, page_size, cfg.dtype);
+        let n_pages = (cfg.memory / page_bytes).max(1);
+        KvCache {
+            pool: PagePool::new(shape, page_size, cfg.dtype, n_pages),
+            tree: RadixTree::new(page_size),
+            cfg: KvConfig { page_size, ..cfg },
+            stats: KvStats {
+                page_size,
+                page_bytes,
+                ..KvStats::default()
+            },
+        }
+    }
+
+    /// The page pool (the forward pass reads and writes pages here).
+    pub fn pool(&self) -> &PagePool {
+        &self.pool
+    }
+
+    /// The page pool, mutably.
+    pub fn pool_mut(&mut self) -> &mut PagePool {
+        &mut self.pool
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &KvConfig {
+        &self.cfg
+    }
+
+    /// Positions the whole pool can hold.
+    pub fn capacity(&self) -> usize {
+        self.pool.total() * self.pool.page_size()
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> KvStats {
+        KvStats {
+            pages_total: self.pool.total(),
+            pages_used: self.pool.total() - self.pool.free(),
+            pages_cached: self.tree.pages(),
+            nodes: self.tree.nodes(),
+            ..self.stats
+        }
+    }
+
+    /// Counts `n` tokens computed by a forward pass.
+    pub fn count_computed(&mut self, n: usize) {
+        self.stats.computed_tokens += n as u64;
+    }
+
+    /// Takes a free page, evicting cached prefixes if none is free.
+    fn alloc(&mut self) -> Option<PageId> {
+        if self.pool.free() == 0 {
+            let e = self.tree.evict(&mut self.pool, 1);
+            self.stats.evicted_nodes += e.nodes as u64;
+            self.stats.evicted_pages += e.pages as u64;
+        }
+        self.pool.alloc()
+    }
+
+    /// Starts a sequence for `prompt`, reusing the longest cached prefix of it (never the whole prompt: the
+    /// last token is always computed, since its logits are needed). The sequence then holds KV for
+    /// positions `0..seq.len()` of the prompt.
+    pub fn acquire(&mut self, prompt: &[TokenId]) -> SeqKv {
+        let m = self
+            .tree
+            .match_prefix(&mut self.pool, prompt, prompt.len().saturating_sub(1));
+        let mut seq = SeqKv {
+            pages: m.pages,
+            len: m.len,
+            page_size: self.pool.page_size(),
+            hit: 0,
+        };
+        if let Some((src, n)) = m.partial {
+            // Keep the source alive while a page is found: eviction could otherwise free and reuse it.
+            self.pool.retain(src);
+            if let Some(dst) = self.alloc() {
+                self.pool.copy(src, dst, n);
+                seq.pages.push(dst);
+                seq.len += n;
+            }
+            self.pool.release(src);
+        }
+        seq.hit = seq.len;
+        self.stats.sequences += 1;
+        self.stats.hit_tokens += seq.len as u64;
+        seq
+    }
+
+    /// Makes sure `seq` owns pages for positions up to `len`, and that the page it writes next is its own
+    /// (copying it first if it is shared). On failure the sequence keeps what it had and nothing leaks.
+    pub fn reserve(&mut self, seq: &mut SeqKv, len: usize) -> Result<(), KvError> {
+        let ps = self.pool.page_size();
+        let need = len.div_ceil(ps);
+        if need > seq.pages.len() {
+            // Whether the pool could ever satisfy this, counting what eviction can free.
+            let want = need - seq.pages.len();
+            if self.pool.free() < want {
+                let e = self.tree.evict(&mut self.pool, want);
+                self.stats.evicted_nodes += e.nodes as u64;
+                self.stats.evicted_pages += e.pages as u64;
+            }
+            let cow = !seq.len.is_multiple_of(ps) && self.pool.refs(seq.pages[seq.len / ps]) > 1;
+            if self.pool.free() < want + usize::from(cow) {
+                return Err(KvError::OutOfPages {
+                    need: want + usize::from(cow),
+                    free: self.pool.free(),
+                    total: self.pool.total(),
+                });
+            }
+        }
+        if !seq.len.is_multiple_of(ps) && seq.len < len {
+            let i = seq.len / ps;
+            let page = seq.pages[i];
+            if self.pool.refs(page) > 1 {
+                let dst = self.alloc().ok_or(KvError::OutOfPages {
+                    need: 1,
+                    free: 0,
+                    total: self.pool.total(),
+                })?;
+                self.pool.copy(page, dst, seq.len % ps);
+                self.pool.release(page);
+                seq.pages[i] = dst;
+            }
+        }
+        while seq.pages.len() < need {
+            let p = self.alloc().ok_or(KvError::OutOfPages {
+                need: need - seq.pages.len(),
+                free: 0,
+                total: self.pool.total(),
+            })?;
+            seq.pages.push(p);
+        }
+        Ok(())
+    }
+
+    /// Forgets positions `len..` of `seq` (rejected draft tokens, a diverged prompt), releasing whole pages
+    /// past the new end.
+    pub fn truncate(&mut self, seq: &mut SeqKv, len: usize) {
+        if len >= seq.len {
+            return;
+        }
+        seq.len = len;
+        let keep = len.div_ceil(self.pool.page_size());
+        for p in seq.pages.drain(keep..) {
+            self.pool.release(p);
+        }
+    }
+
+    /// Puts the full pages of a running sequence into the tree (`tokens` are the tokens at positions
+    /// `0..seq.len()`), so requests that share them reuse them while it runs.
+    pub fn commit(&mut self, seq: &SeqKv, tokens: &[TokenId]) {
+        let full = seq.len / self.pool.page_size() * self.pool.page_size();
+        assert!(tokens.len() >= full, "fewer tokens than cached positions");
+        self.tree
+            .insert(&mut self.pool, &tokens[..full], &seq.pages);
+    }
+
+    /// Ends a sequence. With `tokens` (the tokens at positions `0..seq.len()`), its KV stays in the tree
+    /// for later requests; without, its pages are just released.
+    pub fn release(&mut self, seq: SeqKv, tokens: Option<&[TokenId]>) {
+        if let Some(t) = tokens {
+            let n = seq.len.min(t.len());
+            if n > 0 {
+                self.tree.insert(&mut self.pool, &t[..n], &seq.pages);
+            }
+        }
+        for p in seq.pages {
+            self.pool.release(p);
+        }
+    }
+
+    /// Empties the prefix tree (pages held by running sequences stay).
+    pub fn clear(&mut self) {
+        let e = self.tree.clear(&mut self.pool);
+        self.stats.evicted_nodes += e.nodes as u64;
+        self.stats.evicted_pages += e.pages as u64;
+    }
+
+    /// The prefix tree (tests).
+    #[cfg(test)]
+    pub(crate) fn tree(&self) -> &RadixTree {
+        &self.tree
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -15,8 +15,9 @@
 //! * [`api`]: the OpenAI-compatible HTTP server (axum): wire types, SSE, OpenAI error bodies, metrics.
 //! * [`agent`]: the agent loop: renders the conversation, runs generations on the engine thread, runs host
 //!   (plugin) tools inside a request and returns client tools to the caller.
-//! * [`engine`]: the model with its KV cache and prefix reuse; [`engine::service`] puts it on its own thread
-//!   behind a bounded queue.
+//! * [`engine`]: the model, its continuous-batching [`engine::scheduler`] and the per-request
+//!   [`engine::Decoder`]; [`engine::service`] puts it on its own thread behind a bounded queue.
+//! * [`kv`]: the paged KV cache and the radix tree of cached prefixes.
 //! * [`sample`]: sampling, and the llguidance grammar seam for tool calls and `response_format`.
 //! * [`tools`]: tool sets, the tool-call protocol and parser, and [`tools::plugin`], the wasm sandbox.
 //!

@@ -178,6 +178,12 @@ enum BenchCmd {
         /// Model file (default: the pulled default model).
         #[arg(long)]
         model: Option<PathBuf>,
+        /// KV cache element types to measure, one table each (f16, f32, fp8).
+        #[arg(long, value_delimiter = ',', default_value = "f16")]
+        kv_dtype: Vec<thorn::kv::KvDtype>,
+        /// Positions per KV page.
+        #[arg(long, default_value_t = thorn::kv::KvConfig::PAGE_SIZE)]
+        page_size: usize,
     },
     /// Schema-constrained tool calls over the BFCL questions: validity, compile and mask times, forced
     /// tokens, and decode speed with vs without the grammar.
@@ -256,6 +262,9 @@ struct AgenticBenchArgs {
     /// At most T turns per conversation (0 = all).
     #[arg(long, default_value_t = 0)]
     turns: usize,
+    /// Conversations replayed at the same time (each one still turn by turn).
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
     /// GGUF whose tokenizer and chat template count prompt tokens for --max-context (default: the
     /// default model).
     #[arg(long)]
@@ -380,6 +389,7 @@ fn main() -> Result<()> {
             max_context: a.max_context,
             conversations: a.conversations,
             turns: a.turns,
+            concurrency: a.concurrency,
             max_tokens: a.endpoint.max_tokens,
             tokenizer_model: resolve(&cache, a.tokenizer_model)?,
             json: a.endpoint.json,
@@ -416,14 +426,20 @@ fn main() -> Result<()> {
                     threads,
                     json,
                     model,
+                    kv_dtype,
+                    page_size,
                 },
         } => bench::engine(
             &resolve(&cache, model)?,
-            prompt_tokens,
-            gen_tokens,
-            &depths,
-            reps,
-            threads,
+            bench::EngineBench {
+                pp: prompt_tokens,
+                tg: gen_tokens,
+                depths,
+                reps,
+                threads,
+                kv_dtypes: kv_dtype,
+                page_size,
+            },
             json,
         ),
         Cmd::Model {

@@ -38,6 +38,70 @@ pub struct AgentArgs {
     /// Requests that may wait for the engine before new ones get 429.
     #[arg(long, default_value_t = 32)]
     pub queue: usize,
+    /// Most sequences generating at once (continuous batching).
+    #[arg(long, default_value_t = 8)]
+    pub max_batch: usize,
+    /// Most tokens per forward pass: running decodes always fit, prompt chunks fill the rest.
+    #[arg(long, default_value_t = 256)]
+    pub step_tokens: usize,
+    #[command(flatten)]
+    pub kv: KvArgs,
+}
+
+/// KV cache options (`thorn serve`, `thorn chat`, `thorn bench engine`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct KvArgs {
+    /// KV cache element type: f16, f32 or fp8 (E4M3 with a scale per page and head).
+    #[arg(long, default_value = "f16")]
+    pub kv_dtype: thorn::kv::KvDtype,
+    /// KV cache memory budget, e.g. 512M or 2G (0 = room for four full contexts).
+    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    pub kv_memory: usize,
+    /// Positions per KV page.
+    #[arg(long, default_value_t = thorn::kv::KvConfig::PAGE_SIZE)]
+    pub page_size: usize,
+    /// Keep only prompts in the prefix cache, not generated tokens.
+    #[arg(long)]
+    pub no_cache_output: bool,
+}
+
+impl KvArgs {
+    /// Applies these options to an engine configuration.
+    pub fn apply(&self, cfg: EngineConfig) -> EngineConfig {
+        EngineConfig {
+            kv_dtype: self.kv_dtype,
+            kv_memory: self.kv_memory,
+            page_size: self.page_size,
+            cache_output: !self.no_cache_output,
+            ..cfg
+        }
+    }
+}
+
+/// `512M`, `2G`, `1.5GiB`, `1000000` (bytes; K/M/G/T are powers of 1024).
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 512M or 2G)"))?;
+    let mult = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
+        "" => 1u64,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        u => return Err(format!("unknown size unit {u:?} in {s:?} (K, M, G or T)")),
+    };
+    Ok((n * mult as f64) as usize)
 }
 
 /// `thorn serve`.
@@ -75,14 +139,22 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
             str::to_owned,
         )
     });
-    let cfg = EngineConfig {
+    let cfg = a.kv.apply(EngineConfig {
         threads: a.threads,
         context: a.context,
         ..EngineConfig::default()
-    };
+    });
     let engine =
         Engine::load(&path, &cfg).with_context(|| format!("loading {}", path.display()))?;
     let (context, threads) = (engine.context(), engine.cpu().threads());
+    let kv = engine.kv_stats();
+    eprintln!(
+        "KV cache: {} pages of {} positions ({}, {:.0} MiB)",
+        kv.pages_total,
+        kv.page_size,
+        engine.kv_config().dtype.name(),
+        (kv.pages_total * kv.page_bytes) as f64 / (1u64 << 20) as f64
+    );
     let (dir, policy_path) = a.place.resolve();
     let host = PluginHost::with_config(HostConfig {
         cache_dir: Some(cache.join("cwasm")),
@@ -99,12 +171,16 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
         plugins.tools().tools().len(),
         dir.display()
     );
-    Ok(Agent::start(
+    Ok(Agent::start_with(
         engine,
         name,
         Arc::new(plugins),
         a.queue,
         a.max_tool_rounds,
+        thorn::engine::scheduler::SchedulerConfig {
+            max_batch: a.max_batch,
+            step_tokens: a.step_tokens,
+        },
     )?)
 }
 

@@ -15,7 +15,7 @@
 
 mod detok;
 
-pub use detok::Detokenizer;
+pub use detok::{DetokState, Detokenizer};
 
 use crate::gguf::{Gguf, GgufError};
 use std::collections::HashMap;

@@ -9,6 +9,7 @@
 //!   Q4_1 run, and greedy continuations up to the first step where the reference's top-2 margin is a near-tie.
 
 use std::sync::Arc;
+use thorn::engine::scheduler::SchedulerConfig;
 use thorn::engine::{Engine, EngineConfig, Request};
 use thorn::gguf::Gguf;
 use thorn::kv::KvDtype;
@@ -29,6 +30,7 @@ fn engine(precision: Precision) -> Engine {
             context: 1024,
             kv_dtype,
             precision,
+            ..EngineConfig::default()
         },
     )
     .unwrap()
@@ -253,4 +255,183 @@ fn multi_turn_reuses_the_cached_prefix() {
         .generate(&Request::greedy(longer, 8), &mut |_| {})
         .unwrap();
     assert_eq!(second.tokens, fresh.tokens);
+}
+
+fn quantized(cfg: EngineConfig) -> Engine {
+    let g = Arc::new(Gguf::open(default_model()).unwrap());
+    Engine::from_gguf(
+        g,
+        &EngineConfig {
+            threads: 2,
+            precision: Precision::Quantized,
+            ..cfg
+        },
+    )
+    .unwrap()
+}
+
+fn fixture_prompts() -> Vec<Vec<u32>> {
+    jsonl("smollm2/reference_logits.jsonl")
+        .iter()
+        .map(|p| ids(&p["prompt_ids"]))
+        .collect()
+}
+
+#[test]
+fn prefix_reuse_gives_bitwise_identical_logits() {
+    let mut e = quantized(EngineConfig {
+        context: 1024,
+        ..EngineConfig::default()
+    });
+    for prompt in fixture_prompts() {
+        e.reset();
+        assert_eq!(e.prefill(&prompt).unwrap(), 0);
+        let cold = e.logits().to_vec();
+        // Leave a prefix in the cache (ending inside a page), then prefill the whole prompt on top of it.
+        for cut in [prompt.len() / 2, prompt.len() - 1] {
+            e.reset();
+            e.prefill(&prompt[..cut]).unwrap();
+            let hit = e.prefill(&prompt).unwrap();
+            assert_eq!(hit, cut, "the cached prefix is reused");
+            assert_eq!(e.logits(), &cold[..], "logits after reusing {cut} tokens");
+        }
+    }
+}
+
+#[test]
+fn batched_generation_matches_one_at_a_time() {
+    let mut e = quantized(EngineConfig {
+        context: 1024,
+        ..EngineConfig::default()
+    });
+    let mut prompts = fixture_prompts();
+    // Requests that share a prefix with one another too.
+    let shared: Vec<u32> = prompts[0].iter().chain(&prompts[1]).copied().collect();
+    prompts.push(shared);
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            e.reset();
+            e.generate(&Request::greedy(p.clone(), 24), &mut |_| {})
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    for (max_batch, step_tokens) in [(8, 256), (3, 16)] {
+        e.reset();
+        let reqs = prompts
+            .iter()
+            .map(|p| (Request::greedy(p.clone(), 24), None))
+            .collect();
+        let (outs, stats) = e.generate_batch(
+            reqs,
+            SchedulerConfig {
+                max_batch,
+                step_tokens,
+            },
+        );
+        for (i, ((text, r), want)) in outs.into_iter().zip(&alone).enumerate() {
+            let g = r.unwrap();
+            assert_eq!(&g.tokens, want, "request {i} (batch {max_batch})");
+            assert_eq!(text, g.text);
+        }
+        assert!(
+            stats.batched_sequences > stats.steps,
+            "sequences shared steps: {stats:?}"
+        );
+    }
+}
+
+#[test]
+fn a_tiny_kv_budget_preempts_but_completes_every_request() {
+    let prompts = fixture_prompts();
+    let longest = prompts.iter().map(Vec::len).max().unwrap();
+    let per_position = 2 * 30 * 3 * 64 * 2; // SmolLM2: layers * KV heads * head_dim, K and V, f16
+    let positions = (longest + 40).next_multiple_of(32) + 32;
+    let mut small = quantized(EngineConfig {
+        context: 1024,
+        kv_memory: positions * per_position,
+        ..EngineConfig::default()
+    });
+    let mut big = quantized(EngineConfig {
+        context: 1024,
+        ..EngineConfig::default()
+    });
+    let reqs = || {
+        prompts
+            .iter()
+            .map(|p| (Request::greedy(p.clone(), 32), None))
+            .collect::<Vec<_>>()
+    };
+    let (want, _) = big.generate_batch(reqs(), SchedulerConfig::default());
+    let (got, stats) = small.generate_batch(reqs(), SchedulerConfig::default());
+    assert!(
+        stats.preemptions > 0,
+        "the budget forced preemption: {stats:?}"
+    );
+    for (i, ((_, g), (_, w))) in got.into_iter().zip(want).enumerate() {
+        assert_eq!(g.unwrap().tokens, w.unwrap().tokens, "request {i}");
+    }
+    let kv = small.kv_stats();
+    assert!(kv.pages_total * kv.page_size <= positions);
+    eprintln!("tiny budget: {stats:?}, {kv:?}");
+}
+
+#[test]
+fn fp8_kv_cache_stays_close_to_f32() {
+    let mk = |kv_dtype| {
+        quantized(EngineConfig {
+            context: 1024,
+            kv_dtype,
+            ..EngineConfig::default()
+        })
+    };
+    let mut f32e = mk(KvDtype::F32);
+    let mut report = Vec::new();
+    for dtype in [KvDtype::F16, KvDtype::Fp8] {
+        let mut e = mk(dtype);
+        let (mut worst, mut top1, mut greedy_same, mut greedy_total, mut n) = (0f32, 0, 0, 0, 0);
+        for prompt in fixture_prompts() {
+            f32e.reset();
+            e.reset();
+            f32e.prefill(&prompt).unwrap();
+            e.prefill(&prompt).unwrap();
+            let (a, b) = (log_softmax(f32e.logits()), log_softmax(e.logits()));
+            // Distance on the tokens that matter: the f32 run's top 10.
+            let mut order: Vec<usize> = (0..a.len()).collect();
+            order.sort_by(|&i, &j| a[j].total_cmp(&a[i]));
+            for &i in &order[..10] {
+                worst = worst.max((a[i] - b[i]).abs());
+            }
+            top1 += usize::from(argmax(&a) == argmax(&b));
+            n += 1;
+            let g = |e: &mut Engine| {
+                e.reset();
+                e.generate(&Request::greedy(prompt.clone(), 32), &mut |_| {})
+                    .unwrap()
+                    .tokens
+            };
+            let (ga, gb) = (g(&mut f32e), g(&mut e));
+            greedy_same += ga.iter().zip(&gb).take_while(|(x, y)| x == y).count();
+            greedy_total += ga.len();
+        }
+        let line = format!(
+            "{}: top-10 logprob error max {worst:.3}, top-1 agreement {top1}/{n}, greedy tokens equal before the first split {greedy_same}/{greedy_total}",
+            dtype.name()
+        );
+        eprintln!("{line}");
+        report.push((dtype, worst, top1, n, greedy_same, greedy_total));
+    }
+    for (dtype, worst, top1, n, same, total) in report {
+        // E4M3 keeps 3 mantissa bits (~3% error per element): the next token must not change on any
+        // fixture prompt, and log-probabilities of the likely tokens stay within one nat.
+        assert_eq!(top1, n, "{}: the first token changed", dtype.name());
+        let bound = if dtype == KvDtype::F16 { 0.5 } else { 1.0 };
+        assert!(worst < bound, "{}: logprob error {worst}", dtype.name());
+        assert!(
+            same * 2 >= total,
+            "{}: greedy split early ({same}/{total})",
+            dtype.name()
+        );
+    }
 }

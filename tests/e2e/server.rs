@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use thorn::agent::Agent;
 use thorn::api::{AppState, ServerConfig};
+use thorn::engine::scheduler::SchedulerConfig;
 use thorn::engine::{Engine, EngineConfig};
 use thorn::tools::plugin::{HostConfig, PluginHost, PluginSet, Policy};
 use thorn_tests::{default_model, http, http_send, plugin_wasm};
@@ -20,7 +21,7 @@ struct Server {
 
 /// Installs calculator, files (granted a directory holding notes.txt) and hostile (300 ms deadline) into a
 /// fresh plugin directory with a policy, and starts a server on a free port.
-fn start(context: usize, queue: usize, config: ServerConfig) -> Server {
+fn start(context: usize, queue: usize, max_batch: usize, config: ServerConfig) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let installed = dir.path().join("plugins");
     let docs = dir.path().join("docs");
@@ -67,7 +68,12 @@ fn start(context: usize, queue: usize, config: ServerConfig) -> Server {
         },
     )
     .unwrap();
-    let agent = Agent::start(engine, "smollm2".into(), Arc::new(plugins), queue, 3).unwrap();
+    let sched = SchedulerConfig {
+        max_batch,
+        ..SchedulerConfig::default()
+    };
+    let agent =
+        Agent::start_with(engine, "smollm2".into(), Arc::new(plugins), queue, 3, sched).unwrap();
     let state = Arc::new(AppState::new(agent, config));
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -94,6 +100,7 @@ fn server() -> &'static Server {
         start(
             2048,
             64,
+            8,
             ServerConfig {
                 api_keys: Vec::new(),
                 max_body: 1 << 20,
@@ -315,12 +322,15 @@ fn host_plugins_run_inside_the_request() {
 
 #[test]
 fn a_hostile_plugins_failure_goes_back_to_the_model() {
-    let r = chat(json!({"messages": user("Run the spin tool."),
+    let r = chat(
+        json!({"messages": user("Call spin with n = 3 and target \"x\"."),
         "tools": [{"type": "function", "function": {"name": "spin"}}],
-        "tool_choice": "required", "temperature": 0, "max_tokens": 200}));
+        "tool_choice": "required", "temperature": 0, "max_tokens": 200}),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     let v = r.json();
     let calls = host_calls(&v);
+    assert!(!calls.is_empty(), "no complete call: {v}");
     assert_eq!(calls[0]["name"], "spin");
     assert_eq!(calls[0]["error_kind"], "timeout", "{}", calls[0]);
     assert!(v["choices"][0]["message"]["content"].is_string());
@@ -445,11 +455,12 @@ fn bad_requests_get_openai_errors() {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
-/// A server with API keys and a queue of one, for the 401 and 429 cases.
+/// A server with API keys, a batch of one and a queue of one, for the 401 and 429 cases.
 #[test]
 fn api_keys_and_a_full_queue() {
     let s = start(
         1024,
+        1,
         1,
         ServerConfig {
             api_keys: vec!["sekrit".into()],
@@ -570,4 +581,67 @@ fn a_client_that_goes_away_cancels_its_generation() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn concurrent_requests_share_forward_passes() {
+    let addr = server().addr;
+    let counter = |name: &str| -> u64 {
+        let m = http(addr, "GET", "/metrics", &[], b"");
+        m.body
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+    };
+    let (steps0, seqs0) = (
+        counter("thorn_batch_steps_total"),
+        counter("thorn_batch_sequences_total"),
+    );
+    let questions = [
+        "Name a color.",
+        "Name a fruit.",
+        "Name a city.",
+        "Name an animal.",
+    ];
+    let handles: Vec<_> = questions
+        .iter()
+        .map(|q| {
+            let body = json!({"messages": user(q), "max_tokens": 24, "temperature": 0,
+                "stop": ["never-appears"]})
+            .to_string();
+            std::thread::spawn(move || {
+                http(addr, "POST", "/v1/chat/completions", &[], body.as_bytes())
+            })
+        })
+        .collect();
+    let answers: Vec<Value> = handles
+        .into_iter()
+        .map(|h| {
+            let r = h.join().unwrap();
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.json()
+        })
+        .collect();
+    // Each answer is what the same question gets alone (greedy is batch-invariant).
+    for (q, a) in questions.iter().zip(&answers) {
+        let alone = chat(
+            json!({"messages": user(q), "max_tokens": 24, "temperature": 0,
+            "stop": ["never-appears"]}),
+        );
+        assert_eq!(
+            alone.json()["choices"][0]["message"]["content"],
+            a["choices"][0]["message"]["content"],
+            "{q}"
+        );
+    }
+    let (steps, seqs) = (
+        counter("thorn_batch_steps_total") - steps0,
+        counter("thorn_batch_sequences_total") - seqs0,
+    );
+    assert!(
+        seqs > steps,
+        "{seqs} sequences in {steps} steps: nothing was batched"
+    );
+    assert!(counter("thorn_kv_pages") > 0);
 }

@@ -224,16 +224,20 @@ fn auto_mode_leaves_prose_unconstrained_until_the_trigger() {
     let prompt = chat_prompt(&e, &system, "weather in Oslo");
     let mut streamed = String::new();
     let mut triggered = 0;
-    for seed in 0..4 {
+    for seed in 0..16 {
+        if triggered >= 2 {
+            break;
+        }
         let mut g = grammars
             .guide(&tools, &ToolChoice::Auto, false, &ResponseFormat::Text)
             .unwrap()
             .unwrap();
         streamed.clear();
+        // Warm, not hot: at temperature 1 the 135M model mostly rambles past the few-shot format.
+        let mut req = sampled(prompt.clone(), seed, 96);
+        req.sampling.temperature = 0.6;
         let out = e
-            .generate_guided(&sampled(prompt.clone(), seed, 96), Some(&mut g), &mut |t| {
-                streamed.push_str(t)
-            })
+            .generate_guided(&req, Some(&mut g), &mut |t| streamed.push_str(t))
             .unwrap();
         assert_eq!(streamed, out.text, "the stream carries the same text");
         let reply = tools

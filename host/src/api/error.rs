@@ -124,6 +124,7 @@ impl From<AgentError> for ApiError {
             AgentError::Guide(g) => ApiError::bad(g.to_string(), Some("response_format")),
             AgentError::Template(t) => ApiError::bad(t.to_string(), Some("messages")),
             AgentError::Engine(crate::engine::EngineError::Request(m)) => ApiError::bad(m, None),
+            AgentError::Engine(crate::engine::EngineError::Kv(k)) => ApiError::Busy(k.to_string()),
             AgentError::Engine(e) => ApiError::Internal(e.to_string()),
             AgentError::Lost => ApiError::Internal(e.to_string()),
         }

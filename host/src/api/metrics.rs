@@ -64,6 +64,32 @@ impl Histogram {
     }
 }
 
+/// The engine's side of the metrics, read once per scrape.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EngineGauges {
+    /// Requests waiting.
+    pub queue_depth: usize,
+    /// Sequences generating.
+    pub running: usize,
+    /// Scheduler counters.
+    pub scheduler: crate::engine::scheduler::SchedulerStats,
+    /// KV cache counters.
+    pub kv: crate::kv::KvStats,
+}
+
+impl EngineGauges {
+    /// Reads them from the engine service.
+    pub fn of(e: &crate::engine::service::EngineService) -> Self {
+        let (scheduler, kv) = e.stats();
+        EngineGauges {
+            queue_depth: e.waiting(),
+            running: e.running(),
+            scheduler,
+            kv,
+        }
+    }
+}
+
 /// The server's counters.
 #[derive(Debug)]
 pub struct Metrics {
@@ -141,8 +167,9 @@ impl Metrics {
         *m.entry((tool.to_owned(), outcome.to_owned())).or_default() += 1;
     }
 
-    /// The Prometheus text, with the gauges passed in.
-    pub fn render(&self, queue_depth: usize, busy: bool) -> String {
+    /// The Prometheus text, with the engine's gauges and counters.
+    pub fn render(&self, engine: &EngineGauges) -> String {
+        let (queue_depth, busy) = (engine.queue_depth, engine.running > 0);
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -207,6 +234,86 @@ impl Metrics {
             "# HELP thorn_engine_busy Whether the engine is generating.\n# TYPE thorn_engine_busy gauge\nthorn_engine_busy {}",
             u8::from(busy)
         );
+        let (sched, kv) = (&engine.scheduler, &engine.kv);
+        for (name, kind, help, v) in [
+            (
+                "thorn_running_sequences",
+                "gauge",
+                "Sequences in the batch.",
+                engine.running as u64,
+            ),
+            (
+                "thorn_batch_steps_total",
+                "counter",
+                "Batched forward passes.",
+                sched.steps,
+            ),
+            (
+                "thorn_batch_sequences_total",
+                "counter",
+                "Sequences those passes carried, summed (mean batch = this / steps).",
+                sched.batched_sequences,
+            ),
+            (
+                "thorn_preemptions_total",
+                "counter",
+                "Sequences preempted because KV memory ran short.",
+                sched.preemptions,
+            ),
+            (
+                "thorn_kv_pages",
+                "gauge",
+                "KV cache pages in the pool.",
+                kv.pages_total as u64,
+            ),
+            (
+                "thorn_kv_pages_used",
+                "gauge",
+                "KV cache pages in use (running sequences and cached prefixes).",
+                kv.pages_used as u64,
+            ),
+            (
+                "thorn_kv_pages_cached",
+                "gauge",
+                "KV cache pages held by the prefix tree.",
+                kv.pages_cached as u64,
+            ),
+            (
+                "thorn_kv_page_bytes",
+                "gauge",
+                "Bytes per KV page.",
+                kv.page_bytes as u64,
+            ),
+            (
+                "thorn_kv_hit_tokens_total",
+                "counter",
+                "Prompt tokens served from the prefix cache.",
+                kv.hit_tokens,
+            ),
+            (
+                "thorn_kv_computed_tokens_total",
+                "counter",
+                "Tokens run through the model (prefill and decode).",
+                kv.computed_tokens,
+            ),
+            (
+                "thorn_kv_evicted_pages_total",
+                "counter",
+                "KV pages freed by evicting cached prefixes.",
+                kv.evicted_pages,
+            ),
+            (
+                "thorn_kv_evicted_nodes_total",
+                "counter",
+                "Prefix-tree nodes evicted.",
+                kv.evicted_nodes,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP thorn_plugin_calls_total Host tool (plugin) calls by tool and outcome.\n# TYPE thorn_plugin_calls_total counter"
@@ -252,7 +359,11 @@ mod tests {
             cached_tokens: 4,
             completion_tokens: 3,
         });
-        let t = m.render(2, true);
+        let t = m.render(&EngineGauges {
+            queue_depth: 2,
+            running: 1,
+            ..EngineGauges::default()
+        });
         assert!(
             t.contains("thorn_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 2")
         );
@@ -262,5 +373,9 @@ mod tests {
         assert!(t.contains("thorn_cached_prompt_tokens_total 4"));
         assert!(t.contains("thorn_queue_depth 2"));
         assert!(t.contains("thorn_plugin_failures_total 1"));
+        assert!(t.contains("thorn_engine_busy 1"));
+        assert!(
+            t.contains("# TYPE thorn_kv_hit_tokens_total counter\nthorn_kv_hit_tokens_total 0")
+        );
     }
 }

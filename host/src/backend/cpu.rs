@@ -10,7 +10,7 @@ pub mod pool;
 pub mod qmatmul;
 pub mod simd;
 
-use crate::kv::KvCache;
+use crate::kv::{Batch, PagePool};
 use pool::ThreadPool;
 use qmatmul::{QActs, QMatrix};
 pub use simd::Isa;
@@ -83,23 +83,23 @@ impl Cpu {
         });
     }
 
-    /// Causal attention for `n` new tokens at positions `start..start + n` of `layer`, reading the cache
-    /// (which must already hold them). `q` and `out` are `n * n_heads * head_dim`; `partials` is scratch.
+    /// Causal attention for every token of `batch` in `layer`, reading the KV pages (which must already
+    /// hold the batch's own tokens). `q` and `out` are `tokens * n_heads * head_dim`; `partials` is scratch.
     ///
-    /// Work items are (token, KV head, position split): the query heads of a GQA group share every key and
-    /// value load, and when there are fewer items than threads (decode) the positions are split across
-    /// threads and the partial softmax states merged afterwards (flash-decoding).
+    /// Work items are (token, KV head, block of [`ATTENTION_SPLIT`] positions): the query heads of a GQA group
+    /// share every key and value load, long contexts spread over every thread even for one token (as in
+    /// flash-decoding), and the blocks' partial softmax states are merged afterwards in a fixed order. Each
+    /// item walks its sequence's page table, one contiguous run of keys and values per page.
     #[expect(
         clippy::too_many_arguments,
         reason = "attention needs its shape spelled out"
     )]
     pub fn attention(
         &self,
-        kv: &KvCache,
+        pool: &PagePool,
         layer: usize,
+        batch: &Batch,
         q: &[f32],
-        n: usize,
-        start: usize,
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
@@ -109,18 +109,23 @@ impl Cpu {
         let isa = self.isa;
         let scale = 1.0 / (head_dim as f32).sqrt();
         let group = n_heads / n_kv_heads;
+        let ps = pool.page_size();
         assert!(
             group <= simd::MAX_GROUP && head_dim <= simd::MAX_HEAD_DIM,
             "attention shape outside the kernels' limits (the model loader rejects such models)"
         );
+        let n = batch.len();
         let items = n * n_kv_heads;
-        let threads = self.threads();
-        let min_split = 256; // positions worth a task of their own
-        let splits = if items >= 2 * threads {
-            1
-        } else {
-            threads.min((start + n).div_ceil(min_split)).max(1)
-        };
+        let longest = batch
+            .seqs
+            .iter()
+            .map(|s| s.start + s.len)
+            .max()
+            .unwrap_or(0);
+        // Fixed blocks of positions, whatever the batch or the thread count, so a token's result never
+        // depends on what it was batched with (greedy output is the same with or without prefix reuse or
+        // batching). Blocks past a token's own length are empty and merge as nothing.
+        let splits = longest.div_ceil(ATTENTION_SPLIT).max(1);
         let stride = group * (head_dim + 2);
         partials.clear();
         partials.resize(items * splits * stride, 0.0);
@@ -135,8 +140,11 @@ impl Cpu {
             for i in tasks {
                 let (item, split) = (i / splits, i % splits);
                 let (t, kvh) = (item / n_kv_heads, item % n_kv_heads);
-                let npos = start + t + 1;
-                let range = (npos * split / splits)..(npos * (split + 1) / splits);
+                let (span, pos) = batch.locate(t);
+                let pages = batch.pages(span);
+                let npos = pos + 1;
+                let range =
+                    (split * ATTENTION_SPLIT).min(npos)..((split + 1) * ATTENTION_SPLIT).min(npos);
                 let buf = &mut parts[i * stride..(i + 1) * stride];
                 let (ml, o) = buf.split_at_mut(2 * group);
                 let (m, l) = ml.split_at_mut(group);
@@ -145,17 +153,27 @@ impl Cpu {
                 o.fill(0.0);
                 let qg = &q[(t * n_heads + kvh * group) * head_dim
                     ..(t * n_heads + (kvh + 1) * group) * head_dim];
-                let (keys, values) = (kv.keys(layer, kvh, npos), kv.values(layer, kvh, npos));
-                simd::attend_group(
-                    isa,
-                    qg,
-                    head_dim,
-                    keys,
-                    values,
-                    range,
-                    scale,
-                    simd::PartialAttn { m, l, o },
-                );
+                let mut at = range.start;
+                while at < range.end {
+                    let page = pages[at / ps];
+                    let base = at / ps * ps;
+                    let end = range.end.min(base + ps);
+                    simd::attend_group(
+                        isa,
+                        qg,
+                        head_dim,
+                        pool.keys(page, layer, kvh),
+                        pool.values(page, layer, kvh),
+                        at - base..end - base,
+                        scale,
+                        simd::PartialAttn {
+                            m: &mut *m,
+                            l: &mut *l,
+                            o: &mut *o,
+                        },
+                    );
+                    at = end;
+                }
             }
         });
         for item in 0..items {
@@ -167,6 +185,9 @@ impl Cpu {
         }
     }
 }
+
+/// Positions per attention work item (a multiple of every page size that divides it).
+pub const ATTENTION_SPLIT: usize = 256;
 
 /// Physical cores (logical CPUs when that cannot be told).
 pub fn default_threads() -> usize {

@@ -27,6 +27,7 @@ pub struct Opts {
     pub max_context: usize,
     pub conversations: usize,
     pub turns: usize,
+    pub concurrency: usize,
     pub max_tokens: usize,
     pub tokenizer_model: PathBuf,
     pub json: Option<PathBuf>,
@@ -148,9 +149,9 @@ impl Counter {
         })
     }
 
-    fn count(&self, tools: &ToolSet, msgs: &[Message]) -> Result<usize> {
+    fn tokens(&self, tools: &ToolSet, msgs: &[Message]) -> Result<Vec<u32>> {
         let text = tools.render(&self.template, msgs, &self.bos, &self.eos)?;
-        Ok(self.tok.encode(&text, true)?.len())
+        Ok(self.tok.encode(&text, true)?)
     }
 }
 
@@ -186,9 +187,15 @@ pub fn run(o: &Opts) -> Result<()> {
     // Plan the requests: every user/tool row, cut at the first that does not fit.
     let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (conversation, row, local prompt tokens)
     let (mut recorded, mut dropped, mut skipped) = (0usize, 0usize, 0usize);
+    // The prompt tokens a perfect prefix cache could serve: each turn's longest common prefix with the
+    // conversation's previous turn or any earlier conversation's first turn (the last token is always
+    // computed). Teacher forcing sends the recorded replies, so a turn's new rows are always prefilled.
+    let mut reusable = 0usize;
+    let mut firsts: Vec<Vec<u32>> = Vec::new();
     for (ci, c) in convs.iter().enumerate() {
         let tools = ToolSet::new(&c.tools)?;
         let mut kept = 0;
+        let mut prev: Option<Vec<u32>> = None;
         for (ri, row) in c.rows.iter().enumerate() {
             if row["role"] == "assistant" {
                 continue;
@@ -198,14 +205,27 @@ pub fn run(o: &Opts) -> Result<()> {
                 skipped += 1;
                 continue;
             }
-            let n = match &counter {
-                Some(k) => k.count(&tools, &history(c, ri).1)?,
-                None => 0,
+            let toks = match &counter {
+                Some(k) => k.tokens(&tools, &history(c, ri).1)?,
+                None => Vec::new(),
             };
+            let n = toks.len();
             if o.max_context > 0 && n + o.max_tokens > o.max_context {
                 dropped += 1;
                 continue;
             }
+            let lcp = |a: &[u32]| a.iter().zip(&toks).take_while(|(x, y)| x == y).count();
+            let best = prev
+                .iter()
+                .chain(&firsts)
+                .map(|p| lcp(p))
+                .max()
+                .unwrap_or(0);
+            reusable += best.min(n.saturating_sub(1));
+            if prev.is_none() {
+                firsts.push(toks.clone());
+            }
+            prev = Some(toks);
             plan.push((ci, ri, n));
             kept += 1;
         }
@@ -216,36 +236,55 @@ pub fn run(o: &Opts) -> Result<()> {
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let mut turns = Vec::with_capacity(plan.len());
-    let mut failed = Vec::new();
-    let t0 = Instant::now();
+    // Each conversation is replayed turn by turn; `concurrency` of them run at the same time.
+    let mut by_conv: Vec<Vec<(usize, usize)>> = vec![Vec::new(); convs.len()];
     for &(ci, ri, local) in &plan {
-        let c = convs[ci];
-        bar.set_message(c.id.clone());
-        let (messages, _) = history(c, ri);
-        let body = json!({"model": model, "messages": messages, "tools": c.tools,
-            "tool_choice": "auto", "temperature": 0, "seed": 42, "max_tokens": o.max_tokens});
-        match ep.chat(&body) {
-            Ok(r) => {
-                let completion = r.completion_tokens.unwrap_or(0);
-                let ttft = r.ttft.unwrap_or(r.total).as_secs_f64();
-                let tpot = if completion > 1 {
-                    Some((r.total.as_secs_f64() - ttft) / (completion - 1) as f64)
-                } else {
-                    None
-                };
-                turns.push(json!({"conversation": c.id, "row": ri,
-                    "prompt_tokens": r.prompt_tokens.unwrap_or(local as u64), "local_prompt_tokens": local,
-                    "cached_tokens": r.cached_tokens, "completion_tokens": completion,
-                    "ttft_s": ttft, "tpot_s": tpot, "total_s": r.total.as_secs_f64(),
-                    "finish": r.finish, "calls": r.calls.len()}));
-            }
-            Err(e) => {
-                failed.push(json!({"conversation": c.id, "row": ri, "error": format!("{e:#}")}))
-            }
-        }
-        bar.inc(1);
+        by_conv[ci].push((ri, local));
     }
+    let queue = std::sync::Mutex::new((0..convs.len()).collect::<std::collections::VecDeque<_>>());
+    let results = std::sync::Mutex::new((Vec::with_capacity(plan.len()), Vec::new()));
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..o.concurrency.max(1) {
+            s.spawn(|| {
+                while let Some(ci) = queue.lock().ok().and_then(|mut q| q.pop_front()) {
+                    let c = convs[ci];
+                    for &(ri, local) in &by_conv[ci] {
+                        bar.set_message(c.id.clone());
+                        let (messages, _) = history(c, ri);
+                        let body = json!({"model": model, "messages": messages, "tools": c.tools,
+                            "tool_choice": "auto", "temperature": 0, "seed": 42, "max_tokens": o.max_tokens});
+                        let sent = t0.elapsed().as_secs_f64();
+                        let r = ep.chat(&body);
+                        let Ok(mut res) = results.lock() else {
+                            return;
+                        };
+                        match r {
+                            Ok(r) => {
+                                let completion = r.completion_tokens.unwrap_or(0);
+                                let ttft = r.ttft.unwrap_or(r.total).as_secs_f64();
+                                let tpot = if completion > 1 {
+                                    Some((r.total.as_secs_f64() - ttft) / (completion - 1) as f64)
+                                } else {
+                                    None
+                                };
+                                res.0.push(json!({"conversation": c.id, "row": ri, "sent_s": sent,
+                                    "prompt_tokens": r.prompt_tokens.unwrap_or(local as u64), "local_prompt_tokens": local,
+                                    "cached_tokens": r.cached_tokens, "completion_tokens": completion,
+                                    "ttft_s": ttft, "tpot_s": tpot, "total_s": r.total.as_secs_f64(),
+                                    "finish": r.finish, "calls": r.calls.len()}));
+                            }
+                            Err(e) => res.1.push(
+                                json!({"conversation": c.id, "row": ri, "error": format!("{e:#}")}),
+                            ),
+                        }
+                        bar.inc(1);
+                    }
+                }
+            });
+        }
+    });
+    let (turns, failed) = results.into_inner().unwrap_or_default();
     bar.finish_and_clear();
     let wall = t0.elapsed().as_secs_f64();
     let f = |k: &str| -> Vec<f64> { turns.iter().filter_map(|t| t[k].as_f64()).collect() };
@@ -256,7 +295,7 @@ pub fn run(o: &Opts) -> Result<()> {
     let cached_reported = turns.iter().any(|t| t["cached_tokens"].is_u64());
     let cached = sum("cached_tokens");
     let report = json!({
-        "endpoint": o.endpoint, "model": model, "conversations": convs.len(),
+        "endpoint": o.endpoint, "model": model, "conversations": convs.len(), "concurrency": o.concurrency.max(1),
         "recorded_turns": recorded, "turns": turns.len(), "dropped_turns": dropped,
         "skipped_turns": skipped,
         "failed_turns": failed.len(), "max_context": o.max_context, "max_tokens": o.max_tokens,
@@ -264,6 +303,7 @@ pub fn run(o: &Opts) -> Result<()> {
         "prompt_tokens": prompt_tokens,
         "cached_tokens": if cached_reported { json!(cached) } else { Value::Null },
         "cached_share": if cached_reported { json!(cached as f64 / prompt_tokens.max(1) as f64) } else { Value::Null },
+        "reusable_share": if counter.is_some() { json!(reusable as f64 / plan.iter().map(|p| p.2).sum::<usize>().max(1) as f64) } else { Value::Null },
         "ttft_s": {"p50": pct(&ttft, 0.5), "p90": pct(&ttft, 0.9), "p99": pct(&ttft, 0.99)},
         "tpot_s": {"p50": pct(&tpot, 0.5), "p90": pct(&tpot, 0.9), "p99": pct(&tpot, 0.99)},
         "per_turn": turns, "failures": failed,
@@ -287,13 +327,14 @@ pub fn run(o: &Opts) -> Result<()> {
 pub fn markdown(r: &Value) -> String {
     let ms = |v: &Value| v.as_f64().map_or("-".into(), |s| format!("{:.1}", s * 1e3));
     format!(
-        "Agentic replay on {} ({}): {} conversations, {} of {} turns sent ({} dropped for context, {} beyond --turns, {} failed)\n\n\
-         | wall (s) | output tokens | output tok/s | prompt tokens | cached share | TTFT p50/p90/p99 (ms) | TPOT p50/p90/p99 (ms) |\n\
+        "Agentic replay on {} ({}): {} conversations ({} at a time), {} of {} turns sent ({} dropped for context, {} beyond --turns, {} failed)\n\n\
+         | wall (s) | output tokens | output tok/s | prompt tokens | cached share (reusable) | TTFT p50/p90/p99 (ms) | TPOT p50/p90/p99 (ms) |\n\
          |---:|---:|---:|---:|---:|---|---|\n\
-         | {:.1} | {} | {:.2} | {} | {} | {} / {} / {} | {} / {} / {} |\n",
+         | {:.1} | {} | {:.2} | {} | {} ({}) | {} / {} / {} | {} / {} / {} |\n",
         r["endpoint"].as_str().unwrap_or(""),
         r["model"].as_str().unwrap_or(""),
         r["conversations"],
+        r["concurrency"],
         r["turns"],
         r["recorded_turns"],
         r["dropped_turns"],
@@ -306,6 +347,9 @@ pub fn markdown(r: &Value) -> String {
         r["cached_share"]
             .as_f64()
             .map_or("not reported".into(), |s| format!("{:.1}%", s * 100.0)),
+        r["reusable_share"]
+            .as_f64()
+            .map_or("-".into(), |s| format!("{:.1}%", s * 100.0)),
         ms(&r["ttft_s"]["p50"]),
         ms(&r["ttft_s"]["p90"]),
         ms(&r["ttft_s"]["p99"]),

@@ -1,20 +1,31 @@
 //! The engine on a thread of its own, behind a bounded queue.
 //!
-//! The engine is a synchronous loop that owns the model, the KV cache and the grammar factory. Callers hand
-//! it jobs (closures run with `&mut Engine`) through a bounded channel and get results back through
-//! channels of their own, so nothing async ever touches it. Jobs run one at a time in arrival order, which is
-//! fair between clients; a full queue is refused at once ([`SubmitError::Full`]), so an overloaded server
-//! answers 429 instead of piling up work. Batching several sequences per step is the scheduler's job and
-//! replaces the single-job loop when it lands.
+//! The engine thread owns the model, the KV cache and the grammar factory, and runs the batch
+//! [`Scheduler`]: callers hand it generations ([`EngineService::generate`]: a closure that prepares a
+//! [`Submission`] on the engine thread, where the tokenizer and grammars live) and exclusive jobs
+//! ([`EngineService::submit`]: closures run with `&mut Engine` between steps). Results come back through
+//! the caller's own channels, so nothing async ever touches the engine. Admission is first come, first
+//! served; once `capacity` requests are waiting (queued or not yet admitted to the batch) new ones are
+//! refused at once ([`SubmitError::Full`]), so an overloaded server answers 429 instead of piling up work.
 
 use super::Engine;
-use std::sync::Arc;
+use super::scheduler::{Scheduler, SchedulerConfig, SchedulerStats, Submission};
+use crate::kv::KvStats;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
-/// Work for the engine thread.
+/// Exclusive work for the engine thread.
 pub type Job = Box<dyn FnOnce(&mut Engine) + Send>;
+
+/// Prepares a generation on the engine thread; `None` when it reported its own error.
+pub type Prepare = Box<dyn FnOnce(&mut Engine) -> Option<Submission> + Send>;
+
+enum Work {
+    Job(Job),
+    Generate(Prepare),
+}
 
 /// Why a job was not accepted.
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
@@ -30,12 +41,23 @@ pub enum SubmitError {
     Stopped,
 }
 
+/// What the engine thread publishes about itself.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Work sent and not yet taken off the channel.
+    queued: AtomicUsize,
+    /// Generations taken but not yet admitted to the batch.
+    pending: AtomicUsize,
+    /// Sequences in the batch (or an exclusive job running).
+    running: AtomicUsize,
+    stats: Mutex<(SchedulerStats, KvStats)>,
+}
+
 /// A handle to the engine thread; cheap to clone.
 #[derive(Clone)]
 pub struct EngineService {
-    tx: SyncSender<Job>,
-    waiting: Arc<AtomicUsize>,
-    running: Arc<AtomicUsize>,
+    tx: Sender<Work>,
+    shared: Arc<Shared>,
     capacity: usize,
 }
 
@@ -48,64 +70,134 @@ impl std::fmt::Debug for EngineService {
     }
 }
 
+fn panicked<T>(r: std::thread::Result<T>, what: &str) -> Option<T> {
+    r.map_err(|_| tracing::error!("{what} panicked")).ok()
+}
+
 impl EngineService {
-    /// Moves `engine` onto a new thread that runs jobs; at most `capacity` may wait.
-    pub fn start(mut engine: Engine, capacity: usize) -> std::io::Result<Self> {
+    /// Moves `engine` onto a new thread that batches generations; at most `capacity` may wait.
+    pub fn start(engine: Engine, capacity: usize) -> std::io::Result<Self> {
+        Self::with_scheduler(engine, capacity, SchedulerConfig::default())
+    }
+
+    /// [`EngineService::start`] with scheduling limits.
+    pub fn with_scheduler(
+        mut engine: Engine,
+        capacity: usize,
+        cfg: SchedulerConfig,
+    ) -> std::io::Result<Self> {
+        use std::panic::{AssertUnwindSafe, catch_unwind};
         let capacity = capacity.max(1);
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(capacity);
-        let waiting = Arc::new(AtomicUsize::new(0));
-        let running = Arc::new(AtomicUsize::new(0));
-        let (w, r) = (Arc::clone(&waiting), Arc::clone(&running));
+        let (tx, rx) = std::sync::mpsc::channel::<Work>();
+        let shared = Arc::new(Shared::default());
+        if let Ok(mut s) = shared.stats.lock() {
+            s.1 = engine.kv_stats();
+        }
+        let sh = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("thorn-engine".into())
             .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    w.fetch_sub(1, Ordering::SeqCst);
-                    r.store(1, Ordering::SeqCst);
-                    // A panicking job must not take the engine down with it; its caller sees its channel
-                    // close and reports an internal error.
-                    let res =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut engine)));
-                    if res.is_err() {
-                        tracing::error!("an engine job panicked; the engine resets its cache");
-                        engine.reset();
+                let mut sched = Scheduler::new(cfg);
+                loop {
+                    // Block only when there is nothing to step.
+                    let first = if sched.is_idle() {
+                        match rx.recv() {
+                            Ok(w) => Some(w),
+                            Err(_) => break,
+                        }
+                    } else {
+                        None
+                    };
+                    for work in first
+                        .into_iter()
+                        .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+                    {
+                        sh.queued.fetch_sub(1, Ordering::SeqCst);
+                        match work {
+                            Work::Job(job) => {
+                                sh.running.fetch_add(1, Ordering::SeqCst);
+                                // A panicking job must not take the engine down with it; its caller sees
+                                // its channel close and reports an internal error.
+                                let r = catch_unwind(AssertUnwindSafe(|| job(&mut engine)));
+                                if panicked(r, "an engine job").is_none() {
+                                    engine.rebuild_kv();
+                                }
+                                sh.running.fetch_sub(1, Ordering::SeqCst);
+                            }
+                            Work::Generate(prep) => {
+                                let r = catch_unwind(AssertUnwindSafe(|| prep(&mut engine)));
+                                if let Some(Some(sub)) = panicked(r, "preparing a generation") {
+                                    sched.submit(&engine, sub);
+                                }
+                            }
+                        }
                     }
-                    r.store(0, Ordering::SeqCst);
+                    if !sched.is_idle() {
+                        let r = catch_unwind(AssertUnwindSafe(|| sched.step(&mut engine)));
+                        if panicked(r, "an engine step").is_none() {
+                            sched.fail_all(&mut engine, false, || {
+                                super::EngineError::Internal("the engine step panicked".into())
+                            });
+                            engine.rebuild_kv();
+                        }
+                    }
+                    sh.pending.store(sched.waiting(), Ordering::SeqCst);
+                    sh.running.store(sched.running(), Ordering::SeqCst);
+                    if let Ok(mut s) = sh.stats.lock() {
+                        *s = (sched.stats(), engine.kv_stats());
+                    }
                 }
             })?;
         Ok(EngineService {
             tx,
-            waiting,
-            running,
+            shared,
             capacity,
         })
     }
 
-    /// Queues `job`, or refuses it at once if the queue is full.
-    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        match self.tx.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.waiting.fetch_sub(1, Ordering::SeqCst);
-                Err(match e {
-                    TrySendError::Full(_) => SubmitError::Full {
-                        capacity: self.capacity,
-                    },
-                    TrySendError::Disconnected(_) => SubmitError::Stopped,
-                })
-            }
+    fn send(&self, work: Work) -> Result<(), SubmitError> {
+        if self.waiting() >= self.capacity {
+            return Err(SubmitError::Full {
+                capacity: self.capacity,
+            });
         }
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        self.tx.send(work).map_err(|_| {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            SubmitError::Stopped
+        })
     }
 
-    /// Jobs waiting (not counting the one running).
+    /// Queues an exclusive job (it runs between batch steps), or refuses it at once if the queue is full.
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        self.send(Work::Job(job))
+    }
+
+    /// Queues a generation: `prepare` runs on the engine thread and returns the [`Submission`] to batch
+    /// (or `None` after reporting its own error).
+    pub fn generate(&self, prepare: Prepare) -> Result<(), SubmitError> {
+        self.send(Work::Generate(prepare))
+    }
+
+    /// Scheduler counters (steps, batched sequences, preemptions) and KV cache counters, as of the end of
+    /// the engine's last step.
+    pub fn stats(&self) -> (SchedulerStats, KvStats) {
+        self.shared.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    /// Requests waiting: queued, or taken but not yet in the batch.
     pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::SeqCst)
+        self.shared.queued.load(Ordering::SeqCst) + self.shared.pending.load(Ordering::SeqCst)
     }
 
-    /// Whether a job is running now.
+    /// Sequences generating now (or an exclusive job running).
+    pub fn running(&self) -> usize {
+        self.shared.running.load(Ordering::SeqCst)
+    }
+
+    /// Whether anything is running now.
     pub fn busy(&self) -> bool {
-        self.running.load(Ordering::SeqCst) > 0
+        self.running() > 0
     }
 
     /// How many jobs may wait.

@@ -17,7 +17,8 @@ use super::ModelError;
 use crate::backend::cpu::qmatmul::{QActs, QMatrix};
 use crate::backend::cpu::{Cpu, ops, simd};
 use crate::gguf::{Gguf, TensorInfo};
-use crate::kv::{KvCache, KvDtype};
+pub use crate::kv::Logits;
+use crate::kv::{Batch, KvShape, PagePool};
 use crate::quant::{GgmlType, dequantize_ref, dot_ref};
 use std::sync::Arc;
 
@@ -104,17 +105,6 @@ pub enum Precision {
     Quantized,
     /// f32 activations, dequantized weights, f64 accumulation (slow; a check of the math).
     Reference,
-}
-
-/// Which positions' logits a forward pass returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the last token's.
-    Last,
-    /// Every token's (`n * vocab`).
-    All,
-    /// None (prefilling a prefix).
-    None,
 }
 
 /// A weight matrix in both forms: repacked for the kernels and as the GGUF parts it was built from.
@@ -333,15 +323,13 @@ impl Llama {
         self.precision
     }
 
-    /// A KV cache sized for this model.
-    pub fn new_cache(&self, capacity: usize, dtype: KvDtype) -> KvCache {
-        KvCache::new(
-            self.cfg.n_layers,
-            self.cfg.n_kv_heads,
-            self.cfg.head_dim,
-            capacity,
-            dtype,
-        )
+    /// The shape of this model's KV cache.
+    pub fn kv_shape(&self) -> KvShape {
+        KvShape {
+            n_layers: self.cfg.n_layers,
+            n_kv_heads: self.cfg.n_kv_heads,
+            head_dim: self.cfg.head_dim,
+        }
     }
 
     /// Bytes of weights a decode step reads (repacked matrices + norms).
@@ -354,31 +342,40 @@ impl Llama {
         l + self.output.q.bytes() + 4 * self.cfg.d_model * (2 * self.cfg.n_layers + 1)
     }
 
-    /// Runs `tokens` at positions `kv.len()..` and appends them to the cache. Returns the requested logits
-    /// (`vocab` floats per returned position), valid until the next call with the same scratch.
+    /// Runs the tokens of `batch` (several sequences, each at its own positions and pages) and writes their
+    /// KV into `pool`. Returns the requested logits (`vocab` floats per row, sequences in batch order, see
+    /// [`Batch::logit_rows`]), valid until the next call with the same scratch.
     pub fn forward<'s>(
         &self,
         cpu: &Cpu,
-        kv: &mut KvCache,
-        tokens: &[u32],
-        want: Logits,
+        pool: &mut PagePool,
+        batch: &Batch,
         s: &'s mut Scratch,
-    ) -> Result<&'s [f32], ModelError> {
+    ) -> Result<&'s mut [f32], ModelError> {
         let c = &self.cfg;
-        let n = tokens.len();
-        let start = kv.len();
-        if start + n > kv.capacity() {
-            return Err(ModelError::Unsupported(format!(
-                "context full: {start} cached + {n} new tokens > {} positions",
-                kv.capacity()
-            )));
+        let n = batch.len();
+        if n == 0 {
+            return Ok(&mut []);
         }
+        if pool.shape() != self.kv_shape() {
+            return Err(ModelError::Unsupported(
+                "the KV pool was made for another model".into(),
+            ));
+        }
+        let tokens = &batch.tokens[..];
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
             return Err(ModelError::Unsupported(format!(
                 "token id {bad} is outside the vocabulary ({})",
                 c.vocab
             )));
         }
+        let ps = pool.page_size();
+        let longest = batch
+            .seqs
+            .iter()
+            .map(|sp| sp.start + sp.len)
+            .max()
+            .unwrap_or(0);
         let (d, kvd, hd) = (c.d_model, c.kv_dim(), c.head_dim);
         let qkv_w = d + 2 * kvd;
         grow(&mut s.x, n * d);
@@ -390,7 +387,7 @@ impl Llama {
         grow(&mut s.gu, n * 2 * c.ffn);
         grow(&mut s.h, n * c.ffn);
 
-        while s.rope.len() < (start + n) * (hd / 2) {
+        while s.rope.len() < longest * (hd / 2) {
             let pos = s.rope.len() / (hd / 2);
             ops::rope_angles(hd, pos, c.rope_base, &mut s.rope);
         }
@@ -426,19 +423,19 @@ impl Llama {
                 let row = &mut s.qkv[t * qkv_w..(t + 1) * qkv_w];
                 let (q, rest) = row.split_at_mut(d);
                 let (k, v) = rest.split_at_mut(kvd);
-                let angles = &s.rope[(start + t) * (hd / 2)..(start + t + 1) * (hd / 2)];
+                let (span, pos) = batch.locate(t);
+                let angles = &s.rope[pos * (hd / 2)..(pos + 1) * (hd / 2)];
                 ops::rope_table(q, hd, angles);
                 ops::rope_table(k, hd, angles);
-                kv.write(li, start + t, k, v);
+                pool.write(batch.pages(span)[pos / ps], pos % ps, li, k, v);
                 s.q[t * d..(t + 1) * d].copy_from_slice(q);
             }
             mark(&mut s.profile, Stage::Other);
             cpu.attention(
-                kv,
+                pool,
                 li,
+                batch,
                 &s.q[..n * d],
-                n,
-                start,
                 c.n_heads,
                 c.n_kv_heads,
                 hd,
@@ -471,21 +468,27 @@ impl Llama {
             mark(&mut s.profile, Stage::Down);
             ops::add_ref(&mut s.x[..n * d], &s.proj[..n * d]);
         }
-        kv.set_len(start + n);
 
-        let rows: std::ops::Range<usize> = match want {
-            Logits::None => return Ok(&[]),
-            Logits::Last => n - 1..n,
-            Logits::All => 0..n,
-        };
-        let m = rows.len();
-        for (i, t) in rows.enumerate() {
-            simd::rmsnorm(
-                &s.x[t * d..(t + 1) * d],
-                &self.out_norm,
-                c.eps,
-                &mut s.xb[i * d..(i + 1) * d],
-            );
+        // The rows whose logits were asked for, in batch order.
+        let mut m = 0;
+        for (i, span) in batch.seqs.iter().enumerate() {
+            let rows = match batch.logits[i] {
+                Logits::None => continue,
+                Logits::Last => span.first + span.len - 1..span.first + span.len,
+                Logits::All => span.first..span.first + span.len,
+            };
+            for t in rows {
+                simd::rmsnorm(
+                    &s.x[t * d..(t + 1) * d],
+                    &self.out_norm,
+                    c.eps,
+                    &mut s.xb[m * d..(m + 1) * d],
+                );
+                m += 1;
+            }
+        }
+        if m == 0 {
+            return Ok(&mut []);
         }
         grow(&mut s.logits, m * c.vocab);
         mark(&mut s.profile, Stage::Other);
@@ -498,7 +501,7 @@ impl Llama {
             &mut s.logits,
         )?;
         mark(&mut s.profile, Stage::Output);
-        Ok(&s.logits[..m * c.vocab])
+        Ok(&mut s.logits[..m * c.vocab])
     }
 
     /// `out[t * rows + r] = W[r] · x[t]` in the current precision.

@@ -11,25 +11,56 @@ use super::{TokenId, Tokenizer};
 #[derive(Debug)]
 pub struct Detokenizer<'t> {
     tok: &'t Tokenizer,
-    render_special: bool,
-    pending: Vec<u8>,
+    state: DetokState,
 }
 
 impl<'t> Detokenizer<'t> {
     pub(super) fn new(tok: &'t Tokenizer, render_special: bool) -> Self {
         Detokenizer {
             tok,
-            render_special,
-            pending: Vec::with_capacity(8),
+            state: DetokState::new(render_special),
         }
     }
 
     /// Adds one token and appends whatever text is now complete to `out`. Returns the bytes appended.
     pub fn push(&mut self, id: TokenId, out: &mut String) -> usize {
-        if !self.render_special && self.tok.is_control(id) {
+        self.state.push(self.tok, id, out)
+    }
+
+    /// Whether bytes are being held back (an incomplete character).
+    pub fn has_pending(&self) -> bool {
+        self.state.has_pending()
+    }
+
+    /// Ends the stream: an incomplete tail becomes U+FFFD.
+    pub fn finish(&mut self, out: &mut String) {
+        self.state.finish(out);
+    }
+}
+
+/// A [`Detokenizer`] that does not borrow its tokenizer: each call is handed one (for state that lives
+/// across engine steps).
+#[derive(Debug, Default, Clone)]
+pub struct DetokState {
+    render_special: bool,
+    pending: Vec<u8>,
+}
+
+impl DetokState {
+    /// A fresh stream; `render_special` renders control tokens as text.
+    pub fn new(render_special: bool) -> Self {
+        DetokState {
+            render_special,
+            pending: Vec::with_capacity(8),
+        }
+    }
+
+    /// [`Detokenizer::push`] with `tok` as the tokenizer.
+    pub fn push(&mut self, tok: &Tokenizer, id: TokenId, out: &mut String) -> usize {
+        if !self.render_special && tok.is_control(id) {
             return 0;
         }
-        self.pending.extend_from_slice(self.tok.token_bytes(id));
+        self.pending.extend_from_slice(tok.token_bytes(id));
         let before = out.len();
         let mut start = 0;
         loop {

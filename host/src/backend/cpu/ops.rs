@@ -67,6 +67,7 @@ pub fn kv_at(s: KvSlice<'_>, i: usize) -> f32 {
     match s {
         KvSlice::F32(d) => d[i],
         KvSlice::F16(d) => d[i].to_f32(),
+        KvSlice::Fp8 { data, scale } => crate::kv::fp8::e4m3_decode(data[i]) * scale,
     }
 }
 

@@ -447,10 +447,43 @@ pub fn attend_group(
     let g = q.len() / hd;
     debug_assert!(g <= MAX_GROUP);
     #[cfg(target_arch = "x86_64")]
-    if let (Isa::Avx512Vnni, KvSlice::F16(k), KvSlice::F16(v), 64) = (isa, keys, values, hd) {
-        // SAFETY: AVX-512 was detected; the slices hold every position of `range` (they cover 0..npos).
-        unsafe { attend_group_f16_avx512::<4>(q, g, k, v, range, scale, part) };
-        return;
+    if isa == Isa::Avx512Vnni && hd == 64 {
+        match (keys, values) {
+            (KvSlice::F16(k), KvSlice::F16(v)) => {
+                let rows = |s: &[half::f16]| Rows {
+                    ptr: s.as_ptr().cast::<u8>(),
+                    len: s.len(),
+                    scale: 1.0,
+                };
+                // SAFETY: AVX-512 was detected; the kernel asserts that `range` lies inside both slices.
+                unsafe {
+                    attend_group_avx512::<4, false>(q, g, rows(k), rows(v), range, scale, part)
+                };
+                return;
+            }
+            (KvSlice::Fp8 { data: k, scale: ks }, KvSlice::Fp8 { data: v, scale: vs }) => {
+                // The f16 route decodes E4M3 times 2^-8 (see kv::fp8); the 256 goes into the scales.
+                let rows = |s: &[u8], sc: f32| Rows {
+                    ptr: s.as_ptr(),
+                    len: s.len(),
+                    scale: sc * 256.0,
+                };
+                // SAFETY: as above.
+                unsafe {
+                    attend_group_avx512::<4, true>(
+                        q,
+                        g,
+                        rows(k, ks),
+                        rows(v, vs),
+                        range,
+                        scale,
+                        part,
+                    )
+                };
+                return;
+            }
+            _ => {}
+        }
     }
     let mut scores = [[0f32; GROUP_CHUNK]; MAX_GROUP];
     let mut kbuf = [0f32; MAX_HEAD_DIM];
@@ -524,6 +557,12 @@ fn kv_row<'a>(
         KvSlice::F32(d) => &d[off..off + hd],
         KvSlice::F16(d) => {
             half::slice::HalfFloatSliceExt::convert_to_f32_slice(&d[off..off + hd], &mut buf[..hd]);
+            &buf[..hd]
+        }
+        KvSlice::Fp8 { data, scale } => {
+            for (o, &b) in buf[..hd].iter_mut().zip(&data[off..off + hd]) {
+                *o = crate::kv::fp8::e4m3_decode(b) * scale;
+            }
             &buf[..hd]
         }
     }
@@ -729,29 +768,55 @@ unsafe fn exp_sub_avx2(x: &mut [f32], m: f32) -> f32 {
     }
 }
 
-/// [`attend_group`] for f16 keys and values and `head_dim == 16 * V`, AVX-512: per block of keys, each key
-/// row is converted once per head from f16 in registers, scores are reduced per key, and each head's output
+/// Rows of keys or values for the AVX-512 kernel: f16 elements, or E4M3 bytes with a scale to apply.
+#[derive(Clone, Copy)]
+struct Rows {
+    ptr: *const u8,
+    /// Elements.
+    len: usize,
+    /// Multiplies every decoded element (1 for f16; 256 * the page scale for E4M3).
+    scale: f32,
+}
+
+/// Sixteen elements of `rows` starting at element `at`, as f32 (E4M3 times 2^-8, before `rows.scale`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn load16<const FP8: bool>(rows: Rows, at: usize) -> __m512 {
+    // SAFETY: the caller keeps `at + 16` within the `rows.len` elements behind `rows.ptr`.
+    unsafe {
+        if FP8 {
+            let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(rows.ptr.add(at) as *const __m128i));
+            let sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+            let mag = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7);
+            _mm512_cvtph_ps(_mm256_or_si256(sign, mag))
+        } else {
+            _mm512_cvtph_ps(_mm256_loadu_si256(rows.ptr.add(2 * at) as *const __m256i))
+        }
+    }
+}
+
+/// [`attend_group`] for f16 or E4M3 keys and values and `head_dim == 16 * V`, AVX-512: per block of keys,
+/// each key row is converted once per head in registers, scores are reduced per key, and each head's output
 /// stays in registers while the block's values stream past.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn attend_group_f16_avx512<const V: usize>(
+unsafe fn attend_group_avx512<const V: usize, const FP8: bool>(
     q: &[f32],
     g: usize,
-    keys: &[half::f16],
-    values: &[half::f16],
+    keys: Rows,
+    values: Rows,
     range: std::ops::Range<usize>,
     scale: f32,
     part: PartialAttn<'_>,
 ) {
     let hd = 16 * V;
-    // SAFETY: positions in `range` are inside `keys`/`values` (asserted below), q holds g * hd floats and
+    assert!(range.end * hd <= keys.len && range.end * hd <= values.len && q.len() >= g * hd);
+    // Scores take the keys' scale; probabilities the values'.
+    let kscale = scale * keys.scale;
+    // SAFETY: positions in `range` are inside `keys`/`values` (asserted above), q holds g * hd floats and
     // part.o g * hd floats; all loads and stores stay within those bounds.
     unsafe {
-        assert!(
-            range.end * hd <= keys.len() && range.end * hd <= values.len() && q.len() >= g * hd
-        );
-        let kp = keys.as_ptr() as *const u16;
-        let vp = values.as_ptr() as *const u16;
         let mut scores = [[0f32; GROUP_CHUNK]; MAX_GROUP];
         let mut start = range.start;
         while start < range.end {
@@ -760,17 +825,12 @@ unsafe fn attend_group_f16_avx512<const V: usize>(
                 let qv: [__m512; V] =
                     std::array::from_fn(|i| _mm512_loadu_ps(q.as_ptr().add(h * hd + 16 * i)));
                 for (j, score) in srow[..len].iter_mut().enumerate() {
-                    let row = kp.add((start + j) * hd);
-                    let mut acc = _mm512_mul_ps(
-                        qv[0],
-                        _mm512_cvtph_ps(_mm256_loadu_si256(row as *const __m256i)),
-                    );
+                    let row = (start + j) * hd;
+                    let mut acc = _mm512_mul_ps(qv[0], load16::<FP8>(keys, row));
                     for (i, qi) in qv.iter().enumerate().skip(1) {
-                        let k =
-                            _mm512_cvtph_ps(_mm256_loadu_si256(row.add(16 * i) as *const __m256i));
-                        acc = _mm512_fmadd_ps(*qi, k, acc);
+                        acc = _mm512_fmadd_ps(*qi, load16::<FP8>(keys, row + 16 * i), acc);
                     }
-                    *score = _mm512_reduce_add_ps(acc) * scale;
+                    *score = _mm512_reduce_add_ps(acc) * kscale;
                 }
             }
             for (h, row) in scores[..g].iter_mut().enumerate() {
@@ -784,12 +844,10 @@ unsafe fn attend_group_f16_avx512<const V: usize>(
                 let mut acc: [__m512; V] =
                     std::array::from_fn(|i| _mm512_mul_ps(_mm512_loadu_ps(o.add(16 * i)), cv));
                 for (j, &p) in row[..len].iter().enumerate() {
-                    let pv = _mm512_set1_ps(p);
-                    let vrow = vp.add((start + j) * hd);
+                    let pv = _mm512_set1_ps(p * values.scale);
+                    let vrow = (start + j) * hd;
                     for (i, a) in acc.iter_mut().enumerate() {
-                        let v =
-                            _mm512_cvtph_ps(_mm256_loadu_si256(vrow.add(16 * i) as *const __m256i));
-                        *a = _mm512_fmadd_ps(pv, v, *a);
+                        *a = _mm512_fmadd_ps(pv, load16::<FP8>(values, vrow + 16 * i), *a);
                     }
                 }
                 for (i, a) in acc.iter().enumerate() {

@@ -2,7 +2,7 @@
 
 use super::qmatmul::{Layout, QActs, QMatrix, matmul_ref, quantize_ref};
 use super::*;
-use crate::kv::{KvCache, KvDtype};
+use crate::kv::{Batch, KvCache, KvConfig, KvDtype, KvShape, KvSlice, SeqKv};
 use crate::quant::GgmlType;
 
 /// Deterministic pseudo-random floats with occasional outliers (like real activations).
@@ -164,90 +164,119 @@ fn quantized_matmul_tracks_the_float_product() {
     }
 }
 
+/// Writes `n` positions of layer 0 for a sequence into freshly reserved pages (row `pos` is
+/// `data(seed + pos)`) and marks the first `done` as filled, as a forward pass about to run the rest sees it.
+fn fill_seq(kv: &mut KvCache, n: usize, done: usize, seed: u64) -> SeqKv {
+    let mut seq = kv.acquire(&[]);
+    kv.reserve(&mut seq, n).unwrap();
+    let (ps, w) = (
+        kv.pool().page_size(),
+        kv.pool().shape().n_kv_heads * kv.pool().shape().head_dim,
+    );
+    for pos in 0..n {
+        let page = seq.pages()[pos / ps];
+        let k = data(w, seed + pos as u64);
+        let v = data(w, seed + 5000 + pos as u64);
+        kv.pool_mut().write(page, pos % ps, 0, &k, &v);
+    }
+    seq.advance(done);
+    seq
+}
+
 #[test]
 fn simd_attention_matches_reference() {
-    for dtype in [KvDtype::F32, KvDtype::F16] {
-        let (heads, kv_heads, hd, n_prev, n_new) = (6, 2, 64, 300, 3);
-        let mut kv = KvCache::new(1, kv_heads, hd, 512, dtype);
-        for pos in 0..n_prev + n_new {
-            kv.write(
-                0,
-                pos,
-                &data(kv_heads * hd, pos as u64),
-                &data(kv_heads * hd, 1000 + pos as u64),
+    let (heads, kv_heads, hd) = (6, 2, 64);
+    let shape = KvShape {
+        n_layers: 1,
+        n_kv_heads: kv_heads,
+        head_dim: hd,
+    };
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Fp8] {
+        for page_size in [32, 7] {
+            let mut kv = KvCache::new(
+                shape,
+                KvConfig {
+                    dtype,
+                    page_size,
+                    memory: 1 << 22,
+                    cache_output: false,
+                },
             );
-        }
-        kv.set_len(n_prev + n_new);
-        let q = data(n_new * heads * hd, 77);
-        for isa in Isa::available() {
-            let cpu = Cpu::with_isa(2, isa);
-            let mut got = vec![0f32; n_new * heads * hd];
-            cpu.attention(
-                &kv,
-                0,
-                &q,
-                n_new,
-                n_prev,
-                heads,
-                kv_heads,
-                hd,
-                &mut got,
-                &mut Vec::new(),
-            );
-            // Decode shape too: one token, positions split across threads.
-            let mut one = vec![0f32; heads * hd];
-            let last = &q[(n_new - 1) * heads * hd..];
-            let mut kv1 = KvCache::new(1, kv_heads, hd, 512, dtype);
-            for pos in 0..n_prev + n_new {
-                kv1.write(
-                    0,
-                    pos,
-                    &data(kv_heads * hd, pos as u64),
-                    &data(kv_heads * hd, 1000 + pos as u64),
-                );
+            // Two sequences in one batch: a 3-token prefill chunk after 300 cached positions, and a decode
+            // step at position 137 (so a batch mixes lengths, pages and the split/unsplit paths).
+            let lens = [(300usize, 3usize), (137, 1)];
+            let seqs: Vec<SeqKv> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &(prev, new))| fill_seq(&mut kv, prev + new, prev, 100 * i as u64))
+                .collect();
+            let mut batch = Batch::default();
+            for (s, &(_, new)) in seqs.iter().zip(&lens) {
+                batch.push(s, &vec![0; new], crate::kv::Logits::Last);
             }
-            kv1.set_len(n_prev + n_new);
-            cpu.attention(
-                &kv1,
-                0,
-                last,
-                1,
-                n_prev + n_new - 1,
-                heads,
-                kv_heads,
-                hd,
-                &mut one,
-                &mut Vec::new(),
-            );
-            let tail = &got[(n_new - 1) * heads * hd..];
-            for (g, w) in one.iter().zip(tail) {
-                assert!(
-                    (g - w).abs() < 1e-5,
-                    "{isa:?} {dtype:?} decode split: {g} vs {w}"
-                );
-            }
-            for t in 0..n_new {
-                for h in 0..heads {
-                    let i = t * heads + h;
-                    let npos = n_prev + t + 1;
-                    let mut want = vec![0f32; hd];
-                    let kvh = h / (heads / kv_heads);
-                    let qh = &q[i * hd..(i + 1) * hd];
-                    ops::attention_ref(
-                        qh,
-                        kv.keys(0, kvh, npos),
-                        kv.values(0, kvh, npos),
-                        npos,
-                        0.125,
-                        &mut want,
+            let n = batch.len();
+            let q = data(n * heads * hd, 77);
+            for isa in Isa::available() {
+                for threads in [1, 2] {
+                    let cpu = Cpu::with_isa(threads, isa);
+                    let mut got = vec![0f32; n * heads * hd];
+                    cpu.attention(
+                        kv.pool(),
+                        0,
+                        &batch,
+                        &q,
+                        heads,
+                        kv_heads,
+                        hd,
+                        &mut got,
+                        &mut Vec::new(),
                     );
-                    for (d, (g, w)) in got[i * hd..(i + 1) * hd].iter().zip(&want).enumerate() {
-                        assert!(
-                            (g - w).abs() < 1e-4,
-                            "{isa:?} {dtype:?} t={t} h={h} d={d}: {g} vs {w}"
-                        );
+                    for t in 0..n {
+                        let (span, pos) = batch.locate(t);
+                        let pages = batch.pages(span);
+                        let npos = pos + 1;
+                        for h in 0..heads {
+                            let kvh = h / (heads / kv_heads);
+                            // The reference reads the same pages row by row into contiguous memory.
+                            let gather = |keys: bool| -> Vec<f32> {
+                                (0..npos)
+                                    .flat_map(|p| {
+                                        let page = pages[p / page_size];
+                                        let s = if keys {
+                                            kv.pool().keys(page, 0, kvh)
+                                        } else {
+                                            kv.pool().values(page, 0, kvh)
+                                        };
+                                        s.row(p % page_size, hd)
+                                    })
+                                    .collect()
+                            };
+                            let (kk, vv) = (gather(true), gather(false));
+                            let i = t * heads + h;
+                            let mut want = vec![0f32; hd];
+                            ops::attention_ref(
+                                &q[i * hd..(i + 1) * hd],
+                                KvSlice::F32(&kk),
+                                KvSlice::F32(&vv),
+                                npos,
+                                0.125,
+                                &mut want,
+                            );
+                            for (d, (g, w)) in
+                                got[i * hd..(i + 1) * hd].iter().zip(&want).enumerate()
+                            {
+                                assert!(
+                                    (g - w).abs() < 1e-4 * (1.0 + w.abs()),
+                                    "{isa:?} {dtype:?} pages of {page_size}, {threads} threads, t={t} \
+                                     h={h} d={d}: {g} vs {w}"
+                                );
+                            }
+                        }
                     }
                 }
+            }
+            for s in seqs {
+                kv.release(s, None);
             }
         }
     }

@@ -1,0 +1,366 @@
+//! One sequence's generation as a state machine: logits in, tokens to run next out.
+//!
+//! The engine owns the forward passes; a [`Decoder`] owns everything else about a request: the sampler,
+//! the grammar guide, stop strings, the streaming detokenizer, and the tokens chosen so far. Each engine
+//! step hands it the logits of its last position ([`Decoder::advance`]); it samples (under the grammar's
+//! mask), commits the token and whatever the grammar forces after it, streams the text that is final, and
+//! says which tokens the next forward pass must run ([`Decoder::pending`]) or that it is done. The same
+//! machine serves a lone [`super::Engine::generate_guided`] call and a sequence in a batch of many, so both
+//! produce the same tokens.
+
+use super::stop::StopBuffer;
+use super::{EngineError, FinishReason, Request};
+use crate::sample::grammar::GrammarError;
+use crate::sample::guide::Guide;
+use crate::sample::{Sampled, Sampler};
+use crate::tokenizer::{DetokState, TokenId, Tokenizer};
+
+/// The guide a decoder steers by: none, one the caller keeps, or one it owns.
+#[derive(Debug)]
+pub enum GuideSlot<'g> {
+    /// Unconstrained.
+    None,
+    /// The caller's (it reads counters from it afterwards).
+    Borrowed(&'g mut Guide),
+    /// Owned by the decoder (a queued request).
+    Owned(Box<Guide>),
+}
+
+impl GuideSlot<'_> {
+    fn get(&self) -> Option<&Guide> {
+        match self {
+            GuideSlot::None => None,
+            GuideSlot::Borrowed(g) => Some(g),
+            GuideSlot::Owned(g) => Some(g),
+        }
+    }
+
+    fn get_mut(&mut self) -> Option<&mut Guide> {
+        match self {
+            GuideSlot::None => None,
+            GuideSlot::Borrowed(g) => Some(g),
+            GuideSlot::Owned(g) => Some(g),
+        }
+    }
+}
+
+/// What a finished decoder produced.
+#[derive(Debug)]
+pub struct Decoded {
+    /// Generated tokens (including a final end-of-generation token, if any).
+    pub tokens: Vec<TokenId>,
+    /// Generated text, cut before any stop string.
+    pub text: String,
+    /// Per-token sampling details.
+    pub sampled: Vec<Sampled>,
+    /// Why it ended.
+    pub finish: FinishReason,
+    /// Forward passes run for it after the prompt.
+    pub forward_passes: usize,
+}
+
+/// A request's generation state between engine steps.
+#[derive(Debug)]
+pub struct Decoder<'g> {
+    req: Request,
+    guide: GuideSlot<'g>,
+    sampler: Sampler,
+    lazy_ok: bool,
+    /// Prompt and generated tokens, in order; the KV of a prefix of them is in the cache.
+    history: Vec<TokenId>,
+    prompt_len: usize,
+    tokens: Vec<TokenId>,
+    sampled: Vec<Sampled>,
+    trigger: Option<String>,
+    stop: StopBuffer,
+    /// Text before the trigger, once the grammar has taken over.
+    prose: String,
+    /// Bytes generated so far, kept only to locate a trigger inside the tokens.
+    gen_bytes: Vec<u8>,
+    detok: DetokState,
+    delta: String,
+    finish: Option<FinishReason>,
+    limit: usize,
+    /// Tokens chosen but not yet run through the model: the last sampled one plus any the grammar forced
+    /// after it. They go through the next forward pass together, so forced tokens cost no step of their own.
+    pending: Vec<TokenId>,
+    forward_passes: usize,
+    step: Vec<Sampled>,
+    forced: Vec<TokenId>,
+}
+
+fn forced_sample(token: TokenId) -> Sampled {
+    Sampled {
+        token,
+        // Forced: probability 1 under the constraint.
+        logprob: 0.0,
+        top: Vec::new(),
+    }
+}
+
+impl<'g> Decoder<'g> {
+    /// A decoder for `req` (its prompt moves into the decoder's history) with at most `context` positions.
+    pub fn new(mut req: Request, guide: GuideSlot<'g>, vocab: usize, context: usize) -> Self {
+        let sampler = Sampler::new(req.sampling.clone(), vocab);
+        let lazy_ok = sampler.lazy_mask_is_exact();
+        let trigger = guide
+            .get()
+            .filter(|g| !g.is_active())
+            .and_then(|g| g.trigger().map(str::to_owned));
+        let stops_apply = guide.get().is_none_or(Guide::stops_apply) || trigger.is_some();
+        let mut stops = if stops_apply {
+            req.stop.clone()
+        } else {
+            Vec::new()
+        };
+        stops.extend(trigger.clone());
+        let history = std::mem::take(&mut req.prompt);
+        let prompt_len = history.len();
+        let limit = req.max_tokens.min(context.saturating_sub(prompt_len));
+        let mut d = Decoder {
+            req,
+            guide,
+            sampler,
+            lazy_ok,
+            history,
+            prompt_len,
+            tokens: Vec::new(),
+            sampled: Vec::new(),
+            trigger,
+            stop: StopBuffer::new(stops),
+            prose: String::new(),
+            gen_bytes: Vec::new(),
+            detok: DetokState::new(false),
+            delta: String::new(),
+            finish: None,
+            limit,
+            pending: Vec::new(),
+            forward_passes: 0,
+            step: Vec::with_capacity(16),
+            forced: Vec::with_capacity(64),
+        };
+        d.check_end();
+        d
+    }
+
+    /// The request (its prompt has moved into [`Decoder::history`]).
+    pub fn request(&self) -> &Request {
+        &self.req
+    }
+
+    /// Prompt and generated tokens so far.
+    pub fn history(&self) -> &[TokenId] {
+        &self.history
+    }
+
+    /// Prompt tokens.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_len
+    }
+
+    /// Tokens to run through the model before the next [`Decoder::advance`].
+    pub fn pending(&self) -> &[TokenId] {
+        &self.pending
+    }
+
+    /// Whether generation has ended.
+    pub fn is_done(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// Records that the pending tokens went through a forward pass.
+    pub fn ran_pending(&mut self) {
+        self.pending.clear();
+        self.forward_passes += 1;
+    }
+
+    /// Ends generation early (cancelled by the caller).
+    pub fn cancel(&mut self) {
+        self.finish.get_or_insert(FinishReason::Cancelled);
+    }
+
+    fn check_end(&mut self) {
+        if self.finish.is_some() {
+            return;
+        }
+        if self.tokens.len() >= self.limit {
+            self.finish = Some(FinishReason::Length);
+        } else if self.req.cancelled() {
+            self.finish = Some(FinishReason::Cancelled);
+        }
+    }
+
+    /// Consumes the logits of the last position (masked and modified in place) and chooses the next
+    /// token(s); text that is final goes to `on_text`.
+    pub fn advance(
+        &mut self,
+        logits: &mut [f32],
+        tok: &Tokenizer,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<(), EngineError> {
+        if self.finish.is_some() {
+            return Ok(());
+        }
+        debug_assert!(self.pending.is_empty(), "pending tokens were not run");
+        self.sampler.process(logits, &self.history);
+        let lazy_ok = self.lazy_ok;
+        let s = match self.guide.get_mut() {
+            None => self.sampler.pick(logits),
+            // Sample first; compute the mask only if the grammar rejects the token (exact here).
+            Some(g) if lazy_ok && g.lazy_mask() => {
+                let s = self.sampler.pick(logits);
+                if g.allows(s.token, tok)? {
+                    s
+                } else {
+                    g.mask_logits(logits, tok)?;
+                    self.sampler.pick(logits)
+                }
+            }
+            Some(g) => {
+                g.mask_logits(logits, tok)?;
+                self.sampler.pick(logits)
+            }
+        };
+        self.step.clear();
+        self.step.push(s);
+        if let Some(g) = self.guide.get_mut() {
+            g.commit(self.step[0].token, tok)?;
+            g.take_forced(
+                self.limit.saturating_sub(self.tokens.len() + 1),
+                &mut self.forced,
+                tok,
+            )?;
+            self.step
+                .extend(self.forced.iter().map(|&t| forced_sample(t)));
+        }
+        let mut i = 0;
+        while i < self.step.len() {
+            let s = std::mem::replace(&mut self.step[i], forced_sample(0));
+            i += 1;
+            if let Some(f) = self.take_token(s, tok, on_text)? {
+                self.finish = Some(f);
+                return Ok(());
+            }
+        }
+        if self.guide.get().is_some_and(Guide::is_done) {
+            self.finish = Some(FinishReason::Stop);
+            return Ok(());
+        }
+        self.check_end();
+        Ok(())
+    }
+
+    /// Commits one chosen token; returns why generation ends, if it does here.
+    fn take_token(
+        &mut self,
+        s: Sampled,
+        tok: &Tokenizer,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Option<FinishReason>, EngineError> {
+        let t = s.token;
+        self.tokens.push(t);
+        self.history.push(t);
+        self.sampled.push(s);
+        let eog = !self.req.ignore_eos && (tok.is_eog(t) || self.req.stop_tokens.contains(&t));
+        if eog {
+            return Ok(Some(FinishReason::Stop));
+        }
+        if self.trigger.is_some() && !tok.is_control(t) {
+            self.gen_bytes.extend_from_slice(tok.token_bytes(t));
+        }
+        self.delta.clear();
+        self.detok.push(tok, t, &mut self.delta);
+        if !self.stop.push(&self.delta, on_text) {
+            self.pending.push(t);
+            return Ok(None);
+        }
+        let (Some(trig), Some(g)) = (self.trigger.clone(), self.guide.get_mut()) else {
+            return Ok(Some(FinishReason::Stop));
+        };
+        if self.stop.matched() != Some(trig.as_str()) || g.is_active() {
+            return Ok(Some(FinishReason::Stop));
+        }
+        // The trigger: hand it (and whatever followed it inside this token) to the grammar.
+        self.prose = std::mem::replace(&mut self.stop, StopBuffer::new(Vec::new())).finish(on_text);
+        let tail = trigger_tail(&self.gen_bytes, trig.as_bytes());
+        let kept = std::str::from_utf8(tail)
+            .ok()
+            .map(|x| tok.encode(x, false))
+            .transpose()?
+            .map(|toks| g.activate(&toks, tok))
+            .transpose()?
+            .unwrap_or(false);
+        if kept {
+            self.stop
+                .push(std::str::from_utf8(tail).unwrap_or(&trig), on_text);
+            self.pending.push(t);
+        } else {
+            // This token carries bytes past the trigger that the grammar rejects: re-spell the token's
+            // text up to the end of the trigger and let the grammar continue from there.
+            let bytes = tok.token_bytes(t);
+            let cut = bytes.len().checked_sub(tail.len() - trig.len());
+            let head = cut
+                .and_then(|c| std::str::from_utf8(&bytes[..c]).ok())
+                .ok_or_else(|| {
+                    GrammarError::Matcher(format!(
+                        "cannot re-spell the token that completed the trigger {trig:?}"
+                    ))
+                })?;
+            let respelled = tok.encode(head, false)?;
+            self.tokens.pop();
+            self.history.pop();
+            self.sampled.pop();
+            self.tokens.extend_from_slice(&respelled);
+            self.history.extend_from_slice(&respelled);
+            self.sampled
+                .extend(respelled.iter().map(|&x| forced_sample(x)));
+            self.pending.extend_from_slice(&respelled);
+            let trig_toks = tok.encode(&trig, false)?;
+            if !g.activate(&trig_toks, tok)? {
+                return Err(GrammarError::Matcher(format!(
+                    "the grammar does not start with its trigger {trig:?}"
+                ))
+                .into());
+            }
+            self.stop.push(&trig, on_text);
+        }
+        self.detok = DetokState::new(false);
+        // What the grammar forces right after the trigger joins this step.
+        g.take_forced(
+            self.limit.saturating_sub(self.tokens.len()),
+            &mut self.forced,
+            tok,
+        )?;
+        self.step
+            .extend(self.forced.iter().map(|&x| forced_sample(x)));
+        Ok(None)
+    }
+
+    /// Flushes the text still held back and returns what was generated.
+    pub fn finish(mut self, on_text: &mut dyn FnMut(&str)) -> Decoded {
+        let finish = self.finish.unwrap_or(FinishReason::Length);
+        if finish == FinishReason::Length {
+            self.delta.clear();
+            self.detok.finish(&mut self.delta);
+            self.stop.push(&self.delta, on_text);
+        }
+        let mut text = self.prose;
+        text.push_str(&self.stop.finish(on_text));
+        Decoded {
+            tokens: self.tokens,
+            text,
+            sampled: self.sampled,
+            finish,
+            forward_passes: self.forward_passes,
+        }
+    }
+}
+
+/// The generated bytes from the last occurrence of `trigger` on.
+fn trigger_tail<'a>(bytes: &'a [u8], trigger: &[u8]) -> &'a [u8] {
+    let at = bytes
+        .windows(trigger.len().max(1))
+        .rposition(|w| w == trigger)
+        .unwrap_or(bytes.len().saturating_sub(trigger.len()));
+    &bytes[at..]
+}

@@ -1,0 +1,539 @@
+//! Continuous batching: many sequences share every forward pass.
+//!
+//! Each step the scheduler admits waiting requests (first come, first served) while the batch has room and
+//! KV pages can be had, then builds one batch: every decoding sequence's pending tokens, then chunks of
+//! prompts still prefilling, up to a per-step token budget, so a long prompt never stalls running decodes
+//! for more than one chunk. One forward pass runs the lot; each sequence whose last position came back
+//! gets its logits and its [`Decoder`] picks the next tokens. Finished sequences leave the batch at once
+//! and their KV stays in the prefix cache.
+//!
+//! When a step cannot get the pages it needs, the youngest running sequence is preempted: its KV goes into
+//! the prefix tree (so it is not lost unless memory stays short long enough for eviction to take it), and
+//! it goes back to the head of the queue with its decoder intact. On readmission it recomputes whatever
+//! was evicted and carries on. Memory pressure slows requests down; it never fails or drops one.
+
+use super::decoder::{Decoder, GuideSlot};
+use super::{Engine, EngineError, Generation, Request, Stats};
+use crate::kv::{KvError, Logits, SeqKv};
+use crate::sample::guide::Guide;
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// Scheduling limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most sequences in one batch.
+    pub max_batch: usize,
+    /// Most tokens in one forward pass (decodes always fit; prompt chunks fill the rest).
+    pub step_tokens: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_batch: 8,
+            step_tokens: super::PREFILL_CHUNK,
+        }
+    }
+}
+
+/// Where a sequence's text and result go.
+pub trait Sink: Send {
+    /// A piece of text that is final.
+    fn text(&mut self, text: &str);
+    /// The end: the whole generation, or why it failed.
+    fn done(self: Box<Self>, result: Result<Generation, EngineError>);
+}
+
+/// A request for the scheduler: what to generate, steered by an optional guide, reported to a sink.
+pub struct Submission {
+    /// The request (prompt tokens included).
+    pub request: Request,
+    /// The grammar guide, if any.
+    pub guide: Option<Box<Guide>>,
+    /// Receives text and the result.
+    pub sink: Box<dyn Sink>,
+}
+
+impl std::fmt::Debug for Submission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Submission")
+            .field("prompt_tokens", &self.request.prompt.len())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Active {
+    dec: Decoder<'static>,
+    sink: Box<dyn Sink>,
+    seq: Option<SeqKv>,
+    /// Prompt tokens served from cache at the first admission.
+    cached: Option<usize>,
+    /// When it was first admitted.
+    admitted: Option<Instant>,
+    /// When the first logits came back (the end of its prefill).
+    first: Option<Instant>,
+    preemptions: usize,
+}
+
+/// Counters of the scheduler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    /// Forward passes run.
+    pub steps: u64,
+    /// Sequences those passes carried, summed (mean batch = this / steps).
+    pub batched_sequences: u64,
+    /// Sequences preempted for memory.
+    pub preemptions: u64,
+    /// Sequences finished.
+    pub finished: u64,
+}
+
+/// The batch scheduler; runs on the engine's thread.
+#[derive(Default)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    waiting: VecDeque<Active>,
+    running: Vec<Active>,
+    stats: SchedulerStats,
+    /// Per step: (running index, tokens in the batch, logits wanted).
+    plan: Vec<(usize, usize, Logits)>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("waiting", &self.waiting.len())
+            .field("running", &self.running.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl Scheduler {
+    /// An idle scheduler.
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        Scheduler {
+            cfg: SchedulerConfig {
+                max_batch: cfg.max_batch.max(1),
+                step_tokens: cfg.step_tokens.max(1),
+            },
+            ..Scheduler::default()
+        }
+    }
+
+    /// Sequences waiting for admission.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Sequences in the batch.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Whether there is anything to do.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SchedulerStats {
+        self.stats
+    }
+
+    /// Queues a request (checked against the engine's vocabulary and context first).
+    pub fn submit(&mut self, engine: &Engine, sub: Submission) {
+        let Submission {
+            request,
+            guide,
+            sink,
+        } = sub;
+        if let Err(e) = engine.check_request(&request) {
+            sink.done(Err(e));
+            return;
+        }
+        let slot = match guide {
+            Some(g) => GuideSlot::Owned(g),
+            None => GuideSlot::None,
+        };
+        let dec = Decoder::new(request, slot, engine.model.config().vocab, engine.context);
+        self.waiting.push_back(Active {
+            dec,
+            sink,
+            seq: None,
+            cached: None,
+            admitted: None,
+            first: None,
+            preemptions: 0,
+        });
+    }
+
+    /// Ends every sequence with `err` (the engine failed under them). Their KV is released when
+    /// `release_kv`; after a panic it is not (the cache is rebuilt instead, its state being unknown).
+    pub fn fail_all(
+        &mut self,
+        engine: &mut Engine,
+        release_kv: bool,
+        err: impl Fn() -> EngineError,
+    ) {
+        for a in self.running.drain(..).chain(self.waiting.drain(..)) {
+            if let (Some(seq), true) = (a.seq, release_kv) {
+                engine.kv.release(seq, None);
+            }
+            a.sink.done(Err(err()));
+        }
+    }
+
+    /// Runs one step: admission, one batched forward pass, sampling. Returns whether it did anything.
+    pub fn step(&mut self, engine: &mut Engine) -> bool {
+        self.sweep_cancelled(engine);
+        self.admit(engine);
+        if self.running.is_empty() {
+            return false;
+        }
+        if let Err(e) = self.plan(engine) {
+            // Only a single sequence that cannot fit even alone gets here.
+            let a = self.running.remove(self.plan_victim());
+            self.finish(engine, a, Some(e.into()));
+            return true;
+        }
+        if self.plan.is_empty() {
+            return true;
+        }
+        self.stats.steps += 1;
+        self.stats.batched_sequences += self.plan.len() as u64;
+        engine.batch.clear();
+        for &(i, n, want) in &self.plan {
+            let a = &self.running[i];
+            let seq = a.seq.as_ref().expect("running sequences hold KV");
+            let from = seq.len();
+            engine
+                .batch
+                .push(seq, &a.dec.history()[from..from + n], want);
+        }
+        let Engine {
+            cpu,
+            model,
+            kv,
+            batch,
+            scratch,
+            tokenizer,
+            ..
+        } = engine;
+        let out = match model.forward(cpu, kv.pool_mut(), batch, scratch) {
+            Ok(o) => o,
+            Err(e) => {
+                let msg = e.to_string();
+                let plan = std::mem::take(&mut self.plan);
+                let mut idx: Vec<usize> = plan.iter().map(|p| p.0).collect();
+                idx.sort_unstable_by(|a, b| b.cmp(a));
+                for i in idx {
+                    let a = self.running.remove(i);
+                    self.finish(
+                        engine,
+                        a,
+                        Some(EngineError::Request(format!("forward pass failed: {msg}"))),
+                    );
+                }
+                return true;
+            }
+        };
+        let vocab = model.config().vocab;
+        let mut rows = out.chunks_mut(vocab);
+        let now = Instant::now();
+        let mut done = Vec::new();
+        for &(i, n, want) in &self.plan {
+            let a = &mut self.running[i];
+            let seq = a.seq.as_mut().expect("running sequences hold KV");
+            seq.advance(n);
+            kv.count_computed(n);
+            if want != Logits::Last {
+                continue;
+            }
+            let logits = rows.next().expect("one row per sequence that asked");
+            if !a.dec.pending().is_empty() {
+                a.dec.ran_pending();
+            }
+            a.first.get_or_insert(now);
+            let sink = &mut a.sink;
+            let res = a.dec.advance(logits, tokenizer, &mut |t| sink.text(t));
+            if let Err(e) = res {
+                done.push((i, Some(e)));
+            } else if a.dec.is_done() {
+                done.push((i, None));
+            }
+        }
+        done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
+        for (i, err) in done {
+            let a = self.running.remove(i);
+            self.finish(engine, a, err);
+        }
+        true
+    }
+
+    fn sweep_cancelled(&mut self, engine: &mut Engine) {
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if self.waiting[i].dec.request().cancelled() {
+                let mut a = self.waiting.remove(i).expect("index in range");
+                a.dec.cancel();
+                self.finish(engine, a, None);
+            } else {
+                i += 1;
+            }
+        }
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].dec.request().cancelled() {
+                let mut a = self.running.remove(i);
+                a.dec.cancel();
+                self.finish(engine, a, None);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Admits waiting sequences while the batch has room and their prompts' pages can be had.
+    fn admit(&mut self, engine: &mut Engine) {
+        while self.running.len() < self.cfg.max_batch {
+            let Some(mut a) = self.waiting.pop_front() else {
+                return;
+            };
+            if a.dec.is_done() {
+                // Nothing to generate (max_tokens 0, or cancelled while queued).
+                self.finish(engine, a, None);
+                continue;
+            }
+            let target = a.dec.history();
+            let mut seq = engine.kv.acquire(target);
+            a.cached.get_or_insert(seq.len());
+            // The whole prompt's pages up front, so an admitted prefill never stalls half way.
+            if let Err(e) = engine.kv.reserve(&mut seq, target.len()) {
+                engine.kv.release(seq, None);
+                if self.running.is_empty() {
+                    // It cannot fit even alone (a prompt larger than the whole KV budget).
+                    self.finish(engine, a, Some(e.into()));
+                    continue;
+                }
+                self.waiting.push_front(a);
+                return;
+            }
+            a.seq = Some(seq);
+            a.admitted.get_or_insert_with(Instant::now);
+            self.running.push(a);
+        }
+    }
+
+    /// Chooses each running sequence's share of the next batch and reserves its pages, preempting the
+    /// youngest sequences when pages run out.
+    fn plan(&mut self, engine: &mut Engine) -> Result<(), KvError> {
+        loop {
+            self.plan.clear();
+            let mut budget = self.cfg.step_tokens;
+            // Decodes first (they are what users wait on), then prompt chunks, oldest first.
+            for decoding in [true, false] {
+                for (i, a) in self.running.iter().enumerate() {
+                    let seq = a.seq.as_ref().expect("running sequences hold KV");
+                    let left = a.dec.history().len() - seq.len();
+                    let is_decode = a.first.is_some() && left <= a.dec.pending().len().max(1);
+                    if is_decode != decoding || left == 0 {
+                        continue;
+                    }
+                    let n = if decoding { left } else { left.min(budget) };
+                    if n == 0 {
+                        continue;
+                    }
+                    budget = budget.saturating_sub(n);
+                    let want = if n == left {
+                        Logits::Last
+                    } else {
+                        Logits::None
+                    };
+                    self.plan.push((i, n, want));
+                }
+            }
+            // Reserve pages; on failure preempt the youngest and plan again.
+            let mut short = None;
+            for &(i, n, _) in &self.plan {
+                let seq = self.running[i]
+                    .seq
+                    .as_mut()
+                    .expect("running sequences hold KV");
+                let len = seq.len() + n;
+                if let Err(e) = engine.kv.reserve(seq, len) {
+                    short = Some(e);
+                    break;
+                }
+            }
+            let Some(e) = short else {
+                return Ok(());
+            };
+            if self.running.len() <= 1 {
+                return Err(e);
+            }
+            let victim = self.plan_victim();
+            let mut a = self.running.remove(victim);
+            let seq = a.seq.take().expect("running sequences hold KV");
+            let done = seq.len();
+            engine.kv.release(seq, Some(&a.dec.history()[..done]));
+            a.preemptions += 1;
+            self.stats.preemptions += 1;
+            tracing::debug!(
+                "KV memory short: preempted a sequence ({done} positions cached for its return)"
+            );
+            self.waiting.push_front(a);
+        }
+    }
+
+    /// The sequence to give up when memory is short: the most recently admitted.
+    fn plan_victim(&self) -> usize {
+        self.running.len() - 1
+    }
+
+    /// Ends a sequence: its KV goes to the prefix cache and its sink gets the result.
+    fn finish(&mut self, engine: &mut Engine, a: Active, err: Option<EngineError>) {
+        let Active {
+            dec,
+            mut sink,
+            seq,
+            cached,
+            admitted,
+            first,
+            ..
+        } = a;
+        if let Some(seq) = seq {
+            let keep = if engine.kv.config().cache_output {
+                seq.len()
+            } else {
+                seq.len().min(dec.prompt_len())
+            };
+            engine.kv.release(seq, Some(&dec.history()[..keep]));
+        }
+        self.stats.finished += 1;
+        if let Some(e) = err {
+            sink.done(Err(e));
+            return;
+        }
+        let prompt_tokens = dec.prompt_len();
+        let d = dec.finish(&mut |t| sink.text(t));
+        let now = Instant::now();
+        let first = first.unwrap_or(now);
+        let stats = Stats {
+            prompt_tokens,
+            cached_tokens: cached.unwrap_or(0),
+            generated: d.tokens.len(),
+            forward_passes: d.forward_passes,
+            prefill: first.saturating_duration_since(admitted.unwrap_or(first)),
+            decode: now.saturating_duration_since(first),
+        };
+        sink.done(Ok(Generation {
+            tokens: d.tokens,
+            text: d.text,
+            sampled: d.sampled,
+            finish: d.finish,
+            stats,
+        }));
+    }
+}
+
+/// A sink that collects everything (tests and batch jobs).
+#[derive(Debug, Default)]
+pub struct Collect {
+    /// Text so far.
+    pub text: String,
+    /// The result, once done.
+    pub result: Option<Result<Generation, EngineError>>,
+}
+
+/// A [`Collect`] shared with the code that waits on it.
+pub type SharedCollect = std::sync::Arc<std::sync::Mutex<Collect>>;
+
+impl Sink for SharedCollect {
+    fn text(&mut self, text: &str) {
+        if let Ok(mut c) = self.lock() {
+            c.text.push_str(text);
+        }
+    }
+
+    fn done(self: Box<Self>, result: Result<Generation, EngineError>) {
+        if let Ok(mut c) = self.lock() {
+            c.result = Some(result);
+        }
+    }
+}
+
+impl Engine {
+    /// Checks a request against this engine (prompt present, tokens in the vocabulary, room to generate).
+    pub fn check_request(&self, req: &Request) -> Result<(), EngineError> {
+        let vocab = self.model.config().vocab;
+        if req.prompt.is_empty() {
+            return Err(EngineError::Request("the prompt is empty".into()));
+        }
+        if let Some(&bad) = req
+            .prompt
+            .iter()
+            .chain(&req.stop_tokens)
+            .find(|&&t| t as usize >= vocab)
+        {
+            return Err(EngineError::Request(format!(
+                "token id {bad} is outside the vocabulary ({vocab})"
+            )));
+        }
+        if req.prompt.len() >= self.context {
+            return Err(EngineError::Request(format!(
+                "the prompt has {} tokens; the context holds {}",
+                req.prompt.len(),
+                self.context
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `subs` to completion together on a scheduler (tests and offline batch jobs); returns each one's
+    /// text and result in order, and the scheduler's counters.
+    #[expect(
+        clippy::type_complexity,
+        reason = "results in request order plus counters"
+    )]
+    pub fn generate_batch(
+        &mut self,
+        subs: Vec<(Request, Option<Box<Guide>>)>,
+        cfg: SchedulerConfig,
+    ) -> (
+        Vec<(String, Result<Generation, EngineError>)>,
+        SchedulerStats,
+    ) {
+        self.finish_current();
+        let mut sched = Scheduler::new(cfg);
+        let outs: Vec<SharedCollect> = subs.iter().map(|_| SharedCollect::default()).collect();
+        for ((request, guide), out) in subs.into_iter().zip(&outs) {
+            sched.submit(
+                self,
+                Submission {
+                    request,
+                    guide,
+                    sink: Box::new(std::sync::Arc::clone(out)),
+                },
+            );
+        }
+        while !sched.is_idle() {
+            sched.step(self);
+        }
+        let results = outs
+            .into_iter()
+            .map(|o| {
+                let mut c = o
+                    .lock()
+                    .map(|mut c| std::mem::take(&mut *c))
+                    .unwrap_or_default();
+                let r = c.result.take().unwrap_or_else(|| {
+                    Err(EngineError::Request("the sequence never finished".into()))
+                });
+                (c.text, r)
+            })
+            .collect();
+        (results, sched.stats())
+    }
+}

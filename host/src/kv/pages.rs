@@ -1,0 +1,320 @@
+//! The page pool: every page of KV memory the cache may use, allocated once, handed out by refcount.
+//!
+//! A page holds `page_size` consecutive positions of one sequence for every layer and KV head. Inside a page
+//! the layout is `[layer][kv head][position][head_dim]` for keys and the same for values, so attention for
+//! one (layer, head) streams a page's keys as one contiguous run, and copying a page (copy-on-write) is one
+//! `memcpy` per (layer, head).
+//!
+//! FP8 pages carry one power-of-two scale per (page, layer, KV head) for keys and one for values. A row
+//! whose largest magnitude does not fit the current scale doubles it (as often as needed) and shifts the
+//! page's stored bytes down to match, which is exact for normal numbers.
+
+use super::fp8::{e4m3_decode, e4m3_encode, e4m3_scale};
+use super::{KvDtype, KvShape, KvSlice};
+use half::f16;
+
+/// Index of a page in the pool.
+pub type PageId = u32;
+
+#[derive(Debug)]
+enum Store {
+    F32(Vec<f32>),
+    /// f16 bit patterns (a zeroed `Vec<u16>` is a lazy calloc; `Vec<f16>` would be written eagerly).
+    F16(Vec<u16>),
+    /// E4M3 bytes and one scale per (page, layer, head).
+    Fp8(Vec<u8>, Vec<f32>),
+}
+
+impl Store {
+    fn new(dtype: KvDtype, elements: usize, scales: usize) -> Self {
+        match dtype {
+            KvDtype::F32 => Store::F32(vec![0.0; elements]),
+            KvDtype::F16 => Store::F16(vec![0; elements]),
+            KvDtype::Fp8 => Store::Fp8(vec![0; elements], vec![0.0; scales]),
+        }
+    }
+}
+
+/// Fixed-size pages of KV memory with reference counts and a free list.
+#[derive(Debug)]
+pub struct PagePool {
+    shape: KvShape,
+    page_size: usize,
+    dtype: KvDtype,
+    n_pages: usize,
+    k: Store,
+    v: Store,
+    refs: Vec<u32>,
+    free: Vec<PageId>,
+}
+
+impl PagePool {
+    /// A pool of `n_pages` pages of `page_size` positions.
+    pub fn new(shape: KvShape, page_size: usize, dtype: KvDtype, n_pages: usize) -> Self {
+        assert!(page_size > 0, "pages hold at least one position");
+        let per_page = shape.n_layers * shape.n_kv_heads * page_size * shape.head_dim;
+        let scales = shape.n_layers * shape.n_kv_heads * n_pages;
+        PagePool {
+            shape,
+            page_size,
+            dtype,
+            n_pages,
+            k: Store::new(dtype, per_page * n_pages, scales),
+            v: Store::new(dtype, per_page * n_pages, scales),
+            refs: vec![0; n_pages],
+            // Popped from the end: low page ids first.
+            free: (0..n_pages as PageId).rev().collect(),
+        }
+    }
+
+    /// Bytes one page takes (keys, values and FP8 scales).
+    pub fn page_bytes(shape: KvShape, page_size: usize, dtype: KvDtype) -> usize {
+        let heads = shape.n_layers * shape.n_kv_heads;
+        let scales = if dtype == KvDtype::Fp8 {
+            2 * 4 * heads
+        } else {
+            0
+        };
+        2 * heads * page_size * shape.head_dim * dtype.element_bytes() + scales
+    }
+
+    /// Positions per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    /// The model's KV shape.
+    pub fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    /// Pages in the pool.
+    pub fn total(&self) -> usize {
+        self.n_pages
+    }
+
+    /// Pages not referenced by anything.
+    pub fn free(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Owners of `page` (sequences and radix-tree nodes).
+    pub fn refs(&self, page: PageId) -> u32 {
+        self.refs[page as usize]
+    }
+
+    /// Takes a free page (refcount 1), or `None` when every page is in use.
+    pub fn alloc(&mut self) -> Option<PageId> {
+        let p = self.free.pop()?;
+        debug_assert_eq!(self.refs[p as usize], 0);
+        self.refs[p as usize] = 1;
+        if let (Store::Fp8(_, ks), Store::Fp8(_, vs)) = (&mut self.k, &mut self.v) {
+            // A fresh page starts unscaled; its first row sets the scale.
+            let heads = self.shape.n_layers * self.shape.n_kv_heads;
+            let r = p as usize * heads..(p as usize + 1) * heads;
+            ks[r.clone()].fill(0.0);
+            vs[r].fill(0.0);
+        }
+        Some(p)
+    }
+
+    /// Adds an owner to `page`.
+    pub fn retain(&mut self, page: PageId) {
+        let r = &mut self.refs[page as usize];
+        assert!(*r > 0, "retain of free page {page}");
+        *r += 1;
+    }
+
+    /// Drops an owner of `page`; the last one returns it to the free list (and this returns true).
+    pub fn release(&mut self, page: PageId) -> bool {
+        let r = &mut self.refs[page as usize];
+        assert!(*r > 0, "release of free page {page}");
+        *r -= 1;
+        if *r == 0 {
+            self.free.push(page);
+            true
+        } else {
+            false
+        }
+    }
+
+    fn block(&self, page: PageId, layer: usize, head: usize) -> usize {
+        let s = &self.shape;
+        (((page as usize * s.n_layers + layer) * s.n_kv_heads + head) * self.page_size) * s.head_dim
+    }
+
+    fn scale_index(&self, page: PageId, layer: usize, head: usize) -> usize {
+        (page as usize * self.shape.n_layers + layer) * self.shape.n_kv_heads + head
+    }
+
+    /// Copies the first `n` positions of `src` into `dst` (copy-on-write of a shared partial page).
+    pub fn copy(&mut self, src: PageId, dst: PageId, n: usize) {
+        assert!(n <= self.page_size && src != dst);
+        let (hd, heads) = (
+            self.shape.head_dim,
+            self.shape.n_layers * self.shape.n_kv_heads,
+        );
+        let span = self.page_size * hd;
+        let (s0, d0) = (self.block(src, 0, 0), self.block(dst, 0, 0));
+        let (ss, ds) = (self.scale_index(src, 0, 0), self.scale_index(dst, 0, 0));
+        for store in [&mut self.k, &mut self.v] {
+            for h in 0..heads {
+                let (s, d) = (s0 + h * span, d0 + h * span);
+                match store {
+                    Store::F32(x) => x.copy_within(s..s + n * hd, d),
+                    Store::F16(x) => x.copy_within(s..s + n * hd, d),
+                    Store::Fp8(x, sc) => {
+                        x.copy_within(s..s + n * hd, d);
+                        sc[ds + h] = sc[ss + h];
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores position `slot` of `page` for `layer`: `k` and `v` hold every KV head (`n_kv_heads * head_dim`).
+    pub fn write(&mut self, page: PageId, slot: usize, layer: usize, k: &[f32], v: &[f32]) {
+        assert!(slot < self.page_size, "slot {slot} outside a page");
+        debug_assert!(self.refs[page as usize] > 0, "write to a free page");
+        let hd = self.shape.head_dim;
+        for h in 0..self.shape.n_kv_heads {
+            let o = self.block(page, layer, h);
+            let si = self.scale_index(page, layer, h);
+            let ps = self.page_size;
+            for (store, src) in [
+                (&mut self.k, &k[h * hd..(h + 1) * hd]),
+                (&mut self.v, &v[h * hd..(h + 1) * hd]),
+            ] {
+                let row = o + slot * hd;
+                match store {
+                    Store::F32(d) => d[row..row + hd].copy_from_slice(src),
+                    Store::F16(d) => {
+                        for (x, &s) in d[row..row + hd].iter_mut().zip(src) {
+                            *x = f16::from_f32(s).to_bits();
+                        }
+                    }
+                    Store::Fp8(d, scales) => {
+                        let amax = src.iter().fold(0f32, |m, x| m.max(x.abs()));
+                        let mut scale = scales[si];
+                        let need = e4m3_scale(amax);
+                        if need > scale {
+                            if scale > 0.0 {
+                                // Shift the page's rows to the larger scale (exact for normal numbers).
+                                let f = scale / need;
+                                for b in &mut d[o..o + ps * hd] {
+                                    *b = e4m3_encode(e4m3_decode(*b) * f);
+                                }
+                            }
+                            scale = need;
+                            scales[si] = scale;
+                        }
+                        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+                        for (x, &s) in d[row..row + hd].iter_mut().zip(src) {
+                            *x = e4m3_encode(s * inv);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keys of `page` for (`layer`, `head`): all `page_size` positions (only the filled ones mean anything).
+    pub fn keys(&self, page: PageId, layer: usize, head: usize) -> KvSlice<'_> {
+        self.slice(&self.k, page, layer, head)
+    }
+
+    /// Values of `page` for (`layer`, `head`).
+    pub fn values(&self, page: PageId, layer: usize, head: usize) -> KvSlice<'_> {
+        self.slice(&self.v, page, layer, head)
+    }
+
+    fn slice<'a>(&self, s: &'a Store, page: PageId, layer: usize, head: usize) -> KvSlice<'a> {
+        let o = self.block(page, layer, head);
+        let r = o..o + self.page_size * self.shape.head_dim;
+        match s {
+            Store::F32(d) => KvSlice::F32(&d[r]),
+            Store::F16(d) => KvSlice::F16(half::slice::HalfBitsSliceExt::reinterpret_cast(&d[r])),
+            Store::Fp8(d, scales) => KvSlice::Fp8 {
+                data: &d[r],
+                scale: scales[self.scale_index(page, layer, head)],
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHAPE: KvShape = KvShape {
+        n_layers: 2,
+        n_kv_heads: 2,
+        head_dim: 8,
+    };
+
+    fn row(seed: usize, scale: f32) -> Vec<f32> {
+        (0..SHAPE.n_kv_heads * SHAPE.head_dim)
+            .map(|i| ((seed * 31 + i * 7) % 17) as f32 / 8.0 - 1.0)
+            .map(|x| x * scale)
+            .collect()
+    }
+
+    #[test]
+    fn refcounts_and_free_list() {
+        let mut p = PagePool::new(SHAPE, 4, KvDtype::F32, 3);
+        let a = p.alloc().unwrap();
+        let b = p.alloc().unwrap();
+        let c = p.alloc().unwrap();
+        assert_eq!((a, b, c), (0, 1, 2));
+        assert!(p.alloc().is_none());
+        p.retain(b);
+        assert!(!p.release(b));
+        assert!(p.release(b));
+        assert_eq!(p.free(), 1);
+        assert_eq!(p.alloc(), Some(b));
+    }
+
+    #[test]
+    fn writes_read_back_and_copy_on_write_copies_a_prefix() {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Fp8] {
+            let mut p = PagePool::new(SHAPE, 4, dtype, 2);
+            let (a, b) = (p.alloc().unwrap(), p.alloc().unwrap());
+            // Growing magnitudes force FP8 rescales along the way.
+            for slot in 0..4 {
+                for layer in 0..2 {
+                    let s = 1.0 + 10.0 * slot as f32;
+                    p.write(a, slot, layer, &row(slot + layer, s), &row(9 + slot, s));
+                }
+            }
+            p.copy(a, b, 3);
+            let tol = match dtype {
+                KvDtype::F32 => 0.0,
+                KvDtype::F16 => 1e-2,
+                KvDtype::Fp8 => 0.07,
+            };
+            for page in [a, b] {
+                for slot in 0..3 {
+                    for layer in 0..2 {
+                        let s = 1.0 + 10.0 * slot as f32;
+                        let (k, v) = (row(slot + layer, s), row(9 + slot, s));
+                        for h in 0..2 {
+                            let hd = SHAPE.head_dim;
+                            let got_k = p.keys(page, layer, h).row(slot, hd);
+                            let got_v = p.values(page, layer, h).row(slot, hd);
+                            for i in 0..hd {
+                                let (wk, wv) = (k[h * hd + i], v[h * hd + i]);
+                                assert!((got_k[i] - wk).abs() <= tol * wk.abs().max(s / 8.0));
+                                assert!((got_v[i] - wv).abs() <= tol * wv.abs().max(s / 8.0));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
