@@ -308,8 +308,10 @@ pub struct KvConfig {
 }
 
 impl KvConfig {
-    /// Default positions per page.
-    pub const PAGE_SIZE: usize = 32;
+    /// Default positions per page. Attention walks one page per kernel call, and on CPU each call's fixed
+    /// cost shows: decode at depth 2000 measured 61, 65 and 73 tok/s with pages of 16, 32 and 64 positions
+    /// (SmolLM2, 2 threads). Prefix hits stay token-exact at any size (a partly matching page is copied).
+    pub const PAGE_SIZE: usize = 64;
 }
 
 /// Counters of the cache (the stats endpoint and benchmarks).

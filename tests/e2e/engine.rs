@@ -351,6 +351,7 @@ fn a_tiny_kv_budget_preempts_but_completes_every_request() {
     let mut small = quantized(EngineConfig {
         context: 1024,
         kv_memory: positions * per_position,
+        page_size: 32,
         ..EngineConfig::default()
     });
     let mut big = quantized(EngineConfig {

@@ -448,18 +448,14 @@ pub fn attend_group(
     debug_assert!(g <= MAX_GROUP);
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Vnni && hd == 64 {
-        match (keys, values) {
+        let rows = match (keys, values) {
             (KvSlice::F16(k), KvSlice::F16(v)) => {
                 let rows = |s: &[half::f16]| Rows {
                     ptr: s.as_ptr().cast::<u8>(),
                     len: s.len(),
                     scale: 1.0,
                 };
-                // SAFETY: AVX-512 was detected; the kernel asserts that `range` lies inside both slices.
-                unsafe {
-                    attend_group_avx512::<4, false>(q, g, rows(k), rows(v), range, scale, part)
-                };
-                return;
+                Some((rows(k), rows(v), false))
             }
             (KvSlice::Fp8 { data: k, scale: ks }, KvSlice::Fp8 { data: v, scale: vs }) => {
                 // The f16 route decodes E4M3 times 2^-8 (see kv::fp8); the 256 goes into the scales.
@@ -468,21 +464,27 @@ pub fn attend_group(
                     len: s.len(),
                     scale: sc * 256.0,
                 };
-                // SAFETY: as above.
-                unsafe {
-                    attend_group_avx512::<4, true>(
-                        q,
-                        g,
-                        rows(k, ks),
-                        rows(v, vs),
-                        range,
-                        scale,
-                        part,
-                    )
-                };
-                return;
+                Some((rows(k, ks), rows(v, vs), true))
             }
-            _ => {}
+            _ => None,
+        };
+        if let Some((k, v, fp8)) = rows {
+            // SAFETY: AVX-512 was detected; the kernels assert that `range` lies inside both slices.
+            unsafe {
+                match (g, fp8) {
+                    (1, false) => attend_heads_avx512::<1, false>(q, k, v, range, scale, part),
+                    (2, false) => attend_heads_avx512::<2, false>(q, k, v, range, scale, part),
+                    (3, false) => attend_heads_avx512::<3, false>(q, k, v, range, scale, part),
+                    (4, false) => attend_heads_avx512::<4, false>(q, k, v, range, scale, part),
+                    (1, true) => attend_heads_avx512::<1, true>(q, k, v, range, scale, part),
+                    (2, true) => attend_heads_avx512::<2, true>(q, k, v, range, scale, part),
+                    (3, true) => attend_heads_avx512::<3, true>(q, k, v, range, scale, part),
+                    (4, true) => attend_heads_avx512::<4, true>(q, k, v, range, scale, part),
+                    (_, false) => attend_group_avx512::<4, false>(q, g, k, v, range, scale, part),
+                    (_, true) => attend_group_avx512::<4, true>(q, g, k, v, range, scale, part),
+                }
+            }
+            return;
         }
     }
     let mut scores = [[0f32; GROUP_CHUNK]; MAX_GROUP];
@@ -852,6 +854,83 @@ unsafe fn attend_group_avx512<const V: usize, const FP8: bool>(
                 }
                 for (i, a) in acc.iter().enumerate() {
                     _mm512_storeu_ps(o.add(16 * i), *a);
+                }
+            }
+            start += len;
+        }
+    }
+}
+
+/// [`attend_group`] for groups of `G <= 4` query heads and `head_dim == 64`, AVX-512: the heads are
+/// interleaved per position, so each key and value row is loaded and converted (f16 or E4M3) once for the
+/// whole group instead of once per head. The group's queries (and, in the value pass, its accumulators)
+/// stay in registers: `4 * G` vectors plus the row's 4.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[expect(
+    clippy::needless_range_loop,
+    reason = "positions outside, heads inside: scores[h][j] is indexed across both"
+)]
+unsafe fn attend_heads_avx512<const G: usize, const FP8: bool>(
+    q: &[f32],
+    keys: Rows,
+    values: Rows,
+    range: std::ops::Range<usize>,
+    scale: f32,
+    part: PartialAttn<'_>,
+) {
+    const V: usize = 4;
+    let hd = 16 * V;
+    assert!(range.end * hd <= keys.len && range.end * hd <= values.len && q.len() >= G * hd);
+    assert!(part.m.len() >= G && part.l.len() >= G && part.o.len() >= G * hd);
+    let kscale = scale * keys.scale;
+    // SAFETY: positions in `range` are inside `keys`/`values` and q / part.o hold G * hd floats (asserted
+    // above); all loads and stores stay within those bounds.
+    unsafe {
+        let qv: [[__m512; V]; G] = std::array::from_fn(|h| {
+            std::array::from_fn(|i| _mm512_loadu_ps(q.as_ptr().add(h * hd + 16 * i)))
+        });
+        let mut scores = [[0f32; GROUP_CHUNK]; G];
+        let mut start = range.start;
+        while start < range.end {
+            let len = (range.end - start).min(GROUP_CHUNK);
+            for j in 0..len {
+                let row = (start + j) * hd;
+                let k: [__m512; V] = std::array::from_fn(|i| load16::<FP8>(keys, row + 16 * i));
+                for h in 0..G {
+                    let mut acc = _mm512_mul_ps(qv[h][0], k[0]);
+                    for i in 1..V {
+                        acc = _mm512_fmadd_ps(qv[h][i], k[i], acc);
+                    }
+                    scores[h][j] = _mm512_reduce_add_ps(acc) * kscale;
+                }
+            }
+            let mut acc = [[_mm512_setzero_ps(); V]; G];
+            for h in 0..G {
+                let row = &mut scores[h][..len];
+                let cmax = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let new_m = part.m[h].max(cmax);
+                let corr = (part.m[h] - new_m).exp();
+                part.m[h] = new_m;
+                part.l[h] = part.l[h] * corr + exp_sub_avx2(row, new_m);
+                let o = part.o.as_ptr().add(h * hd);
+                let cv = _mm512_set1_ps(corr);
+                acc[h] = std::array::from_fn(|i| _mm512_mul_ps(_mm512_loadu_ps(o.add(16 * i)), cv));
+            }
+            for j in 0..len {
+                let vrow = (start + j) * hd;
+                let v: [__m512; V] = std::array::from_fn(|i| load16::<FP8>(values, vrow + 16 * i));
+                for h in 0..G {
+                    let pv = _mm512_set1_ps(scores[h][j] * values.scale);
+                    for i in 0..V {
+                        acc[h][i] = _mm512_fmadd_ps(pv, v[i], acc[h][i]);
+                    }
+                }
+            }
+            for (h, a) in acc.iter().enumerate() {
+                let o = part.o.as_mut_ptr().add(h * hd);
+                for (i, x) in a.iter().enumerate() {
+                    _mm512_storeu_ps(o.add(16 * i), *x);
                 }
             }
             start += len;

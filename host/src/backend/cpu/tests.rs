@@ -185,7 +185,14 @@ fn fill_seq(kv: &mut KvCache, n: usize, done: usize, seed: u64) -> SeqKv {
 
 #[test]
 fn simd_attention_matches_reference() {
-    let (heads, kv_heads, hd) = (6, 2, 64);
+    // Groups of 3 and 4 query heads per KV head take the interleaved kernel, 5 the per-head one.
+    for (heads, kv_heads) in [(6, 2), (8, 2), (10, 2)] {
+        attention_case(heads, kv_heads);
+    }
+}
+
+fn attention_case(heads: usize, kv_heads: usize) {
+    let hd = 64;
     let shape = KvShape {
         n_layers: 1,
         n_kv_heads: kv_heads,
@@ -267,8 +274,9 @@ fn simd_attention_matches_reference() {
                             {
                                 assert!(
                                     (g - w).abs() < 1e-4 * (1.0 + w.abs()),
-                                    "{isa:?} {dtype:?} pages of {page_size}, {threads} threads, t={t} \
-                                     h={h} d={d}: {g} vs {w}"
+                                    "{isa:?} {dtype:?} group {}, pages of {page_size}, {threads} threads, \
+                                     t={t} h={h} d={d}: {g} vs {w}",
+                                    heads / kv_heads
                                 );
                             }
                         }
