@@ -45,6 +45,8 @@ pub struct EngineBench {
     pub kv_dtypes: Vec<thorn::kv::KvDtype>,
     /// Positions per KV page.
     pub page_size: usize,
+    /// Concurrent sequences to measure batched decode with (aggregate tok/s), besides the single-sequence rows.
+    pub batches: Vec<usize>,
 }
 
 /// `thorn bench engine`: prefill and decode speed, llama-bench style, once per KV element type.
@@ -100,6 +102,38 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
                 format!("tg{tg}@d{depth}")
             };
             rows.push((name, kv, median(runs.clone()), runs));
+        }
+        // Batched decode: B sequences with short distinct prompts decode together on the scheduler; the
+        // aggregate rate counts every sequence's tokens over the slowest one's decode time.
+        for &batch in &b.batches {
+            let mut runs = Vec::new();
+            for r in 0..reps {
+                e.reset();
+                let reqs = (0..batch)
+                    .map(|i| {
+                        let mut req = thorn::engine::Request::greedy(
+                            tokens(32, vocab, 1000 + (r * batch + i) as u64),
+                            tg,
+                        );
+                        req.ignore_eos = true;
+                        (req, None)
+                    })
+                    .collect();
+                let cfg = thorn::engine::scheduler::SchedulerConfig {
+                    max_batch: batch,
+                    step_tokens: 32 * batch,
+                };
+                let (outs, _) = e.generate_batch(reqs, cfg);
+                let mut generated = 0usize;
+                let mut slowest = Duration::ZERO;
+                for (_, g) in outs {
+                    let g = g?;
+                    generated += g.stats.generated.saturating_sub(1);
+                    slowest = slowest.max(g.stats.decode);
+                }
+                runs.push(generated as f64 / slowest.as_secs_f64().max(1e-9));
+            }
+            rows.push((format!("tg{tg} x{batch}"), kv, median(runs.clone()), runs));
         }
         if profiled.is_none() {
             profiled = Some(e);

@@ -184,6 +184,9 @@ enum BenchCmd {
         /// Positions per KV page.
         #[arg(long, default_value_t = thorn::kv::KvConfig::PAGE_SIZE)]
         page_size: usize,
+        /// Also decode this many sequences at once (continuous batching), e.g. 4,8: aggregate tok/s.
+        #[arg(long, value_delimiter = ',')]
+        batch: Vec<usize>,
     },
     /// Schema-constrained tool calls over the BFCL questions: validity, compile and mask times, forced
     /// tokens, and decode speed with vs without the grammar.
@@ -428,6 +431,7 @@ fn main() -> Result<()> {
                     model,
                     kv_dtype,
                     page_size,
+                    batch,
                 },
         } => bench::engine(
             &resolve(&cache, model)?,
@@ -439,6 +443,7 @@ fn main() -> Result<()> {
                 threads,
                 kv_dtypes: kv_dtype,
                 page_size,
+                batches: batch,
             },
             json,
         ),

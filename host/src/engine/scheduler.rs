@@ -255,7 +255,11 @@ impl Scheduler {
             if !a.dec.pending().is_empty() {
                 a.dec.ran_pending();
             }
-            a.first.get_or_insert(now);
+            if a.first.is_none() {
+                // The prompt is in: share its full pages with requests that arrive while this one runs.
+                kv.commit(seq, &a.dec.history()[..seq.len()]);
+                a.first = Some(now);
+            }
             let sink = &mut a.sink;
             let res = a.dec.advance(logits, tokenizer, &mut |t| sink.text(t));
             if let Err(e) = res {
