@@ -429,17 +429,8 @@ impl Engine {
         guide: Option<&mut Guide>,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, EngineError> {
+        self.check_request(req)?;
         let vocab = self.model.config().vocab;
-        if let Some(&bad) = req
-            .prompt
-            .iter()
-            .chain(&req.stop_tokens)
-            .find(|&&t| t as usize >= vocab)
-        {
-            return Err(EngineError::Request(format!(
-                "token id {bad} is outside the vocabulary ({vocab})"
-            )));
-        }
         let t0 = Instant::now();
         let cached_tokens = self.prefill(&req.prompt)?;
         let prefill = t0.elapsed();
