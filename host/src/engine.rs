@@ -371,29 +371,11 @@ impl Engine {
             } else {
                 Logits::None
             };
-            let out = run_seq(
-                &self.cpu,
-                &self.model,
-                &mut self.kv,
-                &mut self.batch,
-                &mut self.scratch,
-                &mut seq,
-                &prompt[pos..end],
-                want,
-            );
-            match out {
-                Ok(o) => {
-                    if want == Logits::Last {
-                        self.logits.clear();
-                        self.logits.extend_from_slice(o);
-                    }
-                }
-                Err(e) => {
-                    // Keep what was computed cached: a retry (or the next turn) resumes from there.
-                    let done = seq.len();
-                    self.kv.release(seq, Some(&prompt[..done]));
-                    return Err(e);
-                }
+            if let Err(e) = self.run_seq(&mut seq, &prompt[pos..end], want) {
+                // Keep what was computed cached: a retry (or the next turn) resumes from there.
+                let done = seq.len();
+                self.kv.release(seq, Some(&prompt[..done]));
+                return Err(e);
             }
             pos = end;
         }
@@ -447,18 +429,7 @@ impl Engine {
                 if dec.is_done() {
                     return Ok(());
                 }
-                let out = run_seq(
-                    &self.cpu,
-                    &self.model,
-                    &mut self.kv,
-                    &mut self.batch,
-                    &mut self.scratch,
-                    &mut seq,
-                    dec.pending(),
-                    Logits::Last,
-                )?;
-                self.logits.clear();
-                self.logits.extend_from_slice(out);
+                self.run_seq(&mut seq, dec.pending(), Logits::Last)?;
                 dec.ran_pending();
             }
         };
@@ -489,6 +460,32 @@ impl Engine {
         })
     }
 
+    /// Reserves pages for `tokens` after `seq`'s positions, runs them as a one-sequence batch and marks them
+    /// written; with [`Logits::Last`] the last position's logits are left in `self.logits`.
+    fn run_seq(
+        &mut self,
+        seq: &mut SeqKv,
+        tokens: &[TokenId],
+        want: Logits,
+    ) -> Result<(), EngineError> {
+        self.kv.reserve(seq, seq.len() + tokens.len())?;
+        self.batch.clear();
+        self.batch.push(seq, tokens, want);
+        let out = self.model.forward(
+            &self.cpu,
+            self.kv.pool_mut(),
+            &self.batch,
+            &mut self.scratch,
+        )?;
+        if want == Logits::Last {
+            self.logits.clear();
+            self.logits.extend_from_slice(out);
+        }
+        seq.advance(tokens.len());
+        self.kv.count_computed(tokens.len());
+        Ok(())
+    }
+
     /// Runs `tokens` (appended to the current sequence) through the model and returns the last position's
     /// logits, as one decode step does (benchmarks replay a fixed text this way).
     pub fn step(&mut self, tokens: &[TokenId]) -> Result<&mut [f32], EngineError> {
@@ -506,25 +503,9 @@ impl Engine {
             self.current = Some((seq, toks));
             return Err(EngineError::Request(msg));
         }
-        let out = run_seq(
-            &self.cpu,
-            &self.model,
-            &mut self.kv,
-            &mut self.batch,
-            &mut self.scratch,
-            &mut seq,
-            tokens,
-            Logits::Last,
-        );
-        match out {
-            Ok(o) => {
-                self.logits.clear();
-                self.logits.extend_from_slice(o);
-            }
-            Err(e) => {
-                self.current = Some((seq, toks));
-                return Err(e);
-            }
+        if let Err(e) = self.run_seq(&mut seq, tokens, Logits::Last) {
+            self.current = Some((seq, toks));
+            return Err(e);
         }
         toks.extend_from_slice(tokens);
         self.current = Some((seq, toks));
@@ -540,29 +521,4 @@ impl Engine {
         }
         Ok(t.elapsed())
     }
-}
-
-/// Reserves pages for `tokens` after `seq`'s positions, runs them as a one-sequence batch and marks them
-/// written; returns the logits asked for.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "split borrows of the engine's fields"
-)]
-fn run_seq<'s>(
-    cpu: &Cpu,
-    model: &Llama,
-    kv: &mut KvCache,
-    batch: &mut Batch,
-    scratch: &'s mut Scratch,
-    seq: &mut SeqKv,
-    tokens: &[TokenId],
-    want: Logits,
-) -> Result<&'s [f32], EngineError> {
-    kv.reserve(seq, seq.len() + tokens.len())?;
-    batch.clear();
-    batch.push(seq, tokens, want);
-    let out = model.forward(cpu, kv.pool_mut(), batch, scratch)?;
-    seq.advance(tokens.len());
-    kv.count_computed(tokens.len());
-    Ok(out)
 }
