@@ -87,6 +87,9 @@ pub struct Turn {
     pub conversation: Option<String>,
     /// Return per-token log-probabilities (of the last round).
     pub logprobs: bool,
+    /// Whether to speculate (draft and verify); the output is the same either way. Defaults to on, subject
+    /// to the server's `--speculation`.
+    pub speculation: bool,
 }
 
 /// One generated token's log-probability, with the most likely alternatives.
@@ -432,6 +435,7 @@ impl Agent {
             sampling: turn.sampling.clone(),
             stop: turn.stop.clone(),
             cancel: Some(Arc::clone(cancel)),
+            speculate: turn.speculation,
             ..Request::greedy(Vec::new(), turn.max_tokens)
         };
         let context = self.model.context;

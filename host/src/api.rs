@@ -486,6 +486,7 @@ fn turn_of(st: &AppState, r: wire::ChatRequest) -> Result<(Turn, Shape), ApiErro
         max_tool_rounds: r.max_tool_rounds.map(|n| n as usize),
         conversation: r.conversation_id.or(r.user),
         logprobs,
+        speculation: r.speculation.unwrap_or(true),
     };
     Ok((turn, shape))
 }
@@ -866,6 +867,7 @@ async fn completions(
             max_tool_rounds: Some(0),
             conversation: None,
             logprobs: req.logprobs.is_some(),
+            speculation: req.speculation.unwrap_or(true),
         };
         let shape = Shape {
             stream: req.stream.unwrap_or(false),

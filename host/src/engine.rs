@@ -26,6 +26,7 @@ use crate::model::llama::{Llama, Logits, Precision, Profile, Scratch};
 use crate::sample::grammar::{GrammarError, GrammarFactory};
 use crate::sample::guide::Guide;
 use crate::sample::{Sampled, SamplingParams};
+use crate::spec::{PassShape, SpecConfig, SpecStats, Speculator};
 use crate::tokenizer::{TokenId, Tokenizer, TokenizerError};
 use std::path::Path;
 use std::sync::Arc;
@@ -79,6 +80,8 @@ pub struct EngineConfig {
     pub cache_output: bool,
     /// Arithmetic of the forward pass.
     pub precision: Precision,
+    /// Speculative decoding.
+    pub speculation: SpecConfig,
 }
 
 impl Default for EngineConfig {
@@ -91,6 +94,7 @@ impl Default for EngineConfig {
             page_size: KvConfig::PAGE_SIZE,
             cache_output: true,
             precision: Precision::Quantized,
+            speculation: SpecConfig::default(),
         }
     }
 }
@@ -112,6 +116,8 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Set from another thread to stop generating (a client went away); checked before every step.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Whether this request may speculate (when the engine does; the output is the same either way).
+    pub speculate: bool,
 }
 
 impl Request {
@@ -125,6 +131,7 @@ impl Request {
             stop_tokens: vec![],
             ignore_eos: false,
             cancel: None,
+            speculate: true,
         }
     }
 
@@ -201,6 +208,24 @@ pub struct Generation {
     pub stats: Stats,
 }
 
+/// Lays out a speculating decoder's pass: its pending tokens as a chain, then its tree (whose roots follow
+/// the last pending token).
+pub(crate) fn tree_pass(dec: &Decoder<'_>, tokens: &mut Vec<TokenId>, parents: &mut Vec<u32>) {
+    let p = dec.pending().len() as u32;
+    tokens.clear();
+    parents.clear();
+    tokens.extend_from_slice(dec.pending());
+    tokens.extend_from_slice(dec.tree());
+    parents.extend((0..p).map(|i| if i == 0 { crate::kv::NO_PARENT } else { i - 1 }));
+    parents.extend(dec.tree_parents().iter().map(|&q| {
+        if q == crate::kv::NO_PARENT {
+            p - 1
+        } else {
+            q + p
+        }
+    }));
+}
+
 /// A loaded model ready to generate.
 #[derive(Debug)]
 pub struct Engine {
@@ -217,6 +242,10 @@ pub struct Engine {
     /// The sequence [`Engine::prefill`] / [`Engine::step`] / [`Engine::eval`] extend, and its tokens.
     current: Option<(SeqKv, Vec<TokenId>)>,
     logits: Vec<f32>,
+    spec: Speculator,
+    /// A tree pass's tokens and parents (reused).
+    pass_tokens: Vec<TokenId>,
+    pass_parents: Vec<u32>,
 }
 
 impl Engine {
@@ -262,6 +291,9 @@ impl Engine {
             scratch: Scratch::default(),
             current: None,
             logits: Vec::new(),
+            spec: Speculator::new(cfg.speculation.clone()),
+            pass_tokens: Vec::new(),
+            pass_parents: Vec::new(),
             model,
         })
     }
@@ -313,6 +345,55 @@ impl Engine {
     /// The KV cache's configuration.
     pub fn kv_config(&self) -> &KvConfig {
         self.kv.config()
+    }
+
+    /// Speculation's counters.
+    pub fn spec_stats(&self) -> SpecStats {
+        self.spec.stats
+    }
+
+    /// Speculation's configuration.
+    pub fn spec_config(&self) -> &SpecConfig {
+        &self.spec.cfg
+    }
+
+    /// Changes how to speculate (the cost model, calibration and store are kept).
+    pub fn set_speculation(&mut self, cfg: SpecConfig) {
+        self.spec.cfg = cfg;
+    }
+
+    /// The speculator (cost model, calibration, store).
+    pub fn speculator(&self) -> &Speculator {
+        &self.spec
+    }
+
+    /// Measures the cost of forward passes of 1 to 64 tokens, which sizes draft trees (they are measured
+    /// while serving too; this gives the first trees a measured shape). Uses a scratch sequence that is
+    /// not cached. Takes on the order of a hundred decode steps.
+    pub fn calibrate_speculation(&mut self) -> Result<(), EngineError> {
+        const SIZES: [usize; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+        let ctx: Vec<TokenId> = (0..256u32)
+            .map(|i| 100 + i % 1000)
+            .take(self.context.saturating_sub(80).min(256))
+            .collect();
+        if ctx.is_empty() {
+            return Ok(());
+        }
+        let mut seq = self.kv.acquire(&[]);
+        let res = (|| {
+            self.run_seq(&mut seq, &ctx, Logits::None)?;
+            let start = seq.len();
+            for _ in 0..2 {
+                for n in SIZES {
+                    let toks = &ctx[..n.min(ctx.len())];
+                    self.run_seq(&mut seq, toks, Logits::Tail(toks.len()))?;
+                    self.kv.truncate(&mut seq, start);
+                }
+            }
+            Ok(())
+        })();
+        self.kv.release(seq, None);
+        res
     }
 
     /// Turns per-stage timing of the forward pass on (fresh counters) or off.
@@ -424,12 +505,47 @@ impl Engine {
         };
         let mut dec = Decoder::new(req.clone(), slot, vocab, self.context);
         let mut run = || -> Result<(), EngineError> {
+            // Where the tree in flight starts, and its size.
+            let mut tree: Option<(usize, usize)> = None;
             loop {
-                dec.advance(&mut self.logits, &self.tokenizer, on_text)?;
+                match tree.take() {
+                    None => dec.advance(&mut self.logits[..vocab], &self.tokenizer, on_text)?,
+                    Some((start, _)) => {
+                        dec.advance_tree(
+                            &mut self.logits,
+                            vocab,
+                            &self.tokenizer,
+                            on_text,
+                            &mut self.spec,
+                        )?;
+                        self.kv.keep_path(&mut seq, start, dec.accepted());
+                    }
+                }
                 if dec.is_done() {
                     return Ok(());
                 }
-                self.run_seq(&mut seq, dec.pending(), Logits::Last)?;
+                let p = dec.pending().len();
+                let shape = PassShape {
+                    base: p,
+                    decisions: 1.0,
+                    room: self.context.saturating_sub(seq.len() + p),
+                };
+                dec.draft(&mut self.spec, &self.tokenizer, shape)?;
+                if dec.tree().is_empty() {
+                    self.run_seq(&mut seq, dec.pending(), Logits::Last)?;
+                } else {
+                    let start = seq.len() + p;
+                    let n = dec.tree().len();
+                    tree_pass(&dec, &mut self.pass_tokens, &mut self.pass_parents);
+                    let (toks, parents) = (
+                        std::mem::take(&mut self.pass_tokens),
+                        std::mem::take(&mut self.pass_parents),
+                    );
+                    let r = self.run_pass(&mut seq, &toks, Some(&parents), Logits::Tail(n + 1));
+                    (self.pass_tokens, self.pass_parents) = (toks, parents);
+                    r?;
+                    tree = Some((start, n));
+                }
                 dec.ran_pending();
             }
         };
@@ -443,6 +559,11 @@ impl Engine {
         self.kv.release(seq, Some(&dec.history()[..keep]));
         res?;
         let d = dec.finish(on_text);
+        self.spec.stats.passes += d.forward_passes as u64 + 1;
+        self.spec.stats.tokens += d.tokens.len() as u64;
+        if req.speculate && self.spec.cfg.enabled {
+            self.spec.store.add(&d.tokens, &self.tokenizer);
+        }
         let stats = Stats {
             forward_passes: d.forward_passes,
             prompt_tokens: req.prompt.len(),
@@ -461,26 +582,45 @@ impl Engine {
     }
 
     /// Reserves pages for `tokens` after `seq`'s positions, runs them as a one-sequence batch and marks them
-    /// written; with [`Logits::Last`] the last position's logits are left in `self.logits`.
+    /// written; the logits asked for are left in `self.logits`.
     fn run_seq(
         &mut self,
         seq: &mut SeqKv,
         tokens: &[TokenId],
         want: Logits,
     ) -> Result<(), EngineError> {
+        self.run_pass(seq, tokens, None, want)
+    }
+
+    /// [`Engine::run_seq`] for a chain (`parents: None`) or a token tree ([`Batch::push_tree`]). Every pass
+    /// is timed for the speculation cost model.
+    fn run_pass(
+        &mut self,
+        seq: &mut SeqKv,
+        tokens: &[TokenId],
+        parents: Option<&[u32]>,
+        want: Logits,
+    ) -> Result<(), EngineError> {
         self.kv.reserve(seq, seq.len() + tokens.len())?;
         self.batch.clear();
-        self.batch.push(seq, tokens, want);
+        match parents {
+            Some(p) => self.batch.push_tree(seq, tokens, p, want),
+            None => self.batch.push(seq, tokens, want),
+        }
+        let t = Instant::now();
         let out = self.model.forward(
             &self.cpu,
             self.kv.pool_mut(),
             &self.batch,
             &mut self.scratch,
         )?;
-        if want == Logits::Last {
+        if want != Logits::None {
             self.logits.clear();
             self.logits.extend_from_slice(out);
         }
+        self.spec
+            .cost
+            .observe(tokens.len(), t.elapsed().as_secs_f64());
         seq.advance(tokens.len());
         self.kv.count_computed(tokens.len());
         Ok(())

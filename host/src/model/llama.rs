@@ -423,11 +423,12 @@ impl Llama {
                 let row = &mut s.qkv[t * qkv_w..(t + 1) * qkv_w];
                 let (q, rest) = row.split_at_mut(d);
                 let (k, v) = rest.split_at_mut(kvd);
-                let (span, pos) = batch.locate(t);
+                let (span, slot) = batch.locate(t);
+                let pos = batch.position(t);
                 let angles = &s.rope[pos * (hd / 2)..(pos + 1) * (hd / 2)];
                 ops::rope_table(q, hd, angles);
                 ops::rope_table(k, hd, angles);
-                pool.write(batch.pages(span)[pos / ps], pos % ps, li, k, v);
+                pool.write(batch.pages(span)[slot / ps], slot % ps, li, k, v);
                 s.q[t * d..(t + 1) * d].copy_from_slice(q);
             }
             mark(&mut s.profile, Stage::Other);
@@ -476,6 +477,7 @@ impl Llama {
                 Logits::None => continue,
                 Logits::Last => span.first + span.len - 1..span.first + span.len,
                 Logits::All => span.first..span.first + span.len,
+                Logits::Tail(k) => span.first + span.len - k.min(span.len)..span.first + span.len,
             };
             for t in rows {
                 simd::rmsnorm(
