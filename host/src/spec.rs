@@ -352,7 +352,10 @@ pub struct Builder {
 impl Builder {
     /// Builds `tree` from `props`, validating every node with `grammar` (its state is where the tree
     /// starts; it is left unchanged), sized by `cost` for a pass shaped like `pass`.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the tree's inputs are independent; a struct would only rename them"
+    )]
     pub fn build(
         &mut self,
         props: &Proposals,
@@ -491,7 +494,10 @@ impl Builder {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a private helper of the builder's loop"
+)]
 fn push_children(
     heap: &mut BinaryHeap<Candidate>,
     scratch: &mut Vec<Candidate>,

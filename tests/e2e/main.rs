@@ -7,5 +7,6 @@ mod engine;
 mod model_file;
 mod plugins;
 mod server;
+mod spec;
 mod tokenizer;
 mod tool_calls;

@@ -208,9 +208,17 @@ impl Scheduler {
             let a = &self.running[i];
             let seq = a.seq.as_ref().expect("running sequences hold KV");
             let from = seq.len();
-            engine
-                .batch
-                .push(seq, &a.dec.history()[from..from + n], want);
+            if let Logits::Tail(_) = want {
+                // A decode with a draft tree.
+                super::tree_pass(&a.dec, &mut engine.pass_tokens, &mut engine.pass_parents);
+                engine
+                    .batch
+                    .push_tree(seq, &engine.pass_tokens, &engine.pass_parents, want);
+            } else {
+                engine
+                    .batch
+                    .push(seq, &a.dec.history()[from..from + n], want);
+            }
         }
         let Engine {
             cpu,
@@ -219,9 +227,13 @@ impl Scheduler {
             batch,
             scratch,
             tokenizer,
+            spec,
             ..
         } = engine;
-        let out = match model.forward(cpu, kv.pool_mut(), batch, scratch) {
+        let t0 = Instant::now();
+        let forward = model.forward(cpu, kv.pool_mut(), batch, scratch);
+        spec.cost.observe(batch.len(), t0.elapsed().as_secs_f64());
+        let out = match forward {
             Ok(o) => o,
             Err(e) => {
                 let msg = e.to_string();
@@ -240,18 +252,23 @@ impl Scheduler {
             }
         };
         let vocab = model.config().vocab;
-        let mut rows = out.chunks_mut(vocab);
+        let mut row = 0;
         let now = Instant::now();
         let mut done = Vec::new();
         for &(i, n, want) in &self.plan {
             let a = &mut self.running[i];
             let seq = a.seq.as_mut().expect("running sequences hold KV");
+            let start = seq.len();
             seq.advance(n);
             kv.count_computed(n);
-            if want != Logits::Last {
-                continue;
-            }
-            let logits = rows.next().expect("one row per sequence that asked");
+            let k = match want {
+                Logits::None => continue,
+                Logits::Last => 1,
+                Logits::Tail(k) => k,
+                Logits::All => n,
+            };
+            let logits = &mut out[row * vocab..(row + k) * vocab];
+            row += k;
             if !a.dec.pending().is_empty() {
                 a.dec.ran_pending();
             }
@@ -261,7 +278,16 @@ impl Scheduler {
                 a.first = Some(now);
             }
             let sink = &mut a.sink;
-            let res = a.dec.advance(logits, tokenizer, &mut |t| sink.text(t));
+            let res = if let Logits::Tail(k) = want {
+                let r = a
+                    .dec
+                    .advance_tree(logits, vocab, tokenizer, &mut |t| sink.text(t), spec);
+                // Keep the accepted path of the tree, stored after the pending tokens.
+                kv.keep_path(seq, start + n - (k - 1), a.dec.accepted());
+                r
+            } else {
+                a.dec.advance(logits, tokenizer, &mut |t| sink.text(t))
+            };
             if let Err(e) = res {
                 done.push((i, Some(e)));
             } else if a.dec.is_done() {
@@ -358,6 +384,7 @@ impl Scheduler {
                     self.plan.push((i, n, want));
                 }
             }
+            self.draft_trees(engine)?;
             // Reserve pages; on failure preempt the youngest and plan again.
             let mut short = None;
             for &(i, n, _) in &self.plan {
@@ -391,6 +418,45 @@ impl Scheduler {
         }
     }
 
+    /// Gives decoding sequences draft trees, sized for the batch as planned so far (a tree must pay for
+    /// what it adds to everyone's pass).
+    fn draft_trees(&mut self, engine: &mut Engine) -> Result<(), KvError> {
+        if !engine.spec.cfg.enabled {
+            return Ok(());
+        }
+        let mut base: usize = self.plan.iter().map(|p| p.1).sum();
+        let decisions = self
+            .plan
+            .iter()
+            .filter(|p| p.2 == Logits::Last)
+            .count()
+            .max(1) as f32;
+        for item in &mut self.plan {
+            let (i, n, want) = *item;
+            let a = &mut self.running[i];
+            if want != Logits::Last || a.dec.pending().len() != n || a.first.is_none() {
+                continue;
+            }
+            let seq = a.seq.as_ref().expect("running sequences hold KV");
+            let shape = crate::spec::PassShape {
+                base,
+                decisions,
+                room: engine.context.saturating_sub(seq.len() + n),
+            };
+            if let Err(e) = a.dec.draft(&mut engine.spec, &engine.tokenizer, shape) {
+                // Drafting is an optimisation: a failure only means no tree this step.
+                tracing::debug!("drafting failed: {e}");
+                continue;
+            }
+            let t = a.dec.tree().len();
+            if t > 0 {
+                *item = (i, n + t, Logits::Tail(t + 1));
+                base += t;
+            }
+        }
+        Ok(())
+    }
+
     /// The sequence to give up when memory is short: the most recently admitted.
     fn plan_victim(&self) -> usize {
         self.running.len() - 1
@@ -421,7 +487,13 @@ impl Scheduler {
             return;
         }
         let prompt_tokens = dec.prompt_len();
+        let speculated = dec.request().speculate && engine.spec.cfg.enabled;
         let d = dec.finish(&mut |t| sink.text(t));
+        engine.spec.stats.passes += d.forward_passes as u64 + 1;
+        engine.spec.stats.tokens += d.tokens.len() as u64;
+        if speculated {
+            engine.spec.store.add(&d.tokens, &engine.tokenizer);
+        }
         let now = Instant::now();
         let first = first.unwrap_or(now);
         let stats = Stats {
