@@ -1,5 +1,6 @@
 //! `thorn bench engine`: the llama-bench measurements (pp, tg, tg at depth) on thorn's own engine.
 //! `thorn bench grammar`: constrained tool calls over BFCL ([`grammar`]).
+//! `thorn bench spec`: speculative decoding on BFCL tool calls and trajectory turns ([`spec`]).
 //! `thorn bench bfcl` and `thorn bench agentic`: BFCL accuracy and the MLPerf Edge Agentic replay against any
 //! OpenAI-compatible endpoint ([`bfcl`], [`agentic`]), so thorn and its peers are measured by the same code.
 
@@ -8,6 +9,7 @@ pub mod bfcl;
 pub mod chart;
 mod client;
 pub mod grammar;
+pub mod spec;
 
 use anyhow::{Context, Result};
 use std::path::Path;

@@ -362,6 +362,12 @@ impl Engine {
         self.spec.cfg = cfg;
     }
 
+    /// Exchanges the engine's speculator with `other` (benchmarks compare configurations, each with its
+    /// own store and calibration).
+    pub fn swap_speculator(&mut self, other: &mut Speculator) {
+        std::mem::swap(&mut self.spec, other);
+    }
+
     /// The speculator (cost model, calibration, store).
     pub fn speculator(&self) -> &Speculator {
         &self.spec

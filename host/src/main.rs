@@ -200,6 +200,9 @@ enum BenchCmd {
     Bfcl(BfclBenchArgs),
     /// The MLPerf Edge Agentic replay (teacher-forced SWE-agent conversations) against an endpoint.
     Agentic(AgenticBenchArgs),
+    /// Speculative decoding: tokens per forward pass and decode speed with no speculation, a 3-token chain
+    /// and the draft tree, on BFCL tool calls and the replay set's assistant turns.
+    Spec(SpecBenchArgs),
     /// Chart TTFT per turn against context length from agentic reports (one series each).
     Chart {
         /// Agentic JSON reports, each `FILE` or `LABEL=FILE`.
@@ -277,6 +280,52 @@ struct AgenticBenchArgs {
     /// default model).
     #[arg(long)]
     tokenizer_model: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct SpecBenchArgs {
+    /// The BFCL data directory.
+    #[arg(long, default_value = "../shared/bfcl")]
+    bfcl_dir: PathBuf,
+    /// BFCL categories.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "simple_python,multiple,parallel,parallel_multiple,live_simple"
+    )]
+    categories: Vec<String>,
+    /// Questions per category.
+    #[arg(long, default_value_t = 6)]
+    questions: usize,
+    /// The recorded conversations (JSON Lines).
+    #[arg(
+        long,
+        default_value = "../shared/trajectories/agentic_coding_2.5h.jsonl"
+    )]
+    trajectories: PathBuf,
+    /// Conversations whose assistant turns are generated.
+    #[arg(long, default_value_t = 4)]
+    conversations: usize,
+    /// Assistant turns per conversation.
+    #[arg(long, default_value_t = 3)]
+    turns: usize,
+    /// Most tokens per generation.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Context length (turns that do not fit are skipped).
+    #[arg(long, default_value_t = 8192)]
+    context: usize,
+    /// CPU threads (0 = one per physical core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Model file (default: the pulled default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[command(flatten)]
+    spec: serve::SpecArgs,
 }
 
 #[derive(clap::Args)]
@@ -372,6 +421,28 @@ fn main() -> Result<()> {
             bench::chart::draw(&series, &out)?;
             eprintln!("wrote {}", out.display());
             Ok(())
+        }
+        Cmd::Bench {
+            cmd: BenchCmd::Spec(a),
+        } => {
+            let model = resolve(&cache, a.model)?;
+            bench::spec::run(&bench::spec::Opts {
+                model: &model,
+                bfcl_dir: &a.bfcl_dir,
+                categories: &a.categories,
+                questions: a.questions,
+                trajectories: &a.trajectories,
+                conversations: a.conversations,
+                turns: a.turns,
+                max_tokens: a.max_tokens,
+                context: a.context,
+                threads: a.threads,
+                tree: thorn::spec::SpecConfig {
+                    enabled: true,
+                    ..a.spec.config()
+                },
+                json: a.json.as_deref(),
+            })
         }
         Cmd::Bench {
             cmd: BenchCmd::Bfcl(a),

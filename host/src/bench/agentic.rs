@@ -35,14 +35,14 @@ pub struct Opts {
 }
 
 /// One recorded conversation: the system prompt, the tools, and its rows in order.
-struct Conversation {
-    id: String,
-    tools: Vec<Value>,
-    system: String,
-    rows: Vec<Value>,
+pub(crate) struct Conversation {
+    pub(crate) id: String,
+    pub(crate) tools: Vec<Value>,
+    pub(crate) system: String,
+    pub(crate) rows: Vec<Value>,
 }
 
-fn load(path: &Path) -> Result<Vec<Conversation>> {
+pub(crate) fn load(path: &Path) -> Result<Vec<Conversation>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out: Vec<Conversation> = Vec::new();
@@ -77,7 +77,7 @@ fn load(path: &Path) -> Result<Vec<Conversation>> {
 
 /// The chat messages of a conversation up to and including row `upto`, in OpenAI form and as thorn
 /// messages (for counting tokens).
-fn history(c: &Conversation, upto: usize) -> (Vec<Value>, Vec<Message>) {
+pub(crate) fn history(c: &Conversation, upto: usize) -> (Vec<Value>, Vec<Message>) {
     let mut wire = vec![json!({"role": "system", "content": c.system})];
     let mut msgs = vec![Message::system(c.system.as_str())];
     for row in &c.rows[..=upto] {

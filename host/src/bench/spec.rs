@@ -1,0 +1,270 @@
+//! `thorn bench spec`: speculative decoding on tool calls and agent turns.
+//!
+//! Two workloads, each generated greedily three ways on the same engine, in rotating order per prompt:
+//!
+//! * **off**: no drafting (grammar fast-forward still commits forced tokens, as always);
+//! * **chain3**: a linear chain of at most 3 drafted tokens (top-1 per depth), the reference's baseline;
+//! * **tree**: the draft tree (top-k per depth, depth and node budgets from the options).
+//!
+//! Workloads: BFCL questions answered with `tool_choice: required` (tool-call generations), and the replay
+//! set's assistant turns (the model writes each turn after the recorded history, `tool_choice: auto`).
+//! Each mode keeps its own speculator (store of earlier outputs, calibration), so no mode drafts from
+//! another mode's answer to the same prompt; the cost model is measured once and shared. Prompts are
+//! prefilled by the first mode and served from the prefix cache for the others; only decoding is timed.
+//! Outputs must agree across modes (greedy speculation is exact); disagreements are counted and reported.
+
+use super::agentic::{Conversation, history, load};
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::rc::Rc;
+use thorn::bfcl;
+use thorn::chat::ChatTemplate;
+use thorn::engine::{Engine, EngineConfig, Request};
+use thorn::spec::{SpecConfig, SpecStats, Speculator};
+use thorn::tools::{ResponseFormat, ToolChoice, ToolSet};
+
+/// Options of a run.
+pub struct Opts<'a> {
+    pub model: &'a Path,
+    pub bfcl_dir: &'a Path,
+    pub categories: &'a [String],
+    pub questions: usize,
+    pub trajectories: &'a Path,
+    pub conversations: usize,
+    pub turns: usize,
+    pub max_tokens: usize,
+    pub context: usize,
+    pub threads: usize,
+    pub tree: SpecConfig,
+    pub json: Option<&'a Path>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    generations: usize,
+    tokens: usize,
+    passes: usize,
+    decode_secs: f64,
+    spec: SpecStats,
+}
+
+impl Tally {
+    fn tps(&self) -> f64 {
+        // The first token comes from the prefill's pass.
+        (self.tokens - self.generations.min(self.tokens)) as f64 / self.decode_secs.max(1e-9)
+    }
+
+    fn per_pass(&self) -> f64 {
+        self.tokens as f64 / self.passes.max(1) as f64
+    }
+
+    fn json(&self) -> Value {
+        let s = &self.spec;
+        json!({
+            "generations": self.generations,
+            "tokens": self.tokens,
+            "forward_passes": self.passes,
+            "tokens_per_forward": self.per_pass(),
+            "decode_seconds": self.decode_secs,
+            "decode_tok_s": self.tps(),
+            "trees": s.trees,
+            "tree_tokens": s.drafted,
+            "accepted": s.accepted,
+            "mean_tree_tokens": s.drafted as f64 / (s.trees as f64).max(1.0),
+            "acceptance": s.acceptance(),
+        })
+    }
+}
+
+const MODES: [&str; 3] = ["off", "chain3", "tree"];
+
+struct Case {
+    prompt: Vec<u32>,
+    tools: Rc<ToolSet>,
+    choice: ToolChoice,
+}
+
+fn bfcl_cases(e: &Engine, t: &ChatTemplate, o: &Opts<'_>) -> Result<Vec<Case>> {
+    let mut out = Vec::new();
+    for cat in o.categories {
+        let path = o.bfcl_dir.join(format!("BFCL_v4_{cat}.json"));
+        let qs = bfcl::load(&path).with_context(|| format!("loading {}", path.display()))?;
+        for q in qs.iter().take(o.questions) {
+            let Ok(tools) = ToolSet::new(&q.tools) else {
+                continue;
+            };
+            let text = tools.render(t, &q.messages, "", "<|im_end|>")?;
+            let prompt = e.tokenizer().encode(&text, true)?;
+            if prompt.len() + o.max_tokens < o.context {
+                out.push(Case {
+                    prompt,
+                    tools: Rc::new(tools),
+                    choice: ToolChoice::Required,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn trajectory_cases(e: &Engine, t: &ChatTemplate, o: &Opts<'_>) -> Result<Vec<Case>> {
+    let convs: Vec<Conversation> = load(o.trajectories)?;
+    let mut out = Vec::new();
+    for c in convs.iter().take(o.conversations) {
+        let tools = Rc::new(ToolSet::new(&c.tools)?);
+        let mut kept = 0;
+        for (ri, row) in c.rows.iter().enumerate() {
+            if row["role"] != "assistant" || ri == 0 || kept >= o.turns {
+                continue;
+            }
+            let msgs = history(c, ri - 1).1;
+            let text = tools.render(t, &msgs, "", "<|im_end|>")?;
+            let prompt = e.tokenizer().encode(&text, true)?;
+            if prompt.len() + o.max_tokens >= o.context {
+                break;
+            }
+            out.push(Case {
+                prompt,
+                tools: Rc::clone(&tools),
+                choice: ToolChoice::Auto,
+            });
+            kept += 1;
+        }
+    }
+    Ok(out)
+}
+
+fn run_cases(
+    e: &mut Engine,
+    cases: &[Case],
+    specs: &mut [Speculator; 3],
+    max_tokens: usize,
+    label: &str,
+) -> Result<([Tally; 3], usize)> {
+    let grammars = e.grammars()?.clone();
+    let mut t = [Tally::default(); 3];
+    let mut mismatches = 0;
+    let bar = indicatif::ProgressBar::new(cases.len() as u64).with_message(label.to_owned());
+    for (i, c) in cases.iter().enumerate() {
+        let mut outs: [Option<Vec<u32>>; 3] = Default::default();
+        for k in 0..3 {
+            // Rotate the order so no mode always runs first (cold caches, a noisy neighbour).
+            let m = (i + k) % 3;
+            let before = specs[m].stats;
+            e.swap_speculator(&mut specs[m]);
+            let mut guide = grammars.guide(&c.tools, &c.choice, true, &ResponseFormat::Text)?;
+            let req = Request::greedy(c.prompt.clone(), max_tokens);
+            let r = e.generate_guided(&req, guide.as_mut(), &mut |_| {});
+            e.swap_speculator(&mut specs[m]);
+            let g = r?;
+            let after = specs[m].stats;
+            let tl = &mut t[m];
+            tl.generations += 1;
+            tl.tokens += g.tokens.len();
+            tl.passes += g.stats.forward_passes + 1;
+            tl.decode_secs += g.stats.decode.as_secs_f64();
+            tl.spec.trees += after.trees - before.trees;
+            tl.spec.drafted += after.drafted - before.drafted;
+            tl.spec.accepted += after.accepted - before.accepted;
+            outs[m] = Some(g.tokens);
+        }
+        if outs[1] != outs[0] || outs[2] != outs[0] {
+            mismatches += 1;
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok((t, mismatches))
+}
+
+pub fn run(o: &Opts<'_>) -> Result<()> {
+    let mut e = Engine::load(
+        o.model,
+        &EngineConfig {
+            threads: o.threads,
+            context: o.context,
+            speculation: SpecConfig::off(),
+            ..EngineConfig::default()
+        },
+    )
+    .with_context(|| format!("loading {}", o.model.display()))?;
+    let template = ChatTemplate::new(
+        e.gguf()
+            .get_str("tokenizer.chat_template")
+            .context("the model has no chat template")?,
+    )?;
+    eprintln!("measuring forward passes of 1-64 tokens for the cost model ...");
+    e.set_speculation(SpecConfig::default());
+    e.calibrate_speculation()?;
+    let cost = e.speculator().cost.clone();
+    let configs = [
+        SpecConfig::off(),
+        SpecConfig::chain(3),
+        o.tree.clone(),
+    ];
+    let mut specs: [Speculator; 3] = configs.map(|c| {
+        let mut s = Speculator::new(c);
+        s.cost = cost.clone();
+        s
+    });
+    let workloads = [
+        ("bfcl tool calls", bfcl_cases(&e, &template, o)?),
+        ("trajectory turns", trajectory_cases(&e, &template, o)?),
+    ];
+    let mut report = json!({
+        "model": o.model.display().to_string(),
+        "threads": e.cpu().threads(),
+        "isa": format!("{:?}", e.cpu().isa()),
+        "max_tokens": o.max_tokens,
+        "tree": {"top_k": o.tree.top_k, "max_depth": o.tree.max_depth, "max_nodes": o.tree.max_nodes,
+                 "adaptive": o.tree.adaptive},
+        "cost_ms": (1..=64).filter(|&n| cost.measured(n)).map(|n| json!([n, cost.cost(n) * 1e3])).collect::<Vec<_>>(),
+        "workloads": {},
+    });
+    let mut md = String::new();
+    md.push_str(&format!(
+        "| workload | mode | generations | tokens | tokens/forward | decode tok/s | vs off | vs chain3 | tree tokens/tree | accepted |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    ));
+    for (label, cases) in &workloads {
+        let (t, mismatches) = run_cases(&mut e, cases, &mut specs, o.max_tokens, label)?;
+        let mut w = json!({"cases": cases.len(), "mismatches": mismatches});
+        for (m, name) in MODES.iter().enumerate() {
+            w[name] = t[m].json();
+            let s = &t[m].spec;
+            md.push_str(&format!(
+                "| {label} | {name} | {} | {} | {:.2} | {:.1} | {:.2}x | {:.2}x | {} | {} |\n",
+                t[m].generations,
+                t[m].tokens,
+                t[m].per_pass(),
+                t[m].tps(),
+                t[m].tps() / t[0].tps(),
+                t[m].tps() / t[1].tps(),
+                if s.trees > 0 {
+                    format!("{:.1}", s.drafted as f64 / s.trees as f64)
+                } else {
+                    "-".into()
+                },
+                if s.drafted > 0 {
+                    format!("{:.0}%", 100.0 * s.acceptance())
+                } else {
+                    "-".into()
+                },
+            ));
+        }
+        if mismatches > 0 {
+            md.push_str(&format!(
+                "\n**{mismatches} of {} {label} differ between modes** (a bug: greedy speculation is exact)\n\n",
+                cases.len()
+            ));
+        }
+        report["workloads"][label] = w;
+    }
+    println!("{md}");
+    if let Some(p) = o.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
