@@ -386,19 +386,30 @@ impl Engine {
             return Ok(());
         }
         let mut seq = self.kv.acquire(&[]);
+        let mut times = [[0f64; 3]; SIZES.len()];
         let res = (|| {
             self.run_seq(&mut seq, &ctx, Logits::None)?;
             let start = seq.len();
-            for _ in 0..2 {
-                for n in SIZES {
+            // A warm-up round, then three timed ones; the median of each size is kept.
+            for rep in 0..4 {
+                for (i, n) in SIZES.into_iter().enumerate() {
                     let toks = &ctx[..n.min(ctx.len())];
+                    let t = Instant::now();
                     self.run_seq(&mut seq, toks, Logits::Tail(toks.len()))?;
+                    if rep > 0 {
+                        times[i][rep - 1] = t.elapsed().as_secs_f64();
+                    }
                     self.kv.truncate(&mut seq, start);
                 }
             }
             Ok(())
         })();
         self.kv.release(seq, None);
+        for (i, n) in SIZES.into_iter().enumerate() {
+            let mut t = times[i];
+            t.sort_by(f64::total_cmp);
+            self.spec.cost.set(n, t[1]);
+        }
         res
     }
 

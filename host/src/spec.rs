@@ -34,9 +34,10 @@
 pub mod draft;
 pub mod suffix;
 
+use crate::sample::grammar::Mask;
 use crate::sample::grammar::{Constraint, GrammarError};
 use crate::tokenizer::{TokenId, Tokenizer};
-use draft::{CLASSES, DraftContext, Drafter, Proposals};
+use draft::{CLASSES, DraftContext, Drafter, GRAMMAR_CLASS, Proposals};
 use std::collections::BinaryHeap;
 use suffix::{SuffixDrafter, SuffixStore};
 
@@ -152,9 +153,14 @@ impl Default for Calibration {
 }
 
 impl Calibration {
-    /// Prior: a match of class `c` is right with probability `0.2 + 0.1 c` (strength 4 observations).
+    /// Prior: a match of class `c` is right with probability `0.2 + 0.1 c` (strength 4 observations); one
+    /// of the grammar's few alternatives is right for sure (their shares split it).
     fn prior(class: usize) -> (f32, f32) {
-        let p = (0.2 + 0.1 * class as f32).min(0.8);
+        let p = if class == GRAMMAR_CLASS as usize {
+            0.95
+        } else {
+            (0.2 + 0.1 * class as f32).min(0.8)
+        };
         (4.0 * p, 4.0)
     }
 
@@ -208,6 +214,13 @@ impl CostModel {
         } else {
             0.8 * *s + 0.2 * secs
         };
+    }
+
+    /// Sets the cost of a pass of `n` tokens (a calibration's median).
+    pub fn set(&mut self, n: usize, secs: f64) {
+        if (1..=Self::MAX).contains(&n) && secs.is_finite() && secs > 0.0 {
+            self.secs[n] = secs;
+        }
     }
 
     /// Whether a pass of `n` tokens was measured.
@@ -304,10 +317,15 @@ impl DraftTree {
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Candidate {
     prob: f32,
+    /// Proposal node it comes from ([`NO_PROP`] for a grammar alternative).
     prop: u32,
+    token: TokenId,
+    class: u8,
     parent: u32,
     depth: u16,
 }
+
+const NO_PROP: u32 = u32::MAX;
 
 impl Eq for Candidate {}
 impl PartialOrd for Candidate {
@@ -317,10 +335,11 @@ impl PartialOrd for Candidate {
 }
 impl Ord for Candidate {
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        // Highest probability first; ties by proposal order (deterministic).
+        // Highest probability first; ties by proposal order, then token (deterministic).
         self.prob
             .total_cmp(&o.prob)
             .then_with(|| o.prop.cmp(&self.prop))
+            .then_with(|| o.token.cmp(&self.token))
     }
 }
 
@@ -344,6 +363,7 @@ pub struct Builder {
     /// Proposal node each staged node continues from (`u32::MAX`: none).
     staged_prop: Vec<u32>,
     path: Vec<TokenId>,
+    mask: Mask,
     order: Vec<usize>,
     remap: Vec<u32>,
     stack: Vec<usize>,
@@ -371,20 +391,38 @@ impl Builder {
         s.clear();
         self.staged_prop.clear();
         self.heap.clear();
-        if props.is_empty() || pass.room == 0 || cfg.max_nodes == 0 {
+        if pass.room == 0 || cfg.max_nodes == 0 {
             return Ok(());
         }
-        push_children(
-            &mut self.heap,
-            &mut self.kids,
-            props,
-            0,
-            crate::kv::NO_PARENT,
-            1.0,
-            0,
-            cfg,
-            calib,
-        );
+        if props.is_empty() {
+            // Nothing proposed: the grammar's alternatives, if there are only a few.
+            self.path.clear();
+            if let Some(g) = grammar.as_deref_mut() {
+                grammar_children(
+                    &mut self.heap,
+                    &mut self.mask,
+                    &self.path,
+                    g,
+                    crate::kv::NO_PARENT,
+                    1.0,
+                    0,
+                    cfg,
+                    calib,
+                )?;
+            }
+        } else {
+            push_children(
+                &mut self.heap,
+                &mut self.kids,
+                props,
+                0,
+                crate::kv::NO_PARENT,
+                1.0,
+                0,
+                cfg,
+                calib,
+            );
+        }
         // Best-first: (tokens so far, expected accepted drafted nodes) after each drafted node.
         let mut curve: Vec<(usize, f32)> = Vec::with_capacity(cfg.max_nodes);
         let mut expected = 0.0f32;
@@ -392,7 +430,7 @@ impl Builder {
             if curve.len() >= cfg.max_nodes || s.len() >= pass.room {
                 break;
             }
-            let token = props.get(c.prop as usize).token;
+            let token = c.token;
             // The path from the root to this candidate.
             self.path.clear();
             let mut at = c.parent;
@@ -413,13 +451,12 @@ impl Builder {
                 }
                 g.rollback(self.path.len())?;
             }
-            let class = props.get(c.prop as usize).class;
             let id = s.len() as u32;
-            s.push(token, c.parent, c.prob, Some(class), c.depth);
+            s.push(token, c.parent, c.prob, Some(c.class), c.depth);
             self.staged_prop.push(c.prop);
             expected += c.prob;
             // The forced run, and where the proposals continue after it.
-            let mut prop = Some(c.prop as usize);
+            let mut prop = (c.prop != NO_PROP).then_some(c.prop as usize);
             let mut last = id;
             let depth = c.depth;
             for &f in forced
@@ -432,9 +469,27 @@ impl Builder {
                 prop = prop.and_then(|p| props.child(p, f));
             }
             curve.push((s.len(), expected));
-            if let Some(p) = prop
-                && (depth as usize + 1) < cfg.max_depth
+            if (depth as usize + 1) >= cfg.max_depth {
+                continue;
+            }
+            let proposed = prop.filter(|&p| props.children(p).next().is_some());
+            if proposed.is_none()
+                && let Some(g) = grammar.as_deref_mut()
             {
+                self.path.extend_from_slice(&forced);
+                grammar_children(
+                    &mut self.heap,
+                    &mut self.mask,
+                    &self.path,
+                    g,
+                    last,
+                    c.prob,
+                    depth + 1,
+                    cfg,
+                    calib,
+                )?;
+            }
+            if let Some(p) = proposed {
                 push_children(
                     &mut self.heap,
                     &mut self.kids,
@@ -494,6 +549,59 @@ impl Builder {
     }
 }
 
+/// Pushes the tokens `g` allows after `path` as candidates, when there are 2 to `top_k` of them (one is
+/// forced, more are not worth a guess); each gets an equal share of `prob`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the expansion's inputs, as in push_children"
+)]
+fn grammar_children(
+    heap: &mut BinaryHeap<Candidate>,
+    mask: &mut Mask,
+    path: &[TokenId],
+    g: &mut Constraint,
+    parent: u32,
+    prob: f32,
+    depth: u16,
+    cfg: &SpecConfig,
+    calib: &Calibration,
+) -> Result<(), GrammarError> {
+    let k = cfg.top_k.max(1);
+    if k < 2 {
+        return Ok(());
+    }
+    g.commit_all(path)?;
+    let res = (|| {
+        if g.is_stopped() {
+            return Ok(());
+        }
+        g.mask_into(mask)?;
+        let n = mask.count();
+        if !(2..=k).contains(&n) {
+            return Ok(());
+        }
+        let p = prob * calib.rate(GRAMMAR_CLASS, depth as usize) / n as f32;
+        for (w, &bits) in mask.words().iter().enumerate() {
+            let mut b = bits;
+            while b != 0 {
+                let t = (w * 32) as u32 + b.trailing_zeros();
+                b &= b - 1;
+                heap.push(Candidate {
+                    prob: p,
+                    prop: NO_PROP,
+                    token: t,
+                    class: GRAMMAR_CLASS,
+                    parent,
+                    depth,
+                });
+            }
+        }
+        Ok(())
+    })();
+    g.rollback(path.len())?;
+    res
+}
+
 #[expect(
     clippy::too_many_arguments,
     reason = "a private helper of the builder's loop"
@@ -516,6 +624,8 @@ fn push_children(
         Candidate {
             prob: prob * n.weight / total * calib.rate(n.class, depth as usize),
             prop: c as u32,
+            token: n.token,
+            class: n.class,
             parent,
             depth,
         }

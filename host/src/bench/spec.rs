@@ -198,11 +198,7 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
     e.set_speculation(SpecConfig::default());
     e.calibrate_speculation()?;
     let cost = e.speculator().cost.clone();
-    let configs = [
-        SpecConfig::off(),
-        SpecConfig::chain(3),
-        o.tree.clone(),
-    ];
+    let configs = [SpecConfig::off(), SpecConfig::chain(3), o.tree.clone()];
     let mut specs: [Speculator; 3] = configs.map(|c| {
         let mut s = Speculator::new(c);
         s.cost = cost.clone();
@@ -223,9 +219,9 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
         "workloads": {},
     });
     let mut md = String::new();
-    md.push_str(&format!(
-        "| workload | mode | generations | tokens | tokens/forward | decode tok/s | vs off | vs chain3 | tree tokens/tree | accepted |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-    ));
+    md.push_str(
+        "| workload | mode | generations | tokens | tokens/forward | decode tok/s | vs off | vs chain3 | tree tokens/tree | accepted |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
     for (label, cases) in &workloads {
         let (t, mismatches) = run_cases(&mut e, cases, &mut specs, o.max_tokens, label)?;
         let mut w = json!({"cases": cases.len(), "mismatches": mismatches});

@@ -11,6 +11,7 @@
 use super::Engine;
 use super::scheduler::{Scheduler, SchedulerConfig, SchedulerStats, Submission};
 use crate::kv::KvStats;
+use crate::spec::SpecStats;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
@@ -50,7 +51,7 @@ struct Shared {
     pending: AtomicUsize,
     /// Sequences in the batch (or an exclusive job running).
     running: AtomicUsize,
-    stats: Mutex<(SchedulerStats, KvStats)>,
+    stats: Mutex<(SchedulerStats, KvStats, SpecStats)>,
 }
 
 /// A handle to the engine thread; cheap to clone.
@@ -92,6 +93,7 @@ impl EngineService {
         let shared = Arc::new(Shared::default());
         if let Ok(mut s) = shared.stats.lock() {
             s.1 = engine.kv_stats();
+            s.2 = engine.spec_stats();
         }
         let sh = Arc::clone(&shared);
         std::thread::Builder::new()
@@ -144,7 +146,7 @@ impl EngineService {
                     sh.pending.store(sched.waiting(), Ordering::SeqCst);
                     sh.running.store(sched.running(), Ordering::SeqCst);
                     if let Ok(mut s) = sh.stats.lock() {
-                        *s = (sched.stats(), engine.kv_stats());
+                        *s = (sched.stats(), engine.kv_stats(), engine.spec_stats());
                     }
                 }
             })?;
@@ -181,7 +183,7 @@ impl EngineService {
 
     /// Scheduler counters (steps, batched sequences, preemptions) and KV cache counters, as of the end of
     /// the engine's last step.
-    pub fn stats(&self) -> (SchedulerStats, KvStats) {
+    pub fn stats(&self) -> (SchedulerStats, KvStats, SpecStats) {
         self.shared.stats.lock().map(|s| *s).unwrap_or_default()
     }
 

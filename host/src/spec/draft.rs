@@ -8,7 +8,8 @@
 //!   the request (prompt and output so far) and in a store of earlier outputs, matched on bytes and
 //!   re-tokenized, so a value copied from prose finds its continuation even where BPE splits it differently.
 //! * Grammar-forced tokens are not proposed here: the tree builder appends the run the grammar forces after
-//!   every drafted token, at probability 1 given that token.
+//!   every drafted token, at probability 1 given that token; and where nothing is proposed but the grammar
+//!   allows only a few tokens, the builder drafts them as siblings ([`GRAMMAR_CLASS`]).
 //! * A model with a multi-token-prediction head drafts through the same trait: its
 //!   [`DraftContext::hidden`] is the last position's hidden state, and its top-k per depth become weighted
 //!   paths.
@@ -35,8 +36,13 @@ pub trait Drafter: Send + std::fmt::Debug {
     fn propose(&mut self, ctx: &DraftContext<'_>, out: &mut Proposals);
 }
 
-/// Evidence classes of a proposal, for calibration (see [`super::Calibration`]).
-pub const CLASSES: usize = 6;
+/// Evidence classes of suffix matches (by match length).
+pub const SUFFIX_CLASSES: usize = 6;
+/// The class of a grammar alternative: one of the few tokens the grammar allows at a point where no
+/// drafter proposes anything (`true`/`false`, an enum value, another call or the end).
+pub const GRAMMAR_CLASS: u8 = SUFFIX_CLASSES as u8;
+/// Evidence classes, for calibration (see [`super::Calibration`]).
+pub const CLASSES: usize = SUFFIX_CLASSES + 1;
 
 /// One node of the proposal trie.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@
 //! lookup scans the most recent occurrences only, and control tokens become a `0xFF` byte (never valid
 //! UTF-8), so no match or continuation runs across them.
 
-use super::draft::{CLASSES, DraftContext, Drafter, Proposals};
+use super::draft::{DraftContext, Drafter, Proposals, SUFFIX_CLASSES};
 use crate::tokenizer::{TokenId, Tokenizer};
 use std::collections::HashMap;
 
@@ -33,7 +33,7 @@ const SEP: u8 = 0xFF;
 /// Evidence class of a match of `len` bytes: 3-5, 6-11, 12-23, 24-47, 48-95, 96 and more.
 pub fn class_of(len: usize) -> u8 {
     let c = (len.max(MIN_MATCH) / MIN_MATCH).ilog2() as usize;
-    c.min(CLASSES - 1) as u8
+    c.min(SUFFIX_CLASSES - 1) as u8
 }
 
 /// Bytes with an index of every 4-byte window.
@@ -299,6 +299,6 @@ mod tests {
         assert_eq!(class_of(3), 0);
         assert_eq!(class_of(8), 1);
         assert_eq!(class_of(40), 3);
-        assert_eq!(class_of(300), (CLASSES - 1) as u8);
+        assert_eq!(class_of(300), (SUFFIX_CLASSES - 1) as u8);
     }
 }
