@@ -650,6 +650,8 @@ pub struct Speculator {
     pub stats: SpecStats,
     props: Proposals,
     builder: Builder,
+    /// Drafters besides the suffix drafter and the store (a model's MTP head).
+    drafters: Vec<Box<dyn Drafter>>,
 }
 
 impl Speculator {
@@ -663,7 +665,14 @@ impl Speculator {
             stats: SpecStats::default(),
             props: Proposals::default(),
             builder: Builder::default(),
+            drafters: Vec::new(),
         }
+    }
+
+    /// Adds a drafter whose proposals join every tree (an MTP head, a draft model); its weights share the
+    /// trie with the suffix drafter's.
+    pub fn add_drafter(&mut self, d: Box<dyn Drafter>) {
+        self.drafters.push(d);
     }
 
     /// Drafts the tree that follows `history` (its last token included): proposals from the request's
@@ -689,6 +698,9 @@ impl Speculator {
             max_depth: self.cfg.max_depth,
         };
         drafter.propose(&ctx, &mut self.props);
+        for d in &mut self.drafters {
+            d.propose(&ctx, &mut self.props);
+        }
         self.store
             .propose(drafter.bytes(), tok, self.cfg.max_depth, &mut self.props);
         self.builder.build(
