@@ -157,17 +157,33 @@ pub fn matmul(
             x.blocks >= w.blocks && x.cols >= w.cols && x.rec.len() >= x.n * x.blocks * 2,
             "activation shape"
         );
+        // AVX-512 has the registers for 8 tokens per weight row (AVX2 for 4): the unpacked weights are
+        // reused across more tokens, so small batches (a draft tree, a few decodes) cost less per token.
+        // Each token's sums run in the same order whatever the group, so results do not depend on it.
+        let width = if isa == Isa::Avx512Vnni { 8 } else { 4 };
         let mut t = 0;
         while t < x.n {
-            let nt = (x.n - t).min(4);
+            let nt = (x.n - t).min(width);
             for r in rows.clone() {
-                let mut res = [0f32; 4];
+                let mut res = [0f32; 8];
                 // SAFETY: `isa` was detected on this CPU; the kernels read rows `r` of `w` and tokens
                 // `t..t+nt` of `x`, which exist (r < w.rows, t + nt <= x.n) and are padded as the layouts
                 // promise (checked above in debug builds; guaranteed by QActs::reset and QMatrix::from_ggml).
                 unsafe {
                     match (isa, nt) {
-                        (Isa::Avx512Vnni, 4) => res = row_avx512::<4>(w, r, x, t),
+                        (Isa::Avx512Vnni, 8) => res = row_avx512::<8>(w, r, x, t),
+                        (Isa::Avx512Vnni, 7) => {
+                            res[..7].copy_from_slice(&row_avx512::<7>(w, r, x, t))
+                        }
+                        (Isa::Avx512Vnni, 6) => {
+                            res[..6].copy_from_slice(&row_avx512::<6>(w, r, x, t))
+                        }
+                        (Isa::Avx512Vnni, 5) => {
+                            res[..5].copy_from_slice(&row_avx512::<5>(w, r, x, t))
+                        }
+                        (Isa::Avx512Vnni, 4) => {
+                            res[..4].copy_from_slice(&row_avx512::<4>(w, r, x, t))
+                        }
                         (Isa::Avx512Vnni, 3) => {
                             res[..3].copy_from_slice(&row_avx512::<3>(w, r, x, t))
                         }
@@ -177,7 +193,7 @@ pub fn matmul(
                         (Isa::Avx512Vnni, _) => {
                             res[..1].copy_from_slice(&row_avx512::<1>(w, r, x, t))
                         }
-                        (_, 4) => res = row_avx2::<4>(w, r, x, t),
+                        (_, 4) => res[..4].copy_from_slice(&row_avx2::<4>(w, r, x, t)),
                         (_, 3) => res[..3].copy_from_slice(&row_avx2::<3>(w, r, x, t)),
                         (_, 2) => res[..2].copy_from_slice(&row_avx2::<2>(w, r, x, t)),
                         (_, _) => res[..1].copy_from_slice(&row_avx2::<1>(w, r, x, t)),

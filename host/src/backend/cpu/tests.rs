@@ -109,8 +109,8 @@ fn simd_matmul_matches_reference() {
             GgmlType::Q8_0,
             GgmlType::F32,
         ] {
-            // 33 rows (not a multiple of the split alignment), 5 tokens (4 + 1 micro-kernel), and for Q8_0 an
-            // odd number of blocks (the 256-bit tail).
+            // 33 rows (not a multiple of the split alignment), 1 to 13 tokens (every micro-kernel width and
+            // remainder: 4 + 1, 8 + 5), and for Q8_0 an odd number of blocks (the 256-bit tail).
             let cols = if ty == GgmlType::Q4_K {
                 512
             } else if ty == GgmlType::Q8_0 {
@@ -120,14 +120,22 @@ fn simd_matmul_matches_reference() {
             };
             let rows = 33;
             let w = QMatrix::from_ggml(ty, rows, cols, &quantize_rows(ty, rows, cols, 3)).unwrap();
-            for n in [1, 2, 5] {
-                let x = data(n * cols, 11 + n as u64);
+            let all = data(13 * cols, 11);
+            let mut first: Option<Vec<f32>> = None;
+            for n in [13, 1, 2, 3, 5, 6, 7, 8] {
+                let x = &all[..n * cols];
                 let mut qa = QActs::default();
-                cpu.quantize(&x, n, cols, &mut qa);
+                cpu.quantize(x, n, cols, &mut qa);
                 let mut want = vec![0f32; n * rows];
-                matmul_ref(&w, &qa, &x, 0..rows, &mut want);
+                matmul_ref(&w, &qa, x, 0..rows, &mut want);
                 let mut got = vec![0f32; n * rows];
-                cpu.matmul(&w, &qa, &x, &mut got);
+                cpu.matmul(&w, &qa, x, &mut got);
+                // A token's result does not depend on how many tokens share the call (bit for bit).
+                let full = first.get_or_insert_with(|| got.clone());
+                assert!(
+                    got[..] == full[..n * rows],
+                    "{isa:?} {ty} n={n}: batch-dependent result"
+                );
                 let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
                 for (i, (g, v)) in got.iter().zip(&want).enumerate() {
                     assert!(
