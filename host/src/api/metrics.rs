@@ -402,6 +402,7 @@ mod tests {
                 accepted: 7,
                 passes: 5,
                 tokens: 12,
+                ..crate::spec::SpecStats::default()
             },
             ..EngineGauges::default()
         });

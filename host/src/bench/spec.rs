@@ -1,10 +1,13 @@
 //! `thorn bench spec`: speculative decoding on tool calls and agent turns.
 //!
-//! Two workloads, each generated greedily three ways on the same engine, in rotating order per prompt:
+//! Two workloads, each generated greedily five ways on the same engine, in rotating order per prompt:
 //!
 //! * **off**: no drafting (grammar fast-forward still commits forced tokens, as always);
 //! * **chain3**: a linear chain of at most 3 drafted tokens (top-1 per depth), the reference's baseline;
-//! * **tree**: the draft tree (top-k per depth, depth and node budgets from the options).
+//! * **tree**: the draft tree (top-k per depth, depth and node budgets from the options);
+//! * **chain3-full**, **tree-full**: the same two at their whole budget whatever verification costs: a
+//!   compute-bound CPU runs them slower, but their tokens per forward pass are what a backend with nearly
+//!   free verification (a GPU) would get.
 //!
 //! Workloads: BFCL questions answered with `tool_choice: required` (tool-call generations), and the replay
 //! set's assistant turns (the model writes each turn after the recorded history, `tool_choice: auto`).
@@ -73,11 +76,17 @@ impl Tally {
             "accepted": s.accepted,
             "mean_tree_tokens": s.drafted as f64 / (s.trees as f64).max(1.0),
             "acceptance": s.acceptance(),
+            "branched_trees": s.branched,
+            "tree_sizes": SpecStats::SIZE_LABELS.iter().zip(s.sizes).map(|(l, n)| json!([l, n])).collect::<Vec<_>>(),
         })
     }
 }
 
-const MODES: [&str; 3] = ["off", "chain3", "tree"];
+/// The modes compared: no drafting, a 3-token chain and the tree, both sized by the measured cost of
+/// verification, then the same two at their full budget whatever it costs (what a backend with nearly free
+/// verification, a GPU, would run: their tokens per forward are the figures that carry over).
+const MODES: [&str; N] = ["off", "chain3", "tree", "chain3-full", "tree-full"];
+const N: usize = 5;
 
 struct Case {
     prompt: Vec<u32>,
@@ -138,19 +147,19 @@ fn trajectory_cases(e: &Engine, t: &ChatTemplate, o: &Opts<'_>) -> Result<Vec<Ca
 fn run_cases(
     e: &mut Engine,
     cases: &[Case],
-    specs: &mut [Speculator; 3],
+    specs: &mut [Speculator; N],
     max_tokens: usize,
     label: &str,
-) -> Result<([Tally; 3], usize)> {
+) -> Result<([Tally; N], usize)> {
     let grammars = e.grammars()?.clone();
-    let mut t = [Tally::default(); 3];
+    let mut t = [Tally::default(); N];
     let mut mismatches = 0;
     let bar = indicatif::ProgressBar::new(cases.len() as u64).with_message(label.to_owned());
     for (i, c) in cases.iter().enumerate() {
-        let mut outs: [Option<Vec<u32>>; 3] = Default::default();
-        for k in 0..3 {
+        let mut outs: [Option<Vec<u32>>; N] = Default::default();
+        for k in 0..N {
             // Rotate the order so no mode always runs first (cold caches, a noisy neighbour).
-            let m = (i + k) % 3;
+            let m = (i + k) % N;
             let before = specs[m].stats;
             e.swap_speculator(&mut specs[m]);
             let mut guide = grammars.guide(&c.tools, &c.choice, true, &ResponseFormat::Text)?;
@@ -167,9 +176,18 @@ fn run_cases(
             tl.spec.trees += after.trees - before.trees;
             tl.spec.drafted += after.drafted - before.drafted;
             tl.spec.accepted += after.accepted - before.accepted;
+            tl.spec.branched += after.branched - before.branched;
+            for (s, (a, b)) in tl
+                .spec
+                .sizes
+                .iter_mut()
+                .zip(after.sizes.iter().zip(before.sizes))
+            {
+                *s += a - b;
+            }
             outs[m] = Some(g.tokens);
         }
-        if outs[1] != outs[0] || outs[2] != outs[0] {
+        if outs.iter().any(|o| *o != outs[0]) {
             mismatches += 1;
         }
         bar.inc(1);
@@ -198,8 +216,18 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
     e.set_speculation(SpecConfig::default());
     e.calibrate_speculation()?;
     let cost = e.speculator().cost.clone();
-    let configs = [SpecConfig::off(), SpecConfig::chain(3), o.tree.clone()];
-    let mut specs: [Speculator; 3] = configs.map(|c| {
+    let full = |c: SpecConfig| SpecConfig {
+        adaptive: false,
+        ..c
+    };
+    let configs = [
+        SpecConfig::off(),
+        SpecConfig::chain(3),
+        o.tree.clone(),
+        full(SpecConfig::chain(3)),
+        full(o.tree.clone()),
+    ];
+    let mut specs: [Speculator; N] = configs.map(|c| {
         let mut s = Speculator::new(c);
         s.cost = cost.clone();
         s
@@ -220,7 +248,7 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
     });
     let mut md = String::new();
     md.push_str(
-        "| workload | mode | generations | tokens | tokens/forward | decode tok/s | vs off | vs chain3 | tree tokens/tree | accepted |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| workload | mode | generations | tokens | tokens/forward | decode tok/s | vs off | vs chain3 | tree tokens/tree | branched trees | accepted |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for (label, cases) in &workloads {
         let (t, mismatches) = run_cases(&mut e, cases, &mut specs, o.max_tokens, label)?;
@@ -229,7 +257,7 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
             w[name] = t[m].json();
             let s = &t[m].spec;
             md.push_str(&format!(
-                "| {label} | {name} | {} | {} | {:.2} | {:.1} | {:.2}x | {:.2}x | {} | {} |\n",
+                "| {label} | {name} | {} | {} | {:.2} | {:.1} | {:.2}x | {:.2}x | {} | {} | {} |\n",
                 t[m].generations,
                 t[m].tokens,
                 t[m].per_pass(),
@@ -238,6 +266,11 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
                 t[m].tps() / t[1].tps(),
                 if s.trees > 0 {
                     format!("{:.1}", s.drafted as f64 / s.trees as f64)
+                } else {
+                    "-".into()
+                },
+                if s.trees > 0 {
+                    format!("{} of {}", s.branched, s.trees)
                 } else {
                     "-".into()
                 },
