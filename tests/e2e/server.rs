@@ -142,6 +142,12 @@ fn plain_chat_streamed_and_not_agree() {
         u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()
     );
     assert!(u["prompt_tokens_details"]["cached_tokens"].is_u64());
+    // The per-request switch: no speculation, the same greedy answer.
+    let mut off = body.clone();
+    off["speculation"] = json!(false);
+    let r = chat(off);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["message"]["content"], json!(content));
 
     let mut s = body;
     s["stream"] = json!(true);
@@ -208,6 +214,13 @@ fn completions_models_health_and_metrics() {
             .contains("thorn_requests_total{endpoint=\"/v1/completions\",status=\"200\"}")
     );
     assert!(r.body.contains("thorn_time_to_first_token_seconds_bucket"));
+    for name in [
+        "thorn_spec_drafted_tokens_total",
+        "thorn_spec_accepted_tokens_total",
+        "thorn_decode_passes_total",
+    ] {
+        assert!(r.body.contains(name), "{name} missing from /metrics");
+    }
 }
 
 #[test]
