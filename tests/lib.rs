@@ -67,6 +67,14 @@ pub fn golden(name: &str, actual: &str) {
     }
 }
 
+/// The prompts of the SmolLM2 reference fixtures, as token ids.
+pub fn fixture_prompts() -> Vec<Vec<u32>> {
+    jsonl("smollm2/reference_logits.jsonl")
+        .iter()
+        .map(|p| token_ids(&p["prompt_ids"]))
+        .collect()
+}
+
 /// A JSON array of token ids.
 pub fn token_ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()

@@ -14,7 +14,7 @@ use thorn::engine::{Engine, EngineConfig, Request};
 use thorn::gguf::Gguf;
 use thorn::kv::KvDtype;
 use thorn::model::llama::Precision;
-use thorn_tests::{default_model, fixture, jsonl, token_ids as ids};
+use thorn_tests::{default_model, fixture, fixture_prompts, jsonl, token_ids as ids};
 
 fn engine(precision: Precision) -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
@@ -268,13 +268,6 @@ fn quantized(cfg: EngineConfig) -> Engine {
         },
     )
     .unwrap()
-}
-
-fn fixture_prompts() -> Vec<Vec<u32>> {
-    jsonl("smollm2/reference_logits.jsonl")
-        .iter()
-        .map(|p| ids(&p["prompt_ids"]))
-        .collect()
 }
 
 #[test]

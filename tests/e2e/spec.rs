@@ -15,7 +15,7 @@ use thorn::model::llama::{Llama, Scratch};
 use thorn::sample::SamplingParams;
 use thorn::spec::{PassShape, SpecConfig, SpecStats, Speculator};
 use thorn::tools::{ResponseFormat, ToolChoice, ToolSet};
-use thorn_tests::{default_model, jsonl, root, token_ids as ids};
+use thorn_tests::{default_model, fixture_prompts, jsonl, root};
 
 fn engine(spec: SpecConfig) -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
@@ -37,13 +37,6 @@ fn eager() -> SpecConfig {
         adaptive: false,
         ..SpecConfig::default()
     }
-}
-
-fn fixture_prompts() -> Vec<Vec<u32>> {
-    jsonl("smollm2/reference_logits.jsonl")
-        .iter()
-        .map(|p| ids(&p["prompt_ids"]))
-        .collect()
 }
 
 #[test]
