@@ -3,6 +3,7 @@
 //! * [`llama`]: the Llama family (SmolLM2, Llama 2/3, ...): GQA attention with normal RoPE, SwiGLU MLP.
 
 pub mod llama;
+pub mod qwen35;
 
 use crate::gguf::GgufError;
 use crate::quant::QuantError;
