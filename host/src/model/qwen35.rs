@@ -540,6 +540,37 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_size_of_a_27b_shaped_model() {
+        // Qwen3.6-27B: 64 layers (48 DeltaNet), 16 key / 48 value heads of 128, conv kernel 4.
+        let c = Qwen35Config {
+            d_model: 5120,
+            ffn: 17408,
+            vocab: 248_320,
+            n_layers: 64,
+            recurrent: (0..64).map(|i| (i + 1) % 4 != 0).collect(),
+            eps: 1e-6,
+            n_heads: 24,
+            n_kv_heads: 4,
+            head_dim: 256,
+            rope_dims: 64,
+            rope_base: 1e7,
+            key_heads: 16,
+            value_heads: 48,
+            key_dim: 128,
+            value_dim: 128,
+            conv_kernel: 4,
+        };
+        assert_eq!(c.conv_dim(), 10240);
+        let per_layer = c.recurrent_state_floats();
+        assert_eq!(per_layer, 48 * 128 * 128 + 10240 * 3);
+        let layers = c.recurrent.iter().filter(|&&r| r).count();
+        let mib = (layers * per_layer * 4) as f64 / 1_048_576.0;
+        // One fp32 snapshot of every DeltaNet layer: 149.6 MiB, the KV of ~2,390 bf16 positions
+        // (16 attention layers x 2 x 4 KV heads x 256 x 2 bytes = 64 KiB per position).
+        assert!((mib - 149.6).abs() < 0.1, "{mib} MiB");
+    }
+
+    #[test]
     fn gguf_logits_match_the_goldens() {
         let g = Gguf::open(fixture("model.gguf")).unwrap();
         let m = Qwen35::load(&g).unwrap();
