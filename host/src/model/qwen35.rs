@@ -539,6 +539,16 @@ mod tests {
         serde_json::from_str(&std::fs::read_to_string(fixture("golden.json")).unwrap()).unwrap()
     }
 
+    /// A golden sequence's token ids.
+    fn ids_of(seq: &serde_json::Value) -> Vec<u32> {
+        seq["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    }
+
     #[test]
     fn snapshot_size_of_a_27b_shaped_model() {
         // Qwen3.6-27B: 64 layers (48 DeltaNet), 16 key / 48 value heads of 128, conv kernel 4.
@@ -578,12 +588,7 @@ mod tests {
         let gold = golden();
         let mut worst = 0f32;
         for s in gold["sequences"].as_array().unwrap() {
-            let ids: Vec<u32> = s["ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
+            let ids = ids_of(s);
             let mut st = m.new_state();
             let mut logits = vec![0f32; m.config().vocab];
             for (p, &t) in ids.iter().enumerate() {
@@ -622,12 +627,7 @@ mod tests {
         let gold = golden();
         let c = &gold["sequences"][2];
         assert_eq!(c["name"], "C");
-        let ids: Vec<u32> = c["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let ids = ids_of(c);
         let mut st = m.new_state();
         let mut logits = vec![0f32; m.config().vocab];
         for &t in &ids[..70] {
