@@ -522,12 +522,12 @@ impl Engine {
         };
         let mut dec = Decoder::new(req.clone(), slot, vocab, self.context);
         let mut run = || -> Result<(), EngineError> {
-            // Where the tree in flight starts, and its size.
-            let mut tree: Option<(usize, usize)> = None;
+            // Where the tree in flight starts.
+            let mut tree: Option<usize> = None;
             loop {
                 match tree.take() {
                     None => dec.advance(&mut self.logits[..vocab], &self.tokenizer, on_text)?,
-                    Some((start, _)) => {
+                    Some(start) => {
                         dec.advance_tree(
                             &mut self.logits,
                             vocab,
@@ -561,7 +561,7 @@ impl Engine {
                     let r = self.run_pass(&mut seq, &toks, Some(&parents), Logits::Tail(n + 1));
                     (self.pass_tokens, self.pass_parents) = (toks, parents);
                     r?;
-                    tree = Some((start, n));
+                    tree = Some(start);
                 }
                 dec.ran_pending();
             }

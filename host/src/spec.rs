@@ -133,9 +133,7 @@ impl SpecStats {
             _ => 5,
         }
     }
-}
 
-impl SpecStats {
     /// Generated tokens per decode forward pass.
     pub fn tokens_per_pass(&self) -> f64 {
         self.tokens as f64 / (self.passes as f64).max(1.0)
