@@ -68,7 +68,7 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
         };
         let mut e =
             Engine::load(path, &cfg).with_context(|| format!("loading {}", path.display()))?;
-        let vocab = e.model().config().vocab;
+        let vocab = e.model().vocab();
         let kv = dtype.name();
 
         // Warm-up: one short prefill and a few decode steps (page in weights, spin up the pool).
@@ -146,7 +146,7 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
     };
 
     // A profile of plain decode at depth 0: where a token's time goes.
-    let vocab = e.model().config().vocab;
+    let vocab = e.model().vocab();
     e.reset();
     e.set_profiling(true);
     let mut total = Duration::ZERO;

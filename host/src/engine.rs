@@ -20,9 +20,9 @@ pub use stop::StopBuffer;
 
 use crate::backend::cpu::Cpu;
 use crate::gguf::{Gguf, GgufError};
-use crate::kv::{Batch, KvCache, KvConfig, KvDtype, KvError, KvStats, SeqKv};
-use crate::model::ModelError;
-use crate::model::llama::{Llama, Logits, Precision, Profile, Scratch};
+use crate::kv::{Batch, KvCache, KvConfig, KvDtype, KvError, KvStats, Recurrent, SeqKv};
+use crate::model::llama::{Logits, Precision, Profile};
+use crate::model::{Model, ModelError, Scratch};
 use crate::sample::grammar::{GrammarError, GrammarFactory};
 use crate::sample::guide::Guide;
 use crate::sample::{Sampled, SamplingParams};
@@ -82,6 +82,11 @@ pub struct EngineConfig {
     pub precision: Precision,
     /// Speculative decoding.
     pub speculation: SpecConfig,
+    /// Bytes of the KV memory set aside for recurrent-state snapshots of hybrid models (0 = a quarter of
+    /// it, or room for 32 snapshots with the automatic KV budget).
+    pub state_memory: usize,
+    /// A hybrid model snapshots its recurrent state every this many positions of a long prefill.
+    pub snapshot_interval: usize,
 }
 
 impl Default for EngineConfig {
@@ -95,6 +100,8 @@ impl Default for EngineConfig {
             cache_output: true,
             precision: Precision::Quantized,
             speculation: SpecConfig::default(),
+            state_memory: 0,
+            snapshot_interval: KvConfig::SNAPSHOT_INTERVAL,
         }
     }
 }
@@ -226,11 +233,19 @@ pub(crate) fn tree_pass(dec: &Decoder<'_>, tokens: &mut Vec<TokenId>, parents: &
     }));
 }
 
+/// What speculation a model can verify: hybrids verify chains (their recurrent state cannot branch).
+fn fit_speculation(model: &Model, mut cfg: SpecConfig) -> SpecConfig {
+    if model.is_hybrid() {
+        cfg.top_k = 1;
+    }
+    cfg
+}
+
 /// A loaded model ready to generate.
 #[derive(Debug)]
 pub struct Engine {
     cpu: Cpu,
-    model: Llama,
+    model: Model,
     tokenizer: Arc<Tokenizer>,
     grammar: std::sync::OnceLock<GrammarFactory>,
     gguf: Arc<Gguf>,
@@ -246,6 +261,8 @@ pub struct Engine {
     /// A tree pass's tokens and parents (reused).
     pass_tokens: Vec<TokenId>,
     pass_parents: Vec<u32>,
+    /// The recurrent states of a pass's sequences, moved out of them for the forward pass (hybrids).
+    states: Vec<Recurrent>,
 }
 
 impl Engine {
@@ -258,19 +275,30 @@ impl Engine {
     /// Builds an engine from a parsed GGUF.
     pub fn from_gguf(gguf: Arc<Gguf>, cfg: &EngineConfig) -> Result<Self, EngineError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
-        let mut model = Llama::load(Arc::clone(&gguf))?;
+        let mut model = Model::from_gguf(Arc::clone(&gguf))?;
         model.set_precision(cfg.precision);
         let ctx = if cfg.context == 0 {
-            model.config().ctx_train
+            model.ctx_train()
         } else {
             cfg.context
         };
         let shape = model.kv_shape();
-        let memory = if cfg.kv_memory == 0 {
-            4 * ctx * shape.bytes_per_position(cfg.kv_dtype)
-        } else {
-            cfg.kv_memory
+        let snapshot = 4 * shape.recurrent;
+        let (memory, state_memory) = match (cfg.kv_memory, cfg.state_memory) {
+            (0, 0) => {
+                let states = 32 * snapshot;
+                (
+                    4 * ctx * shape.bytes_per_position(cfg.kv_dtype) + states,
+                    states,
+                )
+            }
+            (0, s) => (4 * ctx * shape.bytes_per_position(cfg.kv_dtype) + s, s),
+            (m, 0) => (m, m / 4),
+            (m, s) => (m, s.min(m)),
         };
+        let turn_token = ["<|im_start|>", "<|start_header_id|>", "<start_of_turn>"]
+            .into_iter()
+            .find_map(|t| tokenizer.token_id(t).filter(|&id| tokenizer.is_control(id)));
         let kv = KvCache::new(
             shape,
             KvConfig {
@@ -278,8 +306,12 @@ impl Engine {
                 page_size: cfg.page_size,
                 memory,
                 cache_output: cfg.cache_output,
+                state_memory,
+                snapshot_interval: cfg.snapshot_interval,
+                turn_token,
             },
         );
+        let spec = Speculator::new(fit_speculation(&model, cfg.speculation.clone()));
         Ok(Engine {
             cpu: Cpu::new(cfg.threads),
             tokenizer,
@@ -291,9 +323,10 @@ impl Engine {
             scratch: Scratch::default(),
             current: None,
             logits: Vec::new(),
-            spec: Speculator::new(cfg.speculation.clone()),
+            spec,
             pass_tokens: Vec::new(),
             pass_parents: Vec::new(),
+            states: Vec::new(),
             model,
         })
     }
@@ -318,7 +351,7 @@ impl Engine {
     }
 
     /// The model.
-    pub fn model(&self) -> &Llama {
+    pub fn model(&self) -> &Model {
         &self.model
     }
 
@@ -359,7 +392,7 @@ impl Engine {
 
     /// Changes how to speculate (the cost model, calibration and store are kept).
     pub fn set_speculation(&mut self, cfg: SpecConfig) {
-        self.spec.cfg = cfg;
+        self.spec.cfg = fit_speculation(&self.model, cfg);
     }
 
     /// Exchanges the engine's speculator with `other` (benchmarks compare configurations, each with its
@@ -390,6 +423,8 @@ impl Engine {
         let res = (|| {
             self.run_seq(&mut seq, &ctx, Logits::None)?;
             let start = seq.len();
+            // A recurrent state cannot be cut back: each timed pass starts from a copy.
+            let saved = seq.rec.clone();
             // A warm-up round, then three timed ones; the median of each size is kept.
             for rep in 0..4 {
                 for (i, n) in SIZES.into_iter().enumerate() {
@@ -399,6 +434,7 @@ impl Engine {
                     if rep > 0 {
                         times[i][rep - 1] = t.elapsed().as_secs_f64();
                     }
+                    seq.rec.clone_from(&saved);
                     self.kv.truncate(&mut seq, start);
                 }
             }
@@ -415,12 +451,12 @@ impl Engine {
 
     /// Turns per-stage timing of the forward pass on (fresh counters) or off.
     pub fn set_profiling(&mut self, on: bool) {
-        self.scratch.profile = on.then(Profile::default);
+        self.scratch.llama.profile = on.then(Profile::default);
     }
 
-    /// The per-stage timings collected since profiling was turned on.
+    /// The per-stage timings collected since profiling was turned on (Llama models).
     pub fn profile(&self) -> Option<&Profile> {
-        self.scratch.profile.as_ref()
+        self.scratch.llama.profile.as_ref()
     }
 
     /// Drops the KV cache contents: the current sequence and every cached prefix.
@@ -463,7 +499,10 @@ impl Engine {
         let hit = seq.len();
         let mut pos = hit;
         while pos < prompt.len() {
-            let end = (pos + PREFILL_CHUNK).min(prompt.len());
+            // Chunks end where a hybrid model snapshots its state.
+            let end = self
+                .kv
+                .chunk_end(&seq, prompt, pos, (pos + PREFILL_CHUNK).min(prompt.len()));
             let want = if end == prompt.len() {
                 Logits::Last
             } else {
@@ -475,8 +514,13 @@ impl Engine {
                 self.kv.release(seq, Some(&prompt[..done]));
                 return Err(e);
             }
+            if end < prompt.len() && self.kv.snapshot_point(&seq, prompt, end) {
+                self.kv.snapshot(&seq, prompt);
+            }
             pos = end;
         }
+        // The end of every prompt is a snapshot point (the next request often re-renders what follows).
+        self.kv.snapshot(&seq, prompt);
         self.current = Some((seq, prompt.to_vec()));
         Ok(hit)
     }
@@ -510,7 +554,7 @@ impl Engine {
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, EngineError> {
         self.check_request(req)?;
-        let vocab = self.model.config().vocab;
+        let vocab = self.model.vocab();
         let t0 = Instant::now();
         let cached_tokens = self.prefill(&req.prompt)?;
         let prefill = t0.elapsed();
@@ -625,12 +669,17 @@ impl Engine {
             None => self.batch.push(seq, tokens, want),
         }
         let t = Instant::now();
+        self.states.clear();
+        self.states.push(std::mem::take(&mut seq.rec));
         let out = self.model.forward(
             &self.cpu,
             self.kv.pool_mut(),
             &self.batch,
+            &mut self.states,
             &mut self.scratch,
-        )?;
+        );
+        seq.rec = self.states.pop().unwrap_or_default();
+        let out = out?;
         if want != Logits::None {
             self.logits.clear();
             self.logits.extend_from_slice(out);

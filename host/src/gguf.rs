@@ -332,7 +332,7 @@ impl Gguf {
     unsafe_code,
     reason = "mapping a file is unsafe by signature; see the note at the call site"
 )]
-fn map_readonly(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
+pub(crate) fn map_readonly(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
     // SAFETY: the mapping is read-only and private to this process. Undefined behaviour could only arise if
     // another process truncated or rewrote the model file while it is mapped; model files are immutable
     // artifacts (content-addressed in thorn's cache), which is the contract every mmap-based loader relies on.

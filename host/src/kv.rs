@@ -21,9 +21,11 @@
 pub mod fp8;
 pub mod pages;
 pub mod radix;
+pub mod state;
 
 pub use pages::{PageId, PagePool};
 pub use radix::{PrefixMatch, RadixTree};
+pub use state::{PrefixHash, Recurrent, SnapshotStats, Snapshots};
 
 use crate::tokenizer::TokenId;
 use half::f16;
@@ -82,6 +84,8 @@ pub struct KvShape {
     pub n_kv_heads: usize,
     /// Head width.
     pub head_dim: usize,
+    /// Floats of one sequence's recurrent state (hybrid models' DeltaNet layers; 0 for pure attention).
+    pub recurrent: usize,
 }
 
 impl KvShape {
@@ -360,6 +364,10 @@ pub struct SeqKv {
     page_size: usize,
     /// Positions that came from the prefix cache when it was acquired.
     hit: usize,
+    /// Where the prompt left the cached tokens (a hybrid model snapshots its state there).
+    branch: usize,
+    /// Recurrent state (hybrid models).
+    pub rec: Recurrent,
 }
 
 impl SeqKv {
@@ -419,6 +427,27 @@ pub struct KvConfig {
     pub memory: usize,
     /// Whether finished sequences leave their generated tokens in the tree too (not only their prompt).
     pub cache_output: bool,
+    /// Bytes of `memory` set aside for recurrent-state snapshots (hybrid models; ignored otherwise).
+    pub state_memory: usize,
+    /// A hybrid model snapshots its state every this many positions of a long prefill.
+    pub snapshot_interval: usize,
+    /// The chat template's message-start token: a hybrid model snapshots its state before the last two of
+    /// a prompt (where the next request's prompt is likely to diverge).
+    pub turn_token: Option<TokenId>,
+}
+
+impl Default for KvConfig {
+    fn default() -> Self {
+        KvConfig {
+            dtype: KvDtype::F16,
+            page_size: Self::PAGE_SIZE,
+            memory: 0,
+            cache_output: true,
+            state_memory: 0,
+            snapshot_interval: Self::SNAPSHOT_INTERVAL,
+            turn_token: None,
+        }
+    }
 }
 
 impl KvConfig {
@@ -426,6 +455,9 @@ impl KvConfig {
     /// cost shows: decode at depth 2000 measured 61, 65 and 73 tok/s with pages of 16, 32 and 64 positions
     /// (SmolLM2, 2 threads). Prefix hits stay token-exact at any size (a partly matching page is copied).
     pub const PAGE_SIZE: usize = 64;
+
+    /// Default spacing of snapshots in long prefills (positions).
+    pub const SNAPSHOT_INTERVAL: usize = 2048;
 }
 
 /// Counters of the cache (the stats endpoint and benchmarks).
@@ -453,6 +485,8 @@ pub struct KvStats {
     pub evicted_nodes: u64,
     /// Pages freed by eviction.
     pub evicted_pages: u64,
+    /// Recurrent-state snapshots (hybrid models).
+    pub snapshots: SnapshotStats,
 }
 
 /// The paged KV cache with its prefix tree.
@@ -462,24 +496,42 @@ pub struct KvCache {
     tree: RadixTree,
     cfg: KvConfig,
     stats: KvStats,
+    snaps: Snapshots,
 }
 
 impl KvCache {
-    /// A cache for a model of `shape`, sized by `cfg.memory` (at least one page).
+    /// A cache for a model of `shape`, sized by `cfg.memory` (at least one page). For a hybrid model
+    /// (`shape.recurrent > 0`) `cfg.state_memory` of it holds state snapshots and the rest KV pages.
     pub fn new(shape: KvShape, cfg: KvConfig) -> Self {
         let page_size = cfg.page_size.max(1);
         let page_bytes = PagePool::page_bytes(shape, page_size, cfg.dtype);
-        let n_pages = (cfg.memory / page_bytes).max(1);
+        let state_memory = if shape.recurrent > 0 {
+            cfg.state_memory.min(cfg.memory)
+        } else {
+            0
+        };
+        let n_pages = ((cfg.memory - state_memory) / page_bytes).max(1);
         KvCache {
             pool: PagePool::new(shape, page_size, cfg.dtype, n_pages),
             tree: RadixTree::new(page_size),
-            cfg: KvConfig { page_size, ..cfg },
+            cfg: KvConfig {
+                page_size,
+                state_memory,
+                snapshot_interval: cfg.snapshot_interval.max(1),
+                ..cfg
+            },
             stats: KvStats {
                 page_size,
                 page_bytes,
                 ..KvStats::default()
             },
+            snaps: Snapshots::new(shape.recurrent, state_memory),
         }
+    }
+
+    /// Whether sequences carry recurrent state (a hybrid model).
+    pub fn is_hybrid(&self) -> bool {
+        self.pool.shape().recurrent > 0
     }
 
     /// The page pool (the forward pass reads and writes pages here).
@@ -509,6 +561,7 @@ impl KvCache {
             pages_used: self.pool.total() - self.pool.free(),
             pages_cached: self.tree.pages(),
             nodes: self.tree.nodes(),
+            snapshots: self.snaps.stats(),
             ..self.stats
         }
     }
@@ -540,6 +593,8 @@ impl KvCache {
             len: m.len,
             page_size: self.pool.page_size(),
             hit: 0,
+            branch: 0,
+            rec: Recurrent::default(),
         };
         if let Some((src, n)) = m.partial {
             // Keep the source alive while a page is found: eviction could otherwise free and reuse it.
@@ -550,6 +605,17 @@ impl KvCache {
                 seq.len += n;
             }
             self.pool.release(src);
+        }
+        if self.is_hybrid() {
+            // The KV alone is not enough: resume from the deepest state snapshot it covers.
+            seq.branch = seq.len;
+            seq.rec = Recurrent::zeros(self.pool.shape().recurrent);
+            let (p, key) = self.snaps.deepest(prompt, seq.len);
+            if p > 0 && self.snaps.restore(&key, &mut seq.rec.state) {
+                seq.rec.len = p;
+            }
+            let p = seq.rec.len;
+            self.truncate(&mut seq, p);
         }
         seq.hit = seq.len;
         self.stats.sequences += 1;
@@ -606,9 +672,18 @@ impl KvCache {
 
     /// Forgets positions `len..` of `seq` (rejected draft tokens, a diverged prompt), releasing whole pages
     /// past the new end.
+    ///
+    /// A hybrid sequence's recurrent state cannot be cut back: it is rolled back to a step kept by the last
+    /// speculative pass, and a position with no kept step is a bug (the caller restores a copy instead).
     pub fn truncate(&mut self, seq: &mut SeqKv, len: usize) {
         if len >= seq.len {
             return;
+        }
+        if self.is_hybrid() && seq.rec.len != len {
+            assert!(
+                seq.rec.roll_back_to(len),
+                "recurrent state cannot go back to position {len}"
+            );
         }
         seq.len = len;
         let keep = len.div_ceil(self.pool.page_size());
@@ -620,8 +695,15 @@ impl KvCache {
     /// Keeps the accepted path of a draft tree stored from slot `start` (tree node `k` at slot `start + k`):
     /// `path[i]` is the node at depth `i` (increasing, as parents precede children). Each row moves into
     /// place and positions past the path are forgotten.
+    ///
+    /// On a hybrid model the draft is a chain (`path[i] == i`) and the state rolls back to the step kept
+    /// after its last accepted token.
     pub fn keep_path(&mut self, seq: &mut SeqKv, start: usize, path: &[usize]) {
         let ps = self.pool.page_size();
+        debug_assert!(
+            !self.is_hybrid() || path.iter().enumerate().all(|(i, &k)| i == k),
+            "hybrid models verify chains"
+        );
         for (i, &k) in path.iter().enumerate() {
             let (s, d) = (start + k, start + i);
             assert!(s >= d && s < seq.len, "path slots out of order");
@@ -640,15 +722,61 @@ impl KvCache {
         assert!(tokens.len() >= full, "fewer tokens than cached positions");
         self.tree
             .insert(&mut self.pool, &tokens[..full], &seq.pages);
+        self.snapshot(seq, tokens);
+    }
+
+    /// Keeps a copy of a hybrid sequence's recurrent state as the state after `tokens[..seq.len()]`
+    /// (nothing for attention-only models, or if the state is not the one for that position).
+    pub fn snapshot(&mut self, seq: &SeqKv, tokens: &[TokenId]) {
+        if !self.is_hybrid() || seq.rec.len != seq.len || seq.len == 0 || tokens.len() < seq.len {
+            return;
+        }
+        self.snaps
+            .put(PrefixHash::of(&tokens[..seq.len]), &seq.rec.state);
+    }
+
+    /// Whether a hybrid sequence should snapshot its state after position `p` of `tokens` (its prompt or
+    /// history): every [`KvConfig::snapshot_interval`] positions, at the branch point where it left the
+    /// cached tokens, and before either of the last two turn-start tokens.
+    pub fn snapshot_point(&self, seq: &SeqKv, tokens: &[TokenId], p: usize) -> bool {
+        if !self.is_hybrid() || p == 0 {
+            return false;
+        }
+        if p.is_multiple_of(self.cfg.snapshot_interval) || (p == seq.branch && p > seq.hit) {
+            return true;
+        }
+        let Some(turn) = self.cfg.turn_token else {
+            return false;
+        };
+        tokens
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|&(_, &t)| t == turn)
+            .take(2)
+            .any(|(i, _)| i == p)
+    }
+
+    /// Where a prefill chunk over `tokens[from..to]` should end: `to`, or the first snapshot point before it.
+    pub fn chunk_end(&self, seq: &SeqKv, tokens: &[TokenId], from: usize, to: usize) -> usize {
+        if !self.is_hybrid() {
+            return to;
+        }
+        (from + 1..to)
+            .find(|&p| self.snapshot_point(seq, tokens, p))
+            .unwrap_or(to)
     }
 
     /// Ends a sequence. With `tokens` (the tokens at positions `0..seq.len()`), its KV stays in the tree
     /// for later requests; without, its pages are just released.
+    /// A hybrid sequence also leaves a snapshot of its final state (the next turn of a conversation
+    /// extends exactly these tokens).
     pub fn release(&mut self, seq: SeqKv, tokens: Option<&[TokenId]>) {
         if let Some(t) = tokens {
             let n = seq.len.min(t.len());
             if n > 0 {
                 self.tree.insert(&mut self.pool, &t[..n], &seq.pages);
+                self.snapshot(&seq, t);
             }
         }
         for p in seq.pages {
@@ -658,6 +786,7 @@ impl KvCache {
 
     /// Empties the prefix tree (pages held by running sequences stay).
     pub fn clear(&mut self) {
+        self.snaps.clear();
         let e = self.tree.clear(&mut self.pool);
         self.stats.evicted_nodes += e.nodes as u64;
         self.stats.evicted_pages += e.pages as u64;

@@ -1,13 +1,114 @@
 //! Model architectures: one file per architecture, each a forward pass written against the backend API.
 //!
 //! * [`llama`]: the Llama family (SmolLM2, Llama 2/3, ...): GQA attention with normal RoPE, SwiGLU MLP.
+//! * [`qwen35`]: Qwen3.5/3.6 hybrids: Gated DeltaNet layers with recurrent state, gated attention.
+//!
+//! [`Model`] is what the engine holds: one of them, behind the calls a forward pass needs.
 
 pub mod llama;
 pub mod qwen35;
 
-use crate::gguf::GgufError;
+use crate::backend::cpu::Cpu;
+use crate::gguf::{Gguf, GgufError};
+use crate::kv::{Batch, KvShape, PagePool, Recurrent};
 use crate::quant::QuantError;
+use std::sync::Arc;
 use thiserror::Error;
+
+/// A loaded model of any supported architecture.
+#[derive(Debug)]
+pub enum Model {
+    /// A Llama-family transformer.
+    Llama(llama::Llama),
+    /// A Qwen3.5/3.6 hybrid.
+    Qwen35(qwen35::Qwen35),
+}
+
+/// Per-forward buffers of whichever model runs.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    /// The Llama forward's (and the per-stage profile).
+    pub llama: llama::Scratch,
+    /// The hybrid forward's.
+    pub qwen35: qwen35::Scratch,
+}
+
+impl Model {
+    /// Loads the model of a GGUF by its architecture.
+    pub fn from_gguf(gguf: Arc<Gguf>) -> Result<Self, ModelError> {
+        match gguf.architecture()? {
+            "qwen35" => Ok(Model::Qwen35(qwen35::Qwen35::from_gguf(&gguf)?)),
+            _ => Ok(Model::Llama(llama::Llama::load(gguf)?)),
+        }
+    }
+
+    /// Vocabulary size.
+    pub fn vocab(&self) -> usize {
+        match self {
+            Model::Llama(m) => m.config().vocab,
+            Model::Qwen35(m) => m.config().vocab,
+        }
+    }
+
+    /// Training context.
+    pub fn ctx_train(&self) -> usize {
+        match self {
+            Model::Llama(m) => m.config().ctx_train,
+            Model::Qwen35(m) => m.config().ctx_train,
+        }
+    }
+
+    /// What the KV cache holds per position and per sequence.
+    pub fn kv_shape(&self) -> KvShape {
+        match self {
+            Model::Llama(m) => m.kv_shape(),
+            Model::Qwen35(m) => m.config().kv_shape(),
+        }
+    }
+
+    /// Whether sequences carry recurrent state (speculation then verifies chains, not trees).
+    pub fn is_hybrid(&self) -> bool {
+        matches!(self, Model::Qwen35(_))
+    }
+
+    /// Bytes of weights one forward pass reads.
+    pub fn weight_bytes(&self) -> usize {
+        match self {
+            Model::Llama(m) => m.weight_bytes(),
+            Model::Qwen35(m) => m.weight_bytes(),
+        }
+    }
+
+    /// Sets the arithmetic of the forward pass (the hybrid has one: f32 or the stored quantized weights).
+    pub fn set_precision(&mut self, p: llama::Precision) {
+        if let Model::Llama(m) = self {
+            m.set_precision(p);
+        }
+    }
+
+    /// The Llama model, if that is what this is.
+    pub fn as_llama(&self) -> Option<&llama::Llama> {
+        match self {
+            Model::Llama(m) => Some(m),
+            Model::Qwen35(_) => None,
+        }
+    }
+
+    /// Runs `batch`; `states` holds one recurrent state per sequence for hybrids (ignored otherwise).
+    pub fn forward<'s>(
+        &self,
+        cpu: &Cpu,
+        pool: &mut PagePool,
+        batch: &Batch,
+        states: &mut [Recurrent],
+        s: &'s mut Scratch,
+    ) -> Result<&'s mut [f32], ModelError> {
+        match self {
+            Model::Llama(m) => m.forward(cpu, pool, batch, &mut s.llama),
+            Model::Qwen35(m) => m.forward(cpu, pool, batch, states, &mut s.qwen35),
+        }
+    }
+}
 
 /// What can go wrong loading a model.
 #[derive(Debug, Error)]

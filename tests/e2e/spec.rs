@@ -67,6 +67,7 @@ fn tree_verification_gives_the_logits_of_plain_decoding() {
                 page_size,
                 memory: 64 << 20,
                 cache_output: false,
+                ..KvConfig::default()
             };
             let mut kv = KvCache::new(model.kv_shape(), cfg);
             let mut scratch = Scratch::default();

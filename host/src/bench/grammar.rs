@@ -361,7 +361,7 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
 /// as unconstrained generation of that text would. Returns the decode time (the prefill is not counted).
 fn replay(e: &mut Engine, prompt: &[u32], answer: &[u32]) -> Result<Duration> {
     e.prefill(prompt)?;
-    let mut sampler = Sampler::new(SamplingParams::default(), e.model().config().vocab);
+    let mut sampler = Sampler::new(SamplingParams::default(), e.model().vocab());
     let mut history = prompt.to_vec();
     let mut logits = e.logits().to_vec();
     let t0 = Instant::now();

@@ -157,7 +157,7 @@ impl Scheduler {
             Some(g) => GuideSlot::Owned(g),
             None => GuideSlot::None,
         };
-        let dec = Decoder::new(request, slot, engine.model.config().vocab, engine.context);
+        let dec = Decoder::new(request, slot, engine.model.vocab(), engine.context);
         self.waiting.push_back(Active {
             dec,
             sink,
@@ -204,9 +204,12 @@ impl Scheduler {
         self.stats.steps += 1;
         self.stats.batched_sequences += self.plan.len() as u64;
         engine.batch.clear();
+        engine.states.clear();
         for &(i, n, want) in &self.plan {
-            let a = &self.running[i];
-            let seq = a.seq.as_ref().expect("running sequences hold KV");
+            let a = &mut self.running[i];
+            let seq = a.seq.as_mut().expect("running sequences hold KV");
+            // Hybrid models' recurrent states travel with the batch (moved, not copied).
+            engine.states.push(std::mem::take(&mut seq.rec));
             let from = seq.len();
             if let Logits::Tail(_) = want {
                 // A decode with a draft tree.
@@ -228,11 +231,17 @@ impl Scheduler {
             scratch,
             tokenizer,
             spec,
+            states,
             ..
         } = engine;
         let t0 = Instant::now();
-        let forward = model.forward(cpu, kv.pool_mut(), batch, scratch);
+        let forward = model.forward(cpu, kv.pool_mut(), batch, states, scratch);
         spec.cost.observe(batch.len(), t0.elapsed().as_secs_f64());
+        for (&(i, _, _), st) in self.plan.iter().zip(states.drain(..)) {
+            if let Some(seq) = self.running[i].seq.as_mut() {
+                seq.rec = st;
+            }
+        }
         let out = match forward {
             Ok(o) => o,
             Err(e) => {
@@ -251,7 +260,7 @@ impl Scheduler {
                 return true;
             }
         };
-        let vocab = model.config().vocab;
+        let vocab = model.vocab();
         let mut row = 0;
         let now = Instant::now();
         let mut done = Vec::new();
@@ -262,7 +271,14 @@ impl Scheduler {
             seq.advance(n);
             kv.count_computed(n);
             let k = match want {
-                Logits::None => continue,
+                Logits::None => {
+                    // A prefill chunk that ended where a hybrid model keeps a snapshot.
+                    let hist = a.dec.history();
+                    if kv.snapshot_point(seq, hist, seq.len()) {
+                        kv.snapshot(seq, hist);
+                    }
+                    continue;
+                }
                 Logits::Last => 1,
                 Logits::Tail(k) => k,
                 Logits::All => n,
@@ -371,7 +387,17 @@ impl Scheduler {
                     if is_decode != decoding || left == 0 {
                         continue;
                     }
-                    let n = if decoding { left } else { left.min(budget) };
+                    let n = if decoding {
+                        left
+                    } else {
+                        // Prompt chunks end where a hybrid model snapshots its state.
+                        let from = seq.len();
+                        let hist = a.dec.history();
+                        engine
+                            .kv
+                            .chunk_end(seq, hist, from, from + left.min(budget))
+                            - from
+                    };
                     if n == 0 {
                         continue;
                     }
@@ -543,7 +569,7 @@ impl Sink for SharedCollect {
 impl Engine {
     /// Checks a request against this engine (prompt present, tokens in the vocabulary, room to generate).
     pub fn check_request(&self, req: &Request) -> Result<(), EngineError> {
-        let vocab = self.model.config().vocab;
+        let vocab = self.model.vocab();
         if req.prompt.is_empty() {
             return Err(EngineError::Request("the prompt is empty".into()));
         }

@@ -289,6 +289,7 @@ mod tests {
         n_layers: 2,
         n_kv_heads: 2,
         head_dim: 8,
+        recurrent: 0,
     };
 
     fn row(seed: usize, scale: f32) -> Vec<f32> {

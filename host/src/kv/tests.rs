@@ -12,6 +12,7 @@ const SHAPE: KvShape = KvShape {
     n_layers: 1,
     n_kv_heads: 1,
     head_dim: 2,
+    recurrent: 0,
 };
 
 /// The KV "content" of a position: a hash of the token prefix ending there, exact in f32.
@@ -35,6 +36,7 @@ impl Sim {
             page_size,
             memory: pages * PagePool::page_bytes(SHAPE, page_size, KvDtype::F32),
             cache_output: true,
+            ..KvConfig::default()
         };
         Sim {
             cache: KvCache::new(SHAPE, cfg),

@@ -329,6 +329,7 @@ impl Llama {
             n_layers: self.cfg.n_layers,
             n_kv_heads: self.cfg.n_kv_heads,
             head_dim: self.cfg.head_dim,
+            recurrent: 0,
         }
     }
 

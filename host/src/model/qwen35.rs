@@ -1,15 +1,22 @@
-//! Qwen3.5/3.6 hybrid models (GGUF arch `qwen35`): Gated DeltaNet layers with one gated full-attention
-//! layer every `full_attention_interval`, SwiGLU MLPs.
+//! Qwen3.5/3.6 hybrid models (GGUF arch `qwen35`, HF `qwen3_5_text`): Gated DeltaNet layers with one gated
+//! full-attention layer every `full_attention_interval` (3 of 4 layers are recurrent), SwiGLU MLPs.
 //!
-//! This is the scalar f32 reference forward pass, one token at a time: the test oracle for the fast paths
-//! to come (batched matmuls, chunked prefill, paged attention KV) and the state format the prefix cache
-//! snapshots. Conventions are llama.cpp's GGUF ones (see `shared/design/notes/models-hybrid-formats.md`):
+//! * [`Qwen35`]: the engine's forward pass over a [`Batch`] of sequences: batched matrix products on the
+//!   CPU backend, the attention layers' KV in the shared page pool (prefix cache included), and each
+//!   sequence's DeltaNet state in its [`Recurrent`] (snapshotted by the prefix cache, see
+//!   [`crate::kv::state`]).
+//! * [`gdn`]: the DeltaNet kernels: convolution window, gates, the delta rule token by token and in
+//!   chunked form.
+//! * [`reference`]: the scalar, one-token-at-a-time oracle.
+//! * [`source`]: GGUF and Hugging Face (safetensors, incl. NVFP4) weights, both seen in GGUF conventions.
+//!
+//! Conventions are llama.cpp's GGUF ones (`shared/design/notes/models-hybrid-formats.md`):
 //!
 //! * the `(1 + w)` RMSNorm weights (`attn_norm`, `post_attention_norm`, `output_norm`, `attn_q_norm`,
-//!   `attn_k_norm`) are stored with the 1 folded in, so every norm is `x / rms(x) * w`; the gated norm of
-//!   the DeltaNet output (`ssm_norm`) is `x / rms(x) * w * silu(z)`;
+//!   `attn_k_norm`) hold the 1 already, so every norm is `x / rms(x) * w`; the DeltaNet output norm
+//!   (`ssm_norm`) is `x / rms(x) * w * silu(z)`;
 //! * `ssm_a` is `-exp(A_log)` and `ssm_dt.bias` is `dt_bias`;
-//! * value heads are in tiled order: value head `n` reads key head `n % key_heads`.
+//! * value heads are tiled: value head `n` reads key head `n % key_heads`.
 //!
 //! Per DeltaNet layer and token: `qkv = W x`, a causal depthwise convolution over the last `conv_kernel`
 //! inputs (its window is state), SiLU, L2-normalised q and k (q scaled by `1/sqrt(dk)`), `β = σ(W_β x)`,
@@ -17,10 +24,24 @@
 //! o = Sᵀq`, the gated norm with `z = W_gate x`, and `ssm_out`. The attention layer splits each query head
 //! into `[query | gate]`, normalises q and k per head, rotates the first `rope.dimension_count` dims
 //! (NeoX halves), attends causally with grouped KV heads, and multiplies by `σ(gate)` before `attn_output`.
+//!
+//! Not yet here: the MTP head (Qwen3.6 checkpoints carry one; GGUF conversion drops it with `--no-mtp`),
+//! M-RoPE for images (text uses one position for every section, which is plain RoPE).
+
+pub mod gdn;
+pub mod reference;
+pub mod source;
+#[cfg(test)]
+mod tests;
 
 use super::ModelError;
+use crate::backend::cpu::Cpu;
+use crate::backend::cpu::qmatmul::{QActs, QMatrix};
+use crate::backend::cpu::simd;
 use crate::gguf::Gguf;
-use crate::quant::dequantize_ref;
+use crate::kv::{Batch, KvShape, Logits, PagePool, Recurrent};
+pub use reference::{Qwen35State, Reference};
+pub use source::{HfCheckpoint, Weights};
 
 /// Hyperparameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +78,12 @@ pub struct Qwen35Config {
     pub value_dim: usize,
     /// Causal convolution taps.
     pub conv_kernel: usize,
+    /// Training context.
+    pub ctx_train: usize,
+}
+
+fn unsupported(msg: impl Into<String>) -> ModelError {
+    ModelError::Unsupported(msg.into())
 }
 
 impl Qwen35Config {
@@ -64,15 +91,12 @@ impl Qwen35Config {
     pub fn from_gguf(g: &Gguf) -> Result<Self, ModelError> {
         let arch = g.architecture()?;
         if arch != "qwen35" {
-            return Err(ModelError::Unsupported(format!(
-                "architecture {arch:?} is not qwen35"
-            )));
+            return Err(unsupported(format!("architecture {arch:?} is not qwen35")));
         }
         let u = |k: &str| g.arch_u32(k).map(|v| v as usize);
         let n_layers = u("block_count")?;
         let interval = u("full_attention_interval").unwrap_or(4).max(1);
         let recurrent = (0..n_layers).map(|i| (i + 1) % interval != 0).collect();
-        let d_model = u("embedding_length")?;
         let value_heads = u("ssm.time_step_rank")?;
         let inner = u("ssm.inner_size")?;
         let vocab = g
@@ -81,8 +105,8 @@ impl Qwen35Config {
             .get(1)
             .copied()
             .unwrap_or(0);
-        Ok(Qwen35Config {
-            d_model,
+        let c = Qwen35Config {
+            d_model: u("embedding_length")?,
             ffn: u("feed_forward_length")?,
             vocab: vocab as usize,
             n_layers,
@@ -98,206 +122,288 @@ impl Qwen35Config {
             key_dim: u("ssm.state_size")?,
             value_dim: inner / value_heads.max(1),
             conv_kernel: u("ssm.conv_kernel")?,
-        })
+            ctx_train: u("context_length").unwrap_or(4096),
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Reads the hyperparameters of a Hugging Face `config.json` (`qwen3_5_text`, or the `text_config` of
+    /// a multimodal one).
+    pub fn from_hf(j: &serde_json::Value) -> Result<Self, ModelError> {
+        let u = |k: &str| {
+            j.get(k)
+                .and_then(serde_json::Value::as_u64)
+                .map(|v| v as usize)
+                .ok_or_else(|| unsupported(format!("config.json lacks {k}")))
+        };
+        let n_layers = u("num_hidden_layers")?;
+        let recurrent: Vec<bool> = match j.get("layer_types").and_then(|v| v.as_array()) {
+            Some(t) => t
+                .iter()
+                .map(|v| v.as_str() == Some("linear_attention"))
+                .collect(),
+            None => {
+                let interval = u("full_attention_interval").unwrap_or(4).max(1);
+                (0..n_layers).map(|i| (i + 1) % interval != 0).collect()
+            }
+        };
+        if recurrent.len() != n_layers {
+            return Err(unsupported(
+                "config.json: layer_types does not match the layers",
+            ));
+        }
+        let rope = j.get("rope_parameters").unwrap_or(j);
+        let f = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+        let head_dim = u("head_dim")?;
+        let partial = f(rope, "partial_rotary_factor")
+            .or_else(|| f(j, "partial_rotary_factor"))
+            .unwrap_or(1.0);
+        let c = Qwen35Config {
+            d_model: u("hidden_size")?,
+            ffn: u("intermediate_size")?,
+            vocab: u("vocab_size")?,
+            n_layers,
+            recurrent,
+            eps: f(j, "rms_norm_eps").unwrap_or(1e-6) as f32,
+            n_heads: u("num_attention_heads")?,
+            n_kv_heads: u("num_key_value_heads")?,
+            head_dim,
+            rope_dims: (head_dim as f64 * partial).round() as usize,
+            rope_base: f(rope, "rope_theta")
+                .or_else(|| f(j, "rope_theta"))
+                .unwrap_or(1e7) as f32,
+            key_heads: u("linear_num_key_heads")?,
+            value_heads: u("linear_num_value_heads")?,
+            key_dim: u("linear_key_head_dim")?,
+            value_dim: u("linear_value_head_dim")?,
+            conv_kernel: u("linear_conv_kernel_dim")?,
+            ctx_train: u("max_position_embeddings").unwrap_or(4096),
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<(), ModelError> {
+        let ok = self.key_heads > 0
+            && self.value_heads.is_multiple_of(self.key_heads)
+            && self.n_kv_heads > 0
+            && self.n_heads.is_multiple_of(self.n_kv_heads)
+            && self.n_heads / self.n_kv_heads <= simd::MAX_GROUP
+            && self.head_dim <= simd::MAX_HEAD_DIM
+            && self.rope_dims <= self.head_dim
+            && self.rope_dims.is_multiple_of(2)
+            && (2..=gdn::MAX_KERNEL).contains(&self.conv_kernel)
+            && self.value_dim <= gdn::MAX_HEAD
+            && self.head_dim <= gdn::MAX_HEAD
+            && self.recurrent.len() == self.n_layers
+            && self.recurrent.iter().any(|&r| !r);
+        if ok {
+            Ok(())
+        } else {
+            Err(unsupported(format!(
+                "qwen35 shape outside what thorn runs: {self:?}"
+            )))
+        }
     }
 
     /// Channels of the convolution: q, k and v.
     pub fn conv_dim(&self) -> usize {
-        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+        self.gdn().conv_dim()
+    }
+
+    /// The DeltaNet layers' shape.
+    pub fn gdn(&self) -> gdn::Shape {
+        gdn::Shape {
+            kh: self.key_heads,
+            vh: self.value_heads,
+            dk: self.key_dim,
+            dv: self.value_dim,
+            kernel: self.conv_kernel,
+        }
     }
 
     /// Floats of one DeltaNet layer's state: the recurrent matrix per value head and the convolution window.
     pub fn recurrent_state_floats(&self) -> usize {
-        self.value_heads * self.key_dim * self.value_dim + self.conv_dim() * (self.conv_kernel - 1)
+        self.gdn().floats()
     }
-}
 
-/// A matrix of `rows` outputs over `cols` inputs, row-major f32.
-#[derive(Debug, Clone)]
-struct Mat {
-    w: Vec<f32>,
-    rows: usize,
-    cols: usize,
-}
+    /// Floats of a sequence's whole recurrent state (every DeltaNet layer).
+    pub fn state_floats(&self) -> usize {
+        self.recurrent.iter().filter(|&&r| r).count() * self.recurrent_state_floats()
+    }
 
-impl Mat {
-    fn apply(&self, x: &[f32], out: &mut [f32]) {
-        for (r, o) in out.iter_mut().enumerate().take(self.rows) {
-            let row = &self.w[r * self.cols..(r + 1) * self.cols];
-            *o = row.iter().zip(x).map(|(a, b)| a * b).sum();
+    /// What the KV cache holds for this model: the attention layers' KV and the recurrent state.
+    pub fn kv_shape(&self) -> KvShape {
+        KvShape {
+            n_layers: self.recurrent.iter().filter(|&&r| !r).count(),
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            recurrent: self.state_floats(),
         }
     }
 }
 
-#[derive(Debug, Clone)]
-struct Mlp {
-    gate: Mat,
-    up: Mat,
-    down: Mat,
-    norm: Vec<f32>,
-}
-
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct DeltaNet {
-    qkv: Mat,
-    gate: Mat,
-    alpha: Mat,
-    beta: Mat,
+    qkv: QMatrix,
+    gate: QMatrix,
+    alpha: QMatrix,
+    beta: QMatrix,
     a: Vec<f32>,
     dt_bias: Vec<f32>,
     conv: Vec<f32>,
     norm: Vec<f32>,
-    out: Mat,
+    out: QMatrix,
+    /// Offset of this layer's state in a sequence's [`Recurrent::state`].
+    offset: usize,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Attention {
-    q: Mat,
-    k: Mat,
-    v: Mat,
+    q: QMatrix,
+    k: QMatrix,
+    v: QMatrix,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
-    out: Mat,
+    out: QMatrix,
+    /// This layer's index among the attention layers (its KV layer in the page pool).
+    kv_layer: usize,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 enum Mixer {
     DeltaNet(DeltaNet),
     Attention(Attention),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Layer {
     norm: Vec<f32>,
     mixer: Mixer,
-    mlp: Mlp,
+    post_norm: Vec<f32>,
+    gate: QMatrix,
+    up: QMatrix,
+    down: QMatrix,
 }
 
-/// A loaded `qwen35` model (f32 weights).
-#[derive(Debug, Clone)]
+/// A loaded `qwen35` model for the engine.
+#[derive(Debug)]
 pub struct Qwen35 {
     cfg: Qwen35Config,
-    embd: Mat,
+    embd: Vec<f32>,
     layers: Vec<Layer>,
     out_norm: Vec<f32>,
-    output: Mat,
+    output: QMatrix,
+    chunked_prefill: bool,
 }
 
-/// One sequence's state: per DeltaNet layer its recurrent matrices and convolution window, per attention
-/// layer its keys and values so far.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Qwen35State {
-    /// Per layer: DeltaNet `[value head][key dim][value dim]` then the window `[channel][kernel - 1]`
-    /// (oldest first); empty for attention layers.
-    pub recurrent: Vec<Vec<f32>>,
-    /// Per layer: keys and values of every position so far (`[pos][kv head][dim]`); empty for DeltaNet.
-    pub kv: Vec<(Vec<f32>, Vec<f32>)>,
-    /// Positions consumed.
-    pub len: usize,
+/// Per-forward buffers, reused across calls.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    x: Vec<f32>,
+    xb: Vec<f32>,
+    qkv: Vec<f32>,
+    z: Vec<f32>,
+    alpha: Vec<f32>,
+    beta: Vec<f32>,
+    y: Vec<f32>,
+    o: Vec<f32>,
+    mix: Vec<f32>,
+    qg: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    logits: Vec<f32>,
+    qa: QActs,
+    partials: Vec<f32>,
+    /// `(cos, sin)` per position and rotated pair, grown on demand.
+    rope: Vec<(f32, f32)>,
 }
 
-fn vector(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
-    let t = g.tensor(name)?;
-    if t.n_elements() != n as u64 {
-        return Err(ModelError::Shape {
-            name: name.into(),
-            got: t.dims.clone(),
-            want: vec![n as u64],
-        });
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
     }
-    let mut v = vec![0f32; n];
-    dequantize_ref(t.ty, g.tensor_data(t), &mut v)?;
-    Ok(v)
-}
-
-fn matrix(g: &Gguf, name: &str, rows: usize, cols: usize) -> Result<Mat, ModelError> {
-    let t = g.tensor(name)?;
-    let (c, r) = (
-        t.dims.first().copied().unwrap_or(0),
-        t.dims.get(1).copied().unwrap_or(1),
-    );
-    if (c, r) != (cols as u64, rows as u64) {
-        return Err(ModelError::Shape {
-            name: name.into(),
-            got: t.dims.clone(),
-            want: vec![cols as u64, rows as u64],
-        });
-    }
-    let mut w = vec![0f32; rows * cols];
-    dequantize_ref(t.ty, g.tensor_data(t), &mut w)?;
-    Ok(Mat { w, rows, cols })
-}
-
-fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let inv = 1.0 / (ms + eps).sqrt();
-    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * inv * g;
-    }
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
 impl Qwen35 {
-    /// Loads a `qwen35` GGUF.
-    pub fn load(g: &Gguf) -> Result<Self, ModelError> {
-        let c = Qwen35Config::from_gguf(g)?;
+    /// Loads the weights of a model of shape `cfg` from `w`.
+    pub fn load(w: &dyn Weights, cfg: Qwen35Config) -> Result<Self, ModelError> {
+        let c = &cfg;
         let d = c.d_model;
+        let g = c.gdn();
         let mut layers = Vec::with_capacity(c.n_layers);
+        let (mut offset, mut kv_layer) = (0, 0);
         for (i, &rec) in c.recurrent.iter().enumerate() {
             let n = |s: &str| format!("blk.{i}.{s}");
             let mixer = if rec {
-                let vd = c.value_heads * c.value_dim;
-                Mixer::DeltaNet(DeltaNet {
-                    qkv: matrix(g, &n("attn_qkv.weight"), c.conv_dim(), d)?,
-                    gate: matrix(g, &n("attn_gate.weight"), vd, d)?,
-                    alpha: matrix(g, &n("ssm_alpha.weight"), c.value_heads, d)?,
-                    beta: matrix(g, &n("ssm_beta.weight"), c.value_heads, d)?,
-                    a: vector(g, &n("ssm_a"), c.value_heads)?,
-                    dt_bias: vector(g, &n("ssm_dt.bias"), c.value_heads)?,
-                    conv: vector(g, &n("ssm_conv1d.weight"), c.conv_dim() * c.conv_kernel)?,
-                    norm: vector(g, &n("ssm_norm.weight"), c.value_dim)?,
-                    out: matrix(g, &n("ssm_out.weight"), d, vd)?,
-                })
+                let vd = g.vh * g.dv;
+                let m = DeltaNet {
+                    qkv: w.matrix(&n("attn_qkv.weight"), g.conv_dim(), d)?,
+                    gate: w.matrix(&n("attn_gate.weight"), vd, d)?,
+                    alpha: w.matrix(&n("ssm_alpha.weight"), g.vh, d)?,
+                    beta: w.matrix(&n("ssm_beta.weight"), g.vh, d)?,
+                    a: w.vector(&n("ssm_a"), g.vh)?,
+                    dt_bias: w.vector(&n("ssm_dt.bias"), g.vh)?,
+                    conv: w.vector(&n("ssm_conv1d.weight"), g.conv_dim() * g.kernel)?,
+                    norm: w.vector(&n("ssm_norm.weight"), g.dv)?,
+                    out: w.matrix(&n("ssm_out.weight"), d, vd)?,
+                    offset,
+                };
+                offset += g.floats();
+                Mixer::DeltaNet(m)
             } else {
                 let hd = c.head_dim;
-                Mixer::Attention(Attention {
-                    q: matrix(g, &n("attn_q.weight"), 2 * c.n_heads * hd, d)?,
-                    k: matrix(g, &n("attn_k.weight"), c.n_kv_heads * hd, d)?,
-                    v: matrix(g, &n("attn_v.weight"), c.n_kv_heads * hd, d)?,
-                    q_norm: vector(g, &n("attn_q_norm.weight"), hd)?,
-                    k_norm: vector(g, &n("attn_k_norm.weight"), hd)?,
-                    out: matrix(g, &n("attn_output.weight"), d, c.n_heads * hd)?,
-                })
+                let m = Attention {
+                    q: w.matrix(&n("attn_q.weight"), 2 * c.n_heads * hd, d)?,
+                    k: w.matrix(&n("attn_k.weight"), c.n_kv_heads * hd, d)?,
+                    v: w.matrix(&n("attn_v.weight"), c.n_kv_heads * hd, d)?,
+                    q_norm: w.vector(&n("attn_q_norm.weight"), hd)?,
+                    k_norm: w.vector(&n("attn_k_norm.weight"), hd)?,
+                    out: w.matrix(&n("attn_output.weight"), d, c.n_heads * hd)?,
+                    kv_layer,
+                };
+                kv_layer += 1;
+                Mixer::Attention(m)
             };
             layers.push(Layer {
-                norm: vector(g, &n("attn_norm.weight"), d)?,
+                norm: w.vector(&n("attn_norm.weight"), d)?,
                 mixer,
-                mlp: Mlp {
-                    gate: matrix(g, &n("ffn_gate.weight"), c.ffn, d)?,
-                    up: matrix(g, &n("ffn_up.weight"), c.ffn, d)?,
-                    down: matrix(g, &n("ffn_down.weight"), d, c.ffn)?,
-                    norm: vector(g, &n("post_attention_norm.weight"), d)?,
-                },
+                post_norm: w.vector(&n("post_attention_norm.weight"), d)?,
+                gate: w.matrix(&n("ffn_gate.weight"), c.ffn, d)?,
+                up: w.matrix(&n("ffn_up.weight"), c.ffn, d)?,
+                down: w.matrix(&n("ffn_down.weight"), d, c.ffn)?,
             });
         }
+        let output_name = if w.tied_output() {
+            "token_embd.weight"
+        } else {
+            "output.weight"
+        };
         Ok(Qwen35 {
-            embd: matrix(g, "token_embd.weight", c.vocab, d)?,
-            out_norm: vector(g, "output_norm.weight", d)?,
-            output: matrix(g, "output.weight", c.vocab, d)?,
+            embd: w.matrix_f32("token_embd.weight", c.vocab, d)?,
+            out_norm: w.vector("output_norm.weight", d)?,
+            output: w.matrix(output_name, c.vocab, d)?,
             layers,
-            cfg: c,
+            chunked_prefill: false,
+            cfg,
         })
+    }
+
+    /// Loads a `qwen35` GGUF.
+    pub fn from_gguf(g: &Gguf) -> Result<Self, ModelError> {
+        Self::load(g, Qwen35Config::from_gguf(g)?)
+    }
+
+    /// Loads a Hugging Face checkpoint directory.
+    pub fn from_hf(dir: &std::path::Path) -> Result<Self, ModelError> {
+        let ck = HfCheckpoint::open(dir)?;
+        let cfg = ck.qwen35_config().clone();
+        Self::load(&ck, cfg)
     }
 
     /// The hyperparameters.
@@ -305,374 +411,332 @@ impl Qwen35 {
         &self.cfg
     }
 
-    /// A fresh state (no positions).
-    pub fn new_state(&self) -> Qwen35State {
-        let c = &self.cfg;
-        Qwen35State {
-            recurrent: c
-                .recurrent
-                .iter()
-                .map(|&r| {
-                    if r {
-                        vec![0.0; c.recurrent_state_floats()]
-                    } else {
-                        Vec::new()
-                    }
-                })
-                .collect(),
-            kv: vec![(Vec::new(), Vec::new()); c.n_layers],
-            len: 0,
-        }
+    /// Bytes of weights a forward pass reads.
+    pub fn weight_bytes(&self) -> usize {
+        let mats = self.layers.iter().map(|l| {
+            let mix = match &l.mixer {
+                Mixer::DeltaNet(m) => {
+                    m.qkv.bytes()
+                        + m.gate.bytes()
+                        + m.alpha.bytes()
+                        + m.beta.bytes()
+                        + m.out.bytes()
+                }
+                Mixer::Attention(a) => a.q.bytes() + a.k.bytes() + a.v.bytes() + a.out.bytes(),
+            };
+            mix + l.gate.bytes() + l.up.bytes() + l.down.bytes()
+        });
+        mats.sum::<usize>() + self.output.bytes()
     }
 
-    /// Consumes `token` at the next position of `state` and writes the logits into `logits` (`vocab`).
-    pub fn step(
+    /// Prefill runs of more than one token with the chunked DeltaNet form instead of token by token (see
+    /// [`gdn`]: the token-by-token form is cheaper on CPU and batch-invariant, so it is the default).
+    pub fn set_chunked_prefill(&mut self, on: bool) {
+        self.chunked_prefill = on;
+    }
+
+    /// Runs the tokens of `batch` (several sequences, each at its own positions and pages, `states[i]` the
+    /// recurrent state of sequence `i`): writes the attention KV into `pool` and advances the states. A
+    /// sequence whose logits are [`Logits::Tail`]`(k)` (speculative verification, a chain) keeps its state
+    /// after each of those `k` tokens in [`Recurrent::steps`]. Returns the requested logits as
+    /// [`crate::model::llama::Llama::forward`] does.
+    pub fn forward<'s>(
         &self,
-        state: &mut Qwen35State,
-        token: u32,
-        logits: &mut [f32],
-    ) -> Result<(), ModelError> {
+        cpu: &Cpu,
+        pool: &mut PagePool,
+        batch: &Batch,
+        states: &mut [Recurrent],
+        s: &'s mut Scratch,
+    ) -> Result<&'s mut [f32], ModelError> {
         let c = &self.cfg;
-        let d = c.d_model;
-        let t = token as usize;
-        if t >= c.vocab {
-            return Err(ModelError::Unsupported(format!(
-                "token id {t} is outside the vocabulary ({})",
+        let n = batch.len();
+        if n == 0 {
+            return Ok(&mut []);
+        }
+        if pool.shape() != c.kv_shape() {
+            return Err(unsupported("the KV pool was made for another model"));
+        }
+        if states.len() != batch.seqs.len() {
+            return Err(unsupported("one recurrent state per sequence is needed"));
+        }
+        let floats = c.state_floats();
+        for (st, span) in states.iter_mut().zip(&batch.seqs) {
+            if st.state.len() != floats || st.len != span.start {
+                return Err(unsupported(format!(
+                    "recurrent state for position {} does not match the sequence at {}",
+                    st.len, span.start
+                )));
+            }
+            st.len = Recurrent::INVALID;
+        }
+        if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(unsupported(format!(
+                "token id {bad} is outside the vocabulary ({})",
                 c.vocab
             )));
         }
-        let mut h = self.embd.w[t * d..(t + 1) * d].to_vec();
-        let mut x = vec![0f32; d];
-        let mut mix = vec![0f32; d];
-        for (li, l) in self.layers.iter().enumerate() {
-            rmsnorm(&h, &l.norm, c.eps, &mut x);
-            match &l.mixer {
-                Mixer::DeltaNet(m) => self.deltanet(m, &x, &mut state.recurrent[li], &mut mix),
-                Mixer::Attention(a) => {
-                    self.attention(a, &x, &mut state.kv[li], state.len, &mut mix)
+        // Steps kept for speculative verification.
+        for (i, span) in batch.seqs.iter().enumerate() {
+            let st = &mut states[i];
+            match batch.logits[i] {
+                Logits::Tail(k) => {
+                    let k = k.min(span.len);
+                    if st.steps.len() < k * floats {
+                        st.steps.resize(k * floats, 0.0);
+                    }
+                    st.steps_len = k;
+                    st.steps_from = span.start + span.len - k + 1;
                 }
-            }
-            for (hv, m) in h.iter_mut().zip(&mix) {
-                *hv += m;
-            }
-            rmsnorm(&h, &l.mlp.norm, c.eps, &mut x);
-            let mut g = vec![0f32; c.ffn];
-            let mut u = vec![0f32; c.ffn];
-            l.mlp.gate.apply(&x, &mut g);
-            l.mlp.up.apply(&x, &mut u);
-            for (gv, uv) in g.iter_mut().zip(&u) {
-                *gv = silu(*gv) * uv;
-            }
-            l.mlp.down.apply(&g, &mut mix);
-            for (hv, m) in h.iter_mut().zip(&mix) {
-                *hv += m;
+                _ => st.steps_len = 0,
             }
         }
-        state.len += 1;
-        rmsnorm(&h, &self.out_norm, c.eps, &mut x);
-        self.output.apply(&x, logits);
-        Ok(())
-    }
-
-    fn deltanet(&self, m: &DeltaNet, x: &[f32], st: &mut [f32], out: &mut [f32]) {
-        let c = &self.cfg;
-        let (kh, vh, dk, dv, kern) = (
-            c.key_heads,
-            c.value_heads,
-            c.key_dim,
-            c.value_dim,
-            c.conv_kernel,
-        );
-        let cd = c.conv_dim();
-        let (s, window) = st.split_at_mut(vh * dk * dv);
-        let mut qkv = vec![0f32; cd];
-        m.qkv.apply(x, &mut qkv);
-        // Causal depthwise convolution over the window (oldest first) and this input, then SiLU.
-        let w = kern - 1;
-        let mut conv = vec![0f32; cd];
-        for ch in 0..cd {
-            let taps = &m.conv[ch * kern..(ch + 1) * kern];
-            let win = &mut window[ch * w..(ch + 1) * w];
-            let mut acc = taps[w] * qkv[ch];
-            for j in 0..w {
-                acc += taps[j] * win[j];
-            }
-            conv[ch] = silu(acc);
-            win.rotate_left(1.min(w));
-            if w > 0 {
-                win[w - 1] = qkv[ch];
-            }
-        }
-        let (q, rest) = conv.split_at_mut(kh * dk);
-        let (k, v) = rest.split_at_mut(kh * dk);
-        for head in q.chunks_mut(dk).chain(k.chunks_mut(dk)) {
-            let inv = 1.0 / (head.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
-            head.iter_mut().for_each(|v| *v *= inv);
-        }
-        let qs = 1.0 / (dk as f32).sqrt();
-        q.iter_mut().for_each(|v| *v *= qs);
-        let mut ab = vec![0f32; vh];
-        let mut bb = vec![0f32; vh];
-        m.alpha.apply(x, &mut ab);
-        m.beta.apply(x, &mut bb);
-        let mut z = vec![0f32; vh * dv];
-        m.gate.apply(x, &mut z);
-        let mut o = vec![0f32; vh * dv];
-        let mut delta = vec![0f32; dv];
-        for hv in 0..vh {
-            let hk = hv % kh;
-            let (qh, kk) = (&q[hk * dk..(hk + 1) * dk], &k[hk * dk..(hk + 1) * dk]);
-            let vv = &v[hv * dv..(hv + 1) * dv];
-            let beta = sigmoid(bb[hv]);
-            let decay = (m.a[hv] * softplus(ab[hv] + m.dt_bias[hv])).exp();
-            let sh = &mut s[hv * dk * dv..(hv + 1) * dk * dv];
-            sh.iter_mut().for_each(|x| *x *= decay);
-            for (j, dl) in delta.iter_mut().enumerate() {
-                let sk: f32 = (0..dk).map(|i| sh[i * dv + j] * kk[i]).sum();
-                *dl = (vv[j] - sk) * beta;
-            }
-            for i in 0..dk {
-                for j in 0..dv {
-                    sh[i * dv + j] += kk[i] * delta[j];
-                }
-            }
-            let oh = &mut o[hv * dv..(hv + 1) * dv];
-            for (j, ov) in oh.iter_mut().enumerate() {
-                *ov = (0..dk).map(|i| sh[i * dv + j] * qh[i]).sum();
-            }
-            // Gated RMSNorm over the head.
-            let mut normed = vec![0f32; dv];
-            rmsnorm(oh, &m.norm, c.eps, &mut normed);
-            for (j, ov) in oh.iter_mut().enumerate() {
-                *ov = normed[j] * silu(z[hv * dv + j]);
-            }
-        }
-        m.out.apply(&o, out);
-    }
-
-    fn attention(
-        &self,
-        a: &Attention,
-        x: &[f32],
-        kv: &mut (Vec<f32>, Vec<f32>),
-        pos: usize,
-        out: &mut [f32],
-    ) {
-        let c = &self.cfg;
+        let d = c.d_model;
+        let g = c.gdn();
+        let (cd, vd) = (g.conv_dim(), g.vh * g.dv);
         let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
-        let mut qg = vec![0f32; 2 * nh * hd];
-        a.q.apply(x, &mut qg);
-        let mut k = vec![0f32; nkv * hd];
-        let mut v = vec![0f32; nkv * hd];
-        a.k.apply(x, &mut k);
-        a.v.apply(x, &mut v);
-        let mut q = vec![0f32; nh * hd];
-        let mut gate = vec![0f32; nh * hd];
-        for h in 0..nh {
-            let src = &qg[h * 2 * hd..(h + 1) * 2 * hd];
-            rmsnorm(&src[..hd], &a.q_norm, c.eps, &mut q[h * hd..(h + 1) * hd]);
-            gate[h * hd..(h + 1) * hd].copy_from_slice(&src[hd..]);
-        }
-        let mut kn = vec![0f32; hd];
-        for h in 0..nkv {
-            rmsnorm(&k[h * hd..(h + 1) * hd], &a.k_norm, c.eps, &mut kn);
-            k[h * hd..(h + 1) * hd].copy_from_slice(&kn);
-        }
-        // Partial RoPE, NeoX halves over the first `rope_dims` dims of each head.
+        grow(&mut s.x, n * d);
+        grow(&mut s.xb, n * d);
+        grow(&mut s.y, n * cd);
+        grow(&mut s.o, n * vd);
+        grow(&mut s.q, n * nh * hd);
+        grow(&mut s.att, n * nh * hd);
         let half = c.rope_dims / 2;
-        let rot = |head: &mut [f32]| {
+        let longest = batch
+            .seqs
+            .iter()
+            .map(|sp| sp.start + sp.len)
+            .max()
+            .unwrap_or(0);
+        while half > 0 && s.rope.len() < longest * half {
+            let pos = s.rope.len() / half;
             for i in 0..half {
-                let f = c.rope_base.powf(-2.0 * i as f32 / c.rope_dims as f32);
-                let (s, co) = (pos as f32 * f).sin_cos();
-                let (a0, a1) = (head[i], head[i + half]);
-                head[i] = a0 * co - a1 * s;
-                head[i + half] = a1 * co + a0 * s;
+                let f = f64::from(c.rope_base).powf(-2.0 * i as f64 / c.rope_dims as f64);
+                let th = pos as f64 * f;
+                s.rope.push((th.cos() as f32, th.sin() as f32));
             }
-        };
-        q.chunks_mut(hd).for_each(rot);
-        k.chunks_mut(hd).for_each(rot);
-        kv.0.extend_from_slice(&k);
-        kv.1.extend_from_slice(&v);
-        let n = pos + 1;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut att = vec![0f32; nh * hd];
-        let mut scores = vec![0f32; n];
-        for h in 0..nh {
-            let g = h / (nh / nkv).max(1);
-            let qh = &q[h * hd..(h + 1) * hd];
-            for (p, sc) in scores.iter_mut().enumerate() {
-                let kp = &kv.0[(p * nkv + g) * hd..(p * nkv + g + 1) * hd];
-                *sc = qh.iter().zip(kp).map(|(a, b)| a * b).sum::<f32>() * scale;
+        }
+        for (t, &tok) in batch.tokens.iter().enumerate() {
+            let r = tok as usize;
+            s.x[t * d..(t + 1) * d].copy_from_slice(&self.embd[r * d..(r + 1) * d]);
+        }
+        let ps = pool.page_size();
+        for l in &self.layers {
+            for t in 0..n {
+                simd::rmsnorm(
+                    &s.x[t * d..(t + 1) * d],
+                    &l.norm,
+                    c.eps,
+                    &mut s.xb[t * d..(t + 1) * d],
+                );
             }
-            let m = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let mut sum = 0.0;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - m).exp();
-                sum += *sc;
-            }
-            let oh = &mut att[h * hd..(h + 1) * hd];
-            for (p, &w) in scores.iter().enumerate() {
-                let vp = &kv.1[(p * nkv + g) * hd..(p * nkv + g + 1) * hd];
-                for (o, &vv) in oh.iter_mut().zip(vp) {
-                    *o += w / sum * vv;
+            cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
+            match &l.mixer {
+                Mixer::DeltaNet(m) => {
+                    mm(cpu, &m.qkv, &s.xb, &s.qa, n, &mut s.qkv);
+                    mm(cpu, &m.gate, &s.xb, &s.qa, n, &mut s.z);
+                    mm(cpu, &m.alpha, &s.xb, &s.qa, n, &mut s.alpha);
+                    mm(cpu, &m.beta, &s.xb, &s.qa, n, &mut s.beta);
+                    gdn::gates(
+                        &m.a,
+                        &m.dt_bias,
+                        &mut s.alpha[..n * g.vh],
+                        &mut s.beta[..n * g.vh],
+                    );
+                    for (i, span) in batch.seqs.iter().enumerate() {
+                        let rows = span.first..span.first + span.len;
+                        let st = &mut states[i];
+                        self.deltanet_run(m, st, rows, floats, s);
+                    }
+                    for t in 0..n {
+                        gdn::gated_norm(
+                            &g,
+                            &mut s.o[t * vd..(t + 1) * vd],
+                            &s.z[t * vd..(t + 1) * vd],
+                            &m.norm,
+                            c.eps,
+                        );
+                    }
+                    cpu.quantize(&s.o[..n * vd], n, vd, &mut s.qa);
+                    mm(cpu, &m.out, &s.o, &s.qa, n, &mut s.mix);
+                }
+                Mixer::Attention(a) => {
+                    mm(cpu, &a.q, &s.xb, &s.qa, n, &mut s.qg);
+                    mm(cpu, &a.k, &s.xb, &s.qa, n, &mut s.k);
+                    mm(cpu, &a.v, &s.xb, &s.qa, n, &mut s.v);
+                    let mut tmp = [0f32; gdn::MAX_HEAD];
+                    for t in 0..n {
+                        let pos = batch.position(t);
+                        let angles = &s.rope[pos * half..(pos + 1) * half];
+                        for h in 0..nh {
+                            let src = &s.qg[(t * nh + h) * 2 * hd..(t * nh + h + 1) * 2 * hd];
+                            let q = &mut s.q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+                            simd::rmsnorm(&src[..hd], &a.q_norm, c.eps, q);
+                            rope_neox(q, angles);
+                        }
+                        let kt = &mut s.k[t * nkv * hd..(t + 1) * nkv * hd];
+                        for kh in kt.chunks_mut(hd) {
+                            simd::rmsnorm(kh, &a.k_norm, c.eps, &mut tmp[..hd]);
+                            kh.copy_from_slice(&tmp[..hd]);
+                            rope_neox(kh, angles);
+                        }
+                        let (span, slot) = batch.locate(t);
+                        pool.write(
+                            batch.pages(span)[slot / ps],
+                            slot % ps,
+                            a.kv_layer,
+                            kt,
+                            &s.v[t * nkv * hd..(t + 1) * nkv * hd],
+                        );
+                    }
+                    cpu.attention(
+                        pool,
+                        a.kv_layer,
+                        batch,
+                        &s.q[..n * nh * hd],
+                        nh,
+                        nkv,
+                        hd,
+                        &mut s.att[..n * nh * hd],
+                        &mut s.partials,
+                    );
+                    for t in 0..n {
+                        for h in 0..nh {
+                            let gate = &s.qg[(t * nh + h) * 2 * hd + hd..(t * nh + h + 1) * 2 * hd];
+                            let o = &mut s.att[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+                            for (x, &gv) in o.iter_mut().zip(gate) {
+                                *x *= gdn::sigmoid(gv);
+                            }
+                        }
+                    }
+                    cpu.quantize(&s.att[..n * nh * hd], n, nh * hd, &mut s.qa);
+                    mm(cpu, &a.out, &s.att, &s.qa, n, &mut s.mix);
                 }
             }
-            for (o, &gv) in oh.iter_mut().zip(&gate[h * hd..(h + 1) * hd]) {
-                *o *= sigmoid(gv);
+            add(&mut s.x[..n * d], &s.mix[..n * d]);
+            for t in 0..n {
+                simd::rmsnorm(
+                    &s.x[t * d..(t + 1) * d],
+                    &l.post_norm,
+                    c.eps,
+                    &mut s.xb[t * d..(t + 1) * d],
+                );
+            }
+            cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
+            mm(cpu, &l.gate, &s.xb, &s.qa, n, &mut s.g);
+            mm(cpu, &l.up, &s.xb, &s.qa, n, &mut s.u);
+            let f = c.ffn;
+            for (gv, &uv) in s.g[..n * f].iter_mut().zip(&s.u[..n * f]) {
+                *gv = gdn::silu(*gv) * uv;
+            }
+            cpu.quantize(&s.g[..n * f], n, f, &mut s.qa);
+            mm(cpu, &l.down, &s.g, &s.qa, n, &mut s.mix);
+            add(&mut s.x[..n * d], &s.mix[..n * d]);
+        }
+        for (st, span) in states.iter_mut().zip(&batch.seqs) {
+            st.len = span.start + span.len;
+        }
+        // The rows whose logits were asked for, in batch order.
+        let mut m = 0;
+        for (i, span) in batch.seqs.iter().enumerate() {
+            let rows = match batch.logits[i] {
+                Logits::None => continue,
+                Logits::Last => span.first + span.len - 1..span.first + span.len,
+                Logits::All => span.first..span.first + span.len,
+                Logits::Tail(k) => span.first + span.len - k.min(span.len)..span.first + span.len,
+            };
+            for t in rows {
+                simd::rmsnorm(
+                    &s.x[t * d..(t + 1) * d],
+                    &self.out_norm,
+                    c.eps,
+                    &mut s.xb[m * d..(m + 1) * d],
+                );
+                m += 1;
             }
         }
-        a.out.apply(&att, out);
+        if m == 0 {
+            return Ok(&mut []);
+        }
+        cpu.quantize(&s.xb[..m * d], m, d, &mut s.qa);
+        mm(cpu, &self.output, &s.xb, &s.qa, m, &mut s.logits);
+        Ok(&mut s.logits[..m * c.vocab])
+    }
+
+    /// One sequence's run of tokens (`rows` of the batch) through a DeltaNet layer: convolution, gates and
+    /// the recurrence, writing the per-head outputs into `s.o`.
+    fn deltanet_run(
+        &self,
+        m: &DeltaNet,
+        st: &mut Recurrent,
+        rows: std::ops::Range<usize>,
+        floats: usize,
+        s: &mut Scratch,
+    ) {
+        let g = self.cfg.gdn();
+        let (cd, vd) = (g.conv_dim(), g.vh * g.dv);
+        let len = rows.len();
+        let (t0, t1) = (rows.start, rows.end);
+        let layer = &mut st.state[m.offset..m.offset + g.floats()];
+        let (mats, window) = layer.split_at_mut(g.matrix_floats());
+        let keep = st.steps_len;
+        let mut steps = (keep > 0).then(|| gdn::Steps {
+            buf: &mut st.steps[..keep * floats],
+            stride: floats,
+            offset: m.offset + g.matrix_floats(),
+            count: keep,
+        });
+        gdn::conv(
+            &g,
+            &m.conv,
+            window,
+            &s.qkv[t0 * cd..t1 * cd],
+            len,
+            &mut s.y[t0 * cd..t1 * cd],
+            steps.as_mut(),
+        );
+        gdn::normalize_qk(&g, &mut s.y[t0 * cd..t1 * cd], len);
+        let chunk = self.chunked_prefill && keep == 0 && len > 1;
+        for h in 0..g.vh {
+            let run = gdn::HeadRun {
+                y: &s.y[t0 * cd..t1 * cd],
+                g: &s.alpha[t0 * g.vh..t1 * g.vh],
+                beta: &s.beta[t0 * g.vh..t1 * g.vh],
+                n: len,
+                head: h,
+            };
+            let hs = g.dk * g.dv;
+            let head = &mut mats[h * hs..(h + 1) * hs];
+            let out = &mut s.o[t0 * vd..t1 * vd];
+            if chunk {
+                gdn::chunked(&g, &run, head, out);
+            } else {
+                if let Some(st) = steps.as_mut() {
+                    st.offset = m.offset + h * hs;
+                }
+                gdn::recurrence(&g, &run, head, out, steps.as_mut());
+            }
+        }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// `out = W x` for `n` tokens (activations already quantized into `qa`, `x` their floats).
+fn mm(cpu: &Cpu, w: &QMatrix, x: &[f32], qa: &QActs, n: usize, out: &mut Vec<f32>) {
+    grow(out, n * w.rows);
+    cpu.matmul(w, qa, &x[..n * w.cols], out);
+}
 
-    fn fixture(rel: &str) -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/fixtures/qwen35-tiny")
-            .join(rel)
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
     }
+}
 
-    fn golden() -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(fixture("golden.json")).unwrap()).unwrap()
-    }
-
-    /// A golden sequence's token ids.
-    fn ids_of(seq: &serde_json::Value) -> Vec<u32> {
-        seq["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    }
-
-    #[test]
-    fn snapshot_size_of_a_27b_shaped_model() {
-        // Qwen3.6-27B: 64 layers (48 DeltaNet), 16 key / 48 value heads of 128, conv kernel 4.
-        let c = Qwen35Config {
-            d_model: 5120,
-            ffn: 17408,
-            vocab: 248_320,
-            n_layers: 64,
-            recurrent: (0..64).map(|i| (i + 1) % 4 != 0).collect(),
-            eps: 1e-6,
-            n_heads: 24,
-            n_kv_heads: 4,
-            head_dim: 256,
-            rope_dims: 64,
-            rope_base: 1e7,
-            key_heads: 16,
-            value_heads: 48,
-            key_dim: 128,
-            value_dim: 128,
-            conv_kernel: 4,
-        };
-        assert_eq!(c.conv_dim(), 10240);
-        let per_layer = c.recurrent_state_floats();
-        assert_eq!(per_layer, 48 * 128 * 128 + 10240 * 3);
-        let layers = c.recurrent.iter().filter(|&&r| r).count();
-        let mib = (layers * per_layer * 4) as f64 / 1_048_576.0;
-        // One fp32 snapshot of every DeltaNet layer: 149.6 MiB, the KV of ~2,390 bf16 positions
-        // (16 attention layers x 2 x 4 KV heads x 256 x 2 bytes = 64 KiB per position).
-        assert!((mib - 149.6).abs() < 0.1, "{mib} MiB");
-    }
-
-    #[test]
-    fn gguf_logits_match_the_goldens() {
-        let g = Gguf::open(fixture("model.gguf")).unwrap();
-        let m = Qwen35::load(&g).unwrap();
-        assert_eq!(m.config().recurrent, vec![true, true, true, false]);
-        let gold = golden();
-        let mut worst = 0f32;
-        for s in gold["sequences"].as_array().unwrap() {
-            let ids = ids_of(s);
-            let mut st = m.new_state();
-            let mut logits = vec![0f32; m.config().vocab];
-            for (p, &t) in ids.iter().enumerate() {
-                m.step(&mut st, t, &mut logits).unwrap();
-                let want = s["logits"][p].as_array().unwrap();
-                for (a, w) in logits.iter().zip(want) {
-                    let w = w.as_f64().unwrap() as f32;
-                    let err = (a - w).abs();
-                    worst = worst.max(err);
-                    assert!(
-                        err <= 1e-4 + 1e-4 * w.abs(),
-                        "{} position {p}: {a} vs {w}",
-                        s["name"]
-                    );
-                }
-            }
-        }
-        eprintln!("largest logit difference {worst:e}");
-    }
-
-    fn golden_tensor(name: &str) -> Vec<f32> {
-        let bytes = std::fs::read(fixture("golden.safetensors")).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        st.tensor(name)
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    }
-
-    #[test]
-    fn state_after_a_prefix_matches_and_restores() {
-        let g = Gguf::open(fixture("model.gguf")).unwrap();
-        let m = Qwen35::load(&g).unwrap();
-        let gold = golden();
-        let c = &gold["sequences"][2];
-        assert_eq!(c["name"], "C");
-        let ids = ids_of(c);
-        let mut st = m.new_state();
-        let mut logits = vec![0f32; m.config().vocab];
-        for &t in &ids[..70] {
-            m.step(&mut st, t, &mut logits).unwrap();
-        }
-        let cfg = m.config();
-        let s_len = cfg.value_heads * cfg.key_dim * cfg.value_dim;
-        for layer in 0..3 {
-            let want_s = golden_tensor(&format!("state.layer{layer}.recurrent_gguf_head_order"));
-            let want_w = golden_tensor(&format!(
-                "state.layer{layer}.conv_window_gguf_channel_order"
-            ));
-            let (s, w) = st.recurrent[layer].split_at(s_len);
-            let max = |a: &[f32], b: &[f32]| {
-                a.iter()
-                    .zip(b)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0f32, f32::max)
-            };
-            assert_eq!((s.len(), w.len()), (want_s.len(), want_w.len()));
-            assert!(
-                max(s, &want_s) < 1e-5,
-                "layer {layer} recurrent state: {}",
-                max(s, &want_s)
-            );
-            assert!(
-                max(w, &want_w) < 1e-5,
-                "layer {layer} conv window: {}",
-                max(w, &want_w)
-            );
-        }
-        // A snapshot of the state continues exactly like the run that made it.
-        let snapshot = st.clone();
-        let want = golden_tensor("continuation.C.logits");
-        for (run, mut s) in [("original", st), ("restored", snapshot)] {
-            for (i, &t) in ids[70..].iter().enumerate() {
-                m.step(&mut s, t, &mut logits).unwrap();
-                for (a, w) in logits.iter().zip(&want[i * 256..(i + 1) * 256]) {
-                    assert!(
-                        (a - w).abs() <= 1e-4 + 1e-4 * w.abs(),
-                        "{run} position {}: {a} vs {w}",
-                        70 + i
-                    );
-                }
-            }
-        }
+/// Partial NeoX RoPE: pairs `(i, i + half)` of the first `2 · angles.len()` dims rotate.
+fn rope_neox(head: &mut [f32], angles: &[(f32, f32)]) {
+    let half = angles.len();
+    for (i, &(co, si)) in angles.iter().enumerate() {
+        let (a, b) = (head[i], head[i + half]);
+        head[i] = a * co - b * si;
+        head[i + half] = b * co + a * si;
     }
 }

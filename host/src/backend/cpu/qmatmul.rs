@@ -166,6 +166,22 @@ impl QMatrix {
         })
     }
 
+    /// A matrix of plain f32 rows (`f` is `rows × cols`, row-major).
+    pub fn from_f32(rows: usize, cols: usize, f: Vec<f32>) -> Self {
+        assert_eq!(f.len(), rows * cols, "f32 matrix of the wrong size");
+        QMatrix {
+            rows,
+            cols,
+            layout: Layout::F32,
+            blocks: 0,
+            pair_bytes: 0,
+            f32_scales: false,
+            data: vec![],
+            f,
+            source: GgmlType::F32,
+        }
+    }
+
     /// Concatenates matrices with the same input size and layout along the output dimension (fused QKV).
     pub fn concat(parts: &[QMatrix]) -> Option<QMatrix> {
         let first = parts.first()?;

@@ -205,6 +205,7 @@ fn attention_case(heads: usize, kv_heads: usize) {
         n_layers: 1,
         n_kv_heads: kv_heads,
         head_dim: hd,
+        recurrent: 0,
     };
     for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Fp8] {
         for page_size in [32, 7] {
@@ -215,6 +216,7 @@ fn attention_case(heads: usize, kv_heads: usize) {
                     page_size,
                     memory: 1 << 22,
                     cache_output: false,
+                    ..KvConfig::default()
                 },
             );
             // Two sequences in one batch: a 3-token prefill chunk after 300 cached positions, and a decode
