@@ -399,6 +399,7 @@ impl Engine {
     /// own store and calibration).
     pub fn swap_speculator(&mut self, other: &mut Speculator) {
         std::mem::swap(&mut self.spec, other);
+        self.spec.cfg = fit_speculation(&self.model, self.spec.cfg.clone());
     }
 
     /// The speculator (cost model, calibration, store).

@@ -2,7 +2,8 @@
 //!
 //! The BPE itself is the `tokenizers` crate (the same code Hugging Face ships), configured like the model's
 //! original `tokenizer.json`: a `Digits(individual_digits)` split followed by the GPT-2 byte-level
-//! pre-tokenizer regex (`smollm`, `gpt2` and the other GPT-2-regex pre-tokenizers of llama.cpp).
+//! pre-tokenizer regex (`smollm`, `gpt2` and the other GPT-2-regex pre-tokenizers of llama.cpp), or the
+//! model's own split regex before the byte-level mapping (`qwen2`, `llama-bpe`).
 //!
 //! Special tokens are handled here, not by `tokenizers`, because the caller decides per request whether text
 //! may contain them ("parse special", as llama.cpp calls it): with it on, every control token's text
@@ -20,10 +21,12 @@ pub use detok::{DetokState, Detokenizer};
 use crate::gguf::{Gguf, GgufError};
 use std::collections::HashMap;
 use thiserror::Error;
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 
 /// A token id.
 pub type TokenId = u32;
@@ -109,6 +112,18 @@ const EOG_TEXTS: &[&str] = &[
     "<|eom_id|>",
 ];
 
+/// Pre-tokenizers with their own split regex (as in the models' `tokenizer.json`).
+const REGEX_PRE: &[(&str, &str)] = &[
+    (
+        "qwen2",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    (
+        "llama-bpe",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+];
+
 /// Pre-tokenizers that are the GPT-2 regex with digits split one by one.
 const DIGIT_SPLIT_PRE: &[&str] = &[
     "smollm",
@@ -181,9 +196,10 @@ impl Tokenizer {
                 kinds.len()
             )));
         }
+        let regex = REGEX_PRE.iter().find(|r| r.0 == pre).map(|r| r.1);
         let digits = if DIGIT_SPLIT_PRE.contains(&pre) {
             true
-        } else if pre == "gpt2" {
+        } else if pre == "gpt2" || regex.is_some() {
             false
         } else {
             return Err(TokenizerError::Unsupported(format!(
@@ -206,13 +222,35 @@ impl Tokenizer {
                     .ok_or_else(|| TokenizerError::Vocab(format!("merge {m:?} is not two tokens")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // A merge whose parts or result are not tokens can never apply (llama.cpp skips them too; some
+        // converters write placeholders).
+        let merges: Vec<(String, String)> = merges
+            .into_iter()
+            .filter(|(a, b)| {
+                vocab.contains_key(a)
+                    && vocab.contains_key(b)
+                    && vocab.contains_key(&format!("{a}{b}"))
+            })
+            .collect();
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
             .build()
             .map_err(|e| TokenizerError::Vocab(e.to_string()))?;
         let mut tk = tokenizers::Tokenizer::new(bpe);
         let byte_level = ByteLevel::new(false, false, true);
-        if digits {
+        if let Some(re) = regex {
+            // The model's own split regex, then byte-level mapping without the GPT-2 regex.
+            let split = Split::new(
+                SplitPattern::Regex(re.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| TokenizerError::Vocab(format!("pre-tokenizer {pre:?}: {e}")))?;
+            tk.with_pre_tokenizer(Some(Sequence::new(vec![
+                split.into(),
+                ByteLevel::new(false, false, false).into(),
+            ])));
+        } else if digits {
             tk.with_pre_tokenizer(Some(Sequence::new(vec![
                 Digits::new(true).into(),
                 byte_level.into(),

@@ -4,6 +4,7 @@
 mod bfcl;
 mod chat_template;
 mod engine;
+mod hybrid;
 mod model_file;
 mod plugins;
 mod server;

@@ -1,0 +1,292 @@
+//! A hybrid Gated-DeltaNet model (shared/fixtures/qwen35-tiny) in the engine: generation against the
+//! scalar reference, multi-turn prefix reuse through recurrent-state snapshots (cache on and off give the
+//! same tokens), branch-point snapshots, eviction under a small state budget, the batch scheduler, and
+//! speculative decoding with rollback of the recurrent state.
+
+use std::sync::Arc;
+use thorn::engine::scheduler::SchedulerConfig;
+use thorn::engine::{Engine, EngineConfig, Generation, Request};
+use thorn::gguf::Gguf;
+use thorn::kv::KvDtype;
+use thorn::model::qwen35::{Qwen35Config, Reference};
+use thorn::spec::draft::{DraftContext, Drafter, Proposals, SUFFIX_CLASSES};
+use thorn::spec::{SpecConfig, Speculator};
+use thorn_tests::fixture;
+
+fn model_path() -> std::path::PathBuf {
+    fixture("qwen35-tiny/model.gguf")
+}
+
+fn engine(spec: SpecConfig, state_memory: usize) -> Engine {
+    let g = Arc::new(Gguf::open(model_path()).unwrap());
+    Engine::from_gguf(
+        g,
+        &EngineConfig {
+            threads: 2,
+            context: 2048,
+            kv_dtype: KvDtype::F32,
+            page_size: 16,
+            speculation: spec,
+            state_memory,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+fn generate(e: &mut Engine, prompt: &[u32], n: usize) -> Generation {
+    let mut req = Request::greedy(prompt.to_vec(), n);
+    req.ignore_eos = true;
+    e.generate(&req, &mut |_| {}).unwrap()
+}
+
+/// Greedy continuation by the scalar reference.
+fn reference_greedy(prompt: &[u32], n: usize) -> Vec<u32> {
+    let g = Gguf::open(model_path()).unwrap();
+    let m = Reference::load(&g, Qwen35Config::from_gguf(&g).unwrap()).unwrap();
+    let mut st = m.new_state();
+    let mut logits = vec![0f32; 256];
+    for &t in prompt {
+        m.step(&mut st, t, &mut logits).unwrap();
+    }
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = argmax(&logits);
+        out.push(t);
+        m.step(&mut st, t, &mut logits).unwrap();
+    }
+    out
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    x.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+        )
+        .0 as u32
+}
+
+fn bytes(s: &str) -> Vec<u32> {
+    s.bytes().map(u32::from).collect()
+}
+
+#[test]
+fn the_engine_generates_what_the_reference_does() {
+    let prompt = bytes("Hello, Qwen3.5 tiny! Tell me about recurrent state.");
+    let want = reference_greedy(&prompt, 40);
+    let mut e = engine(SpecConfig::off(), 0);
+    assert!(e.model().is_hybrid());
+    let got = generate(&mut e, &prompt, 40);
+    assert_eq!(got.tokens, want);
+}
+
+const SYSTEM: &str = "You are the controller of a six-joint robot arm. Answer with one tool call per turn. \
+Tools: move_joint(joint: integer 0-5, degrees: number -180..180) rotates one joint relative to its current \
+position; set_gripper(open: boolean, force: number 0..40) opens or closes the gripper with a force limit in \
+newtons; home() returns every joint to zero; read_sensors() returns joint angles, motor currents and the \
+gripper state as JSON; wait(ms: integer 0..10000) pauses. Never exceed the joint limits, never move while \
+the gripper is closed on an object heavier than 2 kg, and report any sensor fault instead of moving. \
+Keep answers short: the operator reads them on a small screen.";
+
+/// A conversation of `turns` turns: each prompt is the previous prompt, the reply and a new user message.
+/// Returns every turn's (prompt tokens, cached tokens, reply).
+fn converse(e: &mut Engine, turns: usize, cache: bool) -> Vec<(usize, usize, Vec<u32>)> {
+    // An agent's context: a system prompt with its tool catalogue, then short turns.
+    let mut prompt = bytes(&format!(
+        "<system>{SYSTEM}</system>\n<user>Home the arm.</user>\n"
+    ));
+    let mut out = Vec::new();
+    for turn in 0..turns {
+        if !cache {
+            e.reset();
+        }
+        let g = generate(e, &prompt, 24);
+        out.push((
+            g.stats.prompt_tokens,
+            g.stats.cached_tokens,
+            g.tokens.clone(),
+        ));
+        prompt.extend(&g.tokens);
+        prompt.extend(bytes(&format!(
+            "\n<user>Move joint {turn} by {}.</user>\n",
+            turn * 7
+        )));
+    }
+    out
+}
+
+#[test]
+fn multi_turn_replay_is_identical_with_the_cache_on_and_off() {
+    let mut on = engine(SpecConfig::off(), 0);
+    let mut off = engine(SpecConfig::off(), 0);
+    let a = converse(&mut on, 12, true);
+    let b = converse(&mut off, 12, false);
+    for (turn, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(x.2, y.2, "turn {turn}: replies differ with the cache on");
+        assert_eq!(y.1, 0, "turn {turn}: nothing is cached with the cache off");
+    }
+    let prompt: usize = a.iter().map(|t| t.0).sum();
+    let cached: usize = a.iter().map(|t| t.1).sum();
+    let served = cached as f64 / prompt as f64;
+    eprintln!(
+        "cache on: {cached} of {prompt} prompt tokens served ({:.1}%); snapshots {:?}",
+        100.0 * served,
+        on.kv_stats().snapshots
+    );
+    assert!(served >= 0.90, "only {:.1}% served", 100.0 * served);
+    // Each later turn resumes exactly where the previous one ended: its snapshot after the last token that
+    // went through the model (the reply's final token was sampled, not yet run).
+    for w in a.windows(2) {
+        assert_eq!(w[1].1, w[0].0 + w[0].2.len() - 1);
+    }
+}
+
+#[test]
+fn a_branch_point_gets_a_snapshot_for_the_next_branch() {
+    let mut e = engine(SpecConfig::off(), 0);
+    let shared =
+        bytes("<system>Shared instructions for every request, long enough to matter.</system>\n");
+    let ask = |q: &str| {
+        let mut p = shared.clone();
+        p.extend(bytes(q));
+        p
+    };
+    let first = generate(&mut e, &ask("<user>What is 2+2?</user>"), 8);
+    assert_eq!(first.stats.cached_tokens, 0);
+    // The second request shares the system prompt: its KV is cached, but no state snapshot sits at the
+    // branch, so it recomputes from the start and leaves one there.
+    let second = generate(&mut e, &ask("<user>Name a colour.</user>"), 8);
+    assert_eq!(second.stats.cached_tokens, 0);
+    let third_prompt = ask("<user>Name an animal.</user>");
+    let third = generate(&mut e, &third_prompt, 8);
+    assert_eq!(third.stats.cached_tokens, shared.len() + "<user>".len());
+    // The third left a snapshot where it branched off the second.
+    let fourth_prompt = ask("<user>Name a fruit.</user>");
+    let fourth = generate(&mut e, &fourth_prompt, 8);
+    assert_eq!(
+        fourth.stats.cached_tokens,
+        shared.len() + "<user>Name a".len()
+    );
+    // And the results are what a cold engine computes.
+    for (p, g) in [(&third_prompt, &third), (&fourth_prompt, &fourth)] {
+        let mut cold = engine(SpecConfig::off(), 0);
+        assert_eq!(generate(&mut cold, p, 8).tokens, g.tokens);
+    }
+}
+
+#[test]
+fn a_small_state_budget_evicts_snapshots_without_changing_outputs() {
+    // Room for two snapshots of the tiny model (3 layers x 1408 floats).
+    let snapshot = 3 * 1408 * 4;
+    let mut small = engine(SpecConfig::off(), 2 * snapshot);
+    let mut cold = engine(SpecConfig::off(), 0);
+    let a = converse(&mut small, 6, true);
+    let b = converse(&mut cold, 6, false);
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.2, y.2);
+    }
+    let s = small.kv_stats().snapshots;
+    assert!(s.evicted > 0 && s.held <= 2, "{s:?}");
+    assert!(s.bytes <= 2 * snapshot);
+}
+
+#[test]
+fn the_scheduler_batches_hybrid_sequences_exactly() {
+    let mut e = engine(SpecConfig::off(), 0);
+    let prompts: Vec<Vec<u32>> = [
+        "<user>First request, short.</user>",
+        "<user>Second request is somewhat longer than the first one.</user>",
+        "<user>Third.</user>",
+    ]
+    .iter()
+    .map(|s| bytes(s))
+    .collect();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            e.reset();
+            generate(&mut e, p, 20).tokens
+        })
+        .collect();
+    e.reset();
+    let subs = prompts
+        .iter()
+        .map(|p| {
+            let mut r = Request::greedy(p.clone(), 20);
+            r.ignore_eos = true;
+            (r, None)
+        })
+        .collect();
+    // Small steps, so prompts prefill in several chunks next to running decodes.
+    let (results, stats) = e.generate_batch(
+        subs,
+        SchedulerConfig {
+            max_batch: 3,
+            step_tokens: 16,
+        },
+    );
+    assert!(stats.batched_sequences > stats.steps, "{stats:?}");
+    for (i, (_, r)) in results.into_iter().enumerate() {
+        assert_eq!(r.unwrap().tokens, alone[i], "request {i}");
+    }
+}
+
+/// A drafter that knows the greedy continuation and proposes its next two tokens followed by two wrong
+/// ones, so every verification accepts a prefix and rejects the rest.
+#[derive(Debug)]
+struct HalfRight {
+    truth: Vec<u32>,
+}
+
+impl Drafter for HalfRight {
+    fn propose(&mut self, ctx: &DraftContext<'_>, out: &mut Proposals) {
+        let h = ctx.history.len();
+        if h >= self.truth.len() || ctx.history != &self.truth[..h] {
+            return;
+        }
+        let mut path: Vec<u32> = self.truth[h..].iter().take(2).copied().collect();
+        let last = *path.last().unwrap_or(&0);
+        path.extend([(last + 1) % 256, (last + 2) % 256]);
+        out.add(&path, 100.0, SUFFIX_CLASSES as u8 - 1);
+    }
+}
+
+#[test]
+fn speculation_on_a_hybrid_rolls_back_rejected_tokens() {
+    let prompt = bytes("<user>Move joint 1 by 10 degrees, then report the sensors.</user>\n");
+    let mut plain = engine(SpecConfig::off(), 0);
+    let want = generate(&mut plain, &prompt, 48);
+    let mut truth = prompt.clone();
+    truth.extend(&want.tokens);
+    // Full-budget chains (no cost sizing), with the half-right drafter beside the suffix drafter.
+    let cfg = SpecConfig {
+        adaptive: false,
+        ..SpecConfig::default()
+    };
+    let mut spec = engine(cfg.clone(), 0);
+    let mut sp = Speculator::new(cfg);
+    sp.add_drafter(Box::new(HalfRight {
+        truth: truth.clone(),
+    }));
+    spec.swap_speculator(&mut sp);
+    // The hybrid verifies chains: the tree's top-k is cut to 1.
+    assert_eq!(spec.spec_config().top_k, 1);
+    let got = generate(&mut spec, &prompt, 48);
+    assert_eq!(got.tokens, want.tokens);
+    let st = spec.spec_stats();
+    eprintln!("{st:?}");
+    assert!(st.drafted > 0, "nothing was drafted: {st:?}");
+    assert!(
+        st.accepted > 0 && st.accepted < st.drafted,
+        "drafts must be partly accepted and partly rejected: {st:?}"
+    );
+    assert!(got.stats.forward_passes < want.stats.forward_passes);
+    // The batch scheduler verifies the same way.
+    let mut r = Request::greedy(prompt.clone(), 48);
+    r.ignore_eos = true;
+    spec.reset();
+    let (res, _) = spec.generate_batch(vec![(r, None)], SchedulerConfig::default());
+    assert_eq!(res[0].1.as_ref().unwrap().tokens, want.tokens);
+}
