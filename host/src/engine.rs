@@ -263,6 +263,8 @@ pub struct Engine {
     pass_parents: Vec<u32>,
     /// The recurrent states of a pass's sequences, moved out of them for the forward pass (hybrids).
     states: Vec<Recurrent>,
+    /// The one-token batch of an MTP draft.
+    mtp_batch: Batch,
 }
 
 impl Engine {
@@ -274,8 +276,25 @@ impl Engine {
 
     /// Builds an engine from a parsed GGUF.
     pub fn from_gguf(gguf: Arc<Gguf>, cfg: &EngineConfig) -> Result<Self, EngineError> {
+        let model = Model::from_gguf(Arc::clone(&gguf))?;
+        Self::with_model(gguf, model, cfg)
+    }
+
+    /// Builds an engine around `model` (loaded elsewhere, e.g. from a Hugging Face checkpoint), with the
+    /// tokenizer and chat template of `gguf`.
+    pub fn with_model(
+        gguf: Arc<Gguf>,
+        mut model: Model,
+        cfg: &EngineConfig,
+    ) -> Result<Self, EngineError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
-        let mut model = Model::from_gguf(Arc::clone(&gguf))?;
+        if tokenizer.vocab_size() > model.vocab() {
+            return Err(EngineError::Request(format!(
+                "the tokenizer has {} tokens, the model {}",
+                tokenizer.vocab_size(),
+                model.vocab()
+            )));
+        }
         model.set_precision(cfg.precision);
         let ctx = if cfg.context == 0 {
             model.ctx_train()
@@ -327,6 +346,7 @@ impl Engine {
             pass_tokens: Vec::new(),
             pass_parents: Vec::new(),
             states: Vec::new(),
+            mtp_batch: Batch::default(),
             model,
         })
     }
@@ -592,6 +612,9 @@ impl Engine {
                     decisions: 1.0,
                     room: self.context.saturating_sub(seq.len() + p),
                 };
+                if dec.wants_draft() && dec.pending().len() == 1 {
+                    self.mtp_propose(&mut seq, dec.pending()[0]);
+                }
                 dec.draft(&mut self.spec, &self.tokenizer, shape)?;
                 if dec.tree().is_empty() {
                     self.run_seq(&mut seq, dec.pending(), Logits::Last)?;
@@ -641,6 +664,49 @@ impl Engine {
             finish: d.finish,
             stats,
         })
+    }
+
+    /// Asks the model's MTP head (if any, and speculation is on) for the token after `next`, the token
+    /// about to run at `seq`'s next position; its top candidates join the coming draft. A failure only
+    /// means no candidates this step.
+    pub(crate) fn mtp_propose(&mut self, seq: &mut SeqKv, next: TokenId) {
+        const TOP: usize = 2;
+        let Model::Qwen35(m) = &self.model else {
+            return;
+        };
+        if !m.has_mtp() || !self.spec.cfg.enabled {
+            return;
+        }
+        if self.kv.reserve(seq, seq.len() + 1).is_err() {
+            return;
+        }
+        self.mtp_batch.clear();
+        self.mtp_batch.push(seq, &[next], Logits::Last);
+        let logits = match m.mtp_draft(
+            &self.cpu,
+            self.kv.pool_mut(),
+            &mut self.mtp_batch,
+            std::slice::from_ref(&seq.rec),
+            &mut self.scratch.qwen35,
+        ) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!("MTP draft failed: {e}");
+                return;
+            }
+        };
+        // Softmax probabilities of the top candidates.
+        let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+        let mut top = [(0u32, f32::NEG_INFINITY); TOP];
+        for (i, &l) in logits.iter().enumerate() {
+            if l > top[TOP - 1].1 {
+                top[TOP - 1] = (i as u32, l);
+                top.sort_by(|a, b| b.1.total_cmp(&a.1));
+            }
+        }
+        self.spec
+            .set_model_drafts(top.iter().map(|&(t, l)| (t, (l - max).exp() / sum)));
     }
 
     /// Reserves pages for `tokens` after `seq`'s positions, runs them as a one-sequence batch and marks them

@@ -224,6 +224,9 @@ pub struct Batch {
     /// For each token, the first position whose KV row is not stored at its own slot (its ancestors from
     /// there on are found through [`Batch::parent`]); `u32::MAX` when every row it sees is in place.
     pub direct: Vec<u32>,
+    /// Positions before this are not attended to (0; 1 for an MTP head, whose row at position `p` holds the
+    /// pair (hidden `p − 1`, token `p`), so position 0 has none).
+    pub attend_from: usize,
 }
 
 /// [`Batch::parent`] of a tree's first tokens: they follow the sequence's last position.
@@ -240,6 +243,7 @@ impl Batch {
         self.pos.clear();
         self.parent.clear();
         self.direct.clear();
+        self.attend_from = 0;
     }
 
     /// Adds `tokens` of `seq`, to be written at positions `seq.len()..`; the sequence must have pages for

@@ -37,7 +37,7 @@ pub mod suffix;
 use crate::sample::grammar::Mask;
 use crate::sample::grammar::{Constraint, GrammarError};
 use crate::tokenizer::{TokenId, Tokenizer};
-use draft::{CLASSES, DraftContext, Drafter, GRAMMAR_CLASS, Proposals};
+use draft::{CLASSES, DraftContext, Drafter, GRAMMAR_CLASS, MODEL_CLASS, Proposals};
 use std::collections::BinaryHeap;
 use suffix::{SuffixDrafter, SuffixStore};
 
@@ -180,6 +180,8 @@ impl Calibration {
     fn prior(class: usize) -> (f32, f32) {
         let p = if class == GRAMMAR_CLASS as usize {
             0.95
+        } else if class == MODEL_CLASS as usize {
+            0.6
         } else {
             (0.2 + 0.1 * class as f32).min(0.8)
         };
@@ -192,6 +194,12 @@ impl Calibration {
         let (c, d) = (class as usize, depth.min(DEPTHS - 1));
         let (a, n) = Self::prior(c);
         (self.hits[c][d] + a) / (self.tries[c][d] + n)
+    }
+
+    /// Verified drafts of `class` so far: (accepted, tried), over all depths.
+    pub fn observed(&self, class: u8) -> (f32, f32) {
+        let c = class as usize;
+        (self.hits[c].iter().sum(), self.tries[c].iter().sum())
     }
 
     /// Records one verified node: whether it was accepted, its parent having been.
@@ -672,8 +680,11 @@ pub struct Speculator {
     pub stats: SpecStats,
     props: Proposals,
     builder: Builder,
-    /// Drafters besides the suffix drafter and the store (a model's MTP head).
+    /// Drafters besides the suffix drafter and the store.
     drafters: Vec<Box<dyn Drafter>>,
+    /// The model's own next-token candidates for this draft (an MTP head's top tokens with their
+    /// probabilities), set by the engine right before [`Speculator::draft`] and used once.
+    model_drafts: Vec<(TokenId, f32)>,
 }
 
 impl Speculator {
@@ -688,7 +699,16 @@ impl Speculator {
             props: Proposals::default(),
             builder: Builder::default(),
             drafters: Vec::new(),
+            model_drafts: Vec::new(),
         }
+    }
+
+    /// Sets the model's candidates for the next token of the coming draft (`(token, probability)`, an MTP
+    /// head's top tokens); they join that draft's proposals with a share of its weight equal to their
+    /// probability, and are forgotten after it.
+    pub fn set_model_drafts(&mut self, drafts: impl IntoIterator<Item = (TokenId, f32)>) {
+        self.model_drafts.clear();
+        self.model_drafts.extend(drafts);
     }
 
     /// Adds a drafter whose proposals join every tree (an MTP head, a draft model); its weights share the
@@ -710,6 +730,7 @@ impl Speculator {
     ) -> Result<(), GrammarError> {
         tree.clear();
         if !self.cfg.enabled {
+            self.model_drafts.clear();
             return Ok(());
         }
         self.props.clear();
@@ -725,6 +746,10 @@ impl Speculator {
         }
         self.store
             .propose(drafter.bytes(), tok, self.cfg.max_depth, &mut self.props);
+        let base = self.props.get(0).weight.max(1.0);
+        for (t, p) in self.model_drafts.drain(..) {
+            self.props.add(&[t], p * base, MODEL_CLASS);
+        }
         self.builder.build(
             &self.props,
             grammar,

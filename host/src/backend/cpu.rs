@@ -144,8 +144,8 @@ impl Cpu {
                 let pages = batch.pages(span);
                 let npos = batch.position(t) + 1;
                 let direct = batch.direct[t] as usize;
-                let range =
-                    (split * ATTENTION_SPLIT).min(npos)..((split + 1) * ATTENTION_SPLIT).min(npos);
+                let range = (split * ATTENTION_SPLIT).max(batch.attend_from).min(npos)
+                    ..((split + 1) * ATTENTION_SPLIT).min(npos);
                 let buf = &mut parts[i * stride..(i + 1) * stride];
                 let (ml, o) = buf.split_at_mut(2 * group);
                 let (m, l) = ml.split_at_mut(group);

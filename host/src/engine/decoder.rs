@@ -173,6 +173,12 @@ impl<'g> Decoder<'g> {
         self.prompt_len
     }
 
+    /// Whether the next step will draft (this request speculates and is not finished): the engine then
+    /// asks the model's MTP head, if it has one, for candidates first.
+    pub fn wants_draft(&self) -> bool {
+        self.spec.is_some() && self.finish.is_none()
+    }
+
     /// Tokens to run through the model before the next [`Decoder::advance`].
     pub fn pending(&self) -> &[TokenId] {
         &self.pending

@@ -463,12 +463,15 @@ impl Scheduler {
             if want != Logits::Last || a.dec.pending().len() != n || a.first.is_none() {
                 continue;
             }
-            let seq = a.seq.as_ref().expect("running sequences hold KV");
+            let seq = a.seq.as_mut().expect("running sequences hold KV");
             let shape = crate::spec::PassShape {
                 base,
                 decisions,
                 room: engine.context.saturating_sub(seq.len() + n),
             };
+            if a.dec.wants_draft() && n == 1 {
+                engine.mtp_propose(seq, a.dec.pending()[0]);
+            }
             if let Err(e) = a.dec.draft(&mut engine.spec, &engine.tokenizer, shape) {
                 // Drafting is an optimisation: a failure only means no tree this step.
                 tracing::debug!("drafting failed: {e}");

@@ -80,6 +80,9 @@ pub struct Qwen35Config {
     pub conv_kernel: usize,
     /// Training context.
     pub ctx_train: usize,
+    /// Whether the model has an MTP head (one extra gated-attention block that predicts the token after
+    /// next from the last hidden state and the next token: a drafter for speculative decoding).
+    pub mtp: bool,
 }
 
 fn unsupported(msg: impl Into<String>) -> ModelError {
@@ -94,7 +97,9 @@ impl Qwen35Config {
             return Err(unsupported(format!("architecture {arch:?} is not qwen35")));
         }
         let u = |k: &str| g.arch_u32(k).map(|v| v as usize);
-        let n_layers = u("block_count")?;
+        // `block_count` includes the MTP blocks, which come last (llama.cpp's nextn convention).
+        let nextn = u("nextn_predict_layers").unwrap_or(0);
+        let n_layers = u("block_count")?.saturating_sub(nextn);
         let interval = u("full_attention_interval").unwrap_or(4).max(1);
         let recurrent = (0..n_layers).map(|i| (i + 1) % interval != 0).collect();
         let value_heads = u("ssm.time_step_rank")?;
@@ -123,6 +128,7 @@ impl Qwen35Config {
             value_dim: inner / value_heads.max(1),
             conv_kernel: u("ssm.conv_kernel")?,
             ctx_train: u("context_length").unwrap_or(4096),
+            mtp: nextn > 0,
         };
         c.validate()?;
         Ok(c)
@@ -179,6 +185,7 @@ impl Qwen35Config {
             value_dim: u("linear_value_head_dim")?,
             conv_kernel: u("linear_conv_kernel_dim")?,
             ctx_train: u("max_position_embeddings").unwrap_or(4096),
+            mtp: u("mtp_num_hidden_layers").unwrap_or(0) > 0,
         };
         c.validate()?;
         Ok(c)
@@ -228,15 +235,21 @@ impl Qwen35Config {
         self.gdn().floats()
     }
 
-    /// Floats of a sequence's whole recurrent state (every DeltaNet layer).
+    /// Floats of a sequence's per-sequence state: every DeltaNet layer's, then (with an MTP head) the final
+    /// hidden state of its last position, which the head reads next.
     pub fn state_floats(&self) -> usize {
+        self.hidden_offset() + if self.mtp { self.d_model } else { 0 }
+    }
+
+    /// Where the last hidden state sits in the per-sequence state (after the DeltaNet layers').
+    pub fn hidden_offset(&self) -> usize {
         self.recurrent.iter().filter(|&&r| r).count() * self.recurrent_state_floats()
     }
 
     /// What the KV cache holds for this model: the attention layers' KV and the recurrent state.
     pub fn kv_shape(&self) -> KvShape {
         KvShape {
-            n_layers: self.recurrent.iter().filter(|&&r| !r).count(),
+            n_layers: self.recurrent.iter().filter(|&&r| !r).count() + usize::from(self.mtp),
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim,
             recurrent: self.state_floats(),
@@ -277,6 +290,17 @@ enum Mixer {
     Attention(Attention),
 }
 
+/// The MTP head: `x = W_eh · [enorm(embed(token)); hnorm(hidden)]`, one gated-attention block, `head_norm`
+/// and the shared LM head.
+#[derive(Debug)]
+struct Mtp {
+    eh: QMatrix,
+    enorm: Vec<f32>,
+    hnorm: Vec<f32>,
+    head_norm: Vec<f32>,
+    layer: Layer,
+}
+
 #[derive(Debug)]
 struct Layer {
     norm: Vec<f32>,
@@ -295,6 +319,7 @@ pub struct Qwen35 {
     layers: Vec<Layer>,
     out_norm: Vec<f32>,
     output: QMatrix,
+    mtp: Option<Mtp>,
     chunked_prefill: bool,
 }
 
@@ -318,6 +343,8 @@ pub struct Scratch {
     g: Vec<f32>,
     u: Vec<f32>,
     logits: Vec<f32>,
+    hn: Vec<f32>,
+    cat: Vec<f32>,
     qa: QActs,
     partials: Vec<f32>,
     /// `(cos, sin)` per position and rotated pair, grown on demand.
@@ -339,8 +366,8 @@ impl Qwen35 {
         let mut layers = Vec::with_capacity(c.n_layers);
         let (mut offset, mut kv_layer) = (0, 0);
         for (i, &rec) in c.recurrent.iter().enumerate() {
-            let n = |s: &str| format!("blk.{i}.{s}");
             let mixer = if rec {
+                let n = |s: &str| format!("blk.{i}.{s}");
                 let vd = g.vh * g.dv;
                 let m = DeltaNet {
                     qkv: w.matrix(&n("attn_qkv.weight"), g.conv_dim(), d)?,
@@ -357,28 +384,25 @@ impl Qwen35 {
                 offset += g.floats();
                 Mixer::DeltaNet(m)
             } else {
-                let hd = c.head_dim;
-                let m = Attention {
-                    q: w.matrix(&n("attn_q.weight"), 2 * c.n_heads * hd, d)?,
-                    k: w.matrix(&n("attn_k.weight"), c.n_kv_heads * hd, d)?,
-                    v: w.matrix(&n("attn_v.weight"), c.n_kv_heads * hd, d)?,
-                    q_norm: w.vector(&n("attn_q_norm.weight"), hd)?,
-                    k_norm: w.vector(&n("attn_k_norm.weight"), hd)?,
-                    out: w.matrix(&n("attn_output.weight"), d, c.n_heads * hd)?,
-                    kv_layer,
-                };
                 kv_layer += 1;
-                Mixer::Attention(m)
+                Mixer::Attention(load_attention(w, c, i, kv_layer - 1)?)
             };
-            layers.push(Layer {
-                norm: w.vector(&n("attn_norm.weight"), d)?,
-                mixer,
-                post_norm: w.vector(&n("post_attention_norm.weight"), d)?,
-                gate: w.matrix(&n("ffn_gate.weight"), c.ffn, d)?,
-                up: w.matrix(&n("ffn_up.weight"), c.ffn, d)?,
-                down: w.matrix(&n("ffn_down.weight"), d, c.ffn)?,
-            });
+            layers.push(load_layer(w, c, i, mixer)?);
         }
+        let mtp = if c.mtp {
+            let i = c.n_layers;
+            let n = |s: &str| format!("blk.{i}.nextn.{s}");
+            let attn = Mixer::Attention(load_attention(w, c, i, kv_layer)?);
+            Some(Mtp {
+                eh: w.matrix(&n("eh_proj.weight"), d, 2 * d)?,
+                enorm: w.vector(&n("enorm.weight"), d)?,
+                hnorm: w.vector(&n("hnorm.weight"), d)?,
+                head_norm: w.vector(&n("shared_head_norm.weight"), d)?,
+                layer: load_layer(w, c, i, attn)?,
+            })
+        } else {
+            None
+        };
         let output_name = if w.tied_output() {
             "token_embd.weight"
         } else {
@@ -389,6 +413,7 @@ impl Qwen35 {
             out_norm: w.vector("output_norm.weight", d)?,
             output: w.matrix(output_name, c.vocab, d)?,
             layers,
+            mtp,
             chunked_prefill: false,
             cfg,
         })
@@ -493,7 +518,7 @@ impl Qwen35 {
         let d = c.d_model;
         let g = c.gdn();
         let (cd, vd) = (g.conv_dim(), g.vh * g.dv);
-        let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
+        let (nh, hd) = (c.n_heads, c.head_dim);
         grow(&mut s.x, n * d);
         grow(&mut s.xb, n * d);
         grow(&mut s.y, n * cd);
@@ -519,7 +544,6 @@ impl Qwen35 {
             let r = tok as usize;
             s.x[t * d..(t + 1) * d].copy_from_slice(&self.embd[r * d..(r + 1) * d]);
         }
-        let ps = pool.page_size();
         for l in &self.layers {
             for t in 0..n {
                 simd::rmsnorm(
@@ -559,81 +583,10 @@ impl Qwen35 {
                     cpu.quantize(&s.o[..n * vd], n, vd, &mut s.qa);
                     mm(cpu, &m.out, &s.o, &s.qa, n, &mut s.mix);
                 }
-                Mixer::Attention(a) => {
-                    mm(cpu, &a.q, &s.xb, &s.qa, n, &mut s.qg);
-                    mm(cpu, &a.k, &s.xb, &s.qa, n, &mut s.k);
-                    mm(cpu, &a.v, &s.xb, &s.qa, n, &mut s.v);
-                    let mut tmp = [0f32; gdn::MAX_HEAD];
-                    for t in 0..n {
-                        let pos = batch.position(t);
-                        let angles = &s.rope[pos * half..(pos + 1) * half];
-                        for h in 0..nh {
-                            let src = &s.qg[(t * nh + h) * 2 * hd..(t * nh + h + 1) * 2 * hd];
-                            let q = &mut s.q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
-                            simd::rmsnorm(&src[..hd], &a.q_norm, c.eps, q);
-                            rope_neox(q, angles);
-                        }
-                        let kt = &mut s.k[t * nkv * hd..(t + 1) * nkv * hd];
-                        for kh in kt.chunks_mut(hd) {
-                            simd::rmsnorm(kh, &a.k_norm, c.eps, &mut tmp[..hd]);
-                            kh.copy_from_slice(&tmp[..hd]);
-                            rope_neox(kh, angles);
-                        }
-                        let (span, slot) = batch.locate(t);
-                        pool.write(
-                            batch.pages(span)[slot / ps],
-                            slot % ps,
-                            a.kv_layer,
-                            kt,
-                            &s.v[t * nkv * hd..(t + 1) * nkv * hd],
-                        );
-                    }
-                    cpu.attention(
-                        pool,
-                        a.kv_layer,
-                        batch,
-                        &s.q[..n * nh * hd],
-                        nh,
-                        nkv,
-                        hd,
-                        &mut s.att[..n * nh * hd],
-                        &mut s.partials,
-                    );
-                    for t in 0..n {
-                        for h in 0..nh {
-                            let gate = &s.qg[(t * nh + h) * 2 * hd + hd..(t * nh + h + 1) * 2 * hd];
-                            let o = &mut s.att[(t * nh + h) * hd..(t * nh + h + 1) * hd];
-                            for (x, &gv) in o.iter_mut().zip(gate) {
-                                *x *= gdn::sigmoid(gv);
-                            }
-                        }
-                    }
-                    cpu.quantize(&s.att[..n * nh * hd], n, nh * hd, &mut s.qa);
-                    mm(cpu, &a.out, &s.att, &s.qa, n, &mut s.mix);
-                }
+                Mixer::Attention(a) => self.attention(a, cpu, pool, batch, n, s),
             }
             add(&mut s.x[..n * d], &s.mix[..n * d]);
-            for t in 0..n {
-                simd::rmsnorm(
-                    &s.x[t * d..(t + 1) * d],
-                    &l.post_norm,
-                    c.eps,
-                    &mut s.xb[t * d..(t + 1) * d],
-                );
-            }
-            cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
-            mm(cpu, &l.gate, &s.xb, &s.qa, n, &mut s.g);
-            mm(cpu, &l.up, &s.xb, &s.qa, n, &mut s.u);
-            let f = c.ffn;
-            for (gv, &uv) in s.g[..n * f].iter_mut().zip(&s.u[..n * f]) {
-                *gv = gdn::silu(*gv) * uv;
-            }
-            cpu.quantize(&s.g[..n * f], n, f, &mut s.qa);
-            mm(cpu, &l.down, &s.g, &s.qa, n, &mut s.mix);
-            add(&mut s.x[..n * d], &s.mix[..n * d]);
-        }
-        for (st, span) in states.iter_mut().zip(&batch.seqs) {
-            st.len = span.start + span.len;
+            self.mlp(l, cpu, n, s);
         }
         // The rows whose logits were asked for, in batch order.
         let mut m = 0;
@@ -654,12 +607,294 @@ impl Qwen35 {
                 m += 1;
             }
         }
-        if m == 0 {
-            return Ok(&mut []);
+        if m > 0 {
+            cpu.quantize(&s.xb[..m * d], m, d, &mut s.qa);
+            mm(cpu, &self.output, &s.xb, &s.qa, m, &mut s.logits);
         }
-        cpu.quantize(&s.xb[..m * d], m, d, &mut s.qa);
-        mm(cpu, &self.output, &s.xb, &s.qa, m, &mut s.logits);
+        if let Some(mtp) = &self.mtp {
+            self.mtp_fill(mtp, cpu, pool, batch, states, s);
+        }
+        for (st, span) in states.iter_mut().zip(&batch.seqs) {
+            st.len = span.start + span.len;
+        }
         Ok(&mut s.logits[..m * c.vocab])
+    }
+
+    /// Whether the model has an MTP head.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// The MTP head's inputs for every token of `batch`: `W_eh · [enorm(embed(token t)); hnorm(hidden of
+    /// position t − 1)]` into `s.x`. The head's row for token `t` pairs the hidden state before it with it;
+    /// it sits at `t`'s position and slot (RoPE is relative, so this equals the usual "position t − 1"
+    /// convention while keeping the head's KV at a slot that depends only on tokens `0..=t`, as the prefix
+    /// cache requires). A sequence's first row reads the hidden state its [`Recurrent`] holds.
+    fn mtp_input(
+        &self,
+        mtp: &Mtp,
+        cpu: &Cpu,
+        batch: &Batch,
+        states: &[Recurrent],
+        s: &mut Scratch,
+    ) {
+        let c = &self.cfg;
+        let d = c.d_model;
+        let n = batch.len();
+        let ho = c.hidden_offset();
+        grow(&mut s.cat, n * 2 * d);
+        for t in 0..n {
+            let i = batch.owner[t] as usize;
+            let span = &batch.seqs[i];
+            let tok = batch.tokens[t] as usize;
+            let (e, h) = s.cat[t * 2 * d..(t + 1) * 2 * d].split_at_mut(d);
+            simd::rmsnorm(&self.embd[tok * d..(tok + 1) * d], &mtp.enorm, c.eps, e);
+            let hidden: &[f32] = if t > span.first {
+                &s.hn[(t - 1) * d..t * d]
+            } else {
+                &states[i].state[ho..ho + d]
+            };
+            if span.start + (t - span.first) == 0 {
+                // Position 0 has no hidden state before it; its row is never attended to.
+                h.fill(0.0);
+            } else {
+                simd::rmsnorm(hidden, &mtp.hnorm, c.eps, h);
+            }
+        }
+        cpu.quantize(&s.cat[..n * 2 * d], n, 2 * d, &mut s.qa);
+        mm(cpu, &mtp.eh, &s.cat, &s.qa, n, &mut s.x);
+    }
+
+    /// After a pass: keeps each sequence's final hidden state (and those of its kept steps) and writes the
+    /// MTP head's KV for the pass's tokens (its rows need only K and V: their outputs are the drafts of
+    /// positions already decided).
+    fn mtp_fill(
+        &self,
+        mtp: &Mtp,
+        cpu: &Cpu,
+        pool: &mut PagePool,
+        batch: &Batch,
+        states: &mut [Recurrent],
+        s: &mut Scratch,
+    ) {
+        let c = &self.cfg;
+        let d = c.d_model;
+        let n = batch.len();
+        let ho = c.hidden_offset();
+        let floats = c.state_floats();
+        grow(&mut s.hn, n * d);
+        for t in 0..n {
+            simd::rmsnorm(
+                &s.x[t * d..(t + 1) * d],
+                &self.out_norm,
+                c.eps,
+                &mut s.hn[t * d..(t + 1) * d],
+            );
+        }
+        self.mtp_input(mtp, cpu, batch, states, s);
+        let Mixer::Attention(a) = &mtp.layer.mixer else {
+            unreachable!("the MTP block is an attention block")
+        };
+        for t in 0..n {
+            simd::rmsnorm(
+                &s.x[t * d..(t + 1) * d],
+                &mtp.layer.norm,
+                c.eps,
+                &mut s.xb[t * d..(t + 1) * d],
+            );
+        }
+        cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
+        self.project_kv(a, cpu, pool, batch, n, s, false);
+        for (st, span) in states.iter_mut().zip(&batch.seqs) {
+            let last = span.first + span.len - 1;
+            st.state[ho..ho + d].copy_from_slice(&s.hn[last * d..(last + 1) * d]);
+            for j in 0..st.steps_len {
+                let row = span.first + span.len - st.steps_len + j;
+                st.steps[j * floats + ho..j * floats + ho + d]
+                    .copy_from_slice(&s.hn[row * d..(row + 1) * d]);
+            }
+        }
+    }
+
+    /// The MTP head's logits for the token after `batch`'s single token per sequence: each sequence's
+    /// `states[i]` holds the hidden state of the position before it. The head's KV for that position is
+    /// written (the sequence must own the page; the next pass writes the same row again). Returns `vocab`
+    /// logits per sequence, or nothing for a model without a head.
+    pub fn mtp_draft<'s>(
+        &self,
+        cpu: &Cpu,
+        pool: &mut PagePool,
+        batch: &mut Batch,
+        states: &[Recurrent],
+        s: &'s mut Scratch,
+    ) -> Result<&'s mut [f32], ModelError> {
+        let c = &self.cfg;
+        let Some(mtp) = &self.mtp else {
+            return Ok(&mut []);
+        };
+        let n = batch.len();
+        if n == 0 || batch.seqs.iter().any(|sp| sp.len != 1) || states.len() != batch.seqs.len() {
+            return Err(unsupported("an MTP draft takes one token per sequence"));
+        }
+        if pool.shape() != c.kv_shape() {
+            return Err(unsupported("the KV pool was made for another model"));
+        }
+        let d = c.d_model;
+        let (nh, hd) = (c.n_heads, c.head_dim);
+        grow(&mut s.xb, n * d);
+        grow(&mut s.q, n * nh * hd);
+        grow(&mut s.att, n * nh * hd);
+        let half = c.rope_dims / 2;
+        let longest = batch.seqs.iter().map(|sp| sp.start + 1).max().unwrap_or(0);
+        while half > 0 && s.rope.len() < longest * half {
+            let pos = s.rope.len() / half;
+            for i in 0..half {
+                let f = f64::from(c.rope_base).powf(-2.0 * i as f64 / c.rope_dims as f64);
+                let th = pos as f64 * f;
+                s.rope.push((th.cos() as f32, th.sin() as f32));
+            }
+        }
+        batch.attend_from = 1;
+        self.mtp_input(mtp, cpu, batch, states, s);
+        let Mixer::Attention(a) = &mtp.layer.mixer else {
+            unreachable!("the MTP block is an attention block")
+        };
+        for t in 0..n {
+            simd::rmsnorm(
+                &s.x[t * d..(t + 1) * d],
+                &mtp.layer.norm,
+                c.eps,
+                &mut s.xb[t * d..(t + 1) * d],
+            );
+        }
+        cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
+        self.attention(a, cpu, pool, batch, n, s);
+        batch.attend_from = 0;
+        add(&mut s.x[..n * d], &s.mix[..n * d]);
+        self.mlp(&mtp.layer, cpu, n, s);
+        for t in 0..n {
+            simd::rmsnorm(
+                &s.x[t * d..(t + 1) * d],
+                &mtp.head_norm,
+                c.eps,
+                &mut s.xb[t * d..(t + 1) * d],
+            );
+        }
+        cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
+        mm(cpu, &self.output, &s.xb, &s.qa, n, &mut s.logits);
+        Ok(&mut s.logits[..n * c.vocab])
+    }
+
+    /// The gated attention of `n` tokens: projections of `s.xb`, q/k norms, partial RoPE, the KV written
+    /// into `pool`, attention over the pages, the output gate and projection into `s.mix`.
+    fn attention(
+        &self,
+        a: &Attention,
+        cpu: &Cpu,
+        pool: &mut PagePool,
+        batch: &Batch,
+        n: usize,
+        s: &mut Scratch,
+    ) {
+        let c = &self.cfg;
+        let (nh, hd) = (c.n_heads, c.head_dim);
+        self.project_kv(a, cpu, pool, batch, n, s, true);
+        cpu.attention(
+            pool,
+            a.kv_layer,
+            batch,
+            &s.q[..n * nh * hd],
+            nh,
+            c.n_kv_heads,
+            hd,
+            &mut s.att[..n * nh * hd],
+            &mut s.partials,
+        );
+        for t in 0..n {
+            for h in 0..nh {
+                let gate = &s.qg[(t * nh + h) * 2 * hd + hd..(t * nh + h + 1) * 2 * hd];
+                let o = &mut s.att[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+                for (x, &gv) in o.iter_mut().zip(gate) {
+                    *x *= gdn::sigmoid(gv);
+                }
+            }
+        }
+        cpu.quantize(&s.att[..n * nh * hd], n, nh * hd, &mut s.qa);
+        mm(cpu, &a.out, &s.att, &s.qa, n, &mut s.mix);
+    }
+
+    /// Projects `s.xb` (already quantized into `s.qa`) to K and V (and the normed, rotated queries with
+    /// their gates when `queries`) and writes K and V into `pool` at each token's slot.
+    #[expect(clippy::too_many_arguments, reason = "the pass's pieces, spelled out")]
+    fn project_kv(
+        &self,
+        a: &Attention,
+        cpu: &Cpu,
+        pool: &mut PagePool,
+        batch: &Batch,
+        n: usize,
+        s: &mut Scratch,
+        queries: bool,
+    ) {
+        let c = &self.cfg;
+        let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
+        let half = c.rope_dims / 2;
+        let ps = pool.page_size();
+        if queries {
+            mm(cpu, &a.q, &s.xb, &s.qa, n, &mut s.qg);
+        }
+        mm(cpu, &a.k, &s.xb, &s.qa, n, &mut s.k);
+        mm(cpu, &a.v, &s.xb, &s.qa, n, &mut s.v);
+        let mut tmp = [0f32; gdn::MAX_HEAD];
+        for t in 0..n {
+            let pos = batch.position(t);
+            let angles = &s.rope[pos * half..(pos + 1) * half];
+            if queries {
+                for h in 0..nh {
+                    let src = &s.qg[(t * nh + h) * 2 * hd..(t * nh + h + 1) * 2 * hd];
+                    let q = &mut s.q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+                    simd::rmsnorm(&src[..hd], &a.q_norm, c.eps, q);
+                    rope_neox(q, angles);
+                }
+            }
+            let kt = &mut s.k[t * nkv * hd..(t + 1) * nkv * hd];
+            for kh in kt.chunks_mut(hd) {
+                simd::rmsnorm(kh, &a.k_norm, c.eps, &mut tmp[..hd]);
+                kh.copy_from_slice(&tmp[..hd]);
+                rope_neox(kh, angles);
+            }
+            let (span, slot) = batch.locate(t);
+            pool.write(
+                batch.pages(span)[slot / ps],
+                slot % ps,
+                a.kv_layer,
+                kt,
+                &s.v[t * nkv * hd..(t + 1) * nkv * hd],
+            );
+        }
+    }
+
+    /// The SwiGLU MLP of `n` tokens of `s.x`, added into `s.x`.
+    fn mlp(&self, l: &Layer, cpu: &Cpu, n: usize, s: &mut Scratch) {
+        let c = &self.cfg;
+        let (d, f) = (c.d_model, c.ffn);
+        for t in 0..n {
+            simd::rmsnorm(
+                &s.x[t * d..(t + 1) * d],
+                &l.post_norm,
+                c.eps,
+                &mut s.xb[t * d..(t + 1) * d],
+            );
+        }
+        cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
+        mm(cpu, &l.gate, &s.xb, &s.qa, n, &mut s.g);
+        mm(cpu, &l.up, &s.xb, &s.qa, n, &mut s.u);
+        for (gv, &uv) in s.g[..n * f].iter_mut().zip(&s.u[..n * f]) {
+            *gv = gdn::silu(*gv) * uv;
+        }
+        cpu.quantize(&s.g[..n * f], n, f, &mut s.qa);
+        mm(cpu, &l.down, &s.g, &s.qa, n, &mut s.mix);
+        add(&mut s.x[..n * d], &s.mix[..n * d]);
     }
 
     /// One sequence's run of tokens (`rows` of the batch) through a DeltaNet layer: convolution, gates and
@@ -717,6 +952,43 @@ impl Qwen35 {
             }
         }
     }
+}
+
+fn load_attention(
+    w: &dyn Weights,
+    c: &Qwen35Config,
+    i: usize,
+    kv_layer: usize,
+) -> Result<Attention, ModelError> {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    let (d, hd) = (c.d_model, c.head_dim);
+    Ok(Attention {
+        q: w.matrix(&n("attn_q.weight"), 2 * c.n_heads * hd, d)?,
+        k: w.matrix(&n("attn_k.weight"), c.n_kv_heads * hd, d)?,
+        v: w.matrix(&n("attn_v.weight"), c.n_kv_heads * hd, d)?,
+        q_norm: w.vector(&n("attn_q_norm.weight"), hd)?,
+        k_norm: w.vector(&n("attn_k_norm.weight"), hd)?,
+        out: w.matrix(&n("attn_output.weight"), d, c.n_heads * hd)?,
+        kv_layer,
+    })
+}
+
+fn load_layer(
+    w: &dyn Weights,
+    c: &Qwen35Config,
+    i: usize,
+    mixer: Mixer,
+) -> Result<Layer, ModelError> {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    let d = c.d_model;
+    Ok(Layer {
+        norm: w.vector(&n("attn_norm.weight"), d)?,
+        mixer,
+        post_norm: w.vector(&n("post_attention_norm.weight"), d)?,
+        gate: w.matrix(&n("ffn_gate.weight"), c.ffn, d)?,
+        up: w.matrix(&n("ffn_up.weight"), c.ffn, d)?,
+        down: w.matrix(&n("ffn_down.weight"), d, c.ffn)?,
+    })
 }
 
 /// `out = W x` for `n` tokens (activations already quantized into `qa`, `x` their floats).

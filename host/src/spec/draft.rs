@@ -41,8 +41,10 @@ pub const SUFFIX_CLASSES: usize = 6;
 /// The class of a grammar alternative: one of the few tokens the grammar allows at a point where no
 /// drafter proposes anything (`true`/`false`, an enum value, another call or the end).
 pub const GRAMMAR_CLASS: u8 = SUFFIX_CLASSES as u8;
+/// The class of a model's own draft (an MTP head's prediction of the token after next).
+pub const MODEL_CLASS: u8 = GRAMMAR_CLASS + 1;
 /// Evidence classes, for calibration (see [`super::Calibration`]).
-pub const CLASSES: usize = SUFFIX_CLASSES + 1;
+pub const CLASSES: usize = SUFFIX_CLASSES + 2;
 
 /// One node of the proposal trie.
 #[derive(Debug, Clone)]

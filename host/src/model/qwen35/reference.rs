@@ -76,6 +76,18 @@ pub struct Reference {
     layers: Vec<Layer>,
     out_norm: Vec<f32>,
     output: Mat,
+    mtp: Option<RefMtp>,
+}
+
+/// The MTP head, in the usual convention: its step for position `p` reads the final hidden state of `p`
+/// and the token at `p + 1`, sits at position `p`, and attends to its own KV of positions `0..=p`.
+#[derive(Debug, Clone)]
+struct RefMtp {
+    eh: Mat,
+    enorm: Vec<f32>,
+    hnorm: Vec<f32>,
+    head_norm: Vec<f32>,
+    layer: Layer,
 }
 
 /// One sequence's state: per DeltaNet layer its recurrent matrices and convolution window, per attention
@@ -89,6 +101,10 @@ pub struct Qwen35State {
     pub kv: Vec<(Vec<f32>, Vec<f32>)>,
     /// Positions consumed.
     pub len: usize,
+    /// The final (normed) hidden state of the last position.
+    pub hidden: Vec<f32>,
+    /// The MTP head's keys and values, one per position it has run at.
+    pub mtp_kv: (Vec<f32>, Vec<f32>),
 }
 
 fn matrix(w: &dyn Weights, name: &str, rows: usize, cols: usize) -> Result<Mat, ModelError> {
@@ -112,6 +128,31 @@ impl Reference {
     pub fn load(g: &dyn Weights, c: Qwen35Config) -> Result<Self, ModelError> {
         let d = c.d_model;
         let mut layers = Vec::with_capacity(c.n_layers);
+        let attention = |i: usize| -> Result<Attention, ModelError> {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let hd = c.head_dim;
+            Ok(Attention {
+                q: matrix(g, &n("attn_q.weight"), 2 * c.n_heads * hd, d)?,
+                k: matrix(g, &n("attn_k.weight"), c.n_kv_heads * hd, d)?,
+                v: matrix(g, &n("attn_v.weight"), c.n_kv_heads * hd, d)?,
+                q_norm: g.vector(&n("attn_q_norm.weight"), hd)?,
+                k_norm: g.vector(&n("attn_k_norm.weight"), hd)?,
+                out: matrix(g, &n("attn_output.weight"), d, c.n_heads * hd)?,
+            })
+        };
+        let layer = |i: usize, mixer: Mixer| -> Result<Layer, ModelError> {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            Ok(Layer {
+                norm: g.vector(&n("attn_norm.weight"), d)?,
+                mixer,
+                mlp: Mlp {
+                    gate: matrix(g, &n("ffn_gate.weight"), c.ffn, d)?,
+                    up: matrix(g, &n("ffn_up.weight"), c.ffn, d)?,
+                    down: matrix(g, &n("ffn_down.weight"), d, c.ffn)?,
+                    norm: g.vector(&n("post_attention_norm.weight"), d)?,
+                },
+            })
+        };
         for (i, &rec) in c.recurrent.iter().enumerate() {
             let n = |s: &str| format!("blk.{i}.{s}");
             let mixer = if rec {
@@ -128,27 +169,23 @@ impl Reference {
                     out: matrix(g, &n("ssm_out.weight"), d, vd)?,
                 })
             } else {
-                let hd = c.head_dim;
-                Mixer::Attention(Attention {
-                    q: matrix(g, &n("attn_q.weight"), 2 * c.n_heads * hd, d)?,
-                    k: matrix(g, &n("attn_k.weight"), c.n_kv_heads * hd, d)?,
-                    v: matrix(g, &n("attn_v.weight"), c.n_kv_heads * hd, d)?,
-                    q_norm: g.vector(&n("attn_q_norm.weight"), hd)?,
-                    k_norm: g.vector(&n("attn_k_norm.weight"), hd)?,
-                    out: matrix(g, &n("attn_output.weight"), d, c.n_heads * hd)?,
-                })
+                Mixer::Attention(attention(i)?)
             };
-            layers.push(Layer {
-                norm: g.vector(&n("attn_norm.weight"), d)?,
-                mixer,
-                mlp: Mlp {
-                    gate: matrix(g, &n("ffn_gate.weight"), c.ffn, d)?,
-                    up: matrix(g, &n("ffn_up.weight"), c.ffn, d)?,
-                    down: matrix(g, &n("ffn_down.weight"), d, c.ffn)?,
-                    norm: g.vector(&n("post_attention_norm.weight"), d)?,
-                },
-            });
+            layers.push(layer(i, mixer)?);
         }
+        let mtp = if c.mtp {
+            let i = c.n_layers;
+            let n = |s: &str| format!("blk.{i}.nextn.{s}");
+            Some(RefMtp {
+                eh: matrix(g, &n("eh_proj.weight"), d, 2 * d)?,
+                enorm: g.vector(&n("enorm.weight"), d)?,
+                hnorm: g.vector(&n("hnorm.weight"), d)?,
+                head_norm: g.vector(&n("shared_head_norm.weight"), d)?,
+                layer: layer(i, Mixer::Attention(attention(i)?))?,
+            })
+        } else {
+            None
+        };
         Ok(Reference {
             embd: matrix(g, "token_embd.weight", c.vocab, d)?,
             out_norm: g.vector("output_norm.weight", d)?,
@@ -158,6 +195,7 @@ impl Reference {
                 matrix(g, "output.weight", c.vocab, d)?
             },
             layers,
+            mtp,
             cfg: c,
         })
     }
@@ -184,6 +222,8 @@ impl Reference {
                 .collect(),
             kv: vec![(Vec::new(), Vec::new()); c.n_layers],
             len: 0,
+            hidden: vec![0.0; c.d_model],
+            mtp_kv: (Vec::new(), Vec::new()),
         }
     }
 
@@ -232,6 +272,61 @@ impl Reference {
         }
         state.len += 1;
         rmsnorm(&h, &self.out_norm, c.eps, &mut x);
+        state.hidden.clone_from(&x);
+        self.output.apply(&x, logits);
+        Ok(())
+    }
+
+    /// The MTP head's step for the last position `p` of `state`: from its final hidden state and the token
+    /// at `p + 1` (`next`), the logits for the token at `p + 2`. Must run once per position, in order.
+    pub fn mtp_step(
+        &self,
+        state: &mut Qwen35State,
+        next: u32,
+        logits: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let c = &self.cfg;
+        let d = c.d_model;
+        let Some(m) = &self.mtp else {
+            return Err(ModelError::Unsupported("the model has no MTP head".into()));
+        };
+        let p = state.len.checked_sub(1).ok_or_else(|| {
+            ModelError::Unsupported("the MTP head needs a position before it".into())
+        })?;
+        let t = next as usize;
+        let mut cat = vec![0f32; 2 * d];
+        rmsnorm(
+            &self.embd.w[t * d..(t + 1) * d],
+            &m.enorm,
+            c.eps,
+            &mut cat[..d],
+        );
+        rmsnorm(&state.hidden, &m.hnorm, c.eps, &mut cat[d..]);
+        let mut h = vec![0f32; d];
+        m.eh.apply(&cat, &mut h);
+        let mut x = vec![0f32; d];
+        let mut mix = vec![0f32; d];
+        rmsnorm(&h, &m.layer.norm, c.eps, &mut x);
+        let Mixer::Attention(a) = &m.layer.mixer else {
+            unreachable!("the MTP block is an attention block")
+        };
+        self.attention(a, &x, &mut state.mtp_kv, p, &mut mix);
+        for (hv, mv) in h.iter_mut().zip(&mix) {
+            *hv += mv;
+        }
+        rmsnorm(&h, &m.layer.mlp.norm, c.eps, &mut x);
+        let mut g = vec![0f32; c.ffn];
+        let mut u = vec![0f32; c.ffn];
+        m.layer.mlp.gate.apply(&x, &mut g);
+        m.layer.mlp.up.apply(&x, &mut u);
+        for (gv, uv) in g.iter_mut().zip(&u) {
+            *gv = silu(*gv) * uv;
+        }
+        m.layer.mlp.down.apply(&g, &mut mix);
+        for (hv, mv) in h.iter_mut().zip(&mix) {
+            *hv += mv;
+        }
+        rmsnorm(&h, &m.head_norm, c.eps, &mut x);
         self.output.apply(&x, logits);
         Ok(())
     }

@@ -179,7 +179,10 @@ impl HfCheckpoint {
             prefix,
             cfg: None,
         };
-        ck.cfg = Some(Qwen35Config::from_hf(&ck.config)?);
+        let mut cfg = Qwen35Config::from_hf(&ck.config)?;
+        // Converted or pruned checkpoints may declare an MTP head they no longer carry.
+        cfg.mtp &= ck.index.contains_key("mtp.fc.weight");
+        ck.cfg = Some(cfg);
         Ok(ck)
     }
 
@@ -316,7 +319,27 @@ impl HfCheckpoint {
         let bad_name = || bad(&self.dir, format!("no HF tensor for {name}"));
         let rest = name.strip_prefix("blk.").ok_or_else(bad_name)?;
         let (layer, what) = rest.split_once('.').ok_or_else(bad_name)?;
-        let l = format!("{p}layers.{layer}.");
+        // The MTP block follows the main layers (llama.cpp's nextn numbering); HF keeps it under `mtp.`.
+        let is_mtp = layer.parse::<usize>().ok() == Some(c.n_layers);
+        let l = if is_mtp {
+            "mtp.layers.0.".to_string()
+        } else {
+            format!("{p}layers.{layer}.")
+        };
+        let nextn = match what {
+            "nextn.eh_proj.weight" => Some(("mtp.fc.weight", false)),
+            "nextn.enorm.weight" => Some(("mtp.pre_fc_norm_embedding.weight", true)),
+            "nextn.hnorm.weight" => Some(("mtp.pre_fc_norm_hidden.weight", true)),
+            "nextn.shared_head_norm.weight" => Some(("mtp.norm.weight", true)),
+            _ => None,
+        };
+        if let (true, Some((hf, plus_one))) = (is_mtp, nextn) {
+            let mut v = self.read_shaped(hf, &[rows, cols])?;
+            if plus_one {
+                v.iter_mut().for_each(|x| *x += 1.0);
+            }
+            return Ok(v);
+        }
         // (HF name, +1 norm, value-head permutation: (block rows per head, first permuted row) or columns)
         enum Perm {
             None,

@@ -90,6 +90,7 @@ fn snapshot_size_of_a_27b_shaped_model() {
         value_dim: 128,
         conv_kernel: 4,
         ctx_train: 262_144,
+        mtp: false,
     };
     assert!(c.validate().is_ok());
     assert_eq!(c.conv_dim(), 10240);
@@ -435,4 +436,201 @@ fn nvfp4_checkpoint_weights_are_dequantized() {
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(got, exact);
     assert!(max_diff(&got, &w) < 0.35 * amax, "a sane quantization");
+}
+
+/// Deterministic pseudo-random numbers, scaled.
+fn noise(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// The qwen35-tiny checkpoint plus a random MTP head, written as an HF checkpoint in a fresh directory.
+pub(crate) fn checkpoint_with_mtp(tag: &str) -> std::path::PathBuf {
+    use safetensors::tensor::TensorView;
+    let dir = std::env::temp_dir().join(format!("thorn-mtp-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("config.json")).unwrap()).unwrap();
+    cfg["mtp_num_hidden_layers"] = 1.into();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let bytes = std::fs::read(fixture("model.safetensors")).unwrap();
+    let base = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (d, ffn) = (64usize, 128usize);
+    let shapes: Vec<(&str, Vec<usize>, f32)> = vec![
+        (
+            "mtp.fc.weight",
+            vec![d, 2 * d],
+            1.0 / (2.0 * d as f32).sqrt(),
+        ),
+        ("mtp.pre_fc_norm_embedding.weight", vec![d], 0.3),
+        ("mtp.pre_fc_norm_hidden.weight", vec![d], 0.3),
+        ("mtp.norm.weight", vec![d], 0.3),
+        ("mtp.layers.0.input_layernorm.weight", vec![d], 0.3),
+        ("mtp.layers.0.post_attention_layernorm.weight", vec![d], 0.3),
+        (
+            "mtp.layers.0.self_attn.q_proj.weight",
+            vec![128, d],
+            1.7 / 8.0,
+        ),
+        (
+            "mtp.layers.0.self_attn.k_proj.weight",
+            vec![32, d],
+            1.7 / 8.0,
+        ),
+        (
+            "mtp.layers.0.self_attn.v_proj.weight",
+            vec![32, d],
+            1.7 / 8.0,
+        ),
+        (
+            "mtp.layers.0.self_attn.o_proj.weight",
+            vec![d, d],
+            1.7 / 8.0,
+        ),
+        ("mtp.layers.0.self_attn.q_norm.weight", vec![16], 0.3),
+        ("mtp.layers.0.self_attn.k_norm.weight", vec![16], 0.3),
+        ("mtp.layers.0.mlp.gate_proj.weight", vec![ffn, d], 1.7 / 8.0),
+        ("mtp.layers.0.mlp.up_proj.weight", vec![ffn, d], 1.7 / 8.0),
+        (
+            "mtp.layers.0.mlp.down_proj.weight",
+            vec![d, ffn],
+            1.7 / 11.3,
+        ),
+    ];
+    let data: Vec<Vec<u8>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, (_, shape, scale))| {
+            noise(100 + i as u64, shape.iter().product(), *scale)
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect()
+        })
+        .collect();
+    let mut views: Vec<(String, TensorView<'_>)> = base
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            (
+                n,
+                TensorView::new(t.dtype(), t.shape().to_vec(), t.data()).unwrap(),
+            )
+        })
+        .collect();
+    for ((name, shape, _), bytes) in shapes.iter().zip(&data) {
+        views.push((
+            name.to_string(),
+            TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap(),
+        ));
+    }
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+#[test]
+fn the_mtp_head_matches_the_reference_convention() {
+    let dir = checkpoint_with_mtp("ref");
+    let ck = HfCheckpoint::open(&dir).unwrap();
+    assert!(ck.qwen35_config().mtp);
+    let reference = Reference::load(&ck, ck.qwen35_config().clone()).unwrap();
+    let model = Qwen35::load(&ck, ck.qwen35_config().clone()).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(model.has_mtp());
+    let ids = ids_of(&golden()["sequences"][1]);
+    // The reference: for each position, the step, then the head with the next token.
+    let mut st = reference.new_state();
+    let mut logits = vec![0f32; 256];
+    let mut want = Vec::new();
+    for p in 0..ids.len() - 1 {
+        reference.step(&mut st, ids[p], &mut logits).unwrap();
+        reference
+            .mtp_step(&mut st, ids[p + 1], &mut logits)
+            .unwrap();
+        want.push(logits.clone());
+    }
+    // The engine's pass one token at a time, its head drafting after each (as decode does), and a whole
+    // prefill followed by one draft.
+    let mut r = Runner::new(model);
+    let mut seq = r.seq();
+    let mut mtp_batch = Batch::default();
+    for p in 0..ids.len() - 1 {
+        r.run(&mut seq, &ids[p..p + 1], Logits::Last);
+        r.kv.reserve(&mut seq, p + 2).unwrap();
+        mtp_batch.clear();
+        mtp_batch.push(&seq, &ids[p + 1..p + 2], Logits::Last);
+        let got = r
+            .model
+            .mtp_draft(
+                &r.cpu,
+                r.kv.pool_mut(),
+                &mut mtp_batch,
+                std::slice::from_ref(&seq.rec),
+                &mut r.scratch,
+            )
+            .unwrap()
+            .to_vec();
+        assert_close(&got, &want[p], &format!("MTP logits at position {p}"));
+    }
+    let mut whole = r.seq();
+    let n = ids.len() - 1;
+    r.run(&mut whole, &ids[..n], Logits::Last);
+    r.kv.reserve(&mut whole, n + 1).unwrap();
+    mtp_batch.clear();
+    mtp_batch.push(&whole, &ids[n..], Logits::Last);
+    let got = r
+        .model
+        .mtp_draft(
+            &r.cpu,
+            r.kv.pool_mut(),
+            &mut mtp_batch,
+            std::slice::from_ref(&whole.rec),
+            &mut r.scratch,
+        )
+        .unwrap()
+        .to_vec();
+    assert_close(&got, &want[n - 1], "MTP logits after a whole prefill");
+}
+
+#[test]
+fn the_engine_speculates_with_the_mtp_head_exactly() {
+    use crate::engine::{Engine, EngineConfig, Request};
+    use crate::spec::SpecConfig;
+    use crate::spec::draft::MODEL_CLASS;
+    let dir = checkpoint_with_mtp("engine");
+    let model = || crate::model::Model::Qwen35(Qwen35::from_hf(&dir).unwrap());
+    let g = std::sync::Arc::new(gguf());
+    let cfg = |spec: SpecConfig| EngineConfig {
+        threads: 2,
+        context: 1024,
+        kv_dtype: KvDtype::F32,
+        page_size: 16,
+        speculation: spec,
+        ..EngineConfig::default()
+    };
+    let mut plain =
+        Engine::with_model(std::sync::Arc::clone(&g), model(), &cfg(SpecConfig::off())).unwrap();
+    let mut spec = Engine::with_model(g, model(), &cfg(SpecConfig::default())).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let prompt: Vec<u32> = "<user>Move joint 2 by 15 degrees.</user>\n"
+        .bytes()
+        .map(u32::from)
+        .collect();
+    let mut req = Request::greedy(prompt, 40);
+    req.ignore_eos = true;
+    let a = plain.generate(&req, &mut |_| {}).unwrap();
+    let b = spec.generate(&req, &mut |_| {}).unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    let (_, tried) = spec.speculator().calib.observed(MODEL_CLASS);
+    assert!(tried > 0.0, "the MTP head drafted nothing");
+    // Batched, too.
+    spec.reset();
+    let (res, _) = spec.generate_batch(vec![(req, None)], Default::default());
+    assert_eq!(res[0].1.as_ref().unwrap().tokens, a.tokens);
 }
