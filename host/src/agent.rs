@@ -264,8 +264,8 @@ impl Sink for GenSink {
 pub struct ModelInfo {
     /// Served model name.
     pub name: String,
-    /// Its chat template.
-    pub template: ChatTemplate,
+    /// Its chat template (`None` for a base model without one: only raw completions are served).
+    pub template: Option<ChatTemplate>,
     /// `bos_token` text.
     pub bos: String,
     /// `eos_token` text.
@@ -363,16 +363,14 @@ impl Agent {
         max_tool_rounds: usize,
         sched: SchedulerConfig,
     ) -> Result<Self, AgentError> {
-        let template = ChatTemplate::new(
-            engine
-                .gguf()
-                .get_str("tokenizer.chat_template")
-                .map_err(|e| {
-                    AgentError::Engine(EngineError::Request(format!(
-                        "the model has no chat template: {e}"
-                    )))
-                })?,
-        )?;
+        // A base model without a template still serves raw completions.
+        let template = match engine.gguf().get_str("tokenizer.chat_template") {
+            Ok(src) => Some(ChatTemplate::new(src)?),
+            Err(_) => {
+                tracing::warn!("the model has no chat template: only raw completions are served");
+                None
+            }
+        };
         let tok = engine.tokenizer();
         let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_owned();
         let info = ModelInfo {
@@ -558,12 +556,13 @@ impl Agent {
             } else {
                 Arc::clone(&all)
             };
-            let prompt_text = shown.render(
-                &self.model.template,
-                &messages,
-                &self.model.bos,
-                &self.model.eos,
-            )?;
+            let template = self.model.template.as_ref().ok_or_else(|| {
+                AgentError::Engine(EngineError::Request(
+                    "the model has no chat template: use /v1/completions with a raw prompt".into(),
+                ))
+            })?;
+            let prompt_text =
+                shown.render(template, &messages, &self.model.bos, &self.model.eos)?;
             let calls_possible = choice != ToolChoice::None && !all.is_empty();
             let mut splitter = Splitter::default();
             let mut round_content = String::new();

@@ -432,8 +432,9 @@ impl Engine {
     /// not cached. Takes on the order of a hundred decode steps.
     pub fn calibrate_speculation(&mut self) -> Result<(), EngineError> {
         const SIZES: [usize; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+        let vocab = self.model.vocab() as u32;
         let ctx: Vec<TokenId> = (0..256u32)
-            .map(|i| 100 + i % 1000)
+            .map(|i| (100 + i) % vocab)
             .take(self.context.saturating_sub(80).min(256))
             .collect();
         if ctx.is_empty() {

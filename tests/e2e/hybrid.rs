@@ -290,3 +290,93 @@ fn speculation_on_a_hybrid_rolls_back_rejected_tokens() {
     let (res, _) = spec.generate_batch(vec![(r, None)], SchedulerConfig::default());
     assert_eq!(res[0].1.as_ref().unwrap().tokens, want.tokens);
 }
+
+#[test]
+fn the_server_serves_a_hybrid_base_model_with_snapshots() {
+    use serde_json::{Value, json};
+    use thorn::agent::Agent;
+    use thorn::api::{AppState, ServerConfig};
+    use thorn::tools::plugin::PluginSet;
+    let agent = Agent::start(
+        engine(SpecConfig::default(), 0),
+        "qwen35-tiny".into(),
+        Arc::new(PluginSet::default()),
+        8,
+        1,
+    )
+    .unwrap();
+    let state = Arc::new(AppState::new(
+        agent,
+        ServerConfig {
+            api_keys: Vec::new(),
+            max_body: 1 << 20,
+        },
+    ));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            thorn::api::serve(l, state).await.unwrap();
+        });
+    });
+    let addr = rx.recv().unwrap();
+    let post = |path: &str, body: Value| {
+        let r = thorn_tests::http(
+            addr,
+            "POST",
+            path,
+            &[("content-type", "application/json")],
+            body.to_string().as_bytes(),
+        );
+        (r.status, serde_json::from_str::<Value>(&r.body).unwrap())
+    };
+    // A base model has no chat template: chat is refused clearly, raw completions work.
+    let (status, body) = post(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("chat template")
+    );
+    // A raw multi-turn conversation: every turn after the first resumes from a snapshot.
+    let mut prompt = format!("<system>{SYSTEM}</system>\n<user>Home the arm.</user>\n");
+    for turn in 0..4 {
+        let (status, body) = post(
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 12, "temperature": 0}),
+        );
+        assert_eq!(status, 200, "{body}");
+        let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        if turn > 0 {
+            assert!(cached > SYSTEM.len() as u64, "turn {turn}: {cached} cached");
+        }
+        // The reply's bytes may not be valid UTF-8 on their own (a random model); keep them as text.
+        prompt.push_str(body["choices"][0]["text"].as_str().unwrap());
+        prompt.push_str(&format!("\n<user>Move joint {turn}.</user>\n"));
+    }
+    let r = thorn_tests::http(addr, "GET", "/metrics", &[], b"");
+    let metric = |name: &str| -> f64 {
+        r.body
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(metric("thorn_kv_snapshots") >= 1.0);
+    assert!(metric("thorn_kv_snapshots_restored_total") >= 3.0);
+    assert!(metric("thorn_kv_snapshot_bytes") > 0.0);
+}

@@ -312,6 +312,36 @@ impl Metrics {
                 kv.evicted_nodes,
             ),
             (
+                "thorn_kv_snapshots",
+                "gauge",
+                "Recurrent-state snapshots held by the prefix cache (hybrid models).",
+                kv.snapshots.held as u64,
+            ),
+            (
+                "thorn_kv_snapshot_bytes",
+                "gauge",
+                "Bytes those snapshots take (of a budget of thorn_kv_snapshot_budget_bytes).",
+                kv.snapshots.bytes as u64,
+            ),
+            (
+                "thorn_kv_snapshot_budget_bytes",
+                "gauge",
+                "Bytes of the KV memory set aside for recurrent-state snapshots.",
+                kv.snapshots.budget as u64,
+            ),
+            (
+                "thorn_kv_snapshots_restored_total",
+                "counter",
+                "Sequences that resumed from a recurrent-state snapshot.",
+                kv.snapshots.restored,
+            ),
+            (
+                "thorn_kv_snapshots_evicted_total",
+                "counter",
+                "Recurrent-state snapshots evicted for room.",
+                kv.snapshots.evicted,
+            ),
+            (
                 "thorn_spec_trees_total",
                 "counter",
                 "Draft trees verified (speculative decoding).",
