@@ -743,22 +743,7 @@ impl KvCache {
     /// history): every [`KvConfig::snapshot_interval`] positions, at the branch point where it left the
     /// cached tokens, and before either of the last two turn-start tokens.
     pub fn snapshot_point(&self, seq: &SeqKv, tokens: &[TokenId], p: usize) -> bool {
-        if !self.is_hybrid() || p == 0 {
-            return false;
-        }
-        if p.is_multiple_of(self.cfg.snapshot_interval) || (p == seq.branch && p > seq.hit) {
-            return true;
-        }
-        let Some(turn) = self.cfg.turn_token else {
-            return false;
-        };
-        tokens
-            .iter()
-            .enumerate()
-            .rev()
-            .filter(|&(_, &t)| t == turn)
-            .take(2)
-            .any(|(i, _)| i == p)
+        self.is_hybrid() && self.is_point(seq, self.last_turns(tokens), p)
     }
 
     /// Where a prefill chunk over `tokens[from..to]` should end: `to`, or the first snapshot point before it.
@@ -766,9 +751,30 @@ impl KvCache {
         if !self.is_hybrid() {
             return to;
         }
+        let turns = self.last_turns(tokens);
         (from + 1..to)
-            .find(|&p| self.snapshot_point(seq, tokens, p))
+            .find(|&p| self.is_point(seq, turns, p))
             .unwrap_or(to)
+    }
+
+    /// Positions of the last two turn-start tokens of `tokens`.
+    fn last_turns(&self, tokens: &[TokenId]) -> [Option<usize>; 2] {
+        let mut out = [None; 2];
+        if let Some(turn) = self.cfg.turn_token {
+            let mut it = tokens.iter().rposition(|&t| t == turn);
+            out[0] = it;
+            if let Some(i) = it.take() {
+                out[1] = tokens[..i].iter().rposition(|&t| t == turn);
+            }
+        }
+        out
+    }
+
+    fn is_point(&self, seq: &SeqKv, turns: [Option<usize>; 2], p: usize) -> bool {
+        p > 0
+            && (p.is_multiple_of(self.cfg.snapshot_interval)
+                || (p == seq.branch && p > seq.hit)
+                || turns.contains(&Some(p)))
     }
 
     /// Ends a sequence. With `tokens` (the tokens at positions `0..seq.len()`), its KV stays in the tree

@@ -295,3 +295,48 @@ fn running_sequences_are_never_evicted_and_overflow_is_an_error() {
     sim.seqs.push((s, a));
     sim.verify();
 }
+
+#[test]
+fn hybrid_snapshot_points_cut_prefill_chunks() {
+    let shape = KvShape {
+        recurrent: 4,
+        ..SHAPE
+    };
+    let mut kv = KvCache::new(
+        shape,
+        KvConfig {
+            dtype: KvDtype::F32,
+            page_size: 4,
+            memory: 1 << 16,
+            state_memory: 1 << 10,
+            snapshot_interval: 16,
+            turn_token: Some(9),
+            ..KvConfig::default()
+        },
+    );
+    // Turn tokens at 3, 10 and 20: the last two (10, 20) are points, as are 16 and 32.
+    let mut toks: Vec<u32> = (0..40).map(|i| 100 + i).collect();
+    for i in [3, 10, 20] {
+        toks[i] = 9;
+    }
+    let seq = kv.acquire(&toks);
+    assert_eq!(seq.len(), 0);
+    assert_eq!(kv.chunk_end(&seq, &toks, 0, 40), 10);
+    assert_eq!(kv.chunk_end(&seq, &toks, 10, 40), 16);
+    assert_eq!(kv.chunk_end(&seq, &toks, 16, 40), 20);
+    assert_eq!(kv.chunk_end(&seq, &toks, 20, 40), 32);
+    assert!(!kv.snapshot_point(&seq, &toks, 3));
+    assert!(kv.snapshot_point(&seq, &toks, 20));
+    // A sequence the state budget can hold leaves a snapshot that the next acquire of a longer prompt
+    // resumes from (after its KV is in the tree).
+    let mut seq = seq;
+    kv.reserve(&mut seq, 20).unwrap();
+    seq.advance(20);
+    seq.rec.len = 20;
+    seq.rec.state = vec![1.0, 2.0, 3.0, 4.0];
+    kv.release(seq, Some(&toks[..20]));
+    let again = kv.acquire(&toks);
+    assert_eq!((again.len(), again.rec.len), (20, 20));
+    assert_eq!(again.rec.state, vec![1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(kv.stats().snapshots.restored, 1);
+}

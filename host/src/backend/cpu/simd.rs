@@ -208,10 +208,29 @@ pub fn matmul(
         return;
     }
     if w.layout == Layout::F32 && isa != Isa::Scalar {
-        for t in 0..x.n {
-            let xr = &xf[t * w.cols..(t + 1) * w.cols];
+        // Four tokens share each weight row's loads; every dot keeps `dot_f32`'s exact arithmetic, so a
+        // token's result does not depend on the tokens it is batched with.
+        let c = w.cols;
+        let mut t = 0;
+        while t + 4 <= x.n {
+            let xs = [
+                &xf[t * c..(t + 1) * c],
+                &xf[(t + 1) * c..(t + 2) * c],
+                &xf[(t + 2) * c..(t + 3) * c],
+                &xf[(t + 3) * c..(t + 4) * c],
+            ];
             for r in rows.clone() {
-                out[t * w.rows + r] = dot_f32(isa, &w.f[r * w.cols..(r + 1) * w.cols], xr);
+                let d = dot4_f32(isa, &w.f[r * c..(r + 1) * c], xs);
+                for (k, v) in d.into_iter().enumerate() {
+                    out[(t + k) * w.rows + r] = v;
+                }
+            }
+            t += 4;
+        }
+        for t in t..x.n {
+            let xr = &xf[t * c..(t + 1) * c];
+            for r in rows.clone() {
+                out[t * w.rows + r] = dot_f32(isa, &w.f[r * c..(r + 1) * c], xr);
             }
         }
         return;
@@ -230,6 +249,57 @@ pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     }
     let _ = isa;
     a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `[Σ a·b[0], …, Σ a·b[3]]`, each bit for bit what [`dot_f32`] gives.
+#[inline]
+pub fn dot4_f32(isa: Isa, a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && b.iter().all(|x| x.len() == a.len()) {
+        // SAFETY: AVX2+FMA were detected; every slice has a.len() elements.
+        return unsafe { dot4_f32_avx2(a, b) };
+    }
+    b.map(|x| dot_f32(isa, a, x))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot4_f32_avx2(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+    let n = a.len();
+    // SAFETY: loads are at offsets < n - 7 for full vectors (every slice has n elements); the tail is
+    // scalar. The accumulation order is dot_f32_avx2's, per output.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 4]; 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for k in 0..4 {
+                let o = i + 8 * k;
+                let av = _mm256_loadu_ps(a.as_ptr().add(o));
+                for (j, bj) in b.iter().enumerate() {
+                    acc[j][k] = _mm256_fmadd_ps(av, _mm256_loadu_ps(bj.as_ptr().add(o)), acc[j][k]);
+                }
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            let av = _mm256_loadu_ps(a.as_ptr().add(i));
+            for (j, bj) in b.iter().enumerate() {
+                acc[j][0] = _mm256_fmadd_ps(av, _mm256_loadu_ps(bj.as_ptr().add(i)), acc[j][0]);
+            }
+            i += 8;
+        }
+        let mut out = [0f32; 4];
+        for (j, o) in out.iter_mut().enumerate() {
+            let a4 = &acc[j];
+            let s = _mm256_add_ps(_mm256_add_ps(a4[0], a4[1]), _mm256_add_ps(a4[2], a4[3]));
+            let mut total = hsum256(s);
+            for q in i..n {
+                total += a[q] * b[j][q];
+            }
+            *o = total;
+        }
+        out
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -348,3 +348,22 @@ fn simd_reductions_match_reference() {
         assert_eq!(simd::logsumexp(isa, &masked), f32::NEG_INFINITY);
     }
 }
+
+#[test]
+fn dot4_is_four_dots_bit_for_bit() {
+    for isa in Isa::available() {
+        // Every length class: full 32-blocks, 8-lane tails and scalar tails.
+        for n in [0, 1, 7, 8, 31, 32, 45, 64, 77, 576] {
+            let a = data(n, 1);
+            let b: Vec<Vec<f32>> = (0..4).map(|k| data(n, 10 + k)).collect();
+            let got = simd::dot4_f32(isa, &a, [&b[0], &b[1], &b[2], &b[3]]);
+            for (k, bk) in b.iter().enumerate() {
+                assert_eq!(
+                    got[k].to_bits(),
+                    simd::dot_f32(isa, &a, bk).to_bits(),
+                    "{isa:?} n={n} k={k}"
+                );
+            }
+        }
+    }
+}
