@@ -634,3 +634,28 @@ fn the_engine_speculates_with_the_mtp_head_exactly() {
     let (res, _) = spec.generate_batch(vec![(req, None)], Default::default());
     assert_eq!(res[0].1.as_ref().unwrap().tokens, a.tokens);
 }
+
+#[test]
+fn a_snapshot_restored_by_the_prefix_cache_continues_like_the_goldens() {
+    let gold = golden();
+    let ids = ids_of(&gold["sequences"][2]);
+    let mut r = Runner::new(Qwen35::from_gguf(&gguf()).unwrap());
+    // Prefill 70 tokens and leave them in the cache: the KV in the tree, the state as a snapshot.
+    let mut seq = r.seq();
+    r.run(&mut seq, &ids[..70], Logits::None);
+    r.kv.release(seq, Some(&ids[..70]));
+    // A request for the whole sequence resumes at 70 from the snapshot (not from zero)...
+    let mut seq = r.kv.acquire(&ids);
+    assert_eq!((seq.len(), seq.rec.len, seq.hit()), (70, 70, 70));
+    assert_eq!(r.kv.stats().snapshots.restored, 1);
+    // ...and continues one token at a time exactly as the goldens do.
+    let want = golden_tensor("continuation.C.logits");
+    for (i, &t) in ids[70..].iter().enumerate() {
+        let got = r.run(&mut seq, &[t], Logits::Last);
+        assert_close(
+            &got,
+            &want[i * 256..(i + 1) * 256],
+            &format!("position {}", 70 + i),
+        );
+    }
+}
