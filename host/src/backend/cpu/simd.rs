@@ -269,29 +269,32 @@ unsafe fn dot4_f32_avx2(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
     // SAFETY: loads are at offsets < n - 7 for full vectors (every slice has n elements); the tail is
     // scalar. The accumulation order is dot_f32_avx2's, per output.
     unsafe {
+        // acc[k][j]: lane group k (of four per 32 elements) of output j.
         let mut acc = [[_mm256_setzero_ps(); 4]; 4];
         let mut i = 0;
         while i + 32 <= n {
-            for k in 0..4 {
+            for (k, acc_k) in acc.iter_mut().enumerate() {
                 let o = i + 8 * k;
                 let av = _mm256_loadu_ps(a.as_ptr().add(o));
-                for (j, bj) in b.iter().enumerate() {
-                    acc[j][k] = _mm256_fmadd_ps(av, _mm256_loadu_ps(bj.as_ptr().add(o)), acc[j][k]);
+                for (aj, bj) in acc_k.iter_mut().zip(&b) {
+                    *aj = _mm256_fmadd_ps(av, _mm256_loadu_ps(bj.as_ptr().add(o)), *aj);
                 }
             }
             i += 32;
         }
         while i + 8 <= n {
             let av = _mm256_loadu_ps(a.as_ptr().add(i));
-            for (j, bj) in b.iter().enumerate() {
-                acc[j][0] = _mm256_fmadd_ps(av, _mm256_loadu_ps(bj.as_ptr().add(i)), acc[j][0]);
+            for (aj, bj) in acc[0].iter_mut().zip(&b) {
+                *aj = _mm256_fmadd_ps(av, _mm256_loadu_ps(bj.as_ptr().add(i)), *aj);
             }
             i += 8;
         }
         let mut out = [0f32; 4];
         for (j, o) in out.iter_mut().enumerate() {
-            let a4 = &acc[j];
-            let s = _mm256_add_ps(_mm256_add_ps(a4[0], a4[1]), _mm256_add_ps(a4[2], a4[3]));
+            let s = _mm256_add_ps(
+                _mm256_add_ps(acc[0][j], acc[1][j]),
+                _mm256_add_ps(acc[2][j], acc[3][j]),
+            );
             let mut total = hsum256(s);
             for q in i..n {
                 total += a[q] * b[j][q];
