@@ -26,6 +26,17 @@ pub fn jsonl(rel: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The index of the largest logit (the first, on ties).
+pub fn argmax(x: &[f32]) -> u32 {
+    x.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+        )
+        .0 as u32
+}
+
 /// The default model, pulled by `thorn model pull` (CI does that before the tests).
 pub fn default_model() -> PathBuf {
     let cache = thorn::store::cache_dir(None);

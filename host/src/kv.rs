@@ -346,6 +346,13 @@ impl Batch {
         }
     }
 
+    /// The batch rows whose logits sequence `i` wants (empty for [`Logits::None`]).
+    pub fn logit_range(&self, i: usize) -> std::ops::Range<usize> {
+        let span = &self.seqs[i];
+        let end = span.first + span.len;
+        end - self.logit_rows(i)..end
+    }
+
     /// The sequence of token `t` and the slot its KV is written to (its position, for chains).
     #[inline]
     pub fn locate(&self, t: usize) -> (&SeqSpan, usize) {

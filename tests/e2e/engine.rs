@@ -14,7 +14,7 @@ use thorn::engine::{Engine, EngineConfig, Request};
 use thorn::gguf::Gguf;
 use thorn::kv::KvDtype;
 use thorn::model::llama::Precision;
-use thorn_tests::{default_model, fixture, fixture_prompts, jsonl, token_ids as ids};
+use thorn_tests::{argmax, default_model, fixture, fixture_prompts, jsonl, token_ids as ids};
 
 fn engine(precision: Precision) -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
@@ -54,16 +54,6 @@ fn log_softmax(x: &[f32]) -> Vec<f32> {
             .sum::<f64>()
             .ln() as f32;
     x.iter().map(|&v| v - lse).collect()
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    x.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-        )
-        .0 as u32
 }
 
 #[test]

@@ -11,7 +11,7 @@ use thorn::kv::KvDtype;
 use thorn::model::qwen35::{Qwen35Config, Reference};
 use thorn::spec::draft::{DraftContext, Drafter, Proposals, SUFFIX_CLASSES};
 use thorn::spec::{SpecConfig, Speculator};
-use thorn_tests::fixture;
+use thorn_tests::{argmax, fixture};
 
 fn model_path() -> std::path::PathBuf {
     fixture("qwen35-tiny/model.gguf")
@@ -56,16 +56,6 @@ fn reference_greedy(prompt: &[u32], n: usize) -> Vec<u32> {
         m.step(&mut st, t, &mut logits).unwrap();
     }
     out
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    x.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-        )
-        .0 as u32
 }
 
 fn bytes(s: &str) -> Vec<u32> {

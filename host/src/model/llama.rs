@@ -473,14 +473,8 @@ impl Llama {
 
         // The rows whose logits were asked for, in batch order.
         let mut m = 0;
-        for (i, span) in batch.seqs.iter().enumerate() {
-            let rows = match batch.logits[i] {
-                Logits::None => continue,
-                Logits::Last => span.first + span.len - 1..span.first + span.len,
-                Logits::All => span.first..span.first + span.len,
-                Logits::Tail(k) => span.first + span.len - k.min(span.len)..span.first + span.len,
-            };
-            for t in rows {
+        for i in 0..batch.seqs.len() {
+            for t in batch.logit_range(i) {
                 simd::rmsnorm(
                     &s.x[t * d..(t + 1) * d],
                     &self.out_norm,

@@ -525,34 +525,13 @@ impl Qwen35 {
         grow(&mut s.o, n * vd);
         grow(&mut s.q, n * nh * hd);
         grow(&mut s.att, n * nh * hd);
-        let half = c.rope_dims / 2;
-        let longest = batch
-            .seqs
-            .iter()
-            .map(|sp| sp.start + sp.len)
-            .max()
-            .unwrap_or(0);
-        while half > 0 && s.rope.len() < longest * half {
-            let pos = s.rope.len() / half;
-            for i in 0..half {
-                let f = f64::from(c.rope_base).powf(-2.0 * i as f64 / c.rope_dims as f64);
-                let th = pos as f64 * f;
-                s.rope.push((th.cos() as f32, th.sin() as f32));
-            }
-        }
+        self.grow_rope(batch, s);
         for (t, &tok) in batch.tokens.iter().enumerate() {
             let r = tok as usize;
             s.x[t * d..(t + 1) * d].copy_from_slice(&self.embd[r * d..(r + 1) * d]);
         }
         for l in &self.layers {
-            for t in 0..n {
-                simd::rmsnorm(
-                    &s.x[t * d..(t + 1) * d],
-                    &l.norm,
-                    c.eps,
-                    &mut s.xb[t * d..(t + 1) * d],
-                );
-            }
+            norm_rows(&s.x, &l.norm, c.eps, n, d, &mut s.xb);
             cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
             match &l.mixer {
                 Mixer::DeltaNet(m) => {
@@ -590,14 +569,8 @@ impl Qwen35 {
         }
         // The rows whose logits were asked for, in batch order.
         let mut m = 0;
-        for (i, span) in batch.seqs.iter().enumerate() {
-            let rows = match batch.logits[i] {
-                Logits::None => continue,
-                Logits::Last => span.first + span.len - 1..span.first + span.len,
-                Logits::All => span.first..span.first + span.len,
-                Logits::Tail(k) => span.first + span.len - k.min(span.len)..span.first + span.len,
-            };
-            for t in rows {
+        for i in 0..batch.seqs.len() {
+            for t in batch.logit_range(i) {
                 simd::rmsnorm(
                     &s.x[t * d..(t + 1) * d],
                     &self.out_norm,
@@ -618,6 +591,26 @@ impl Qwen35 {
             st.len = span.start + span.len;
         }
         Ok(&mut s.logits[..m * c.vocab])
+    }
+
+    /// Extends the RoPE table to the batch's last position.
+    fn grow_rope(&self, batch: &Batch, s: &mut Scratch) {
+        let c = &self.cfg;
+        let half = c.rope_dims / 2;
+        let longest = batch
+            .seqs
+            .iter()
+            .map(|sp| sp.start + sp.len)
+            .max()
+            .unwrap_or(0);
+        while half > 0 && s.rope.len() < longest * half {
+            let pos = s.rope.len() / half;
+            for i in 0..half {
+                let f = f64::from(c.rope_base).powf(-2.0 * i as f64 / c.rope_dims as f64);
+                let th = pos as f64 * f;
+                s.rope.push((th.cos() as f32, th.sin() as f32));
+            }
+        }
     }
 
     /// Whether the model has an MTP head.
@@ -695,14 +688,7 @@ impl Qwen35 {
         let Mixer::Attention(a) = &mtp.layer.mixer else {
             unreachable!("the MTP block is an attention block")
         };
-        for t in 0..n {
-            simd::rmsnorm(
-                &s.x[t * d..(t + 1) * d],
-                &mtp.layer.norm,
-                c.eps,
-                &mut s.xb[t * d..(t + 1) * d],
-            );
-        }
+        norm_rows(&s.x, &mtp.layer.norm, c.eps, n, d, &mut s.xb);
         cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
         self.project_kv(a, cpu, pool, batch, n, s, false);
         for (st, span) in states.iter_mut().zip(&batch.seqs) {
@@ -744,42 +730,19 @@ impl Qwen35 {
         grow(&mut s.xb, n * d);
         grow(&mut s.q, n * nh * hd);
         grow(&mut s.att, n * nh * hd);
-        let half = c.rope_dims / 2;
-        let longest = batch.seqs.iter().map(|sp| sp.start + 1).max().unwrap_or(0);
-        while half > 0 && s.rope.len() < longest * half {
-            let pos = s.rope.len() / half;
-            for i in 0..half {
-                let f = f64::from(c.rope_base).powf(-2.0 * i as f64 / c.rope_dims as f64);
-                let th = pos as f64 * f;
-                s.rope.push((th.cos() as f32, th.sin() as f32));
-            }
-        }
+        self.grow_rope(batch, s);
         batch.attend_from = 1;
         self.mtp_input(mtp, cpu, batch, states, s);
         let Mixer::Attention(a) = &mtp.layer.mixer else {
             unreachable!("the MTP block is an attention block")
         };
-        for t in 0..n {
-            simd::rmsnorm(
-                &s.x[t * d..(t + 1) * d],
-                &mtp.layer.norm,
-                c.eps,
-                &mut s.xb[t * d..(t + 1) * d],
-            );
-        }
+        norm_rows(&s.x, &mtp.layer.norm, c.eps, n, d, &mut s.xb);
         cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
         self.attention(a, cpu, pool, batch, n, s);
         batch.attend_from = 0;
         add(&mut s.x[..n * d], &s.mix[..n * d]);
         self.mlp(&mtp.layer, cpu, n, s);
-        for t in 0..n {
-            simd::rmsnorm(
-                &s.x[t * d..(t + 1) * d],
-                &mtp.head_norm,
-                c.eps,
-                &mut s.xb[t * d..(t + 1) * d],
-            );
-        }
+        norm_rows(&s.x, &mtp.head_norm, c.eps, n, d, &mut s.xb);
         cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
         mm(cpu, &self.output, &s.xb, &s.qa, n, &mut s.logits);
         Ok(&mut s.logits[..n * c.vocab])
@@ -878,14 +841,7 @@ impl Qwen35 {
     fn mlp(&self, l: &Layer, cpu: &Cpu, n: usize, s: &mut Scratch) {
         let c = &self.cfg;
         let (d, f) = (c.d_model, c.ffn);
-        for t in 0..n {
-            simd::rmsnorm(
-                &s.x[t * d..(t + 1) * d],
-                &l.post_norm,
-                c.eps,
-                &mut s.xb[t * d..(t + 1) * d],
-            );
-        }
+        norm_rows(&s.x, &l.post_norm, c.eps, n, d, &mut s.xb);
         cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
         mm(cpu, &l.gate, &s.xb, &s.qa, n, &mut s.g);
         mm(cpu, &l.up, &s.xb, &s.qa, n, &mut s.u);
@@ -989,6 +945,13 @@ fn load_layer(
         up: w.matrix(&n("ffn_up.weight"), c.ffn, d)?,
         down: w.matrix(&n("ffn_down.weight"), d, c.ffn)?,
     })
+}
+
+/// RMSNorm of `n` rows of `d` floats of `x` with weight `w` into `out`.
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, n: usize, d: usize, out: &mut [f32]) {
+    for (xr, o) in x[..n * d].chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        simd::rmsnorm(xr, w, eps, o);
+    }
 }
 
 /// `out = W x` for `n` tokens (activations already quantized into `qa`, `x` their floats).

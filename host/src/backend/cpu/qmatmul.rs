@@ -96,15 +96,8 @@ impl QMatrix {
                 dequantize_ref(ty, src, dst)?;
             }
             return Ok(QMatrix {
-                rows,
-                cols,
-                layout: Layout::F32,
-                blocks: 0,
-                pair_bytes: 0,
-                f32_scales: false,
-                data: vec![],
-                f,
                 source: ty,
+                ..QMatrix::from_f32(rows, cols, f)
             });
         }
         let nb = cols / QK;

@@ -560,13 +560,12 @@ fn the_mtp_head_matches_the_reference_convention() {
     let mut r = Runner::new(model);
     let mut seq = r.seq();
     let mut mtp_batch = Batch::default();
-    for p in 0..ids.len() - 1 {
-        r.run(&mut seq, &ids[p..p + 1], Logits::Last);
-        r.kv.reserve(&mut seq, p + 2).unwrap();
+    // The head's logits for the token after `next`, which follows `seq`.
+    let mut draft = |r: &mut Runner, seq: &mut SeqKv, next: u32| {
+        r.kv.reserve(seq, seq.len() + 1).unwrap();
         mtp_batch.clear();
-        mtp_batch.push(&seq, &ids[p + 1..p + 2], Logits::Last);
-        let got = r
-            .model
+        mtp_batch.push(seq, &[next], Logits::Last);
+        r.model
             .mtp_draft(
                 &r.cpu,
                 r.kv.pool_mut(),
@@ -575,26 +574,17 @@ fn the_mtp_head_matches_the_reference_convention() {
                 &mut r.scratch,
             )
             .unwrap()
-            .to_vec();
+            .to_vec()
+    };
+    for p in 0..ids.len() - 1 {
+        r.run(&mut seq, &ids[p..p + 1], Logits::Last);
+        let got = draft(&mut r, &mut seq, ids[p + 1]);
         assert_close(&got, &want[p], &format!("MTP logits at position {p}"));
     }
     let mut whole = r.seq();
     let n = ids.len() - 1;
     r.run(&mut whole, &ids[..n], Logits::Last);
-    r.kv.reserve(&mut whole, n + 1).unwrap();
-    mtp_batch.clear();
-    mtp_batch.push(&whole, &ids[n..], Logits::Last);
-    let got = r
-        .model
-        .mtp_draft(
-            &r.cpu,
-            r.kv.pool_mut(),
-            &mut mtp_batch,
-            std::slice::from_ref(&whole.rec),
-            &mut r.scratch,
-        )
-        .unwrap()
-        .to_vec();
+    let got = draft(&mut r, &mut whole, ids[n]);
     assert_close(&got, &want[n - 1], "MTP logits after a whole prefill");
 }
 
