@@ -90,14 +90,6 @@ impl Model {
         }
     }
 
-    /// The Llama model, if that is what this is.
-    pub fn as_llama(&self) -> Option<&llama::Llama> {
-        match self {
-            Model::Llama(m) => Some(m),
-            Model::Qwen35(_) => None,
-        }
-    }
-
     /// Runs `batch`; `states` holds one recurrent state per sequence for hybrids (ignored otherwise).
     pub fn forward<'s>(
         &self,

@@ -301,6 +301,15 @@ struct Mtp {
     layer: Layer,
 }
 
+impl Mtp {
+    fn attention(&self) -> &Attention {
+        match &self.layer.mixer {
+            Mixer::Attention(a) => a,
+            Mixer::DeltaNet(_) => unreachable!("the MTP block is loaded as an attention block"),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Layer {
     norm: Vec<f32>,
@@ -619,7 +628,7 @@ impl Qwen35 {
     }
 
     /// The MTP head's inputs for every token of `batch`: `W_eh · [enorm(embed(token t)); hnorm(hidden of
-    /// position t − 1)]` into `s.x`. The head's row for token `t` pairs the hidden state before it with it;
+    /// position t − 1)]` into `s.x` (the residual stream), and its attention norm into `s.xb` / `s.qa`. The head's row for token `t` pairs the hidden state before it with it;
     /// it sits at `t`'s position and slot (RoPE is relative, so this equals the usual "position t − 1"
     /// convention while keeping the head's KV at a slot that depends only on tokens `0..=t`, as the prefix
     /// cache requires). A sequence's first row reads the hidden state its [`Recurrent`] holds.
@@ -656,6 +665,8 @@ impl Qwen35 {
         }
         cpu.quantize(&s.cat[..n * 2 * d], n, 2 * d, &mut s.qa);
         mm(cpu, &mtp.eh, &s.cat, &s.qa, n, &mut s.x);
+        norm_rows(&s.x, &mtp.layer.norm, c.eps, n, d, &mut s.xb);
+        cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
     }
 
     /// After a pass: keeps each sequence's final hidden state (and those of its kept steps) and writes the
@@ -685,11 +696,7 @@ impl Qwen35 {
             );
         }
         self.mtp_input(mtp, cpu, batch, states, s);
-        let Mixer::Attention(a) = &mtp.layer.mixer else {
-            unreachable!("the MTP block is an attention block")
-        };
-        norm_rows(&s.x, &mtp.layer.norm, c.eps, n, d, &mut s.xb);
-        cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
+        let a = mtp.attention();
         self.project_kv(a, cpu, pool, batch, n, s, false);
         for (st, span) in states.iter_mut().zip(&batch.seqs) {
             let last = span.first + span.len - 1;
@@ -733,11 +740,7 @@ impl Qwen35 {
         self.grow_rope(batch, s);
         batch.attend_from = 1;
         self.mtp_input(mtp, cpu, batch, states, s);
-        let Mixer::Attention(a) = &mtp.layer.mixer else {
-            unreachable!("the MTP block is an attention block")
-        };
-        norm_rows(&s.x, &mtp.layer.norm, c.eps, n, d, &mut s.xb);
-        cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
+        let a = mtp.attention();
         self.attention(a, cpu, pool, batch, n, s);
         batch.attend_from = 0;
         add(&mut s.x[..n * d], &s.mix[..n * d]);

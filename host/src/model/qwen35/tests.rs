@@ -438,18 +438,7 @@ fn nvfp4_checkpoint_weights_are_dequantized() {
     assert!(max_diff(&got, &w) < 0.35 * amax, "a sane quantization");
 }
 
-/// Deterministic pseudo-random numbers, scaled.
-fn noise(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale
-        })
-        .collect()
-}
+use super::gdn::test_noise as noise;
 
 /// The qwen35-tiny checkpoint plus a random MTP head, written as an HF checkpoint in a fresh directory.
 pub(crate) fn checkpoint_with_mtp(tag: &str) -> std::path::PathBuf {
