@@ -10,16 +10,24 @@ pub fn root() -> PathBuf {
         .to_owned()
 }
 
-/// `../shared/fixtures/<rel>` beside the repository.
+/// `tests/data/<rel>`: the committed test data (see its README).
 pub fn fixture(rel: &str) -> PathBuf {
-    root().join("../shared/fixtures").join(rel)
+    root().join("tests/data").join(rel)
 }
 
 /// Lines of a JSONL fixture.
 pub fn jsonl(rel: &str) -> Vec<serde_json::Value> {
-    let path = fixture(rel);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    jsonl_at(&fixture(rel))
+}
+
+/// The rows of the recorded agent conversations that `thorn bench agentic` replays (`host/data/trajectories`).
+pub fn trajectories() -> Vec<serde_json::Value> {
+    jsonl_at(&root().join("host/data/trajectories/agentic_coding_2.5h.jsonl"))
+}
+
+fn jsonl_at(path: &Path) -> Vec<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).expect("fixture line is JSON"))

@@ -179,6 +179,9 @@ pub struct Outcome {
     pub logprobs: Vec<TokenLogprob>,
     /// Generation rounds run.
     pub rounds: usize,
+    /// When the answer's first token was sampled, whatever it was (text, or a tool call's name or
+    /// arguments): time to first token counts from the request to this.
+    pub first_token: Option<std::time::Instant>,
 }
 
 /// What a streaming caller sees as it happens.
@@ -520,6 +523,7 @@ impl Agent {
             },
             logprobs,
             rounds: 1,
+            first_token: generation.stats.first_token,
         })
     }
 
@@ -543,6 +547,7 @@ impl Agent {
             usage: Usage::default(),
             logprobs: Vec::new(),
             rounds: 0,
+            first_token: None,
         };
         let none = Arc::new(ToolSet::default());
         loop {
@@ -600,6 +605,7 @@ impl Agent {
             };
             let (generation, logprobs) = generation?;
             out.rounds += 1;
+            out.first_token = out.first_token.or(generation.stats.first_token);
             out.usage.prompt_tokens += generation.stats.prompt_tokens;
             out.usage.cached_tokens += generation.stats.cached_tokens;
             out.usage.completion_tokens += generation.stats.generated;

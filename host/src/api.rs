@@ -521,15 +521,17 @@ fn host_call_json(h: &crate::agent::HostCall) -> Value {
     v
 }
 
-/// Updates the metrics with a finished request.
-fn account(st: &AppState, out: &Outcome, t0: Instant, first: Option<Instant>) {
+/// Updates the metrics with a finished request. Time to first token runs from the request's arrival to its
+/// first sampled token of any kind (text or a tool call), so replies that are tool calls count too.
+fn account(st: &AppState, out: &Outcome, t0: Instant) {
     st.metrics.tokens(&out.usage);
     for h in &out.host_calls {
         st.metrics
             .plugin_call(&h.call.function.name, h.error_kind.unwrap_or("ok"));
     }
-    if let Some(f) = first {
-        st.metrics.ttft(f.duration_since(t0).as_secs_f64());
+    if let Some(f) = out.first_token {
+        st.metrics
+            .ttft(f.saturating_duration_since(t0).as_secs_f64());
         if out.usage.completion_tokens > 1 {
             st.metrics
                 .tpot(f.elapsed().as_secs_f64() / (out.usage.completion_tokens - 1) as f64);
@@ -636,11 +638,11 @@ async fn chat(
                 early,
             ))
         } else {
-            let (out, first) = match early {
-                Some(o) => (o, None),
+            let out = match early {
+                Some(o) => o,
                 None => collect(&mut rx).await?,
             };
-            account(&st, &out, t0, first);
+            account(&st, &out, t0);
             drop(guard);
             Ok(Json(chat_json(&st, &id, &out, &shape)).into_response())
         }
@@ -649,16 +651,12 @@ async fn chat(
     finish(&st, "/v1/chat/completions", r)
 }
 
-/// Reads events to the end: the outcome and when the first text came.
-async fn collect(
-    rx: &mut mpsc::UnboundedReceiver<Msg>,
-) -> Result<(Outcome, Option<Instant>), ApiError> {
-    let mut first = None;
+/// Reads events to the end: the outcome.
+async fn collect(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Outcome, ApiError> {
     while let Some(m) = rx.recv().await {
         match m {
-            Msg::Event(Event::Content(_)) if first.is_none() => first = Some(Instant::now()),
             Msg::Event(_) => {}
-            Msg::Done(out) => return (*out).map(|o| (o, first)),
+            Msg::Done(out) => return *out,
         }
     }
     Err(ApiError::Internal(
@@ -734,13 +732,11 @@ fn stream_chat(
         {
             return;
         }
-        let mut first = None;
         let outcome = match early {
             Some(o) => Ok(o),
             None => loop {
                 match rx.recv().await {
                     Some(Msg::Event(Event::Content(t))) => {
-                        first.get_or_insert_with(Instant::now);
                         if !send(chunk(json!({ "content": t }), None, None)).await {
                             return;
                         }
@@ -770,7 +766,7 @@ fn stream_chat(
         };
         match outcome {
             Ok(out) => {
-                account(&st, &out, t0, first);
+                account(&st, &out, t0);
                 if !out.tool_calls.is_empty() {
                     let calls: Vec<Value> = out
                         .tool_calls
@@ -886,11 +882,11 @@ async fn completions(
                 "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]})
         };
         if !shape.stream {
-            let (out, first) = match early {
-                Some(o) => (o, None),
+            let out = match early {
+                Some(o) => o,
                 None => collect(&mut rx).await?,
             };
-            account(&st, &out, t0, first);
+            account(&st, &out, t0);
             drop(guard);
             let lp = if shape.logprobs {
                 legacy_logprobs(&out.logprobs)
@@ -905,13 +901,11 @@ async fn completions(
         let st2 = Arc::clone(&st);
         tokio::spawn(async move {
             let _guard = guard;
-            let mut first = None;
             let outcome = match early {
                 Some(o) => Ok(o),
                 None => loop {
                     match rx.recv().await {
                         Some(Msg::Event(Event::Content(t))) => {
-                            first.get_or_insert_with(Instant::now);
                             if tx
                                 .send(sse_json(&body(&t, None, Value::Null)))
                                 .await
@@ -930,7 +924,7 @@ async fn completions(
             };
             match outcome {
                 Ok(out) => {
-                    account(&st2, &out, t0, first);
+                    account(&st2, &out, t0);
                     let mut last = body("", Some(out.finish.as_str()), Value::Null);
                     if shape.include_usage {
                         last["usage"] = json!(wire::WireUsage::from(out.usage));

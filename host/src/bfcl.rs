@@ -6,7 +6,7 @@
 //! the way the upstream and MLPerf harnesses do: types mapped to JSON Schema (`float` → `number`, `dict` →
 //! `object`, `tuple` → `array`, `any` → `string`, unknown → `string`), `parameters.type` forced to `object`,
 //! dots in names replaced by underscores, and " This is a float type value." appended to float descriptions.
-//! Field names and rules: `../shared/bfcl/README.md`.
+//! Field names and rules follow the upstream `bfcl_eval` package (`thorn data pull bfcl` fetches its data).
 
 pub mod check;
 

@@ -186,6 +186,8 @@ pub struct Stats {
     pub prefill: Duration,
     /// Time spent decoding.
     pub decode: Duration,
+    /// When the first token was sampled (the end of the prefill), if one was.
+    pub first_token: Option<Instant>,
 }
 
 impl Stats {
@@ -410,8 +412,12 @@ impl Engine {
         &self.spec.cfg
     }
 
-    /// Changes how to speculate (the cost model, calibration and store are kept).
+    /// Changes how to speculate (calibration and store are kept, and so is a measured cost model unless
+    /// `cfg` asks for another fixed cost).
     pub fn set_speculation(&mut self, cfg: SpecConfig) {
+        if cfg.fixed_cost != self.spec.cfg.fixed_cost {
+            self.spec.cost = crate::spec::CostModel::for_config(&cfg);
+        }
         self.spec.cfg = fit_speculation(&self.model, cfg);
     }
 
@@ -429,9 +435,12 @@ impl Engine {
 
     /// Measures the cost of forward passes of 1 to 64 tokens, which sizes draft trees (they are measured
     /// while serving too; this gives the first trees a measured shape). Uses a scratch sequence that is
-    /// not cached. Takes on the order of a hundred decode steps.
+    /// not cached. Takes on the order of a hundred decode steps. Does nothing with a fixed cost model.
     pub fn calibrate_speculation(&mut self) -> Result<(), EngineError> {
         const SIZES: [usize; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+        if self.spec.cost.is_fixed() {
+            return Ok(());
+        }
         let vocab = self.model.vocab() as u32;
         let ctx: Vec<TokenId> = (0..256u32)
             .map(|i| (100 + i) % vocab)
@@ -655,6 +664,7 @@ impl Engine {
             prompt_tokens: req.prompt.len(),
             cached_tokens,
             generated: d.tokens.len(),
+            first_token: (!d.tokens.is_empty()).then_some(t1),
             prefill,
             decode: t1.elapsed(),
         };

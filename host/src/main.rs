@@ -43,6 +43,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ModelCmd,
     },
+    /// Manage the data sets benchmarks read (BFCL v4).
+    Data {
+        #[command(subcommand)]
+        cmd: DataCmd,
+    },
     /// Serve the OpenAI-compatible API, with the installed plugins as host tools.
     Serve(serve::ServeArgs),
     /// Chat in the terminal with the model and the installed plugins.
@@ -240,9 +245,9 @@ struct EndpointArgs {
 struct BfclBenchArgs {
     #[command(flatten)]
     endpoint: EndpointArgs,
-    /// Folder with the BFCL v4 files.
-    #[arg(long, default_value = "../shared/bfcl")]
-    data: PathBuf,
+    /// Folder with the BFCL v4 files (default: the data set `thorn data pull bfcl` fetched).
+    #[arg(long)]
+    data: Option<PathBuf>,
     /// Categories (default: the twelve MLPerf scores).
     #[arg(long, value_delimiter = ',')]
     categories: Vec<String>,
@@ -258,12 +263,9 @@ struct BfclBenchArgs {
 struct AgenticBenchArgs {
     #[command(flatten)]
     endpoint: EndpointArgs,
-    /// The recorded conversations (JSON Lines).
-    #[arg(
-        long,
-        default_value = "../shared/trajectories/agentic_coding_2.5h.jsonl"
-    )]
-    trajectories: PathBuf,
+    /// The recorded conversations (JSON Lines; default: the MLPerf Edge Agentic set built into thorn).
+    #[arg(long)]
+    trajectories: Option<PathBuf>,
     /// Drop turns whose prompt plus --max-tokens exceeds this many tokens (0 = send everything).
     #[arg(long, default_value_t = 0)]
     max_context: usize,
@@ -284,9 +286,9 @@ struct AgenticBenchArgs {
 
 #[derive(clap::Args)]
 struct SpecBenchArgs {
-    /// The BFCL data directory.
-    #[arg(long, default_value = "../shared/bfcl")]
-    bfcl_dir: PathBuf,
+    /// The BFCL data directory (default: the data set `thorn data pull bfcl` fetched).
+    #[arg(long)]
+    bfcl_dir: Option<PathBuf>,
     /// BFCL categories.
     #[arg(
         long,
@@ -297,12 +299,9 @@ struct SpecBenchArgs {
     /// Questions per category.
     #[arg(long, default_value_t = 6)]
     questions: usize,
-    /// The recorded conversations (JSON Lines).
-    #[arg(
-        long,
-        default_value = "../shared/trajectories/agentic_coding_2.5h.jsonl"
-    )]
-    trajectories: PathBuf,
+    /// The recorded conversations (JSON Lines; default: the MLPerf Edge Agentic set built into thorn).
+    #[arg(long)]
+    trajectories: Option<PathBuf>,
     /// Conversations whose assistant turns are generated.
     #[arg(long, default_value_t = 4)]
     conversations: usize,
@@ -330,9 +329,9 @@ struct SpecBenchArgs {
 
 #[derive(clap::Args)]
 struct GrammarBenchArgs {
-    /// Folder with the BFCL v4 files.
-    #[arg(long, default_value = "../shared/bfcl")]
-    bfcl_dir: PathBuf,
+    /// Folder with the BFCL v4 files (default: the data set `thorn data pull bfcl` fetched).
+    #[arg(long)]
+    bfcl_dir: Option<PathBuf>,
     /// BFCL categories (file names without `BFCL_v4_` and `.json`).
     #[arg(
         long,
@@ -373,6 +372,21 @@ struct GrammarBenchArgs {
     /// Model file (default: the pulled default model).
     #[arg(long)]
     model: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum DataCmd {
+    /// Download a data set into the cache and verify every file's sha256.
+    Pull {
+        /// Data set name.
+        #[arg(default_value = store::data::BFCL.name)]
+        name: String,
+        /// No progress output.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// List the known data sets and whether each is in the cache.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -428,10 +442,10 @@ fn main() -> Result<()> {
             let model = resolve(&cache, a.model)?;
             bench::spec::run(&bench::spec::Opts {
                 model: &model,
-                bfcl_dir: &a.bfcl_dir,
+                bfcl_dir: &bfcl_dir(&cache, a.bfcl_dir)?,
                 categories: &a.categories,
                 questions: a.questions,
-                trajectories: &a.trajectories,
+                trajectories: a.trajectories.as_deref(),
                 conversations: a.conversations,
                 turns: a.turns,
                 max_tokens: a.max_tokens,
@@ -450,7 +464,7 @@ fn main() -> Result<()> {
             endpoint: a.endpoint.endpoint,
             api_key: a.endpoint.api_key,
             model: a.endpoint.model_name,
-            data: a.data,
+            data: bfcl_dir(&cache, a.data)?,
             categories: a.categories,
             limit: a.limit,
             mlperf: a.mlperf,
@@ -481,7 +495,7 @@ fn main() -> Result<()> {
             let model = resolve(&cache, a.model)?;
             bench::grammar::run(&bench::grammar::Opts {
                 model: &model,
-                bfcl_dir: &a.bfcl_dir,
+                bfcl_dir: &bfcl_dir(&cache, a.bfcl_dir)?,
                 categories: &a.categories,
                 limit: a.limit,
                 seeds: a.seeds,
@@ -526,6 +540,25 @@ fn main() -> Result<()> {
         Cmd::Model {
             cmd: ModelCmd::Pull { name, quiet },
         } => pull(&cache, &name, quiet).map(drop),
+        Cmd::Data {
+            cmd: DataCmd::Pull { name, quiet },
+        } => pull_data(&cache, &name, quiet).map(drop),
+        Cmd::Data { cmd: DataCmd::List } => {
+            for d in store::data::KNOWN {
+                let state = match store::data::locate(&cache, d) {
+                    Ok(p) => format!("pulled: {}", p.display()),
+                    Err(_) => "not pulled".to_owned(),
+                };
+                println!(
+                    "{:8} {:>6.1} MB  {} ({})\n         {state}",
+                    d.name,
+                    d.bytes() as f64 / 1e6,
+                    d.about,
+                    d.requirement
+                );
+            }
+            Ok(())
+        }
         Cmd::Model {
             cmd: ModelCmd::List,
         } => {
@@ -724,6 +757,41 @@ fn resolve(cache: &std::path::Path, path: Option<PathBuf>) -> Result<PathBuf> {
 
 fn open(path: &std::path::Path) -> Result<Gguf> {
     Gguf::open(path).with_context(|| format!("loading {}", path.display()))
+}
+
+/// `--data`/`--bfcl-dir` if given, else the pulled BFCL data set (with a clear error if it was not pulled).
+fn bfcl_dir(cache: &std::path::Path, flag: Option<PathBuf>) -> Result<PathBuf> {
+    match flag {
+        Some(p) => Ok(p),
+        None => Ok(store::data::locate(cache, &store::data::BFCL)?),
+    }
+}
+
+fn pull_data(cache: &std::path::Path, name: &str, quiet: bool) -> Result<PathBuf> {
+    let spec = store::data::find(name)?;
+    let progress = if quiet {
+        Progress::hidden()
+    } else {
+        Progress::stderr()
+    };
+    if !quiet {
+        eprintln!(
+            "data {} ({}, {} files, {:.1} MB) -> {}",
+            spec.name,
+            spec.requirement,
+            spec.files.len(),
+            spec.bytes() as f64 / 1e6,
+            store::data::dir(cache, spec).display()
+        );
+    }
+    let (path, what) = match store::data::pull(spec, cache, &progress)? {
+        PullOutcome::AlreadyPresent(p) => (p, "already present and verified"),
+        PullOutcome::Downloaded(p) => (p, "downloaded and verified (every file's sha256)"),
+    };
+    if !quiet {
+        eprintln!("{what}: {}", path.display());
+    }
+    Ok(path)
 }
 
 fn pull(cache: &std::path::Path, name: &str, quiet: bool) -> Result<PathBuf> {

@@ -69,6 +69,29 @@ pub struct SpecArgs {
     /// Always use the whole budget instead of sizing trees by the measured cost of verification.
     #[arg(long)]
     pub spec_fixed: bool,
+    /// Size trees by a fixed cost model instead of measuring this machine: `STEP,TOKEN`, the cost of a
+    /// one-token pass and of each further token (e.g. `1,0.02` for a memory-bound GPU). Tree shapes then
+    /// never depend on the machine's load.
+    #[arg(long, value_parser = parse_fixed_cost)]
+    pub spec_cost: Option<thorn::spec::FixedCost>,
+}
+
+fn parse_fixed_cost(s: &str) -> Result<thorn::spec::FixedCost, String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?}: expected STEP,TOKEN (e.g. 1,0.02)"))?;
+    let num = |x: &str| {
+        x.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .ok_or_else(|| format!("{x:?} is not a non-negative number"))
+    };
+    let (step, token) = (num(a)?, num(b)?);
+    if step <= 0.0 {
+        return Err("the cost of a one-token pass must be positive".into());
+    }
+    Ok(thorn::spec::FixedCost { step, token })
 }
 
 /// `--speculation`.
@@ -96,6 +119,7 @@ impl SpecArgs {
             max_depth: self.spec_depth,
             max_nodes: self.spec_nodes,
             adaptive: !self.spec_fixed,
+            fixed_cost: self.spec_cost,
             ..base
         }
     }

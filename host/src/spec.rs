@@ -61,8 +61,29 @@ pub struct SpecConfig {
     pub min_gain: f32,
     /// Choose the tree's size by the cost model (off: always the whole budget).
     pub adaptive: bool,
+    /// A fixed cost model instead of one measured on this machine: tree shapes then depend on the drafts
+    /// alone, never on the machine's speed or load (tests; reproducible benchmarks).
+    pub fixed_cost: Option<FixedCost>,
     /// Bytes of earlier outputs kept for drafting.
     pub store_bytes: usize,
+}
+
+/// A forward pass of `n` tokens costs `step + token * (n - 1)` (any unit: only ratios matter).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FixedCost {
+    /// Cost of a one-token pass.
+    pub step: f64,
+    /// Cost of each further token in the pass.
+    pub token: f64,
+}
+
+impl FixedCost {
+    /// A memory-bound device: extra tokens in a pass are nearly free (2% of a step each), so the builder
+    /// uses most of the budget when drafts are likely.
+    pub const MEMORY_BOUND: FixedCost = FixedCost {
+        step: 1.0,
+        token: 0.02,
+    };
 }
 
 impl Default for SpecConfig {
@@ -75,6 +96,7 @@ impl Default for SpecConfig {
             max_forced: 32,
             min_gain: 0.05,
             adaptive: true,
+            fixed_cost: None,
             store_bytes: 1 << 20,
         }
     }
@@ -215,16 +237,19 @@ impl Calibration {
     }
 }
 
-/// Measured cost of a forward pass by token count, for sizing trees.
+/// Measured cost of a forward pass by token count, for sizing trees; or a [`FixedCost`], which ignores
+/// measurements.
 #[derive(Debug, Clone)]
 pub struct CostModel {
     secs: [f64; CostModel::MAX + 1],
+    fixed: bool,
 }
 
 impl Default for CostModel {
     fn default() -> Self {
         CostModel {
             secs: [0.0; CostModel::MAX + 1],
+            fixed: false,
         }
     }
 }
@@ -233,9 +258,28 @@ impl CostModel {
     /// Largest pass size tracked.
     pub const MAX: usize = 96;
 
+    /// A model that costs every pass by `f` and ignores what is observed.
+    pub fn fixed(f: FixedCost) -> Self {
+        let mut secs = [0.0; CostModel::MAX + 1];
+        for (n, s) in secs.iter_mut().enumerate().skip(1) {
+            *s = f.step + f.token * (n - 1) as f64;
+        }
+        CostModel { secs, fixed: true }
+    }
+
+    /// The cost model `cfg` asks for: fixed, or measured (empty until calibrated or observed).
+    pub fn for_config(cfg: &SpecConfig) -> Self {
+        cfg.fixed_cost.map(Self::fixed).unwrap_or_default()
+    }
+
+    /// Whether this model is fixed (observations and calibration leave it unchanged).
+    pub fn is_fixed(&self) -> bool {
+        self.fixed
+    }
+
     /// Records a pass of `n` tokens that took `secs`.
     pub fn observe(&mut self, n: usize, secs: f64) {
-        if n == 0 || n > Self::MAX || !secs.is_finite() || secs <= 0.0 {
+        if self.fixed || n == 0 || n > Self::MAX || !secs.is_finite() || secs <= 0.0 {
             return;
         }
         let s = &mut self.secs[n];
@@ -248,7 +292,7 @@ impl CostModel {
 
     /// Sets the cost of a pass of `n` tokens (a calibration's median).
     pub fn set(&mut self, n: usize, secs: f64) {
-        if (1..=Self::MAX).contains(&n) && secs.is_finite() && secs > 0.0 {
+        if !self.fixed && (1..=Self::MAX).contains(&n) && secs.is_finite() && secs > 0.0 {
             self.secs[n] = secs;
         }
     }
@@ -692,8 +736,8 @@ impl Speculator {
     pub fn new(cfg: SpecConfig) -> Self {
         Speculator {
             store: SuffixStore::new(cfg.store_bytes),
+            cost: CostModel::for_config(&cfg),
             cfg,
-            cost: CostModel::default(),
             calib: Calibration::default(),
             stats: SpecStats::default(),
             props: Proposals::default(),

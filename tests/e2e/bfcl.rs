@@ -7,7 +7,7 @@ use thorn::chat::ChatTemplate;
 use thorn::engine::{Engine, EngineConfig, FinishReason};
 use thorn::gguf::Gguf;
 use thorn::tools::{ResponseFormat, ToolChoice, ToolSet, complete_calls_prefix};
-use thorn_tests::{default_model, root, sampled};
+use thorn_tests::{default_model, fixture, sampled};
 
 #[test]
 fn sampled_bfcl_calls_parse_and_validate() {
@@ -31,7 +31,7 @@ fn sampled_bfcl_calls_parse_and_validate() {
         "parallel_multiple",
         "irrelevance",
     ] {
-        let path = root().join(format!("../shared/bfcl/BFCL_v4_{cat}.json"));
+        let path = fixture(&format!("bfcl/BFCL_v4_{cat}.json"));
         let questions = bfcl::load(&path).unwrap();
         for q in questions.iter().take(2) {
             let tools = ToolSet::new(&q.tools).unwrap_or_else(|err| panic!("{}: {err}", q.id));

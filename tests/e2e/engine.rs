@@ -1,4 +1,4 @@
-//! The forward pass against the float64 reference and against llama.cpp (shared/fixtures/smollm2).
+//! The forward pass against the float64 reference and against llama.cpp (tests/data/smollm2).
 //!
 //! Two precisions are checked:
 //! * `Reference` (f32 activations, dequantized weights, f32 KV): the exact math. Logits must match the float
@@ -108,6 +108,10 @@ fn reference_precision_matches_the_float_reference() {
 fn quantized_precision_tracks_the_reference_and_llama_cpp() {
     let mut e = engine(Precision::Quantized);
     let prompts = jsonl("smollm2/reference_logits.jsonl");
+    let llama_top20: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("smollm2/llamacpp_q4_1_top20_logprobs.json")).unwrap(),
+    )
+    .unwrap();
     let mut report = Vec::new();
     for p in &prompts {
         let name = p["name"].as_str().unwrap();
@@ -118,10 +122,18 @@ fn quantized_precision_tracks_the_reference_and_llama_cpp() {
             "smollm2/reference_last_logits.safetensors",
             &format!("last_logits.{name}"),
         ));
-        let llama = tensor(
-            "smollm2/llamacpp_q4_1_last_logprobs.safetensors",
-            &format!("last_logprobs.{name}"),
-        );
+        // llama.cpp's log-softmax at the reference's top-20 ids: `[id, logprob]`.
+        let llama: Vec<(usize, f32)> = llama_top20["logprobs"][name]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| {
+                (
+                    x[0].as_u64().unwrap() as usize,
+                    x[1].as_f64().unwrap() as f32,
+                )
+            })
+            .collect();
         // Top-20 of the reference: within the quantization error of both the reference and llama.cpp (the
         // fixture README expects 0.1-0.3 for an 8-bit-activation engine; the bound leaves room for the
         // different float summation orders of the AVX-512 and AVX2 kernels).
@@ -135,9 +147,14 @@ fn quantized_precision_tracks_the_reference_and_llama_cpp() {
             .iter()
             .map(|&i| (ours[i] - reference[i]).abs())
             .fold(0f32, f32::max);
-        let d_llama = top
+        assert_eq!(
+            llama.iter().map(|&(i, _)| i).collect::<Vec<_>>(),
+            top,
+            "{name}: the llama.cpp entries are at the reference's top-20 ids"
+        );
+        let d_llama = llama
             .iter()
-            .map(|&i| (ours[i] - llama[i]).abs())
+            .map(|&(i, l)| (ours[i] - l).abs())
             .fold(0f32, f32::max);
         report.push(format!(
             "{name}: top-20 |Δlogprob| vs reference {d_ref:.3}, vs llama.cpp {d_llama:.3}"

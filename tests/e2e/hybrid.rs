@@ -1,4 +1,4 @@
-//! A hybrid Gated-DeltaNet model (shared/fixtures/qwen35-tiny) in the engine: generation against the
+//! A hybrid Gated-DeltaNet model (tests/data/qwen35-tiny) in the engine: generation against the
 //! scalar reference, multi-turn prefix reuse through recurrent-state snapshots (cache on and off give the
 //! same tokens), branch-point snapshots, eviction under a small state budget, the batch scheduler, and
 //! speculative decoding with rollback of the recurrent state.

@@ -1,5 +1,5 @@
 //! thorn's end-to-end tests: one binary, one module per concept. They run against the real default model
-//! (pulled by `thorn model pull`) and the fixtures in ../shared/fixtures.
+//! (pulled by `thorn model pull`) and the committed test data in tests/data.
 
 mod bfcl;
 mod chat_template;

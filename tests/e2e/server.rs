@@ -224,6 +224,61 @@ fn completions_models_health_and_metrics() {
 }
 
 #[test]
+fn every_request_counts_in_the_latency_metrics() {
+    // Its own server: the shared one serves other tests at the same time.
+    let s = start(
+        2048,
+        8,
+        2,
+        ServerConfig {
+            api_keys: Vec::new(),
+            max_body: 1 << 20,
+        },
+    );
+    let weather = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    let bodies = [
+        // Text.
+        json!({"messages": user("Name a color."), "temperature": 0, "max_tokens": 8}),
+        // A reply that is only a tool call, plain and streamed.
+        json!({"messages": user("What's the weather in Paris?"), "tools": weather,
+            "tool_choice": "required", "temperature": 0, "max_tokens": 64}),
+        json!({"messages": user("What's the weather in Rome?"), "tools": weather,
+            "tool_choice": "required", "temperature": 0, "max_tokens": 64, "stream": true}),
+        // A host plugin call, then the answer.
+        json!({"messages": user("Compute 2 + 2."),
+            "tools": [{"type": "function", "function": {"name": "evaluate"}}],
+            "tool_choice": "required", "temperature": 0, "max_tokens": 64}),
+    ];
+    let mut tool_call_replies = 0;
+    for b in &bodies {
+        let r = post(s.addr, "/v1/chat/completions", b);
+        assert_eq!(r.status, 200, "{}", r.body);
+        tool_call_replies += usize::from(r.body.contains("\"tool_calls\""));
+    }
+    assert!(
+        tool_call_replies >= 2,
+        "the tool-call requests got tool calls"
+    );
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = http(s.addr, "GET", "/metrics", &[], b"").body;
+    let count = |name: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{m}"))
+    };
+    // Five requests, each with several tokens: all five in both histograms.
+    assert_eq!(count("thorn_time_to_first_token_seconds_count"), 5, "{m}");
+    assert_eq!(count("thorn_time_per_output_token_seconds_count"), 5, "{m}");
+}
+
+#[test]
 fn client_tools_come_back_as_openai_tool_calls() {
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "Current weather for a city",
@@ -502,22 +557,15 @@ fn api_keys_and_a_full_queue() {
     );
     assert_eq!(r.status, 200, "{}", r.body);
 
-    // One long generation running, one waiting: the next is refused with 429 and Retry-After.
-    let long = json!({"messages": user("Count from one to one thousand."), "max_tokens": 400,
-        "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "n",
-            "schema": {"type": "array", "items": {"type": "integer"}, "minItems": 300}}}})
+    // One long generation running, one waiting: the next is refused with 429 and Retry-After. The long
+    // one cannot end early (at least 400 integers, some 800 tokens), so the queue is still full when the
+    // third request comes however slow the machine is; both are streamed and dropped (cancelled) after.
+    let long = json!({"messages": user("Count from one to one thousand."), "max_tokens": 950,
+        "temperature": 0, "stream": true, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": {"type": "array", "items": {"type": "integer"}, "minItems": 400}}}})
     .to_string();
     let addr = s.addr;
-    let l1 = long.clone();
-    let first = std::thread::spawn(move || {
-        http(
-            addr,
-            "POST",
-            "/v1/chat/completions",
-            &[("Authorization", "Bearer sekrit")],
-            l1.as_bytes(),
-        )
-    });
+    let first = http_send(addr, "POST", "/v1/chat/completions", &auth, long.as_bytes());
     let busy = |addr| {
         let h = http(addr, "GET", "/health", &[], b"").json();
         (h["busy"] == true, h["queue_depth"].as_u64().unwrap())
@@ -525,24 +573,15 @@ fn api_keys_and_a_full_queue() {
     let t = Instant::now();
     while !busy(addr).0 {
         assert!(
-            t.elapsed() < Duration::from_secs(60),
+            t.elapsed() < Duration::from_secs(120),
             "the first request never started"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let l2 = long.clone();
-    let second = std::thread::spawn(move || {
-        http(
-            addr,
-            "POST",
-            "/v1/chat/completions",
-            &[("Authorization", "Bearer sekrit")],
-            l2.as_bytes(),
-        )
-    });
+    let second = http_send(addr, "POST", "/v1/chat/completions", &auth, long.as_bytes());
     while busy(addr).1 < 1 {
         assert!(
-            t.elapsed() < Duration::from_secs(60),
+            t.elapsed() < Duration::from_secs(120),
             "the second request never queued"
         );
         std::thread::sleep(Duration::from_millis(5));
@@ -551,8 +590,23 @@ fn api_keys_and_a_full_queue() {
     assert_eq!(r.status, 429, "{}", r.body);
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(r.json()["error"]["type"], "rate_limit_error");
-    assert_eq!(first.join().unwrap().status, 200);
-    assert_eq!(second.join().unwrap().status, 200);
+    let mut first = first;
+    assert!(
+        status_line(&mut first).contains(" 200 "),
+        "the running request streams"
+    );
+    drop((first, second));
+}
+
+/// The status line of a response, read off `s`.
+fn status_line(s: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n") && s.read(&mut byte).unwrap() == 1 {
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
 }
 
 #[test]
@@ -598,6 +652,7 @@ fn a_client_that_goes_away_cancels_its_generation() {
 
 #[test]
 fn concurrent_requests_share_forward_passes() {
+    use std::io::Read;
     let addr = server().addr;
     let counter = |name: &str| -> u64 {
         let m = http(addr, "GET", "/metrics", &[], b"");
@@ -611,6 +666,20 @@ fn concurrent_requests_share_forward_passes() {
         counter("thorn_batch_steps_total"),
         counter("thorn_batch_sequences_total"),
     );
+    // A generation that cannot end early (at least 1000 integers) runs while the short requests come, so
+    // they join its forward passes however the threads are scheduled; it is cancelled at the end.
+    let long = json!({"messages": user("List numbers."), "stream": true, "max_tokens": 1800,
+        "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "n",
+            "schema": {"type": "array", "items": {"type": "integer"}, "minItems": 1000}}}})
+    .to_string();
+    let mut running = http_send(addr, "POST", "/v1/chat/completions", &[], long.as_bytes());
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while seen.windows(5).filter(|w| *w == b"data:").count() < 2 {
+        let n = running.read(&mut buf).unwrap();
+        assert!(n > 0, "the long generation ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
     let questions = [
         "Name a color.",
         "Name a fruit.",
@@ -652,6 +721,7 @@ fn concurrent_requests_share_forward_passes() {
         counter("thorn_batch_steps_total") - steps0,
         counter("thorn_batch_sequences_total") - seqs0,
     );
+    drop(running);
     assert!(
         seqs > steps,
         "{seqs} sequences in {steps} steps: nothing was batched"

@@ -13,9 +13,9 @@ use thorn::gguf::Gguf;
 use thorn::kv::{Batch, KvCache, KvConfig, KvDtype, Logits, NO_PARENT};
 use thorn::model::llama::{Llama, Scratch};
 use thorn::sample::SamplingParams;
-use thorn::spec::{PassShape, SpecConfig, SpecStats, Speculator};
+use thorn::spec::{FixedCost, PassShape, SpecConfig, SpecStats, Speculator};
 use thorn::tools::{ResponseFormat, ToolChoice, ToolSet};
-use thorn_tests::{default_model, fixture_prompts, jsonl, root};
+use thorn_tests::{default_model, fixture, fixture_prompts, trajectories};
 
 fn engine(spec: SpecConfig) -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
@@ -131,8 +131,10 @@ fn accepted_paths_keep_exact_kv() {
     // After a verified tree, the kept KV must be what plain decoding would have written: continuing from
     // it gives the same logits as a sequence that never speculated.
     for adaptive in [false, true] {
+        // Trees sized by a fixed cost model: the same shapes however busy the machine is.
         let mut spec = engine(SpecConfig {
             adaptive,
+            fixed_cost: Some(FixedCost::MEMORY_BOUND),
             ..SpecConfig::default()
         });
         let mut plain = engine(SpecConfig::off());
@@ -163,7 +165,7 @@ fn tool_prompts(e: &Engine) -> Vec<(Vec<u32>, Rc<ToolSet>)> {
     let template = ChatTemplate::new(e.gguf().get_str("tokenizer.chat_template").unwrap()).unwrap();
     let mut out = Vec::new();
     for cat in ["simple_python", "multiple", "parallel"] {
-        let path = root().join(format!("../shared/bfcl/BFCL_v4_{cat}.json"));
+        let path = fixture(&format!("bfcl/BFCL_v4_{cat}.json"));
         for q in bfcl::load(&path).unwrap().iter().take(3) {
             let tools = ToolSet::new(&q.tools).unwrap();
             let text = tools
@@ -178,7 +180,7 @@ fn tool_prompts(e: &Engine) -> Vec<(Vec<u32>, Rc<ToolSet>)> {
 /// Agent turns from the replay set: the system prompt, the task, and the first tool result.
 fn trajectory_prompts(e: &Engine) -> Vec<(Vec<u32>, Rc<ToolSet>)> {
     let template = ChatTemplate::new(e.gguf().get_str("tokenizer.chat_template").unwrap()).unwrap();
-    let rows = jsonl("../trajectories/agentic_coding_2.5h.jsonl");
+    let rows = trajectories();
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for r in &rows {

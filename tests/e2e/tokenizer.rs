@@ -1,4 +1,4 @@
-//! The tokenizer against llama.cpp's own tokenization of the default model (shared/fixtures/smollm2).
+//! The tokenizer against llama.cpp's own tokenization of the default model (tests/data/smollm2).
 
 use thorn::gguf::Gguf;
 use thorn::tokenizer::Tokenizer;

@@ -220,7 +220,7 @@ impl Metrics {
         }
         self.ttft.render(
             "thorn_time_to_first_token_seconds",
-            "Time from request to first generated text.",
+            "Time from request to its first generated token (text or tool call).",
             &mut out,
         );
         self.tpot.render(

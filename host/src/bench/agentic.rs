@@ -1,7 +1,8 @@
 //! `thorn bench agentic --endpoint URL`: the MLPerf Edge Agentic replay against any OpenAI-compatible
-//! endpoint. The recorded SWE-agent conversations (`../shared/trajectories/`) are replayed turn by turn and
-//! teacher-forced: each request carries the recorded history (never the model's own reply) plus the next
-//! user or tool row, one conversation at a time, temperature 0, seed 42, the recorded tools.
+//! endpoint. The recorded SWE-agent conversations (`host/data/trajectories/`, compiled into the binary) are
+//! replayed turn by turn and teacher-forced: each request carries the recorded history (never the model's
+//! own reply) plus the next user or tool row, one conversation at a time, temperature 0, seed 42, the
+//! recorded tools.
 //!
 //! `--max-context N` drops the turns whose prompt plus `--max-tokens` would not fit the model (counted with
 //! thorn's tokenizer and the model's chat template; prompts only grow, so a conversation stops at its first
@@ -23,7 +24,8 @@ pub struct Opts {
     pub endpoint: String,
     pub api_key: Option<String>,
     pub model: Option<String>,
-    pub trajectories: PathBuf,
+    /// Another recording than the built-in one.
+    pub trajectories: Option<PathBuf>,
     pub max_context: usize,
     pub conversations: usize,
     pub turns: usize,
@@ -42,9 +44,26 @@ pub(crate) struct Conversation {
     pub(crate) rows: Vec<Value>,
 }
 
-pub(crate) fn load(path: &Path) -> Result<Vec<Conversation>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+/// The MLPerf Edge Agentic trajectories (`host/data/trajectories`, with their license and provenance).
+pub(crate) const TRAJECTORIES: &str =
+    include_str!("../../data/trajectories/agentic_coding_2.5h.jsonl");
+
+/// The recorded conversations of `path`, or of the built-in set when `None`.
+pub(crate) fn load(path: Option<&Path>) -> Result<Vec<Conversation>> {
+    match path {
+        None => parse(
+            TRAJECTORIES,
+            Path::new("agentic_coding_2.5h.jsonl (built in)"),
+        ),
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            parse(&text, p)
+        }
+    }
+}
+
+fn parse(text: &str, path: &Path) -> Result<Vec<Conversation>> {
     let mut out: Vec<Conversation> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -170,7 +189,7 @@ pub fn run(o: &Opts) -> Result<()> {
         Some(m) => m.clone(),
         None => ep.model().context("asking the endpoint for its model")?,
     };
-    let convs = load(&o.trajectories)?;
+    let convs = load(o.trajectories.as_deref())?;
     let convs: Vec<&Conversation> = convs
         .iter()
         .take(if o.conversations == 0 {
@@ -357,4 +376,34 @@ pub fn markdown(r: &Value) -> String {
         ms(&r["tpot_s"]["p90"]),
         ms(&r["tpot_s"]["p99"]),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_built_in_trajectories_are_the_pinned_file() {
+        use sha2::{Digest, Sha256};
+        let hex: String = Sha256::digest(TRAJECTORIES.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            hex,
+            "b7da8c4ffbe1cabd79c4d8169e5201541e006364b4bfc016d01d893e20ee6f70"
+        );
+        let convs = load(None).unwrap();
+        assert_eq!(convs.len(), 20);
+        let assistant_turns: usize = convs
+            .iter()
+            .map(|c| c.rows.iter().filter(|r| r["role"] == "assistant").count())
+            .sum();
+        assert_eq!(assistant_turns, 1007);
+        assert!(
+            convs
+                .iter()
+                .all(|c| c.tools.len() == 1 && !c.system.is_empty())
+        );
+    }
 }

@@ -33,7 +33,7 @@ pub struct Opts<'a> {
     pub bfcl_dir: &'a Path,
     pub categories: &'a [String],
     pub questions: usize,
-    pub trajectories: &'a Path,
+    pub trajectories: Option<&'a Path>,
     pub conversations: usize,
     pub turns: usize,
     pub max_tokens: usize,

@@ -524,6 +524,7 @@ impl Scheduler {
             engine.spec.store.add(&d.tokens, &engine.tokenizer);
         }
         let now = Instant::now();
+        let first_token = first.filter(|_| !d.tokens.is_empty());
         let first = first.unwrap_or(now);
         let stats = Stats {
             prompt_tokens,
@@ -532,6 +533,7 @@ impl Scheduler {
             forward_passes: d.forward_passes,
             prefill: first.saturating_duration_since(admitted.unwrap_or(first)),
             decode: now.saturating_duration_since(first),
+            first_token,
         };
         sink.done(Ok(Generation {
             tokens: d.tokens,

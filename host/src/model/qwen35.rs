@@ -10,7 +10,7 @@
 //! * [`reference`]: the scalar, one-token-at-a-time oracle.
 //! * [`source`]: GGUF and Hugging Face (safetensors, incl. NVFP4) weights, both seen in GGUF conventions.
 //!
-//! Conventions are llama.cpp's GGUF ones (`shared/design/notes/models-hybrid-formats.md`):
+//! Conventions are llama.cpp's GGUF ones (as its `convert_hf_to_gguf.py` writes them for `qwen35`):
 //!
 //! * the `(1 + w)` RMSNorm weights (`attn_norm`, `post_attention_norm`, `output_norm`, `attn_q_norm`,
 //!   `attn_k_norm`) hold the 1 already, so every norm is `x / rms(x) * w`; the DeltaNet output norm

@@ -157,6 +157,28 @@ fn cost_model_interpolates_and_extrapolates() {
 }
 
 #[test]
+fn a_fixed_cost_model_ignores_measurements() {
+    let f = FixedCost {
+        step: 1.0,
+        token: 0.25,
+    };
+    let mut c = CostModel::fixed(f);
+    assert!(c.is_fixed());
+    c.observe(1, 50.0);
+    c.set(4, 50.0);
+    assert_eq!(
+        (c.cost(1), c.cost(4), c.cost(200)),
+        (1.0, 1.75, 1.0 + 0.25 * 95.0 + 0.25 * 104.0)
+    );
+    let cfg = SpecConfig {
+        fixed_cost: Some(f),
+        ..SpecConfig::default()
+    };
+    assert_eq!(Speculator::new(cfg).cost.cost(4), 1.75);
+    assert!(!Speculator::new(SpecConfig::default()).cost.is_fixed());
+}
+
+#[test]
 fn calibration_learns_acceptance() {
     let mut c = Calibration::default();
     let prior = c.rate(2, 0);
