@@ -769,11 +769,6 @@ fn bfcl_dir(cache: &std::path::Path, flag: Option<PathBuf>) -> Result<PathBuf> {
 
 fn pull_data(cache: &std::path::Path, name: &str, quiet: bool) -> Result<PathBuf> {
     let spec = store::data::find(name)?;
-    let progress = if quiet {
-        Progress::hidden()
-    } else {
-        Progress::stderr()
-    };
     if !quiet {
         eprintln!(
             "data {} ({}, {} files, {:.1} MB) -> {}",
@@ -784,23 +779,16 @@ fn pull_data(cache: &std::path::Path, name: &str, quiet: bool) -> Result<PathBuf
             store::data::dir(cache, spec).display()
         );
     }
-    let (path, what) = match store::data::pull(spec, cache, &progress)? {
-        PullOutcome::AlreadyPresent(p) => (p, "already present and verified"),
-        PullOutcome::Downloaded(p) => (p, "downloaded and verified (every file's sha256)"),
-    };
-    if !quiet {
-        eprintln!("{what}: {}", path.display());
-    }
-    Ok(path)
+    let outcome = store::data::pull(spec, cache, &progress(quiet))?;
+    Ok(pulled(
+        outcome,
+        quiet,
+        "downloaded and verified (every file's sha256)",
+    ))
 }
 
 fn pull(cache: &std::path::Path, name: &str, quiet: bool) -> Result<PathBuf> {
     let spec = store::find_spec(name)?;
-    let progress = if quiet {
-        Progress::hidden()
-    } else {
-        Progress::stderr()
-    };
     if !quiet {
         eprintln!(
             "model {} ({}) -> {}",
@@ -809,26 +797,33 @@ fn pull(cache: &std::path::Path, name: &str, quiet: bool) -> Result<PathBuf> {
             cache.join("models").display()
         );
     }
-    let outcome = store::pull(spec, cache, &progress)?;
-    let path = match outcome {
-        PullOutcome::AlreadyPresent(p) => {
-            if !quiet {
-                eprintln!("already present and verified: {}", p.display());
-            }
-            p
-        }
-        PullOutcome::Downloaded(p) => {
-            if !quiet {
-                eprintln!(
-                    "downloaded and verified (sha256 {}): {}",
-                    spec.sha256,
-                    p.display()
-                );
-            }
-            p
-        }
+    let outcome = store::pull(spec, cache, &progress(quiet))?;
+    Ok(pulled(
+        outcome,
+        quiet,
+        &format!("downloaded and verified (sha256 {})", spec.sha256),
+    ))
+}
+
+/// Progress bars on stderr, unless `quiet`.
+fn progress(quiet: bool) -> Progress {
+    if quiet {
+        Progress::hidden()
+    } else {
+        Progress::stderr()
+    }
+}
+
+/// Says what a pull did (unless `quiet`) and gives the path it left.
+fn pulled(outcome: PullOutcome, quiet: bool, downloaded: &str) -> PathBuf {
+    let (path, what) = match outcome {
+        PullOutcome::AlreadyPresent(p) => (p, "already present and verified"),
+        PullOutcome::Downloaded(p) => (p, downloaded),
     };
-    Ok(path)
+    if !quiet {
+        eprintln!("{what}: {}", path.display());
+    }
+    path
 }
 
 fn render(g: &Gguf, system: Option<&str>, prompt: &str) -> Result<(String, usize)> {
