@@ -19,6 +19,7 @@ use crate::engine::service::{EngineService, SubmitError};
 use crate::engine::{Engine, EngineError, FinishReason, Generation, Request};
 use crate::sample::SamplingParams;
 use crate::sample::guide::GuideError;
+use crate::tokenizer::{TokenId, Tokenizer};
 use crate::tools::plugin::PluginSet;
 use crate::tools::{OPEN, ResponseFormat, ToolChoice, ToolError, ToolSet, complete_calls_prefix};
 use serde_json::Value;
@@ -37,6 +38,16 @@ pub enum AgentError {
     ContextLength {
         /// Prompt tokens.
         prompt: usize,
+        /// The context.
+        context: usize,
+    },
+    /// The prompt is longer in bytes than the context could hold in tokens (checked before tokenizing).
+    #[error(
+        "the prompt is {bytes} bytes, more than this model's maximum context length of {context} tokens can hold"
+    )]
+    PromptBytes {
+        /// Prompt (or message data) bytes.
+        bytes: usize,
         /// The context.
         context: usize,
     },
@@ -275,6 +286,33 @@ pub struct ModelInfo {
     pub eos: String,
     /// Context length in tokens.
     pub context: usize,
+    /// The tokenizer (prompts are tokenized off the engine thread).
+    pub tokenizer: Arc<Tokenizer>,
+}
+
+impl ModelInfo {
+    /// The most bytes a prompt that fits the context can have: no token spells more than the longest
+    /// vocabulary entry, so a longer text cannot fit whatever it holds.
+    pub fn max_prompt_bytes(&self) -> usize {
+        self.context
+            .saturating_mul(self.tokenizer.max_token_bytes())
+    }
+}
+
+/// A prompt to tokenize.
+enum PromptText {
+    /// Rendered from the chat template over quoted data: only the template's markup is control tokens.
+    Chat(String),
+    /// A raw `/v1/completions` prompt: control-token text is plain text unless the operator opted in.
+    Raw(String),
+}
+
+impl PromptText {
+    fn len(&self) -> usize {
+        match self {
+            PromptText::Chat(t) | PromptText::Raw(t) => t.len(),
+        }
+    }
 }
 
 /// The agent: engine, model facts and installed plugins, shared by all requests.
@@ -284,6 +322,8 @@ pub struct Agent {
     model: Arc<ModelInfo>,
     plugins: Arc<PluginSet>,
     max_tool_rounds: usize,
+    max_host_calls: usize,
+    raw_special: bool,
 }
 
 /// Splits streamed text into answer text and tool-call markup: text that might be the start of
@@ -382,6 +422,7 @@ impl Agent {
             bos: text_of(tok.bos()),
             eos: text_of(tok.eos()),
             context: engine.context(),
+            tokenizer: engine.tokenizer_arc(),
         };
         let service = EngineService::with_scheduler(engine, queue, sched)
             .map_err(|e| AgentError::Engine(EngineError::Request(format!("engine thread: {e}"))))?;
@@ -399,8 +440,27 @@ impl Agent {
             engine,
             model: Arc::new(model),
             plugins,
-            max_tool_rounds,
+            max_tool_rounds: max_tool_rounds.max(1),
+            max_host_calls: Self::MAX_HOST_CALLS,
+            raw_special: false,
         }
+    }
+
+    /// Default most host tool calls per request (all rounds together).
+    pub const MAX_HOST_CALLS: usize = 32;
+
+    /// Sets the most host tool calls one request may make (all rounds together); calls past it are not
+    /// run and the model is told so.
+    pub fn with_max_host_calls(mut self, n: usize) -> Self {
+        self.max_host_calls = n;
+        self
+    }
+
+    /// Lets `/v1/completions` prompts spell control tokens (`<|im_start|>`) as text. Off by default: a
+    /// raw prompt's control-token text is tokenized as ordinary characters.
+    pub fn with_raw_special(mut self, on: bool) -> Self {
+        self.raw_special = on;
+        self
     }
 
     /// The engine service.
@@ -418,16 +478,43 @@ impl Agent {
         &self.plugins
     }
 
+    /// Tokenizes a prompt off the engine thread (and off the async workers), after a byte-length check
+    /// that rejects what cannot fit the context without tokenizing it at all.
+    async fn encode(&self, prompt: PromptText) -> Result<Vec<TokenId>, AgentError> {
+        let context = self.model.context;
+        let bytes = prompt.len();
+        if bytes > self.model.max_prompt_bytes() {
+            return Err(AgentError::PromptBytes { bytes, context });
+        }
+        let tok = Arc::clone(&self.model.tokenizer);
+        let raw_special = self.raw_special;
+        let ids = tokio::task::spawn_blocking(move || match &prompt {
+            PromptText::Chat(t) => tok.encode_rendered(t),
+            PromptText::Raw(t) => tok.encode(t, raw_special),
+        })
+        .await
+        .map_err(|_| AgentError::Lost)?
+        .map_err(EngineError::from)?;
+        if ids.len() + 1 > context {
+            return Err(AgentError::ContextLength {
+                prompt: ids.len(),
+                context,
+            });
+        }
+        Ok(ids)
+    }
+
     /// Runs one generation on the engine thread, streaming its text through `on_text`.
     async fn generate(
         &self,
-        prompt_text: String,
+        prompt: PromptText,
         tools: Arc<ToolSet>,
         choice: ToolChoice,
         turn: &Turn,
         cancel: &Arc<AtomicBool>,
         on: &mut (dyn FnMut(Piece<'_>) + Send),
     ) -> Result<(Generation, Vec<TokenLogprob>), AgentError> {
+        let prompt = self.encode(prompt).await?;
         let (tx, mut rx) = mpsc::unbounded_channel::<Gen>();
         let parallel = turn.parallel_tool_calls;
         let format = turn.response_format.clone();
@@ -437,22 +524,11 @@ impl Agent {
             stop: turn.stop.clone(),
             cancel: Some(Arc::clone(cancel)),
             speculate: turn.speculation,
-            ..Request::greedy(Vec::new(), turn.max_tokens)
+            ..Request::greedy(prompt, turn.max_tokens)
         };
-        let context = self.model.context;
         let logprobs = turn.logprobs;
         self.engine.generate(Box::new(move |engine: &mut Engine| {
             let prepared = (|| -> Result<Submission, AgentError> {
-                req.prompt = engine
-                    .tokenizer()
-                    .encode(&prompt_text, true)
-                    .map_err(EngineError::from)?;
-                if req.prompt.len() + 1 > context {
-                    return Err(AgentError::ContextLength {
-                        prompt: req.prompt.len(),
-                        context,
-                    });
-                }
                 let guide = engine
                     .grammars()
                     .map_err(EngineError::from)?
@@ -497,7 +573,7 @@ impl Agent {
         let mut content = String::new();
         let (generation, logprobs) = self
             .generate(
-                prompt,
+                PromptText::Raw(prompt),
                 Arc::new(ToolSet::default()),
                 ToolChoice::None,
                 turn,
@@ -536,7 +612,8 @@ impl Agent {
     ) -> Result<Outcome, AgentError> {
         let all = Arc::new(ToolSet::new(&turn.tools)?);
         turn.tool_choice.check(&all)?;
-        let max_rounds = turn.max_tool_rounds.unwrap_or(self.max_tool_rounds);
+        let max_rounds = tool_rounds(turn.max_tool_rounds, self.max_tool_rounds);
+        let mut host_calls_left = self.max_host_calls;
         let mut messages = turn.messages.clone();
         let mut choice = turn.tool_choice.clone();
         let mut out = Outcome {
@@ -566,8 +643,21 @@ impl Agent {
                     "the model has no chat template: use /v1/completions with a raw prompt".into(),
                 ))
             })?;
-            let prompt_text =
-                shown.render(template, &messages, &self.model.bos, &self.model.eos)?;
+            let data: usize = messages.iter().map(Message::data_len).sum();
+            if data > self.model.max_prompt_bytes() {
+                return Err(AgentError::PromptBytes {
+                    bytes: data,
+                    context: self.model.context,
+                });
+            }
+            let tok = &self.model.tokenizer;
+            let prompt_text = shown.render(
+                template,
+                &messages,
+                &self.model.bos,
+                &self.model.eos,
+                &|s| tok.quote(s),
+            )?;
             let calls_possible = choice != ToolChoice::None && !all.is_empty();
             let mut splitter = Splitter::default();
             let mut round_content = String::new();
@@ -584,7 +674,7 @@ impl Agent {
                 };
                 let g = self
                     .generate(
-                        prompt_text,
+                        PromptText::Chat(prompt_text),
                         Arc::clone(&shown),
                         choice.clone(),
                         &turn,
@@ -643,16 +733,30 @@ impl Agent {
             messages.push(assistant);
             for call in host {
                 on_event(Event::HostCall(Box::new(call.clone())));
-                let (res, _) = self
-                    .plugins
-                    .call_async(
-                        turn.conversation.as_deref(),
-                        &call.function.name,
-                        &call.function.arguments,
+                let (error_kind, result) = if host_calls_left == 0 {
+                    // Not run: the request's host-call budget is spent.
+                    (
+                        Some("call_budget"),
+                        Err(format!(
+                            "not run: this request already made its {} host tool calls",
+                            self.max_host_calls
+                        )),
                     )
-                    .await;
-                let error_kind = res.as_ref().err().map(|e| e.kind());
-                let result = res.map_err(|e| e.to_string());
+                } else {
+                    host_calls_left -= 1;
+                    let (res, _) = self
+                        .plugins
+                        .call_async(
+                            turn.conversation.as_deref(),
+                            &call.function.name,
+                            &call.function.arguments,
+                        )
+                        .await;
+                    (
+                        res.as_ref().err().map(|e| e.kind()),
+                        res.map_err(|e| e.to_string()),
+                    )
+                };
                 let text = match &result {
                     Ok(v) => v.to_string(),
                     Err(e) => serde_json::json!({ "error": e }).to_string(),
@@ -686,9 +790,24 @@ impl Agent {
     }
 }
 
+/// Rounds of host tool calls a request gets: it may ask for fewer than the operator allows, never more,
+/// and at least one (`0` is not "unlimited").
+fn tool_rounds(requested: Option<usize>, operator: usize) -> usize {
+    requested.map_or(operator, |n| n.min(operator)).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_cannot_raise_the_operators_tool_rounds() {
+        assert_eq!(tool_rounds(None, 8), 8);
+        assert_eq!(tool_rounds(Some(3), 8), 3);
+        assert_eq!(tool_rounds(Some(1_000_000), 8), 8);
+        assert_eq!(tool_rounds(Some(0), 8), 1, "0 is not unlimited");
+        assert_eq!(tool_rounds(Some(usize::MAX), 1), 1);
+    }
 
     fn split(pieces: &[&str]) -> (String, bool) {
         let mut s = Splitter::default();

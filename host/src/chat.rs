@@ -6,7 +6,7 @@
 
 mod template;
 
-pub use template::{ChatTemplate, RenderOptions, TemplateError};
+pub use template::{ChatTemplate, Quote, RenderOptions, TemplateError};
 
 use serde::Serialize;
 
@@ -88,5 +88,67 @@ impl Message {
     /// An assistant message.
     pub fn assistant(content: impl Into<String>) -> Self {
         Self::new(Role::Assistant, content)
+    }
+
+    /// Bytes of data this message carries (content, call names and arguments, ids): a lower bound on what
+    /// it adds to a rendered prompt.
+    pub fn data_len(&self) -> usize {
+        let calls: usize = self
+            .tool_calls
+            .iter()
+            .map(|c| c.id.len() + c.function.name.len() + json_len(&c.function.arguments))
+            .sum();
+        self.content.len()
+            + calls
+            + self.tool_call_id.as_ref().map_or(0, String::len)
+            + self.name.as_ref().map_or(0, String::len)
+    }
+
+    /// This message with every string quoted as data ([`RenderOptions::quote`]).
+    pub fn quoted(&self, q: Quote<'_>) -> Message {
+        let s = |t: &str| q(t).unwrap_or_else(|| t.to_owned());
+        Message {
+            role: self.role,
+            content: s(&self.content),
+            tool_calls: self
+                .tool_calls
+                .iter()
+                .map(|c| ToolCall {
+                    id: s(&c.id),
+                    kind: c.kind,
+                    function: FunctionCall {
+                        name: s(&c.function.name),
+                        arguments: quote_json(&c.function.arguments, q),
+                    },
+                })
+                .collect(),
+            tool_call_id: self.tool_call_id.as_deref().map(s),
+            name: self.name.as_deref().map(s),
+        }
+    }
+}
+
+/// Bytes of the strings in `v` (a lower bound on its JSON text).
+fn json_len(v: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    match v {
+        Value::String(t) => t.len(),
+        Value::Array(a) => a.iter().map(json_len).sum(),
+        Value::Object(o) => o.iter().map(|(k, x)| k.len() + json_len(x)).sum(),
+        _ => 1,
+    }
+}
+
+/// `v` with every string (keys included) quoted as data.
+pub fn quote_json(v: &serde_json::Value, q: Quote<'_>) -> serde_json::Value {
+    use serde_json::Value;
+    let s = |t: &str| q(t).unwrap_or_else(|| t.to_owned());
+    match v {
+        Value::String(t) => Value::String(s(t)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| quote_json(x, q)).collect()),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, x)| (s(k), quote_json(x, q))).collect())
+        }
+        other => other.clone(),
     }
 }

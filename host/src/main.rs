@@ -681,8 +681,9 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
         &messages,
         &text_of(tok.bos()),
         &text_of(tok.eos()),
+        &|s| tok.quote(s),
     )?;
-    let prompt = engine.tokenizer().encode(&prompt_text, true)?;
+    let prompt = engine.tokenizer().encode_rendered(&prompt_text)?;
     let sampling = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -841,9 +842,10 @@ fn render(g: &Gguf, system: Option<&str>, prompt: &str) -> Result<(String, usize
         tools: None,
         bos_token: &bos,
         eos_token: &eos,
+        quote: Some(&|s| tok.quote(s)),
     };
     let text = template.render(&messages, &opts)?;
-    let n = tok.encode(&text, true)?.len();
+    let n = tok.encode_rendered(&text)?.len();
     Ok((text, n))
 }
 

@@ -32,9 +32,12 @@ pub struct AgentArgs {
     /// Context length in tokens.
     #[arg(long, default_value_t = 8192)]
     pub context: usize,
-    /// Most rounds of host tool calls per request.
-    #[arg(long, default_value_t = 8)]
-    pub max_tool_rounds: usize,
+    /// Most rounds of host tool calls per request (a request may ask for fewer, never more).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tool_rounds: u32,
+    /// Most host tool calls per request, all rounds together; later calls are not run.
+    #[arg(long, default_value_t = 32)]
+    pub max_host_calls: usize,
     /// Requests that may wait for the engine before new ones get 429.
     #[arg(long, default_value_t = 32)]
     pub queue: usize,
@@ -44,6 +47,10 @@ pub struct AgentArgs {
     /// Most tokens per forward pass: running decodes always fit, prompt chunks fill the rest.
     #[arg(long, default_value_t = 256)]
     pub step_tokens: usize,
+    /// Let `/v1/completions` prompts spell control tokens (`<|im_start|>`). Off by default: a raw
+    /// prompt's control-token text is ordinary text. Chat messages are always data.
+    #[arg(long)]
+    pub completions_special: bool,
     #[command(flatten)]
     pub kv: KvArgs,
     #[command(flatten)]
@@ -260,12 +267,14 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
         name,
         Arc::new(plugins),
         a.queue,
-        a.max_tool_rounds,
+        a.max_tool_rounds as usize,
         thorn::engine::scheduler::SchedulerConfig {
             max_batch: a.max_batch,
             step_tokens: a.step_tokens,
         },
-    )?)
+    )?
+    .with_raw_special(a.completions_special)
+    .with_max_host_calls(a.max_host_calls))
 }
 
 /// `thorn serve`: the OpenAI-compatible server.

@@ -10,13 +10,18 @@
 //! (`<|im_start|>`) becomes that single token; with it off only user-defined tokens are matched and control
 //! text is tokenized as ordinary characters, so a user cannot forge a turn boundary.
 //!
+//! Chat prompts are rendered from quoted data and tokenized with [`Tokenizer::encode_rendered`], so only
+//! the template's own markup becomes control tokens (see `quote`).
+//!
 //! Decoding goes through a byte table built once at load ([`Tokenizer::token_bytes`]): every token maps to
 //! its raw bytes, so decoding is a table walk and the grammar engine can use the same table later.
 //! [`Detokenizer`] turns a token stream into text without ever emitting half a UTF-8 character.
 
 mod detok;
+mod quote;
 
 pub use detok::{DetokState, Detokenizer};
+pub use quote::DATA_MARK;
 
 use crate::gguf::{Gguf, GgufError};
 use std::collections::HashMap;
@@ -91,6 +96,7 @@ pub struct Tokenizer {
     eos: Option<TokenId>,
     eog: Vec<TokenId>,
     add_bos: bool,
+    max_token_bytes: usize,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -260,7 +266,7 @@ impl Tokenizer {
         }
 
         let unicode_to_byte = byte_decoder();
-        let bytes = tokens
+        let bytes: Vec<Box<[u8]>> = tokens
             .iter()
             .zip(&kinds)
             .map(|(t, k)| match k {
@@ -291,7 +297,9 @@ impl Tokenizer {
         for (t, _, _) in &specials {
             special_first_bytes[usize::from(t.as_bytes()[0])] = true;
         }
+        let max_token_bytes = bytes.iter().map(|b| b.len()).max().unwrap_or(1).max(1);
         Ok(Tokenizer {
+            max_token_bytes,
             bpe: tk,
             tokens,
             kinds,
@@ -381,6 +389,11 @@ impl Tokenizer {
             .iter()
             .position(|t| t == text)
             .map(|i| i as TokenId)
+    }
+
+    /// Bytes of the longest token: a text longer than `n` times this has more than `n` tokens.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
     }
 
     /// Vocabulary size.

@@ -18,7 +18,7 @@ pub use choice::{ResponseFormat, ToolChoice};
 pub use parse::{CLOSE, OPEN, ParsedCall, complete_calls_prefix, parse_tool_calls};
 
 use crate::chat::{
-    ChatTemplate, FunctionCall, Message, RenderOptions, Role, TemplateError, ToolCall,
+    ChatTemplate, FunctionCall, Message, Quote, RenderOptions, Role, TemplateError, ToolCall,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -232,13 +232,15 @@ impl ToolSet {
 
     /// Renders a conversation with these tools through the model's chat template, as a prompt that ends with
     /// the assistant header: tools as the template's `tools` if it knows them, else the Hermes protocol of
-    /// [`ToolSet::messages_for`].
+    /// [`ToolSet::messages_for`]. Every string of the messages and tools goes through `quote` (the
+    /// tokenizer's data quoting), so the result is for `Tokenizer::encode_rendered`.
     pub fn render(
         &self,
         template: &ChatTemplate,
         messages: &[Message],
         bos_token: &str,
         eos_token: &str,
+        quote: Quote<'_>,
     ) -> Result<String, TemplateError> {
         let knows = template.knows_tools();
         let msgs = self.messages_for(knows, messages);
@@ -247,6 +249,7 @@ impl ToolSet {
             tools: (knows && !self.is_empty()).then_some(self.definitions.as_slice()),
             bos_token,
             eos_token,
+            quote: Some(quote),
         };
         template.render(&msgs, &opts)
     }

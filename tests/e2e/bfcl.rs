@@ -35,10 +35,11 @@ fn sampled_bfcl_calls_parse_and_validate() {
         let questions = bfcl::load(&path).unwrap();
         for q in questions.iter().take(2) {
             let tools = ToolSet::new(&q.tools).unwrap_or_else(|err| panic!("{}: {err}", q.id));
+            let tok = e.tokenizer();
             let text = tools
-                .render(&template, &q.messages, "", "<|im_end|>")
+                .render(&template, &q.messages, "", "<|im_end|>", &|s| tok.quote(s))
                 .unwrap();
-            let prompt = e.tokenizer().encode(&text, true).unwrap();
+            let prompt = tok.encode_rendered(&text).unwrap();
             for (seed, choice) in [(0, ToolChoice::Required), (1, ToolChoice::Auto)] {
                 let mut guide = grammars
                     .guide(&tools, &choice, true, &ResponseFormat::Text)

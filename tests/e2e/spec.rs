@@ -168,10 +168,11 @@ fn tool_prompts(e: &Engine) -> Vec<(Vec<u32>, Rc<ToolSet>)> {
         let path = fixture(&format!("bfcl/BFCL_v4_{cat}.json"));
         for q in bfcl::load(&path).unwrap().iter().take(3) {
             let tools = ToolSet::new(&q.tools).unwrap();
+            let tok = e.tokenizer();
             let text = tools
-                .render(&template, &q.messages, "", "<|im_end|>")
+                .render(&template, &q.messages, "", "<|im_end|>", &|s| tok.quote(s))
                 .unwrap();
-            out.push((e.tokenizer().encode(&text, true).unwrap(), Rc::new(tools)));
+            out.push((tok.encode_rendered(&text).unwrap(), Rc::new(tools)));
         }
     }
     out
@@ -202,8 +203,11 @@ fn trajectory_prompts(e: &Engine) -> Vec<(Vec<u32>, Rc<ToolSet>)> {
                 &result[..result.len().min(1500)]
             )),
         ];
-        let text = tools.render(&template, &msgs, "", "<|im_end|>").unwrap();
-        let mut toks = e.tokenizer().encode(&text, true).unwrap();
+        let tok = e.tokenizer();
+        let text = tools
+            .render(&template, &msgs, "", "<|im_end|>", &|s| tok.quote(s))
+            .unwrap();
+        let mut toks = tok.encode_rendered(&text).unwrap();
         if toks.len() > 1900 {
             toks.drain(..toks.len() - 1900);
         }

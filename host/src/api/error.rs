@@ -117,7 +117,9 @@ impl IntoResponse for ApiError {
 impl From<AgentError> for ApiError {
     fn from(e: AgentError) -> Self {
         match e {
-            AgentError::ContextLength { .. } => ApiError::ContextLength(e.to_string()),
+            AgentError::ContextLength { .. } | AgentError::PromptBytes { .. } => {
+                ApiError::ContextLength(e.to_string())
+            }
             AgentError::Busy(SubmitError::Full { .. }) => ApiError::Busy(e.to_string()),
             AgentError::Busy(SubmitError::Stopped) => ApiError::Unavailable,
             AgentError::Tools(t) => ApiError::bad(t.to_string(), Some("tools")),

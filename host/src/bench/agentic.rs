@@ -169,8 +169,11 @@ impl Counter {
     }
 
     fn tokens(&self, tools: &ToolSet, msgs: &[Message]) -> Result<Vec<u32>> {
-        let text = tools.render(&self.template, msgs, &self.bos, &self.eos)?;
-        Ok(self.tok.encode(&text, true)?)
+        let tok = &self.tok;
+        let text = tools.render(&self.template, msgs, &self.bos, &self.eos, &|s| {
+            tok.quote(s)
+        })?;
+        Ok(tok.encode_rendered(&text)?)
     }
 }
 

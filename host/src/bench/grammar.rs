@@ -67,8 +67,11 @@ impl Prompter {
     }
 
     fn tokens(&self, e: &Engine, q: &Question, tools: &ToolSet) -> Result<Vec<u32>> {
-        let text = tools.render(&self.template, &q.messages, &self.bos, &self.eos)?;
-        Ok(e.tokenizer().encode(&text, true)?)
+        let tok = e.tokenizer();
+        let text = tools.render(&self.template, &q.messages, &self.bos, &self.eos, &|s| {
+            tok.quote(s)
+        })?;
+        Ok(tok.encode_rendered(&text)?)
     }
 }
 

@@ -103,8 +103,9 @@ fn bfcl_cases(e: &Engine, t: &ChatTemplate, o: &Opts<'_>) -> Result<Vec<Case>> {
             let Ok(tools) = ToolSet::new(&q.tools) else {
                 continue;
             };
-            let text = tools.render(t, &q.messages, "", "<|im_end|>")?;
-            let prompt = e.tokenizer().encode(&text, true)?;
+            let tok = e.tokenizer();
+            let text = tools.render(t, &q.messages, "", "<|im_end|>", &|s| tok.quote(s))?;
+            let prompt = tok.encode_rendered(&text)?;
             if prompt.len() + o.max_tokens < o.context {
                 out.push(Case {
                     prompt,
@@ -128,8 +129,9 @@ fn trajectory_cases(e: &Engine, t: &ChatTemplate, o: &Opts<'_>) -> Result<Vec<Ca
                 continue;
             }
             let msgs = history(c, ri - 1).1;
-            let text = tools.render(t, &msgs, "", "<|im_end|>")?;
-            let prompt = e.tokenizer().encode(&text, true)?;
+            let tok = e.tokenizer();
+            let text = tools.render(t, &msgs, "", "<|im_end|>", &|s| tok.quote(s))?;
+            let prompt = tok.encode_rendered(&text)?;
             if prompt.len() + o.max_tokens >= o.context {
                 break;
             }

@@ -22,8 +22,11 @@ pub enum TemplateError {
     Render(JinjaError),
 }
 
+/// Marks data text so that it cannot become control tokens (`Tokenizer::quote`); `None` when unchanged.
+pub type Quote<'a> = &'a (dyn Fn(&str) -> Option<String> + Sync);
+
 /// Inputs besides the messages.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RenderOptions<'a> {
     /// Append the assistant turn header so the model starts answering.
     pub add_generation_prompt: bool,
@@ -33,6 +36,20 @@ pub struct RenderOptions<'a> {
     pub bos_token: &'a str,
     /// `eos_token` as text.
     pub eos_token: &'a str,
+    /// Applied to every string of the messages and tools (data) before the template sees them, never to
+    /// the template's own text or `bos_token`/`eos_token`. Prompts for a model must pass the tokenizer's
+    /// quoting and be tokenized with `Tokenizer::encode_rendered`.
+    pub quote: Option<Quote<'a>>,
+}
+
+impl std::fmt::Debug for RenderOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RenderOptions")
+            .field("add_generation_prompt", &self.add_generation_prompt)
+            .field("tools", &self.tools.map(<[_]>::len))
+            .field("quoted", &self.quote.is_some())
+            .finish()
+    }
 }
 
 /// A compiled chat template.
@@ -85,9 +102,20 @@ impl ChatTemplate {
             bos_token: &'a str,
             eos_token: &'a str,
         }
+        let quoted = opts.quote.map(|q| {
+            let messages: Vec<Message> = messages.iter().map(|m| m.quoted(q)).collect();
+            let tools: Option<Vec<serde_json::Value>> = opts
+                .tools
+                .map(|t| t.iter().map(|v| super::quote_json(v, q)).collect());
+            (messages, tools)
+        });
+        let (messages, tools) = match &quoted {
+            Some((m, t)) => (m.as_slice(), t.as_deref()),
+            None => (messages, opts.tools),
+        };
         let ctx = Ctx {
             messages,
-            tools: opts.tools,
+            tools,
             add_generation_prompt: opts.add_generation_prompt,
             bos_token: opts.bos_token,
             eos_token: opts.eos_token,

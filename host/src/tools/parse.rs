@@ -106,7 +106,7 @@ fn split_block(after: &str) -> Result<Block<'_>, ToolError> {
     } else {
         Err(ToolError::Malformed(format!(
             "text after the call's JSON and before {CLOSE}: {:?}",
-            &tail[..tail.len().min(40)]
+            &tail[..tail.floor_char_boundary(40)]
         )))
     }
 }

@@ -246,3 +246,19 @@ fn a_cut_short_generation_keeps_its_complete_calls() {
         one
     );
 }
+
+#[test]
+fn multi_byte_text_after_a_call_is_an_error_not_a_panic() {
+    let tail = format!("a{}", "é".repeat(30));
+    let text = format!("<tool_call>{{\"name\":\"w\",\"arguments\":{{}}}}x{tail}</tool_call>");
+    for cut in 0..text.len() {
+        if text.is_char_boundary(cut) {
+            let _ = parse_tool_calls(&text[..cut]);
+        }
+    }
+    let text = format!("<tool_call>{{\"name\":\"w\",\"arguments\":{{}}}}{tail}</tool_call>");
+    assert!(matches!(
+        parse_tool_calls(&text),
+        Err(ToolError::Malformed(_))
+    ));
+}
