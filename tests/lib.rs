@@ -203,6 +203,14 @@ pub fn http(
     parse_http(&raw)
 }
 
+/// Reads a whole response (until the server closes) off a stream from [`http_send`].
+pub fn read_http(s: &mut std::net::TcpStream) -> HttpResponse {
+    use std::io::Read;
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    parse_http(&raw)
+}
+
 fn parse_http(raw: &[u8]) -> HttpResponse {
     let split = raw
         .windows(4)

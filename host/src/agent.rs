@@ -96,6 +96,10 @@ pub struct Turn {
     pub max_tool_rounds: Option<usize>,
     /// Conversation id for the audit log.
     pub conversation: Option<String>,
+    /// The id of the API key the request came with (for the audit log).
+    pub key_id: Option<String>,
+    /// The client's address (for the audit log).
+    pub peer: Option<String>,
     /// Return per-token log-probabilities (of the last round).
     pub logprobs: bool,
     /// Whether to speculate (draft and verify); the output is the same either way. Defaults to on, subject

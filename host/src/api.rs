@@ -11,12 +11,20 @@
 //! status. A client that goes away cancels its request: the response future or stream is dropped, which
 //! sets the request's cancel flag, and the engine stops at its next step.
 //!
-//! Host tools: a tool in the request whose name is an installed plugin's function (or a plugin's name, for
-//! all its functions) runs in the host, with the plugin's own schema; the streamed response shows each call
-//! and result as `thorn_host_tool_call` / `thorn_host_tool_result` deltas, and the final message lists them
-//! as `thorn_host_tool_calls`.
+//! Host tools: a request asks for one by naming it in the `thorn:` namespace,
+//! `{"type": "function", "function": {"name": "thorn:calculator"}}` (a plugin: all its functions) or
+//! `"thorn:evaluate"` (one function). It runs in the host, with the plugin's own schema and grants; the
+//! streamed response shows each call and result as `thorn_host_tool_call` / `thorn_host_tool_result`
+//! deltas, and the final message lists them as `thorn_host_tool_calls`. Any other tool is a client tool,
+//! whatever its name: a client tool is never reinterpreted as a host plugin (one with the same name as a
+//! requested host tool is a 400). With API keys, a key may be limited to some host tools ([`auth`]).
+//!
+//! Connections, headers and bodies are bounded by [`listen`]; `/health` is open (for probes), `/metrics`
+//! needs a key allowed to read it when `metrics_auth` is on.
 
+pub mod auth;
 pub mod error;
+pub mod listen;
 pub mod metrics;
 pub mod wire;
 
@@ -24,10 +32,10 @@ use crate::agent::{Agent, Event, Finish, Outcome, TokenLogprob, Turn};
 use crate::chat::{FunctionCall, Message, Role, ToolCall};
 use crate::sample::SamplingParams;
 use crate::tools::{ResponseFormat, ToolChoice};
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderMap, StatusCode, Uri, header};
+use auth::{ApiKey, Keys};
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, Path, State};
+use axum::http::{HeaderMap, Uri, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -42,20 +50,28 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
+pub use listen::{HttpLimits, Peer, serve};
+
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Accepted API keys (empty: no authentication).
-    pub api_keys: Vec<String>,
+    pub keys: Keys,
     /// Largest request body in bytes.
     pub max_body: usize,
+    /// Whether `/metrics` needs a key allowed to read it (only when keys are configured).
+    pub metrics_auth: bool,
+    /// Connection and transfer limits.
+    pub http: HttpLimits,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            api_keys: Vec::new(),
+            keys: Keys::default(),
             max_body: 8 << 20,
+            metrics_auth: false,
+            http: HttpLimits::default(),
         }
     }
 }
@@ -67,16 +83,23 @@ pub struct AppState {
     metrics: Metrics,
     config: ServerConfig,
     started: u64,
+    /// Bytes of request bodies being read, all requests together ([`HttpLimits::max_inflight_body`]).
+    bodies: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
     /// State over `agent`.
     pub fn new(agent: Agent, config: ServerConfig) -> Self {
+        let budget = config
+            .http
+            .max_inflight_body
+            .clamp(config.max_body.max(1), tokio::sync::Semaphore::MAX_PERMITS);
         AppState {
             agent,
             metrics: Metrics::default(),
             config,
             started: unix_now(),
+            bodies: Arc::new(tokio::sync::Semaphore::new(budget)),
         }
     }
 
@@ -102,9 +125,8 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}-{:016x}{:08x}", t ^ (n << 40), n as u32)
 }
 
-/// The router with every route.
+/// The router with every route (bodies are read by [`read_body`], under its limits).
 pub fn router(state: Arc<AppState>) -> Router {
-    let limit = state.config.max_body;
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -113,17 +135,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
-}
-
-/// Serves `router(state)` on `listener` until ctrl-c.
-pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
 }
 
 /// Sets the flag when dropped: a response that is dropped before it ends cancels its request.
@@ -135,30 +147,80 @@ impl Drop for CancelOnDrop {
     }
 }
 
-fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    if st.config.api_keys.is_empty() {
-        return Ok(());
+/// Who sent a request: the key it presented (when keys are configured) and its address.
+#[derive(Debug, Clone, Default)]
+struct Caller {
+    key: Option<ApiKey>,
+    peer: Option<std::net::SocketAddr>,
+}
+
+fn authorize(st: &AppState, headers: &HeaderMap) -> Result<Option<ApiKey>, ApiError> {
+    if st.config.keys.is_empty() {
+        return Ok(None);
     }
     let key = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match key {
-        Some(k) if st.config.api_keys.iter().any(|a| a == k) => Ok(()),
-        _ => Err(ApiError::Unauthorized),
+    match key.and_then(|k| st.config.keys.check(k)) {
+        Some(k) => Ok(Some(k.clone())),
+        None => Err(ApiError::Unauthorized),
     }
 }
 
-fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let body = body.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge { limit: 0 }
-        } else {
-            ApiError::bad(r.body_text(), None)
+/// Reads a request body: at most `max_body` bytes, within `body_timeout`, holding its share of the
+/// server-wide budget for bodies in flight while it is read (released when the returned permit drops).
+/// A declared length is reserved before any byte is read, so an over-budget upload is refused at once.
+async fn read_body(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Bytes, tokio::sync::OwnedSemaphorePermit), ApiError> {
+    use tokio_stream::StreamExt;
+    let limit = st.config.max_body;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::TooLarge { limit });
+    }
+    let take = |n: usize| {
+        let n = u32::try_from(n).map_err(|_| ApiError::TooLarge { limit })?;
+        Arc::clone(&st.bodies)
+            .try_acquire_many_owned(n)
+            .map_err(|_| ApiError::BodiesBusy)
+    };
+    let reserved = declared.map_or(0, |n| n as usize);
+    let mut held = take(reserved)?;
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut buf = Vec::with_capacity(reserved);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| ApiError::bad(format!("reading the body: {e}"), None))?;
+            if buf.len() + chunk.len() > limit {
+                return Err(ApiError::TooLarge { limit });
+            }
+            // A body without a declared length takes its budget as it arrives.
+            let over = (buf.len() + chunk.len()).saturating_sub(reserved.max(buf.len()));
+            if over > 0 {
+                held.merge(take(over)?);
+            }
+            buf.extend_from_slice(&chunk);
         }
-    })?;
-    let de = &mut serde_json::Deserializer::from_slice(&body);
+        Ok(Bytes::from(buf))
+    };
+    match tokio::time::timeout(st.config.http.body_timeout, read).await {
+        Ok(r) => r.map(|b| (b, held)),
+        Err(_) => Err(ApiError::BodyTimeout {
+            secs: st.config.http.body_timeout.as_secs(),
+        }),
+    }
+}
+
+fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -204,7 +266,20 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+async fn metrics_text(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if st.config.metrics_auth {
+        match authorize(&st, &headers) {
+            Err(e) => return e.into_response(),
+            Ok(Some(k)) if !k.may_read_metrics() => {
+                return ApiError::Forbidden(format!(
+                    "the API key {:?} may not read /metrics",
+                    k.id()
+                ))
+                .into_response();
+            }
+            Ok(_) => {}
+        }
+    }
     let e = st.agent.engine();
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -220,7 +295,7 @@ fn model_object(st: &AppState) -> Value {
 
 async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let r = authorize(&st, &headers)
-        .map(|()| Json(json!({"object": "list", "data": [model_object(&st)]})).into_response());
+        .map(|_| Json(json!({"object": "list", "data": [model_object(&st)]})).into_response());
     finish(&st, "/v1/models", r)
 }
 
@@ -229,7 +304,7 @@ async fn model(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let r = authorize(&st, &headers).and_then(|()| {
+    let r = authorize(&st, &headers).and_then(|_| {
         if id == st.agent.model().name {
             Ok(Json(model_object(&st)).into_response())
         } else {
@@ -316,57 +391,75 @@ fn messages_of(wire: Vec<wire::WireMessage>) -> Result<Vec<Message>, ApiError> {
     Ok(out)
 }
 
-/// Splits the request's tools into definitions for the model and the names the host runs.
-fn tools_of(st: &AppState, tools: Vec<Value>) -> Result<(Vec<Value>, Vec<String>), ApiError> {
+/// The namespace that asks for a host tool.
+pub const HOST_TOOL_PREFIX: &str = "thorn:";
+
+/// Splits the request's tools into definitions for the model and the names the host runs. Host tools are
+/// the `thorn:`-named ones only (a plugin name first, else a function name); `key` limits which.
+fn tools_of(
+    st: &AppState,
+    tools: Vec<Value>,
+    key: Option<&ApiKey>,
+) -> Result<(Vec<Value>, Vec<String>), ApiError> {
     let plugins = st.agent.plugins();
+    let mut client = Vec::new();
     let mut defs = Vec::new();
-    let mut host = Vec::new();
+    let mut host: Vec<String> = Vec::new();
     for (i, t) in tools.into_iter().enumerate() {
+        let param = format!("tools[{i}]");
         let name = t["function"]["name"].as_str().unwrap_or("").to_owned();
         if t["type"] != "function" || name.is_empty() {
             return Err(ApiError::bad(
                 "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
-                Some(&format!("tools[{i}]")),
+                Some(&param),
             ));
         }
-        let plugin_defs: Vec<&Value> = if plugins.plugin_for(&name).is_some() {
-            plugins
-                .tools()
-                .definitions()
-                .iter()
-                .filter(|d| d["function"]["name"] == name.as_str())
-                .collect()
-        } else if let Some(p) = plugins.plugins().iter().find(|p| p.name() == name) {
-            let fns: Vec<&str> = p
-                .manifest()
-                .functions
-                .iter()
-                .map(|f| f.name.as_str())
-                .collect();
-            plugins
-                .tools()
-                .definitions()
-                .iter()
-                .filter(|d| {
-                    d["function"]["name"]
-                        .as_str()
-                        .is_some_and(|n| fns.contains(&n))
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        if plugin_defs.is_empty() {
+        let Some(wanted) = name.strip_prefix(HOST_TOOL_PREFIX) else {
+            client.push(name);
             defs.push(t);
             continue;
-        }
-        for d in plugin_defs {
-            let n = d["function"]["name"].as_str().unwrap_or("").to_owned();
-            if !host.contains(&n) {
-                host.push(n);
-                defs.push(d.clone());
+        };
+        let functions: Vec<(&str, &str)> = if let Some(p) =
+            plugins.plugins().iter().find(|p| p.name() == wanted)
+        {
+            p.manifest()
+                .functions
+                .iter()
+                .map(|f| (p.name(), f.name.as_str()))
+                .collect()
+        } else if let Some(p) = plugins.plugin_for(wanted) {
+            vec![(p.name(), wanted)]
+        } else {
+            return Err(ApiError::bad(
+                format!("{name:?}: no installed plugin or plugin function is called {wanted:?}"),
+                Some(&param),
+            ));
+        };
+        for (plugin, function) in functions {
+            if let Some(k) = key.filter(|k| !k.may_use(plugin, function)) {
+                return Err(ApiError::Forbidden(format!(
+                    "the API key {:?} may not use the host tool {function:?} (plugin {plugin:?})",
+                    k.id()
+                )));
             }
+            if host.iter().any(|h| h == function) {
+                continue;
+            }
+            let def = plugins
+                .tools()
+                .definitions()
+                .iter()
+                .find(|d| d["function"]["name"] == function)
+                .ok_or_else(|| ApiError::Internal(format!("no definition for {function:?}")))?;
+            host.push(function.to_owned());
+            defs.push(def.clone());
         }
+    }
+    if let Some(c) = client.iter().find(|c| host.contains(c)) {
+        return Err(ApiError::bad(
+            format!("the client tool {c:?} has the name of a requested host tool; rename one"),
+            Some("tools"),
+        ));
     }
     Ok((defs, host))
 }
@@ -419,7 +512,11 @@ fn stops(stop: Option<wire::Stop>) -> Result<Vec<String>, ApiError> {
     Ok(v)
 }
 
-fn turn_of(st: &AppState, r: wire::ChatRequest) -> Result<(Turn, Shape), ApiError> {
+fn turn_of(
+    st: &AppState,
+    r: wire::ChatRequest,
+    caller: &Caller,
+) -> Result<(Turn, Shape), ApiError> {
     check_model(st, r.model.as_deref())?;
     if r.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad("only n = 1 is supported", Some("n")));
@@ -450,7 +547,7 @@ fn turn_of(st: &AppState, r: wire::ChatRequest) -> Result<(Turn, Shape), ApiErro
     sampling.min_p = r.min_p.unwrap_or(0.0);
     sampling.repetition_penalty = r.repetition_penalty.unwrap_or(1.0);
     sampling.top_logprobs = top_logprobs as usize;
-    let (tools, host_tools) = tools_of(st, r.tools.unwrap_or_default())?;
+    let (tools, host_tools) = tools_of(st, r.tools.unwrap_or_default(), caller.key.as_ref())?;
     let tool_choice = match &r.tool_choice {
         None => ToolChoice::Auto,
         Some(v) => ToolChoice::from_openai(v)
@@ -485,6 +582,8 @@ fn turn_of(st: &AppState, r: wire::ChatRequest) -> Result<(Turn, Shape), ApiErro
         stop: stops(r.stop)?,
         max_tool_rounds: r.max_tool_rounds.map(|n| n as usize),
         conversation: r.conversation_id.or(r.user),
+        key_id: caller.key.as_ref().map(|k| k.id().to_owned()),
+        peer: caller.peer.map(|p| p.to_string()),
         logprobs,
         speculation: r.speculation.unwrap_or(true),
     };
@@ -615,13 +714,19 @@ async fn started(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Option<Outcome
 
 async fn chat(
     State(st): State<Arc<AppState>>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let r = async {
-        authorize(&st, &headers)?;
-        let req: wire::ChatRequest = parse_body(body)?;
-        let (turn, shape) = turn_of(&st, req)?;
+        let caller = Caller {
+            key: authorize(&st, &headers)?,
+            peer: peer.map(|Extension(Peer(p))| p),
+        };
+        let (bytes, permit) = read_body(&st, &headers, body).await?;
+        let req: wire::ChatRequest = parse_body(&bytes)?;
+        drop((bytes, permit));
+        let (turn, shape) = turn_of(&st, req, &caller)?;
         let t0 = Instant::now();
         let (mut rx, cancel) = spawn(&st, chat_work(turn));
         let guard = CancelOnDrop(cancel);
@@ -810,14 +915,12 @@ fn stream_chat(
         .into_response()
 }
 
-async fn completions(
-    State(st): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     let r = async {
         authorize(&st, &headers)?;
-        let req: wire::CompletionRequest = parse_body(body)?;
+        let (bytes, permit) = read_body(&st, &headers, body).await?;
+        let req: wire::CompletionRequest = parse_body(&bytes)?;
+        drop((bytes, permit));
         check_model(&st, req.model.as_deref())?;
         if req.n.is_some_and(|n| n != 1) {
             return Err(ApiError::bad("only n = 1 is supported", Some("n")));
@@ -862,6 +965,8 @@ async fn completions(
             stop: stops(req.stop)?,
             max_tool_rounds: Some(0),
             conversation: None,
+            key_id: None,
+            peer: None,
             logprobs: req.logprobs.is_some(),
             speculation: req.speculation.unwrap_or(true),
         };

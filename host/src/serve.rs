@@ -7,8 +7,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 use thorn::agent::{Agent, Event, Turn};
-use thorn::api::{AppState, ServerConfig};
+use thorn::api::auth::Keys;
+use thorn::api::{AppState, HttpLimits, ServerConfig};
 use thorn::chat::Message;
 use thorn::engine::{Engine, EngineConfig};
 use thorn::sample::SamplingParams;
@@ -202,9 +204,31 @@ pub struct ServeArgs {
     /// Accepted API key (repeatable; also $THORN_API_KEYS, comma-separated). None: no authentication.
     #[arg(long)]
     pub api_key: Vec<String>,
+    /// API key file: ids, key digests, per-key host-tool allow-lists and /metrics rights (see
+    /// `thorn::api::auth`).
+    #[arg(long)]
+    pub api_keys: Option<PathBuf>,
+    /// Require a key allowed to read it for GET /metrics (keys from --api-key may).
+    #[arg(long)]
+    pub metrics_auth: bool,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body: usize,
+    /// Most connections served at once (more wait in the kernel's backlog).
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
+    /// Seconds a connection has to send a request's headers (idle keep-alive connections close after it).
+    #[arg(long, default_value_t = 10)]
+    pub header_timeout: u64,
+    /// Seconds a request has to send its whole body.
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout: u64,
+    /// Bytes of request bodies being read at once, all clients together (beyond it: 503).
+    #[arg(long, default_value = "256M", value_parser = parse_bytes)]
+    pub max_inflight_body: usize,
+    /// Seconds until a response must start (0: no limit); a streamed one starts once admitted.
+    #[arg(long, default_value_t = 0)]
+    pub request_timeout: u64,
 }
 
 /// Loads the model onto its engine thread and the plugins under the policy.
@@ -280,18 +304,45 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
 /// `thorn serve`: the OpenAI-compatible server.
 pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
     let agent = build_agent(cache, &a.agent)?;
-    let mut keys = a.api_key;
+    let mut secrets = a.api_key;
     if let Ok(env) = std::env::var("THORN_API_KEYS") {
-        keys.extend(
+        secrets.extend(
             env.split(',')
                 .map(str::trim)
                 .filter(|k| !k.is_empty())
                 .map(str::to_owned),
         );
     }
+    let mut keys = Keys::from_secrets(&secrets);
+    if let Some(path) = &a.api_keys {
+        keys.merge(Keys::load(path)?);
+    }
+    let loopback = a.host == "localhost"
+        || a.host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if keys.is_empty() && !loopback {
+        tracing::warn!(
+            host = %a.host,
+            "serving a non-loopback address with no API key: anyone who can reach it can run every installed plugin (set --api-key or --api-keys)"
+        );
+        eprintln!(
+            "warning: {} is not a loopback address and no API key is set: anyone who can reach it can run every installed plugin",
+            a.host
+        );
+    }
     let config = ServerConfig {
-        api_keys: keys,
+        keys,
         max_body: a.max_body,
+        metrics_auth: a.metrics_auth,
+        http: HttpLimits {
+            max_connections: a.max_connections,
+            header_timeout: Duration::from_secs(a.header_timeout.max(1)),
+            body_timeout: Duration::from_secs(a.body_timeout.max(1)),
+            max_inflight_body: a.max_inflight_body,
+            request_timeout: (a.request_timeout > 0)
+                .then(|| Duration::from_secs(a.request_timeout)),
+        },
     };
     let state = Arc::new(AppState::new(agent, config));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -331,6 +382,8 @@ fn turn(agent: &Agent, messages: Vec<Message>, temperature: f32, seed: Option<u6
         messages,
         tools,
         host_tools,
+        key_id: None,
+        peer: None,
         tool_choice: ToolChoice::Auto,
         parallel_tool_calls: true,
         response_format: ResponseFormat::Text,

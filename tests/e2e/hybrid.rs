@@ -298,8 +298,8 @@ fn the_server_serves_a_hybrid_base_model_with_snapshots() {
     let state = Arc::new(AppState::new(
         agent,
         ServerConfig {
-            api_keys: Vec::new(),
             max_body: 1 << 20,
+            ..ServerConfig::default()
         },
     ));
     let (tx, rx) = std::sync::mpsc::channel();

@@ -25,6 +25,18 @@ pub enum ApiError {
     /// Missing or wrong API key.
     #[error("invalid API key: send `Authorization: Bearer <key>`")]
     Unauthorized,
+    /// The key is valid but may not do this (a host tool outside its allow-list, `/metrics`).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The request body did not arrive in time.
+    #[error("the request body did not arrive within {secs} s")]
+    BodyTimeout {
+        /// The limit in seconds.
+        secs: u64,
+    },
+    /// Too many request bodies are being read at once (the server's memory budget for them is spent).
+    #[error("the server is reading too many request bodies at once; retry shortly")]
+    BodiesBusy,
     /// No such model.
     #[error("the model {0:?} does not exist; see GET /v1/models")]
     ModelNotFound(String),
@@ -62,6 +74,9 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } | ApiError::ContextLength(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ApiError::BodiesBusy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -78,6 +93,9 @@ impl ApiError {
                 ("invalid_request_error", Some("context_length_exceeded"))
             }
             ApiError::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
+            ApiError::Forbidden(_) => ("permission_error", Some("permission_denied")),
+            ApiError::BodyTimeout { .. } => ("invalid_request_error", Some("body_timeout")),
+            ApiError::BodiesBusy => ("server_error", Some("overloaded")),
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
             ApiError::NotFound(_) => ("invalid_request_error", Some("not_found")),
             ApiError::TooLarge { .. } => ("invalid_request_error", Some("request_too_large")),
@@ -102,7 +120,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status(), axum::Json(self.body())).into_response();
-        if matches!(self, ApiError::Busy(_)) {
+        if matches!(self, ApiError::Busy(_) | ApiError::BodiesBusy) {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
