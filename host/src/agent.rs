@@ -646,7 +646,10 @@ impl Agent {
                 let (res, _) = self
                     .plugins
                     .call_async(
-                        turn.conversation.as_deref(),
+                        &crate::tools::plugin::Caller {
+                            conversation: turn.conversation.clone(),
+                            ..Default::default()
+                        },
                         &call.function.name,
                         &call.function.arguments,
                     )
