@@ -856,10 +856,7 @@ impl Plugin {
             return (out, report);
         }
         if let Some(t) = &trail
-            && let Err(e) = t
-                .log
-                .append_async(&t.record(Phase::Intent, self.grant.audit_arguments))
-                .await
+            && let Err(e) = t.log.append_async(&t.record(Phase::Intent, true)).await
         {
             report.duration = t0.elapsed();
             return (Err(e.into()), report); // unrecorded, so not run
