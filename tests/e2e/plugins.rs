@@ -945,3 +945,39 @@ fn read_write_grants_cannot_plant_symlinks() {
         "granted"
     );
 }
+
+#[test]
+fn sockets_count_against_the_resource_cap() {
+    // A listener that accepts (and keeps) every connection, so none waits in a backlog.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acceptor = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            while let Ok((s, _)) = listener.accept() {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                kept.push(s);
+            }
+        })
+    };
+    let data = tempfile::tempdir().unwrap();
+    let p = hostile(data.path());
+    let err = p
+        .call(
+            "socket_hoard",
+            &json!({"target": addr.to_string(), "n": 100_000}),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, PluginError::ResourceLimit { limit: 256, .. }),
+        "{err}"
+    );
+    still_serves(&p);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    drop(std::net::TcpStream::connect(addr));
+    acceptor.join().unwrap();
+}

@@ -110,6 +110,20 @@ fn fd_hoard(a: Args) -> Result<u64, String> {
     }
 }
 
+/// Connects to `target` again and again, keeping every connection, until one fails; returns how many.
+fn socket_hoard(a: Args) -> Result<u64, String> {
+    let mut held = Vec::new();
+    loop {
+        match std::net::TcpStream::connect(&a.target) {
+            Ok(s) => held.push(s),
+            Err(e) => return Err(format!("connect #{} failed: {e}", held.len() + 1)),
+        }
+        if held.len() as u64 >= a.n.max(1) {
+            return Ok(held.len() as u64);
+        }
+    }
+}
+
 fn lookup(a: Args) -> Result<Vec<String>, String> {
     use std::net::ToSocketAddrs;
     (a.target.as_str(), 0)
@@ -147,6 +161,7 @@ thorn_plugin_sdk::plugin!(
         .function("env", "Reads an environment variable.", env)
         .function("error_flood", "Fails with an n-byte error message.", error_flood)
         .function("fd_hoard", "Opens a file up to n times, keeping every handle.", fd_hoard)
+        .function("socket_hoard", "Opens up to n TCP connections, keeping every one.", socket_hoard)
         .function("lookup", "Resolves a host name.", lookup)
         .function("symlink", "Creates a symbolic link (target is link=original).", symlink)
         .raw_function(
