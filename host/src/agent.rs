@@ -20,7 +20,7 @@ use crate::engine::{Engine, EngineError, FinishReason, Generation, Request};
 use crate::sample::SamplingParams;
 use crate::sample::guide::GuideError;
 use crate::tokenizer::{TokenId, Tokenizer};
-use crate::tools::plugin::PluginSet;
+use crate::tools::plugin::{Caller, PluginSet};
 use crate::tools::{OPEN, ResponseFormat, ToolChoice, ToolError, ToolSet, complete_calls_prefix};
 use serde_json::Value;
 use std::sync::Arc;
@@ -618,6 +618,11 @@ impl Agent {
         turn.tool_choice.check(&all)?;
         let max_rounds = tool_rounds(turn.max_tool_rounds, self.max_tool_rounds);
         let mut host_calls_left = self.max_host_calls;
+        let caller = Caller {
+            conversation: turn.conversation.clone(),
+            key_id: turn.key_id.clone(),
+            peer: turn.peer.clone(),
+        };
         let mut messages = turn.messages.clone();
         let mut choice = turn.tool_choice.clone();
         let mut out = Outcome {
@@ -750,11 +755,7 @@ impl Agent {
                     host_calls_left -= 1;
                     let (res, _) = self
                         .plugins
-                        .call_async(
-                            turn.conversation.as_deref(),
-                            &call.function.name,
-                            &call.function.arguments,
-                        )
+                        .call_async(&caller, &call.function.name, &call.function.arguments)
                         .await;
                     (
                         res.as_ref().err().map(|e| e.kind()),

@@ -464,6 +464,23 @@ fn tools_of(
     Ok((defs, host))
 }
 
+/// The audit log's conversation id: `conversation_id` (checked: 1 to 128 of `A-Z a-z 0-9 . _ : -`), else
+/// `user-` and a digest of OpenAI's free-form `user` field (so any `user` value is accepted and none is
+/// written to the log verbatim).
+fn conversation_of(id: Option<String>, user: Option<String>) -> Result<Option<String>, ApiError> {
+    use sha2::Digest;
+    if let Some(id) = id {
+        crate::tools::plugin::validate_conversation_id(&id)
+            .map_err(|e| ApiError::bad(e.to_string(), Some("conversation_id")))?;
+        return Ok(Some(id));
+    }
+    Ok(user.map(|u| {
+        let d = sha2::Sha256::digest(u.as_bytes());
+        let hex: String = d[..8].iter().map(|b| format!("{b:02x}")).collect();
+        format!("user-{hex}")
+    }))
+}
+
 fn in_range(v: Option<f32>, lo: f32, hi: f32, name: &str) -> Result<(), ApiError> {
     match v {
         Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::bad(
@@ -581,7 +598,7 @@ fn turn_of(
         max_tokens: max_tokens.map_or(usize::MAX, |n| n as usize),
         stop: stops(r.stop)?,
         max_tool_rounds: r.max_tool_rounds.map(|n| n as usize),
-        conversation: r.conversation_id.or(r.user),
+        conversation: conversation_of(r.conversation_id, r.user)?,
         key_id: caller.key.as_ref().map(|k| k.id().to_owned()),
         peer: caller.peer.map(|p| p.to_string()),
         logprobs,

@@ -1,11 +1,14 @@
 //! `thorn plugins ...`: install, approve, grant, inspect, check and call tool plugins.
+//!
+//! A plugin argument is an installed plugin's name, or a file when it is written as a path (it contains a
+//! `/` or ends in `.wasm`): a bare name never picks up a file of that name in the current directory.
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thorn::tools::plugin::{
-    AuditLog, Candidate, HostConfig, PluginError, PluginHost, Policy, Requests, components,
+    AuditLog, Caller, Candidate, HostConfig, PluginError, PluginHost, Policy, Requests, components,
 };
 
 /// Where plugins, their policy and the compiled-code cache live.
@@ -39,7 +42,7 @@ pub enum Cmd {
     List,
     /// A plugin's manifest, what it asks for and what the policy says.
     Inspect {
-        /// An installed plugin's name or a .wasm file.
+        /// An installed plugin's name, or a file written as a path (with a / or ending in .wasm).
         plugin: String,
         /// Print the manifest as JSON only.
         #[arg(long)]
@@ -47,23 +50,25 @@ pub enum Cmd {
     },
     /// Loads plugins under the policy and instantiates each once; exits non-zero if any is refused.
     Check {
-        /// Installed plugin names or .wasm files (default: every installed plugin).
+        /// Installed plugin names, or files written as paths (with a / or ending in .wasm) (default: every
+        /// installed plugin).
         plugins: Vec<String>,
     },
     /// Calls one function (validated, sandboxed and audited, as the server would).
     Call {
-        /// An installed plugin's name or a .wasm file.
+        /// An installed plugin's name, or a file written as a path (with a / or ending in .wasm).
         plugin: String,
         /// The function.
         function: String,
         /// Its arguments as a JSON object.
         #[arg(default_value = "{}")]
         args: String,
-        /// Conversation id recorded in the audit log.
+        /// Conversation id recorded in the audit log (at most 128 bytes of A-Z a-z 0-9 . _ : -).
         #[arg(long)]
         conversation: Option<String>,
     },
-    /// Copies a component into the plugin directory (as <name>.wasm) and, with --approve, pins it.
+    /// Copies a component into the plugin directory (as <name>.wasm) and, with --approve, pins it. The file
+    /// is read once: the bytes hashed and approved are the bytes installed.
     Install {
         /// The .wasm file.
         file: PathBuf,
@@ -73,7 +78,7 @@ pub enum Cmd {
     },
     /// Pins a plugin's current file in the policy (first approval, or re-approval after it changed).
     Approve {
-        /// An installed plugin's name or a .wasm file.
+        /// An installed plugin's name, or a file written as a path (with a / or ending in .wasm).
         plugin: String,
     },
     /// Grants capabilities and sets limits for a plugin in the policy.
@@ -125,18 +130,27 @@ fn host(cache: &Path) -> Result<PluginHost> {
     })?)
 }
 
-/// `name` as a file: an existing path, else `<dir>/<name>.wasm`.
+/// Whether a plugin argument names a file rather than an installed plugin.
+fn is_path(name: &str) -> bool {
+    name.contains('/') || name.ends_with(".wasm")
+}
+
+/// `name` as a file: a path when written as one, else the installed `<dir>/<name>.wasm` (never a file of
+/// that name in the current directory).
 fn locate(dir: &Path, name: &str) -> Result<PathBuf> {
-    let p = Path::new(name);
-    if p.is_file() {
-        return Ok(p.to_owned());
+    if is_path(name) {
+        let p = Path::new(name);
+        if p.is_file() {
+            return Ok(p.to_owned());
+        }
+        bail!("no plugin file {name:?}");
     }
     let installed = dir.join(format!("{name}.wasm"));
     if installed.is_file() {
         return Ok(installed);
     }
     bail!(
-        "no plugin {name:?}: not a file, and not installed in {} (see `thorn plugins list`)",
+        "no plugin {name:?} installed in {} (see `thorn plugins list`; a file is written as a path, e.g. ./{name}.wasm)",
         dir.display()
     )
 }
@@ -314,9 +328,14 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             let policy = policy(&policy_path)?;
             let mut p = host.load(&locate(&dir, &plugin)?, &policy)?;
             if let Some(a) = policy.audit_path() {
-                p = p.with_audit(Arc::new(AuditLog::open(&a)?));
+                p = p.with_audit(Arc::new(AuditLog::open_with(&a, policy.audit_rotation())?));
             }
-            let (out, report) = p.call_reported(conversation.as_deref(), &function, &args);
+            let caller = Caller {
+                conversation,
+                ..Caller::default()
+            };
+            caller.validate()?;
+            let (out, report) = p.call_reported(&caller, &function, &args);
             for (name, text) in [("stdout", &report.stdout), ("stderr", &report.stderr)] {
                 if !text.is_empty() {
                     eprintln!("--- plugin {name}:\n{}", text.trim_end());
@@ -337,12 +356,16 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             }
         }
         Cmd::Install { file, approve } => {
-            let c = host(cache)?.open(&file)?;
+            // One read: the bytes hashed (and approved) are the bytes written.
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let c = host(cache)?.open_bytes(&file, &bytes)?;
             let name = c.manifest().name.clone();
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let dest = dir.join(format!("{name}.wasm"));
-            let tmp = tempfile::NamedTempFile::new_in(&dir)?;
-            std::fs::copy(&file, tmp.path())?;
+            let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
+            std::io::Write::write_all(&mut tmp, &bytes)?;
+            tmp.as_file().sync_all()?;
             tmp.persist(&dest)?;
             println!(
                 "installed {name} {} as {}",
@@ -465,6 +488,29 @@ fn grant(policy_path: &Path, g: GrantArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bare_name_is_only_ever_an_installed_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("calc.wasm"), b"installed").unwrap();
+        assert_eq!(
+            locate(dir.path(), "calc").unwrap(),
+            dir.path().join("calc.wasm")
+        );
+        // `Cargo.toml` is a file in the current directory (the package root), but a bare name is not a path.
+        assert!(Path::new("Cargo.toml").is_file());
+        assert!(locate(dir.path(), "Cargo.toml").is_err());
+        assert!(locate(dir.path(), "src").is_err());
+        // Written as a path, a file is taken as it is.
+        assert_eq!(
+            locate(dir.path(), "./Cargo.toml").unwrap(),
+            Path::new("./Cargo.toml")
+        );
+        let file = dir.path().join("calc.wasm").display().to_string();
+        assert_eq!(locate(dir.path(), &file).unwrap(), Path::new(&file));
+        assert!(locate(dir.path(), "missing.wasm").is_err());
+        assert!(is_path("x.wasm") && is_path("a/b") && !is_path("calc"));
+    }
 
     fn args(plugin: &str) -> GrantArgs {
         GrantArgs {

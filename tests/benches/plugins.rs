@@ -10,7 +10,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use thorn::tools::plugin::{AuditLog, Grant, HostConfig, Limits, Plugin, PluginHost};
+use thorn::tools::plugin::{AuditLog, Caller, Grant, HostConfig, Limits, Plugin, PluginHost};
 use thorn_tests::plugin_wasm;
 
 fn quick() -> bool {
@@ -113,7 +113,7 @@ fn throughput(p: Arc<Plugin>, callers: usize, total: usize) -> f64 {
                 tokio::spawn(async move {
                     let a = args();
                     for _ in 0..per {
-                        p.call_async(None, "evaluate", &a)
+                        p.call_async(&Caller::default(), "evaluate", &a)
                             .await
                             .0
                             .expect("call succeeds");

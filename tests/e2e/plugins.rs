@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use thorn::tools::plugin::{
-    Grant, HostConfig, Limits, NetRule, Plugin, PluginError, PluginHost, PluginSet, Policy,
-    PolicyError, Preopen,
+    AuditLog, Caller, Grant, HostConfig, Limits, NetRule, Plugin, PluginError, PluginHost,
+    PluginSet, Policy, PolicyError, Preopen, sha256_hex,
 };
 use thorn_tests::plugin_wasm;
 
@@ -366,6 +366,18 @@ fn hostile_plugins_are_stopped_with_clear_errors() {
             json!({}),
             |e| matches!(e, PluginError::Output { msg, .. } if msg.contains("UTF-8")),
         ),
+        // The tool's own error is held to the output cap too (cut on a character boundary).
+        (
+            "error_flood",
+            json!({"n": 4_000_000}),
+            |e| matches!(e, PluginError::Tool(m) if m.len() <= 64 << 10 && m.contains("4000000 bytes in all")),
+        ),
+        // Every open file is a resource-table entry, and those are capped per call.
+        (
+            "fd_hoard",
+            json!({"target": "/data/inside.txt", "n": 100_000}),
+            |e| matches!(e, PluginError::ResourceLimit { limit: 256, .. }),
+        ),
     ];
     for (f, args, expected) in cases {
         let t = Instant::now();
@@ -397,7 +409,7 @@ fn hostile_plugins_are_stopped_with_clear_errors() {
         .unwrap();
     let err = metered.call("spin", &json!({})).unwrap_err();
     assert!(matches!(err, PluginError::Fuel { .. }), "{err}");
-    let (out, report) = metered.call_reported(None, "ok", &json!({"n": 1}));
+    let (out, report) = metered.call_reported(&Caller::default(), "ok", &json!({"n": 1}));
     assert_eq!(out.unwrap(), json!(2));
     assert!(
         report.fuel.is_some_and(|f| f > 0 && f < 50_000_000),
@@ -411,7 +423,11 @@ fn hostile_plugins_are_stopped_with_clear_errors() {
         .unwrap();
     let inside = rt.block_on(async { metered.call("ok", &json!({"n": 2})) });
     assert_eq!(inside.unwrap(), json!(3));
-    let awaited = rt.block_on(metered.call_async(Some("c"), "ok", &json!({"n": 3})));
+    let caller = Caller {
+        conversation: Some("c".into()),
+        ..Caller::default()
+    };
+    let awaited = rt.block_on(metered.call_async(&caller, "ok", &json!({"n": 3})));
     assert_eq!(awaited.0.unwrap(), json!(4));
 }
 
@@ -527,42 +543,67 @@ fn plugin_set_routes_calls_refuses_the_ungranted_and_audits_everything() {
             .contains("does not grant")
     );
     assert!(set.tools().get("evaluate").is_some() && set.tools().get("convert").is_some());
-    let (ok, _) = set.call(Some("conv-1"), "evaluate", &json!({"expression": "6*7"}));
+    let conv = |c: &str| Caller {
+        conversation: Some(c.into()),
+        key_id: Some("key-7".into()),
+        peer: Some("192.0.2.1:40000".into()),
+    };
+    let (ok, _) = set.call(&conv("conv-1"), "evaluate", &json!({"expression": "6*7"}));
     assert_eq!(ok.unwrap(), json!({"value": 42.0}));
-    let (err, _) = set.call(Some("conv-1"), "convert", &json!({"value": "x"}));
+    let (err, _) = set.call(&conv("conv-1"), "convert", &json!({"value": "x"}));
     assert!(matches!(err, Err(PluginError::Arguments(_))));
     let (err, _) = set.call(
-        Some("conv-2"),
+        &conv("conv-2"),
         "convert",
         &json!({"value": 1, "from": "kg", "to": "m"}),
     );
     assert!(matches!(err, Err(PluginError::Tool(_))));
-    let (err, _) = set.call(None, "spin", &json!({}));
+    let (err, _) = set.call(&Caller::default(), "spin", &json!({}));
     assert!(matches!(err, Err(PluginError::UnknownFunction { .. })));
 
-    let log = std::fs::read_to_string(dir.path().join("logs/audit.jsonl")).unwrap();
-    let lines: Vec<Value> = log
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), 3, "{log}");
-    assert_eq!(lines[0]["conversation"], "conv-1");
-    assert_eq!(lines[0]["plugin"], "calculator");
-    assert_eq!(lines[0]["function"], "evaluate");
-    assert_eq!(lines[0]["outcome"], "ok");
-    assert_eq!(lines[0]["args"], json!({"expression": "6*7"}));
-    assert_eq!(lines[0]["args_sha256"].as_str().unwrap().len(), 64);
-    assert_eq!(lines[0]["result_bytes"], 14);
-    assert_eq!(lines[1]["outcome"], "rejected");
-    assert_eq!(lines[1]["error_kind"], "arguments");
+    let lines = audit_lines(&dir.path().join("logs/audit.jsonl"));
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    // A call that ran: an intent line (who, what, the arguments when recorded) before it, its outcome after.
+    let (intent, done) = (&lines[0], &lines[1]);
+    assert_eq!(intent["phase"], "intent");
+    assert_eq!(done["phase"], "outcome");
+    assert_eq!(intent["call"], done["call"]);
+    for l in [intent, done] {
+        assert_eq!(l["conversation"], "conv-1");
+        assert_eq!(l["key_id"], "key-7");
+        assert_eq!(l["peer"], "192.0.2.1:40000");
+        assert_eq!(l["plugin"], "calculator");
+        assert_eq!(l["function"], "evaluate");
+    }
+    assert_eq!(intent["args"], json!({"expression": "6*7"}));
+    assert!(intent.get("outcome").is_none());
+    assert_eq!(done["outcome"], "ok");
+    assert!(done.get("args").is_none());
+    assert_eq!(intent["args_sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(done["result_bytes"], 14);
+    // Refused by the schema: one outcome line, nothing ran.
+    assert_eq!(lines[2]["phase"], "outcome");
+    assert_eq!(lines[2]["outcome"], "rejected");
+    assert_eq!(lines[2]["error_kind"], "arguments");
+    assert_ne!(lines[2]["call"], done["call"]);
     assert!(
-        lines[1].get("args").is_none(),
+        lines[2].get("args").is_none(),
         "units does not record arguments"
     );
-    assert_eq!(lines[2]["outcome"], "error");
-    assert_eq!(lines[2]["error_kind"], "tool");
-    assert_eq!(lines[2]["conversation"], "conv-2");
-    assert!(lines[2]["time"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(lines[3]["phase"], "intent");
+    assert_eq!(lines[4]["outcome"], "error");
+    assert_eq!(lines[4]["error_kind"], "tool");
+    assert_eq!(lines[4]["conversation"], "conv-2");
+    assert_eq!(lines[3]["call"], lines[4]["call"]);
+    assert!(lines[4]["time"].as_str().unwrap().ends_with('Z'));
+}
+
+fn audit_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[test]
@@ -625,4 +666,318 @@ fn concurrency_is_limited_per_plugin_and_by_the_pool() {
         .unwrap();
     let took = wave(&Arc::new(one), 4);
     assert!(took >= Duration::from_millis(400), "{took:?}");
+}
+
+/// A host of its own (no pool: nothing reserved) over `cache`.
+fn host_with_cache(cache: &Path) -> PluginHost {
+    PluginHost::with_config(HostConfig {
+        cache_dir: Some(cache.to_owned()),
+        pool_slots: 0,
+        max_memory: 256 << 20,
+    })
+    .unwrap()
+}
+
+/// The cached artifact of the component at `wasm` in `cache`.
+fn cached(cache: &Path, wasm: &Path) -> std::path::PathBuf {
+    let sha = sha256_hex(&std::fs::read(wasm).unwrap());
+    let files: Vec<_> = std::fs::read_dir(cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&sha))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files[0].clone()
+}
+
+#[test]
+fn cached_native_code_is_tied_to_the_approved_component() {
+    let root = tempfile::tempdir().unwrap();
+    let cache = root.path().join("cwasm");
+    let (calc, units) = (plugin_wasm("calculator"), plugin_wasm("units"));
+    let convert = json!({"value": 100, "from": "C", "to": "F"});
+    {
+        let h = host_with_cache(&cache);
+        assert!(h.cache_dir().is_some());
+        h.load_with(&calc, Grant::none(Limits::default())).unwrap();
+        h.load_with(&units, Grant::none(Limits::default())).unwrap();
+    }
+    let (calc_file, units_file) = (cached(&cache, &calc), cached(&cache, &units));
+    // Another plugin's native code under the approved plugin's name: rejected and recompiled, and the call
+    // runs the approved code.
+    std::fs::copy(&calc_file, &units_file).unwrap();
+    let p = host_with_cache(&cache)
+        .load_with(&units, Grant::none(Limits::default()))
+        .unwrap();
+    assert_eq!(p.manifest().name, "units");
+    assert_eq!(p.call("convert", &convert).unwrap()["value"], 212.0);
+    assert_ne!(
+        std::fs::read(&units_file).unwrap(),
+        std::fs::read(&calc_file).unwrap(),
+        "the forged file was replaced"
+    );
+    // One flipped byte: the same.
+    let mut bytes = std::fs::read(&units_file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&units_file, &bytes).unwrap();
+    let p = host_with_cache(&cache)
+        .load_with(&units, Grant::none(Limits::default()))
+        .unwrap();
+    assert_eq!(p.call("convert", &convert).unwrap()["value"], 212.0);
+    assert_ne!(std::fs::read(&units_file).unwrap(), bytes);
+    // A cache directory others can write is not trusted: nothing is read from it or written to it.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let shared = root.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        // Planted: the calculator's code under the units' name (its tag is the victim cache's, which is
+        // not this directory's key, but an untrusted directory is not even read).
+        let planted = shared.join(units_file.file_name().unwrap());
+        std::fs::copy(&calc_file, &planted).unwrap();
+        let h = host_with_cache(&shared);
+        assert_eq!(h.cache_dir(), None);
+        let p = h.load_with(&units, Grant::none(Limits::default())).unwrap();
+        assert_eq!(p.call("convert", &convert).unwrap()["value"], 212.0);
+        let names: Vec<_> = std::fs::read_dir(&shared).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1, "nothing written to an untrusted cache");
+    }
+}
+
+#[test]
+fn unpinned_files_are_refused_before_they_are_compiled() {
+    let root = tempfile::tempdir().unwrap();
+    let installed = root.path().join("plugins");
+    std::fs::create_dir(&installed).unwrap();
+    for name in ["calculator", "units"] {
+        std::fs::copy(plugin_wasm(name), installed.join(format!("{name}.wasm"))).unwrap();
+    }
+    let calc_sha = sha256_hex(&std::fs::read(plugin_wasm("calculator")).unwrap());
+    let units_sha = sha256_hex(&std::fs::read(plugin_wasm("units")).unwrap());
+    let policy = write_policy(
+        root.path(),
+        json!({"plugins": {"calculator": {"sha256": calc_sha}}}),
+    );
+    let cache = root.path().join("cwasm");
+    let set = PluginSet::load_dir(&host_with_cache(&cache), &installed, &policy).unwrap();
+    assert_eq!(set.plugins().len(), 1);
+    let refused = &set.refused()[0];
+    assert!(
+        matches!(&refused.error, PluginError::Policy(PolicyError::NotApproved { sha256, .. }) if *sha256 == units_sha),
+        "{}",
+        refused.error
+    );
+    // Never compiled: the cache holds the approved plugin's code only.
+    let compiled: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cwasm"))
+        .collect();
+    assert_eq!(compiled.len(), 1, "{compiled:?}");
+    assert!(compiled[0].starts_with(&calc_sha));
+}
+
+#[test]
+fn a_call_that_cannot_be_audited_does_not_run() {
+    let full = Path::new("/dev/full");
+    if !full.exists() {
+        eprintln!("no /dev/full: skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = host()
+        .load_with(
+            &plugin_wasm("memory"),
+            dir_grant(dir.path(), "/memory", true),
+        )
+        .unwrap()
+        .with_audit(Arc::new(AuditLog::open(full).unwrap()));
+    let err = p
+        .call("remember", &json!({"key": "k", "value": "v"}))
+        .unwrap_err();
+    assert!(matches!(err, PluginError::Audit(_)), "{err}");
+    let written: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+    assert!(written.is_empty(), "the plugin ran unaudited: {written:?}");
+}
+
+#[test]
+fn audit_records_are_bounded_and_keep_arguments_out() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let log_path = root.path().join("audit.jsonl");
+    let log = Arc::new(AuditLog::open(&log_path).unwrap());
+    let p = hostile(&data).with_audit(Arc::clone(&log));
+    // A 4 MB conversation id is refused before anything runs, and not written.
+    let huge = Caller {
+        conversation: Some("c".repeat(4 << 20)),
+        key_id: Some("key-1".into()),
+        ..Caller::default()
+    };
+    let (out, _) = p.call_reported(&huge, "ok", &json!({"n": 1}));
+    assert!(matches!(out, Err(PluginError::Caller(_))), "{out:?}");
+    // The tool's error quotes its argument; the schema validator quotes the instance.
+    let secret = "/data/the-secret-file-name";
+    let (out, _) = p.call_reported(&Caller::default(), "read", &json!({"target": secret}));
+    assert!(
+        matches!(&out, Err(PluginError::Tool(m)) if m.contains(secret)),
+        "{out:?}"
+    );
+    let (out, _) = p.call_reported(
+        &Caller::default(),
+        "read",
+        &json!({"target": "hunter2-password", "n": "not a number"}),
+    );
+    assert!(matches!(out, Err(PluginError::Arguments(_))), "{out:?}");
+    // A huge error is held to the audit log's own bound as well.
+    let (out, _) = p.call_reported(&Caller::default(), "error_flood", &json!({"n": 60_000}));
+    assert!(matches!(out, Err(PluginError::Tool(_))), "{out:?}");
+
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    assert!(!text.contains("the-secret-file-name"), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
+    assert!(text.lines().all(|l| l.len() < 4096), "a line is too long");
+    let lines = audit_lines(&log_path);
+    assert_eq!(lines[0]["outcome"], "rejected");
+    assert_eq!(lines[0]["error_kind"], "caller");
+    assert!(lines[0].get("conversation").is_none());
+    assert_eq!(lines[0]["key_id"], "key-1");
+    let read = &lines[2];
+    assert_eq!(read["error_kind"], "tool");
+    assert!(
+        read["error"].as_str().unwrap().contains("[redacted]"),
+        "{read}"
+    );
+    assert_eq!(lines[3]["error_kind"], "arguments");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&log_path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}
+
+/// The hostile plugin with a network grant of `hosts` (any port) and nothing else.
+fn with_network(hosts: &[(&str, &str)]) -> Plugin {
+    let grant = Grant {
+        network: hosts
+            .iter()
+            .map(|(h, a)| NetRule {
+                host: (*h).into(),
+                port: None,
+                addrs: a.parse().into_iter().collect(),
+            })
+            .collect(),
+        ..Grant::none(Limits::default())
+    };
+    host().load_with(&plugin_wasm("hostile"), grant).unwrap()
+}
+
+#[test]
+fn guests_look_up_only_the_names_they_were_granted() {
+    // A host-name grant turns lookups on, but only for that name: `localhost` would resolve (it is in
+    // /etc/hosts) and is refused before any resolver sees it.
+    let p = with_network(&[("granted.invalid", ""), ("127.0.0.1", "127.0.0.1")]);
+    let err = p
+        .call("lookup", &json!({"target": "localhost"}))
+        .unwrap_err();
+    assert!(tool_error(&err, "cannot resolve localhost"), "{err}");
+    let err = p
+        .call("lookup", &json!({"target": "secret.exfil.example"}))
+        .unwrap_err();
+    assert!(tool_error(&err, "cannot resolve"), "{err}");
+    // Literals need no resolver.
+    assert_eq!(
+        p.call("lookup", &json!({"target": "127.0.0.1"})).unwrap(),
+        json!(["127.0.0.1"])
+    );
+    // The granted name itself resolves.
+    let p = with_network(&[("localhost", "127.0.0.1")]);
+    let addrs = p.call("lookup", &json!({"target": "localhost"})).unwrap();
+    assert!(
+        addrs
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "127.0.0.1" || a == "::1"),
+        "{addrs}"
+    );
+    still_serves(&p);
+}
+
+#[test]
+fn read_write_grants_cannot_plant_symlinks() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("inside.txt"), "granted").unwrap();
+    std::fs::write(root.path().join("outside.txt"), "not granted").unwrap();
+    let grant = Grant {
+        preopens: vec![Preopen {
+            host: data.clone(),
+            guest: "/data".into(),
+            write: true,
+        }],
+        ..Grant::none(Limits::default())
+    };
+    let p = host().load_with(&plugin_wasm("hostile"), grant).unwrap();
+    for target in [
+        "/data/out=../outside.txt",
+        "/data/in=inside.txt",
+        "/data/abs=/etc/passwd",
+    ] {
+        let err = p.call("symlink", &json!({"target": target})).unwrap_err();
+        assert!(tool_error(&err, "not permitted"), "{target}: {err}");
+    }
+    let names: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(names, ["inside.txt"]);
+    assert_eq!(
+        p.call("read", &json!({"target": "/data/inside.txt"}))
+            .unwrap(),
+        "granted"
+    );
+}
+
+#[test]
+fn sockets_count_against_the_resource_cap() {
+    // A listener that accepts (and keeps) every connection, so none waits in a backlog.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acceptor = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            while let Ok((s, _)) = listener.accept() {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                kept.push(s);
+            }
+        })
+    };
+    let data = tempfile::tempdir().unwrap();
+    let p = hostile(data.path());
+    let err = p
+        .call(
+            "socket_hoard",
+            &json!({"target": addr.to_string(), "n": 100_000}),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, PluginError::ResourceLimit { limit: 256, .. }),
+        "{err}"
+    );
+    still_serves(&p);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    drop(std::net::TcpStream::connect(addr));
+    acceptor.join().unwrap();
 }

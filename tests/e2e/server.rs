@@ -540,6 +540,7 @@ fn api_keys_and_a_full_queue() {
         },
     );
     the_keys_decide_who_uses_what(s.addr);
+    the_audit_log_says_who(&s);
     let body = json!({"messages": user("hi"), "max_tokens": 2}).to_string();
     let r = http(s.addr, "POST", "/v1/chat/completions", &[], body.as_bytes());
     assert_eq!(r.status, 401);
@@ -725,6 +726,45 @@ fn concurrent_requests_share_forward_passes() {
         "{seqs} sequences in {steps} steps: nothing was batched"
     );
     assert!(counter("thorn_kv_pages") > 0);
+}
+
+fn the_audit_log_says_who(s: &Server) {
+    let body = json!({"messages": user("What is 17 * 3?"), "max_tokens": 200, "temperature": 0,
+        "tool_choice": "required", "conversation_id": "robot-run-1",
+        "tools": [{"type": "function", "function": {"name": "thorn:calculator"}}]});
+    let r = http(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer r0b0t")],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(!host_calls(&r.json()).is_empty(), "{}", r.body);
+    let log = std::fs::read_to_string(s._dir.path().join("audit.jsonl")).unwrap();
+    let mine: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["conversation"] == "robot-run-1")
+        .collect();
+    assert!(mine.len() >= 2, "an intent and an outcome: {log}");
+    for v in &mine {
+        assert_eq!(v["key_id"], "robot", "{v}");
+        assert!(v["peer"].as_str().unwrap().starts_with("127.0.0.1:"), "{v}");
+        assert!(!log.contains("r0b0t"), "the secret is never logged");
+    }
+    // A conversation id that could flood the log is refused before anything runs.
+    let mut bad = body.clone();
+    bad["conversation_id"] = json!("x".repeat(4096));
+    let r = http(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer r0b0t")],
+        bad.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "conversation_id");
 }
 
 /// `sekrit` may do anything; `robot` only the calculator and not /metrics; `ops` no tools but /metrics.

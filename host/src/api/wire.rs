@@ -158,7 +158,7 @@ pub struct ChatRequest {
     /// OpenAI frequency penalty.
     #[serde(default)]
     pub frequency_penalty: Option<f32>,
-    /// An end-user id (recorded as the audit log's conversation id when no `conversation_id` is given).
+    /// An end-user id (when no `conversation_id` is given, the audit log records `user-` and a digest of it).
     #[serde(default)]
     pub user: Option<String>,
     /// thorn: top-k sampling.
@@ -173,7 +173,7 @@ pub struct ChatRequest {
     /// thorn: most rounds of host (plugin) tool calls.
     #[serde(default)]
     pub max_tool_rounds: Option<u32>,
-    /// thorn: conversation id for the plugin audit log.
+    /// thorn: conversation id for the plugin audit log (1 to 128 of `A-Z a-z 0-9 . _ : -`).
     #[serde(default)]
     pub conversation_id: Option<String>,
 }

@@ -1,32 +1,44 @@
 //! Tool plugins: WASI preview 2 components run in wasmtime with no ambient authority.
 //!
 //! * One [`PluginHost`] per process owns the wasmtime `Engine` (Cranelift, epoch interruption, fuel), the
-//!   WASI linker, an epoch ticker thread and a tokio runtime for synchronous callers. It uses the **pooling
-//!   allocator** (instance slots, memories and stacks reserved up front, copy-on-write heap images) when the
-//!   address space allows and falls back to on-demand allocation otherwise; a semaphore with one permit per
-//!   slot sits in front of it, since an exhausted pool is an error, not back-pressure. Components are
-//!   compiled once and cached on disk as `.cwasm`, keyed by the component's sha256 and the engine's
-//!   compatibility hash, so a restart loads native code in milliseconds instead of recompiling.
+//!   WASI linker (`linker`: wasmtime-wasi with name lookups limited to the grant and no symlink creation),
+//!   an epoch ticker thread and a tokio runtime for synchronous callers. It uses the **pooling allocator**
+//!   (instance slots, memories and stacks reserved up front, copy-on-write heap images) when the address
+//!   space allows and falls back to on-demand allocation otherwise; a semaphore with one permit per slot
+//!   sits in front of it, since an exhausted pool is an error, not back-pressure. Components are compiled
+//!   once and cached on disk (`cache`: a private directory, each artifact MACed under a per-host key and
+//!   bound to the component's sha256 and the engine), so a restart loads native code in milliseconds
+//!   instead of recompiling, and the cache cannot swap an approved plugin's code.
 //! * [`PluginHost::open`] compiles (or loads) a component, pre-links it (`InstancePre`), calls its
 //!   `describe()` in a sandbox with nothing granted and validates the manifest against
 //!   `schemas/tool-manifest.schema.json`. Every function's `parameters` becomes a tool with a compiled
 //!   `jsonschema` validator. [`Candidate::admit`] then asks the operator's [`Policy`] (sha256 pin,
 //!   capabilities) and yields a callable [`Plugin`]; [`PluginHost::load`] does both.
-//! * [`Plugin::call_async`] validates the arguments first (a call that violates the schema never reaches the
-//!   plugin), waits for a slot (the plugin's own concurrency limit, then the pool's), then runs the function
-//!   in a **fresh `Store`** (a trap poisons an instance, so none is reused): a WASI context holding exactly
-//!   the grant (preopened directories, env vars, a TCP allow-list; otherwise no env, args, files or
-//!   sockets), stdout/stderr captured up to a bound, a memory cap, optional fuel, and a deadline enforced
-//!   twice: epochs (the guest yields every tick, and is interrupted after the deadline plus a grace period)
-//!   and a tokio timeout around the call (for a guest blocked in a host call such as `sleep`). Every failure
-//!   is a typed [`PluginError`]; the host keeps serving. Every call, refused ones included, is appended to
-//!   the [`AuditLog`] and made durable before its result is returned.
+//! * [`Plugin::call_async`] validates the [`Caller`] and the arguments first (a call that violates the schema
+//!   never reaches the plugin), records its intent in the [`AuditLog`] (durable before the plugin runs; a
+//!   call that cannot be recorded does not run), waits for a slot (the plugin's own concurrency limit, then
+//!   the pool's), then runs the function in a **fresh `Store`** (a trap poisons an instance, so none is
+//!   reused): a WASI context holding exactly the grant (preopened directories, env vars, a TCP allow-list;
+//!   otherwise no env, args, files or sockets), stdout/stderr captured up to a bound, a memory cap over all
+//!   of the store's memories (`limiter`), a cap on its resource-table entries (every open file, socket and
+//!   stream is one, so this bounds host descriptors), optional fuel, and a deadline enforced twice: epochs
+//!   (the guest yields every tick, and is interrupted after the deadline plus a grace period) and a tokio
+//!   timeout around the call (for a guest blocked in a host call such as `sleep`). A result, or the tool's
+//!   own error message, larger than the output cap is refused or cut. Every failure is a typed
+//!   [`PluginError`]; the host keeps serving. The outcome is recorded and made durable before it is returned.
 
 pub mod audit;
+mod cache;
+mod caller;
+mod limiter;
+mod linker;
 pub mod policy;
 mod set;
+mod trail;
 
-pub use audit::{AuditError, AuditLog, Outcome, Record};
+pub use audit::{AuditError, AuditLog, Outcome, Phase, Record, Rotation};
+pub use caller::{Caller, CallerError, MAX_ID_BYTES, validate_conversation_id};
+pub use limiter::MemoryCap;
 pub use policy::{Access, Grant, NetRule, Policy, PolicyError, Preopen, Requests};
 pub use set::{PluginSet, Refusal, components};
 
@@ -36,13 +48,14 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::sync::Semaphore;
-use wasmtime::component::{Component, InstancePre, Linker, ResourceTable};
+use trail::Trail;
+use wasmtime::component::{Component, InstancePre, Linker, ResourceTable, ResourceTableError};
 use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits,
-    StoreLimitsBuilder, Trap, UpdateDeadline,
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap,
+    UpdateDeadline,
 };
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::sockets::SocketAddrUse;
@@ -144,9 +157,20 @@ pub enum PluginError {
         /// Its concurrency limit.
         limit: usize,
     },
-    /// The call could not be recorded, so its result is withheld.
+    /// The call could not be recorded: it did not run (intent), or its result is withheld (outcome).
     #[error(transparent)]
     Audit(#[from] AuditError),
+    /// The caller's conversation id, key id or peer address is malformed (an API maps it to 400).
+    #[error(transparent)]
+    Caller(#[from] CallerError),
+    /// The guest tried to hold more resources (open files, sockets, streams) than allowed at once.
+    #[error("plugin {plugin:?}: resource limit exceeded ({limit} open handles)")]
+    ResourceLimit {
+        /// The plugin.
+        plugin: String,
+        /// The cap.
+        limit: usize,
+    },
 }
 
 impl PluginError {
@@ -166,6 +190,8 @@ impl PluginError {
             PluginError::Policy(_) => "policy",
             PluginError::Busy { .. } => "busy",
             PluginError::Audit(_) => "audit",
+            PluginError::Caller(_) => "caller",
+            PluginError::ResourceLimit { .. } => "resource_limit",
         }
     }
 }
@@ -183,14 +209,16 @@ fn stderr_suffix(s: &str) -> String {
 pub struct Limits {
     /// Wall-clock limit of one call.
     pub timeout: Duration,
-    /// Linear-memory cap in bytes.
+    /// Linear-memory cap in bytes, over all of an instance's memories together.
     pub memory: usize,
     /// Fuel budget (`None` = unmetered; epochs still bound the time).
     pub fuel: Option<u64>,
     /// Bytes of stdout and of stderr kept (beyond it the guest's writes fail).
     pub stdio: usize,
-    /// Largest result accepted, in bytes.
+    /// Largest result accepted, in bytes; a longer error message from the tool is cut to it.
     pub max_output: usize,
+    /// Resource-table entries (open files, directories, sockets, streams, ...) a call may hold at once.
+    pub max_resources: usize,
     /// Calls of this plugin that may run at once (more wait, within their time limit).
     pub max_concurrent: usize,
 }
@@ -203,6 +231,7 @@ impl Default for Limits {
             fuel: None,
             stdio: 64 << 10,
             max_output: 1 << 20,
+            max_resources: 256,
             max_concurrent: 16,
         }
     }
@@ -240,7 +269,9 @@ pub struct Manifest {
 struct State {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
+    limits: limiter::Budget,
+    /// The host names the guest may look up (see `linker`).
+    lookup_names: Arc<[String]>,
 }
 
 impl WasiView for State {
@@ -255,7 +286,8 @@ impl WasiView for State {
 /// How the process-wide runtime is set up.
 #[derive(Debug, Clone)]
 pub struct HostConfig {
-    /// Where compiled components are cached (`None`: compile on every load).
+    /// Where compiled components are cached (`None`: compile on every load). It is created `0700`; a
+    /// directory that others could write is not used (a warning, and components compile in memory).
     pub cache_dir: Option<PathBuf>,
     /// Instance slots of the pooling allocator, which is also the most calls in flight at once; 0 means
     /// on-demand allocation (no up-front reservation).
@@ -300,6 +332,7 @@ pub struct PluginHost {
     engine: Engine,
     linker: Linker<State>,
     config: HostConfig,
+    cache: Option<cache::Cache>,
     pooling: bool,
     slots: Arc<Semaphore>,
     handle: tokio::runtime::Handle,
@@ -370,8 +403,17 @@ impl PluginHost {
             Some(e) => e,
             None => Engine::new(&cfg).map_err(|e| err(e.to_string()))?,
         };
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| err(e.to_string()))?;
+        let linker = linker::linker(&engine).map_err(|e| err(format!("{e:#}")))?;
+        let cache = config
+            .cache_dir
+            .as_deref()
+            .and_then(|dir| match cache::Cache::open(dir) {
+                Ok(c) => Some(c),
+                Err(why) => {
+                    tracing::warn!(dir = %dir.display(), %why, "not using the compiled-code cache; plugins compile in memory");
+                    None
+                }
+            });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("thorn-plugins")
@@ -402,6 +444,7 @@ impl PluginHost {
         Ok(PluginHost {
             engine,
             linker,
+            cache,
             pooling,
             slots: Arc::new(Semaphore::new(slots)),
             config,
@@ -424,24 +467,31 @@ impl PluginHost {
         &self.config
     }
 
-    /// Compiles `bytes`, or loads the native code compiled earlier for the same bytes and engine.
+    /// The compiled-code cache in use: the configured directory, or `None` when there is none or it could
+    /// not be trusted.
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache.as_ref().map(cache::Cache::dir)
+    }
+
+    /// Compiles `bytes`, or loads the native code compiled earlier for the same bytes and engine (verified
+    /// against its MAC; on a mismatch it is recompiled and overwritten).
     fn component(&self, path: &Path, bytes: &[u8], sha: &str) -> Result<Component, PluginError> {
         let err = |msg: String| PluginError::Load {
             path: path.display().to_string(),
             msg,
         };
-        let Some(dir) = &self.config.cache_dir else {
+        let Some(cache) = &self.cache else {
             return Component::new(&self.engine, bytes).map_err(|e| err(format!("{e:#}")));
         };
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.engine.precompile_compatibility_hash().hash(&mut h);
-        let file = dir.join(format!("{sha}-{:016x}.cwasm", h.finish()));
-        if file.is_file() {
-            match load_precompiled(&self.engine, &file) {
+        let engine = h.finish();
+        if let Some(native) = cache.load(sha, engine) {
+            match load_precompiled(&self.engine, &native) {
                 Ok(c) => return Ok(c),
                 Err(e) => {
-                    tracing::warn!(file = %file.display(), error = %e, "recompiling a stale .cwasm")
+                    tracing::warn!(plugin = %path.display(), error = %e, "recompiling a stale cached component")
                 }
             }
         }
@@ -449,23 +499,28 @@ impl PluginHost {
             .engine
             .precompile_component(bytes)
             .map_err(|e| err(format!("{e:#}")))?;
-        std::fs::create_dir_all(dir).map_err(|e| err(format!("cache dir: {e}")))?;
-        let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| err(e.to_string()))?;
-        std::fs::write(tmp.path(), &native).map_err(|e| err(e.to_string()))?;
-        tmp.persist(&file).map_err(|e| err(e.to_string()))?;
-        load_precompiled(&self.engine, &file).map_err(|e| err(format!("{e:#}")))
+        if let Err(e) = cache.store(sha, engine, &native) {
+            tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot cache a compiled component");
+        }
+        load_precompiled(&self.engine, &native).map_err(|e| err(format!("{e:#}")))
     }
 
     /// Compiles (or loads) a component and reads its manifest, granting it nothing: enough to inspect
     /// or approve it. [`Candidate::admit`] makes it callable.
     pub fn open(&self, path: &Path) -> Result<Candidate, PluginError> {
-        let shown = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|e| PluginError::Load {
-            path: shown.clone(),
+            path: path.display().to_string(),
             msg: e.to_string(),
         })?;
-        let sha = hex(&Sha256::digest(&bytes));
-        let component = self.component(path, &bytes, &sha)?;
+        self.open_bytes(path, &bytes)
+    }
+
+    /// [`PluginHost::open`] of a component already read (`path` names it): the bytes hashed are the bytes
+    /// compiled, with no second read of the file.
+    pub fn open_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Candidate, PluginError> {
+        let shown = path.display().to_string();
+        let sha = sha256_hex(bytes);
+        let component = self.component(path, bytes, &sha)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -496,6 +551,7 @@ impl PluginHost {
             own: Arc::new(Semaphore::new(1)),
             audit: None,
             max_memory: self.config.max_memory,
+            lookup_names: Vec::new().into(),
         };
         let text = plugin
             .block_on(plugin.run(None, "", &mut CallReport::default()))
@@ -613,6 +669,13 @@ impl Candidate {
             .into());
         }
         p.own = Arc::new(Semaphore::new(grant.limits.max_concurrent.max(1)));
+        p.lookup_names = grant
+            .network
+            .iter()
+            .filter(|r| r.host.parse::<std::net::IpAddr>().is_err())
+            .map(|r| r.host.clone())
+            .collect::<Vec<_>>()
+            .into();
         p.grant = grant;
         Ok(self.plugin)
     }
@@ -622,11 +685,18 @@ impl Candidate {
     unsafe_code,
     reason = "loading native code wasmtime compiled for this engine"
 )]
-fn load_precompiled(engine: &Engine, file: &Path) -> wasmtime::Result<Component> {
-    // SAFETY: the file is in thorn's own cache directory, written (atomically, via rename) only by
-    // `Engine::precompile_component` of an engine with the same compatibility hash, which is part of its name;
-    // wasmtime additionally checks the header and rejects artifacts of another version or configuration.
-    unsafe { Component::deserialize_file(engine, file) }
+fn load_precompiled(engine: &Engine, native: &[u8]) -> wasmtime::Result<Component> {
+    // SAFETY: `native` is either what `Engine::precompile_component` of this engine just returned, or the
+    // bytes read back from the cache whose HMAC under this host's private key verified (`cache::Cache::load`,
+    // which returns exactly the bytes it checked, so the file cannot change in between); the tag binds them
+    // to this component's sha256 and this engine's compatibility hash. wasmtime additionally checks the
+    // header and rejects artifacts of another version or configuration.
+    unsafe { Component::deserialize(engine, native) }
+}
+
+/// The lowercase hex sha256 of `bytes` (a component's identity in the policy and the audit log).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -649,6 +719,8 @@ pub struct Plugin {
     own: Arc<Semaphore>,
     audit: Option<Arc<AuditLog>>,
     max_memory: usize,
+    /// The granted host names (not addresses): the only names the guest may look up.
+    lookup_names: Arc<[String]>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -729,18 +801,18 @@ impl Plugin {
 
     /// Calls `function` with `args` (validated against its schema first), blocking until it ends.
     pub fn call(&self, function: &str, args: &Value) -> Result<Value, PluginError> {
-        self.call_reported(None, function, args).0
+        self.call_reported(&Caller::default(), function, args).0
     }
 
-    /// [`Plugin::call`] within a conversation, with the call's report (time, fuel, captured output) even
-    /// when it fails.
+    /// [`Plugin::call`] for `caller`, with the call's report (time, fuel, captured output) even when it
+    /// fails.
     pub fn call_reported(
         &self,
-        conversation: Option<&str>,
+        caller: &Caller,
         function: &str,
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
-        self.block_on(self.call_async(conversation, function, args))
+        self.block_on(self.call_async(caller, function, args))
     }
 
     /// Instantiates the plugin once under its limits and drops the instance without calling anything:
@@ -757,64 +829,65 @@ impl Plugin {
         })
     }
 
-    /// Calls `function` with `args`: validation, a slot, a fresh instance, the audit record.
+    /// Calls `function` with `args` for `caller`: validation, the intent record, a slot, a fresh instance,
+    /// the outcome record.
     pub async fn call_async(
         &self,
-        conversation: Option<&str>,
+        caller: &Caller,
         function: &str,
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
-        let started = SystemTime::now();
         let t0 = Instant::now();
         let mut report = CallReport::default();
-        let (out, outcome, bytes) = match self.admit_call(function, args) {
-            Err(e) => (Err(e), Outcome::Rejected, 0),
-            Ok(()) => match self.acquire().await {
-                Err(e) => (Err(e), Outcome::Rejected, 0),
-                Ok(_permits) => {
-                    let text = self
-                        .run(Some(function), &args.to_string(), &mut report)
-                        .await;
-                    let bytes = text.as_ref().map_or(0, String::len);
-                    let value = text.and_then(|t| {
-                        serde_json::from_str(&t).map_err(|e| PluginError::Output {
-                            plugin: self.name.clone(),
-                            msg: format!("the result is not JSON: {e}"),
-                        })
-                    });
-                    let outcome = if value.is_ok() {
-                        Outcome::Ok
-                    } else {
-                        Outcome::Error
-                    };
-                    (value, outcome, bytes)
-                }
-            },
+        let trail = self
+            .audit
+            .as_deref()
+            .map(|log| Trail::new(log, self, caller, function, args));
+        let checked = caller
+            .validate()
+            .map_err(PluginError::from)
+            .and_then(|()| self.admit_call(function, args));
+        if let Err(e) = checked {
+            report.duration = t0.elapsed();
+            let out = match &trail {
+                Some(t) => t.outcome(Outcome::Rejected, Err(e), 0, &report).await,
+                None => Err(e),
+            };
+            return (out, report);
+        }
+        if let Some(t) = &trail
+            && let Err(e) = t.log.append_async(&t.record(Phase::Intent, true)).await
+        {
+            report.duration = t0.elapsed();
+            return (Err(e.into()), report); // unrecorded, so not run
+        }
+        let (out, bytes) = match self.acquire().await {
+            Err(e) => (Err(e), 0),
+            Ok(_permits) => {
+                let text = self
+                    .run(Some(function), &args.to_string(), &mut report)
+                    .await;
+                let bytes = text.as_ref().map_or(0, String::len);
+                let value = text.and_then(|t| {
+                    serde_json::from_str(&t).map_err(|e| PluginError::Output {
+                        plugin: self.name.clone(),
+                        msg: format!("the result is not JSON: {e}"),
+                    })
+                });
+                (value, bytes)
+            }
         };
         report.duration = t0.elapsed();
-        let Some(log) = &self.audit else {
-            return (out, report);
+        let outcome = if out.is_ok() {
+            Outcome::Ok
+        } else {
+            Outcome::Error
         };
-        let text = args.to_string();
-        let record = Record {
-            time: Record::now(started),
-            conversation,
-            plugin: &self.name,
-            plugin_sha256: &self.sha256,
-            function,
-            args_sha256: hex(&Sha256::digest(text.as_bytes())),
-            args: self.grant.audit_arguments.then_some(args),
-            outcome,
-            error_kind: out.as_ref().err().map(PluginError::kind),
-            error: out.as_ref().err().map(ToString::to_string),
-            duration_us: Record::micros(report.duration),
-            fuel: report.fuel,
-            result_bytes: bytes,
+        let out = match &trail {
+            Some(t) => t.outcome(outcome, out, bytes, &report).await,
+            None => out,
         };
-        match log.append_async(&record).await {
-            Ok(()) => (out, report),
-            Err(e) => (Err(e.into()), report),
-        }
+        (out, report)
     }
 
     /// Checks the function exists and the arguments satisfy its schema.
@@ -890,11 +963,8 @@ impl Plugin {
         if !g.network.is_empty() {
             let rules: Arc<[NetRule]> = g.network.clone().into();
             b.allow_tcp(true);
-            b.allow_ip_name_lookup(
-                g.network
-                    .iter()
-                    .any(|r| r.host.parse::<std::net::IpAddr>().is_err()),
-            );
+            // Lookups of the granted names only (`linker` filters every other name before it resolves).
+            b.allow_ip_name_lookup(!self.lookup_names.is_empty());
             b.socket_addr_check(move |addr, use_| {
                 let ok = match use_ {
                     // The implicit bind to an ephemeral port that precedes every connect.
@@ -905,19 +975,15 @@ impl Plugin {
                 Box::pin(async move { ok })
             });
         }
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(lim.memory)
-            .memories(4)
-            .instances(32)
-            .tables(32)
-            .trap_on_grow_failure(true)
-            .build();
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(lim.max_resources);
         let mut store = Store::new(
             &self.engine,
             State {
                 wasi: b.build(),
-                table: ResourceTable::new(),
-                limits,
+                table,
+                limits: limiter::Budget::new(lim.memory),
+                lookup_names: Arc::clone(&self.lookup_names),
             },
         );
         store.limiter(|s| &mut s.limits);
@@ -978,7 +1044,7 @@ impl Plugin {
             Ok(Ok(v)) => v,
         };
         report.fuel = lim.fuel.and(used);
-        let text = out.map_err(PluginError::Tool)?;
+        let text = out.map_err(|e| PluginError::Tool(trail::truncate(e, lim.max_output)))?;
         if text.len() > lim.max_output {
             return Err(PluginError::Output {
                 plugin: plugin(),
@@ -1004,6 +1070,21 @@ impl Plugin {
                 .unwrap_or(t.len());
             t[start..].to_owned()
         };
+        if e.downcast_ref::<MemoryCap>().is_some() {
+            return PluginError::MemoryLimit {
+                plugin,
+                limit: lim.memory,
+            };
+        }
+        if matches!(
+            e.downcast_ref::<ResourceTableError>(),
+            Some(ResourceTableError::Full)
+        ) {
+            return PluginError::ResourceLimit {
+                plugin,
+                limit: lim.max_resources,
+            };
+        }
         match e.downcast_ref::<Trap>() {
             Some(Trap::OutOfFuel) => PluginError::Fuel {
                 plugin,
@@ -1020,10 +1101,15 @@ impl Plugin {
             },
             None => {
                 let msg = format!("{e:#}");
-                if msg.contains("forcing trap when growing memory") {
+                if msg.contains("memory limit exceeded") {
                     PluginError::MemoryLimit {
                         plugin,
                         limit: lim.memory,
+                    }
+                } else if msg.contains("resource table has no free keys") {
+                    PluginError::ResourceLimit {
+                        plugin,
+                        limit: lim.max_resources,
                     }
                 } else if msg.contains("utf-8") || msg.contains("utf8") || msg.contains("UTF-8") {
                     PluginError::Output {

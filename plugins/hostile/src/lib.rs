@@ -1,6 +1,7 @@
 //! A plugin whose functions misbehave on purpose, for the host's sandbox tests: spin forever, allocate
 //! forever, recurse forever, panic, read files it was not given, escape a preopen with `..`, open a socket,
-//! flood stdout, return a huge, non-JSON or non-UTF-8 result, and sleep past its deadline. It asks for `/data`
+//! flood stdout, return a huge, non-JSON or non-UTF-8 result, return a huge error, hoard file descriptors,
+//! look up names it was not granted, plant a symbolic link, and sleep past its deadline. It asks for `/data`
 //! (read), one env var and loopback TCP, so the tests also show what a grant does and does not open. `ok` is a normal function,
 //! to show the host still serves afterwards.
 
@@ -91,6 +92,54 @@ fn env(a: Args) -> Result<String, String> {
     std::env::var(&a.target).map_err(|e| format!("no env var {}: {e}", a.target))
 }
 
+fn error_flood(a: Args) -> Result<u64, String> {
+    Err("e".repeat(a.n as usize))
+}
+
+/// Opens `target` again and again, keeping every handle, until an open fails; returns how many it held.
+fn fd_hoard(a: Args) -> Result<u64, String> {
+    let mut held = Vec::new();
+    loop {
+        match std::fs::File::open(&a.target) {
+            Ok(f) => held.push(f),
+            Err(e) => return Err(format!("open #{} failed: {e}", held.len() + 1)),
+        }
+        if held.len() as u64 >= a.n.max(1) {
+            return Ok(held.len() as u64);
+        }
+    }
+}
+
+/// Connects to `target` again and again, keeping every connection, until one fails; returns how many.
+fn socket_hoard(a: Args) -> Result<u64, String> {
+    let mut held = Vec::new();
+    loop {
+        match std::net::TcpStream::connect(&a.target) {
+            Ok(s) => held.push(s),
+            Err(e) => return Err(format!("connect #{} failed: {e}", held.len() + 1)),
+        }
+        if held.len() as u64 >= a.n.max(1) {
+            return Ok(held.len() as u64);
+        }
+    }
+}
+
+fn lookup(a: Args) -> Result<Vec<String>, String> {
+    use std::net::ToSocketAddrs;
+    (a.target.as_str(), 0)
+        .to_socket_addrs()
+        .map(|it| it.map(|s| s.ip().to_string()).collect())
+        .map_err(|e| format!("cannot resolve {}: {e}", a.target))
+}
+
+/// Creates the symbolic link `target` (`link=original`).
+fn symlink(a: Args) -> Result<String, String> {
+    let (link, original) = a.target.split_once('=').ok_or("target is link=original")?;
+    #[expect(deprecated, reason = "the one stable way to make a symlink on WASI")]
+    std::fs::soft_link(original, link).map_err(|e| format!("cannot link {link}: {e}"))?;
+    Ok("linked".into())
+}
+
 fn ok(a: Args) -> Result<u64, String> {
     Ok(a.n + 1)
 }
@@ -110,6 +159,11 @@ thorn_plugin_sdk::plugin!(
         .function("huge", "Returns n bytes.", huge)
         .function("sleep", "Sleeps n milliseconds.", sleep)
         .function("env", "Reads an environment variable.", env)
+        .function("error_flood", "Fails with an n-byte error message.", error_flood)
+        .function("fd_hoard", "Opens a file up to n times, keeping every handle.", fd_hoard)
+        .function("socket_hoard", "Opens up to n TCP connections, keeping every one.", socket_hoard)
+        .function("lookup", "Resolves a host name.", lookup)
+        .function("symlink", "Creates a symbolic link (target is link=original).", symlink)
         .raw_function(
             "garbage",
             "Returns text that is not JSON.",

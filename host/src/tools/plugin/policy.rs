@@ -6,7 +6,7 @@
 //! and refuses the whole plugin, naming each missing grant, if any is not covered. What a plugin gets is
 //! exactly what it asked for (and was granted): a grant it did not ask for is not handed to it.
 
-use super::{Limits, Manifest};
+use super::{Limits, Manifest, Rotation};
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -88,6 +88,7 @@ struct LimitsSpec {
     fuel: Option<u64>,
     stdio_kib: Option<u64>,
     max_output_kib: Option<u64>,
+    max_resources: Option<u32>,
     max_concurrent: Option<u32>,
 }
 
@@ -108,6 +109,9 @@ impl LimitsSpec {
         if let Some(v) = self.max_output_kib {
             l.max_output = (v as usize) << 10;
         }
+        if let Some(v) = self.max_resources {
+            l.max_resources = v as usize;
+        }
         if let Some(v) = self.max_concurrent {
             l.max_concurrent = v as usize;
         }
@@ -120,6 +124,8 @@ struct AuditSpec {
     path: Option<String>,
     #[serde(default)]
     arguments: bool,
+    max_mib: Option<u64>,
+    keep: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -412,6 +418,20 @@ impl Policy {
                 .as_deref()
                 .map(|p| p.with_file_name("audit.jsonl"))
         })
+    }
+
+    /// How the audit log is rotated (the file's `audit.max_mib` and `audit.keep` over the defaults).
+    pub fn audit_rotation(&self) -> Rotation {
+        let d = Rotation::default();
+        Rotation {
+            max_bytes: self.file.audit.max_mib.map_or(d.max_bytes, |m| m << 20),
+            keep: self.file.audit.keep.unwrap_or(d.keep),
+        }
+    }
+
+    /// Whether any entry pins `sha256` (a file no entry pins is refused without being compiled).
+    pub fn pins(&self, sha256: &str) -> bool {
+        self.file.plugins.values().any(|e| e.sha256 == sha256)
     }
 
     /// The pinned digest of `plugin`, if it has an entry.

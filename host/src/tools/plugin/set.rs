@@ -1,7 +1,11 @@
 //! The installed plugins: every component in a directory, admitted by the policy, their functions gathered
 //! into one tool set, and calls routed by tool name and audited.
+//!
+//! A file is hashed before anything else: one whose sha256 no policy entry pins is refused without being
+//! compiled or asked to `describe()` itself, so an unapproved file costs a read and a hash per start, not a
+//! Cranelift compile and a sandboxed run.
 
-use super::{AuditLog, CallReport, Plugin, PluginError, PluginHost, Policy};
+use super::{AuditLog, CallReport, Caller, Plugin, PluginError, PluginHost, Policy, PolicyError};
 use crate::tools::ToolSet;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -64,7 +68,7 @@ impl PluginSet {
     /// error: plugins never run unaudited under a policy file.
     pub fn load_dir(host: &PluginHost, dir: &Path, policy: &Policy) -> Result<Self, PluginError> {
         let audit = match policy.audit_path() {
-            Some(p) => Some(Arc::new(AuditLog::open(&p)?)),
+            Some(p) => Some(Arc::new(AuditLog::open_with(&p, policy.audit_rotation())?)),
             None => None,
         };
         let mut set = PluginSet {
@@ -73,7 +77,7 @@ impl PluginSet {
         };
         let mut defs = Vec::new();
         for path in components(dir)? {
-            let plugin = match host.load(&path, policy) {
+            let plugin = match Self::load_one(host, &path, policy) {
                 Ok(p) => p,
                 Err(error) => {
                     tracing::warn!(path = %path.display(), %error, "plugin refused");
@@ -119,6 +123,27 @@ impl PluginSet {
         Ok(set)
     }
 
+    /// Reads, hashes and (only if some entry pins that digest) compiles and admits one file.
+    fn load_one(host: &PluginHost, path: &Path, policy: &Policy) -> Result<Plugin, PluginError> {
+        let bytes = std::fs::read(path).map_err(|e| PluginError::Load {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        })?;
+        let sha256 = super::sha256_hex(&bytes);
+        if !policy.pins(&sha256) {
+            let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+            return Err(PolicyError::NotApproved {
+                plugin: stem.into_owned(),
+                sha256,
+                policy: policy
+                    .path()
+                    .map_or_else(|| "(none)".into(), |p| p.display().to_string()),
+            }
+            .into());
+        }
+        host.open_bytes(path, &bytes)?.admit(policy)
+    }
+
     /// The loaded plugins.
     pub fn plugins(&self) -> &[Arc<Plugin>] {
         &self.plugins
@@ -144,15 +169,15 @@ impl PluginSet {
         self.by_tool.get(tool).map(|&i| &self.plugins[i])
     }
 
-    /// Calls the plugin that provides `tool`.
+    /// Calls the plugin that provides `tool`, for `caller`.
     pub async fn call_async(
         &self,
-        conversation: Option<&str>,
+        caller: &Caller,
         tool: &str,
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
         match self.plugin_for(tool) {
-            Some(p) => p.call_async(conversation, tool, args).await,
+            Some(p) => p.call_async(caller, tool, args).await,
             None => unknown(tool),
         }
     }
@@ -160,12 +185,12 @@ impl PluginSet {
     /// [`PluginSet::call_async`], blocking.
     pub fn call(
         &self,
-        conversation: Option<&str>,
+        caller: &Caller,
         tool: &str,
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
         match self.plugin_for(tool) {
-            Some(p) => p.call_reported(conversation, tool, args),
+            Some(p) => p.call_reported(caller, tool, args),
             None => unknown(tool),
         }
     }

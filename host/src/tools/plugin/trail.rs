@@ -1,0 +1,194 @@
+//! One call's audit trail: the [`Record`]s a [`Plugin`] call writes, bounded and redacted.
+//!
+//! Everything that goes into a line is bounded: the caller's ids by [`Caller::validate`] (a field that fails
+//! it is left out of the record of the refused call), the function name (it may be a model's invention) to
+//! [`MAX_FUNCTION_BYTES`], and the error message to [`MAX_ERROR_BYTES`]. When the policy does not record
+//! arguments, they must not reach the log through an error message either: a schema violation is recorded
+//! without its details (the validator quotes the offending value), and in every other message each
+//! string value of the arguments (2 characters or more, raw and JSON-escaped) is replaced by `[redacted]`.
+
+use super::{AuditLog, CallReport, Caller, Outcome, Phase, Plugin, PluginError, Record};
+use serde_json::Value;
+use std::time::SystemTime;
+
+/// The longest function name recorded, in bytes.
+pub(super) const MAX_FUNCTION_BYTES: usize = 256;
+/// The longest error message recorded, in bytes.
+pub(super) const MAX_ERROR_BYTES: usize = 2048;
+/// The most argument values redacted from one message (the longest ones).
+const MAX_REDACTED: usize = 64;
+const REDACTED: &str = "[redacted]";
+
+/// The audit context of one call.
+pub(super) struct Trail<'a> {
+    pub(super) log: &'a AuditLog,
+    plugin: &'a Plugin,
+    id: String,
+    caller: Caller,
+    function: &'a str,
+    args: &'a Value,
+    args_sha256: String,
+}
+
+impl<'a> Trail<'a> {
+    pub(super) fn new(
+        log: &'a AuditLog,
+        plugin: &'a Plugin,
+        caller: &Caller,
+        function: &'a str,
+        args: &'a Value,
+    ) -> Self {
+        Trail {
+            log,
+            plugin,
+            id: log.call_id(),
+            caller: caller.valid_parts(),
+            function: clip(function, MAX_FUNCTION_BYTES),
+            args,
+            args_sha256: super::sha256_hex(args.to_string().as_bytes()),
+        }
+    }
+
+    /// The call's line of `phase`, without the outcome fields; `with_args` adds the arguments when the
+    /// policy records them.
+    pub(super) fn record(&self, phase: Phase, with_args: bool) -> Record<'_> {
+        Record {
+            call: &self.id,
+            phase,
+            time: Record::now(SystemTime::now()),
+            conversation: self.caller.conversation.as_deref(),
+            key_id: self.caller.key_id.as_deref(),
+            peer: self.caller.peer.as_deref(),
+            plugin: &self.plugin.name,
+            plugin_sha256: &self.plugin.sha256,
+            function: self.function,
+            args_sha256: &self.args_sha256,
+            args: (with_args && self.plugin.grant.audit_arguments).then_some(self.args),
+            outcome: None,
+            error_kind: None,
+            error: None,
+            duration_us: None,
+            fuel: None,
+            result_bytes: None,
+        }
+    }
+
+    /// Records how the call ended and hands `out` back, or the audit error if the line cannot be made
+    /// durable (the result is withheld). A rejected call has no intent line, so its outcome line carries
+    /// the arguments (when recorded).
+    pub(super) async fn outcome(
+        &self,
+        outcome: Outcome,
+        out: Result<Value, PluginError>,
+        result_bytes: usize,
+        report: &CallReport,
+    ) -> Result<Value, PluginError> {
+        let err = out.as_ref().err();
+        let record = Record {
+            outcome: Some(outcome),
+            error_kind: err.map(PluginError::kind),
+            error: err.map(|e| self.error_text(e)),
+            duration_us: Some(Record::micros(report.duration)),
+            fuel: report.fuel,
+            result_bytes: Some(result_bytes),
+            ..self.record(Phase::Outcome, outcome == Outcome::Rejected)
+        };
+        match self.log.append_async(&record).await {
+            Ok(()) => out,
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// `e` as recorded: bounded, and without the arguments unless the policy records them.
+    fn error_text(&self, e: &PluginError) -> String {
+        let text = if self.plugin.grant.audit_arguments {
+            e.to_string()
+        } else if let PluginError::Arguments(_) = e {
+            "the arguments do not match the function's schema (details not recorded: argument auditing is off)"
+                .to_owned()
+        } else {
+            redact(&e.to_string(), self.args)
+        };
+        clip(&text, MAX_ERROR_BYTES).to_owned()
+    }
+}
+
+/// `text` with every string value of `args` (2 characters or more, the longest first) replaced.
+pub(super) fn redact(text: &str, args: &Value) -> String {
+    fn leaves<'v>(v: &'v Value, out: &mut Vec<&'v str>) {
+        match v {
+            Value::String(s) if s.chars().nth(1).is_some() => out.push(s),
+            Value::Array(a) => a.iter().for_each(|x| leaves(x, out)),
+            Value::Object(o) => o.values().for_each(|x| leaves(x, out)),
+            _ => {}
+        }
+    }
+    let mut strings = Vec::new();
+    leaves(args, &mut strings);
+    strings.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    strings.dedup();
+    let mut text = text.to_owned();
+    for s in strings.into_iter().take(MAX_REDACTED) {
+        let escaped = Value::from(s).to_string();
+        let escaped = &escaped[1..escaped.len() - 1];
+        if escaped != s {
+            text = text.replace(escaped, REDACTED);
+        }
+        text = text.replace(s, REDACTED);
+    }
+    text
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+pub(super) fn clip(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `s` cut to at most `max` bytes (on a character boundary), saying how much was cut when there is room.
+pub(super) fn truncate(s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    const ROOM: usize = 48;
+    if max < ROOM {
+        return clip(&s, max).to_owned();
+    }
+    let head = clip(&s, max - ROOM);
+    format!("{head}… [cut: {} bytes in all]", s.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn redacts_argument_strings_raw_and_escaped() {
+        let args = json!({"path": "/etc/shadow", "q": ["a\"b", "x"], "n": 5, "nested": {"k": "secretvalue"}});
+        let msg = r#"cannot read /etc/shadow; "a\"b" is bad; secretvalue-ish; x stays; 5 stays"#;
+        assert_eq!(
+            redact(msg, &args),
+            r#"cannot read [redacted]; "[redacted]" is bad; [redacted]-ish; x stays; 5 stays"#
+        );
+    }
+
+    #[test]
+    fn cuts_on_char_boundaries() {
+        assert_eq!(clip("héllo", 2), "h");
+        assert_eq!(clip("héllo", 3), "hé");
+        assert_eq!(clip("ab", 5), "ab");
+        let long = "é".repeat(1000);
+        let t = truncate(long.clone(), 100);
+        assert!(t.len() <= 100, "{}", t.len());
+        assert!(t.ends_with("[cut: 2000 bytes in all]"), "{t}");
+        assert_eq!(truncate(long, 7), "ééé");
+        assert_eq!(truncate("short".into(), 100), "short");
+    }
+}
