@@ -520,9 +520,12 @@ fn sampling(
 
 fn stops(stop: Option<wire::Stop>) -> Result<Vec<String>, ApiError> {
     let v = stop.map(wire::Stop::into_vec).unwrap_or_default();
-    if v.len() > 16 || v.iter().any(String::is_empty) {
+    use crate::engine::{MAX_STOP_BYTES, MAX_STOPS};
+    if v.len() > MAX_STOPS || v.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
         return Err(ApiError::bad(
-            "`stop` takes up to 16 non-empty strings",
+            format!(
+                "`stop` takes up to {MAX_STOPS} non-empty strings of at most {MAX_STOP_BYTES} bytes"
+            ),
             Some("stop"),
         ));
     }

@@ -34,6 +34,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
+/// Most stop strings per request.
+pub const MAX_STOPS: usize = 16;
+/// Most bytes of one stop string.
+pub const MAX_STOP_BYTES: usize = 256;
+
 /// Tokens per prefill micro-batch.
 pub const PREFILL_CHUNK: usize = 256;
 
@@ -728,7 +733,17 @@ impl Engine {
         tokens: &[TokenId],
         want: Logits,
     ) -> Result<(), EngineError> {
-        self.run_pass(seq, tokens, None, want)
+        // A long run (a grammar-forced `const`) goes through in prefill-sized passes, so one pass never
+        // holds more than a micro-batch of activations.
+        let mut rest = tokens;
+        if want == Logits::Last {
+            while rest.len() > PREFILL_CHUNK {
+                let (head, tail) = rest.split_at(PREFILL_CHUNK);
+                self.run_pass(seq, head, None, Logits::None)?;
+                rest = tail;
+            }
+        }
+        self.run_pass(seq, rest, None, want)
     }
 
     /// [`Engine::run_seq`] for a chain (`parents: None`) or a token tree ([`Batch::push_tree`]). Every pass

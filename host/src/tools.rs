@@ -146,6 +146,10 @@ impl ToolSet {
                     msg: "parameters must be a JSON object schema".into(),
                 });
             }
+            check_schema_size(&parameters).map_err(|msg| ToolError::Schema {
+                tool: name.to_owned(),
+                msg,
+            })?;
             let validator =
                 jsonschema::validator_for(&parameters).map_err(|e| ToolError::Schema {
                     tool: name.to_owned(),
@@ -273,6 +277,77 @@ impl ToolSet {
             })
         }
     }
+}
+
+/// Limits on what a client's schema may ask the grammar engine to spell or compile: a `const` or `enum`
+/// is forced token by token and a `pattern` becomes an automaton, so their size is bounded where the
+/// schema arrives, with a message that names the limit.
+pub mod schema_limits {
+    /// Most bytes of one `const` value's JSON text.
+    pub const CONST_BYTES: usize = 4096;
+    /// Most entries of one `enum`.
+    pub const ENUM_ENTRIES: usize = 1024;
+    /// Most bytes of one `enum`'s JSON text.
+    pub const ENUM_BYTES: usize = 64 << 10;
+    /// Most bytes of one `pattern` (or `patternProperties` key).
+    pub const PATTERN_BYTES: usize = 1024;
+    /// Deepest nesting of a schema.
+    pub const DEPTH: usize = 64;
+}
+
+/// Checks a schema against [`schema_limits`].
+pub fn check_schema_size(schema: &Value) -> Result<(), String> {
+    use schema_limits as l;
+    fn walk(v: &Value, depth: usize) -> Result<(), String> {
+        if depth > l::DEPTH {
+            return Err(format!("the schema nests deeper than {} levels", l::DEPTH));
+        }
+        match v {
+            Value::Object(o) => {
+                for (k, x) in o {
+                    match k.as_str() {
+                        "const" if x.to_string().len() > l::CONST_BYTES => {
+                            return Err(format!(
+                                "a \"const\" is longer than {} bytes",
+                                l::CONST_BYTES
+                            ));
+                        }
+                        "enum" => {
+                            let n = x.as_array().map_or(0, Vec::len);
+                            if n > l::ENUM_ENTRIES || x.to_string().len() > l::ENUM_BYTES {
+                                return Err(format!(
+                                    "an \"enum\" has more than {} entries or {} bytes",
+                                    l::ENUM_ENTRIES,
+                                    l::ENUM_BYTES
+                                ));
+                            }
+                        }
+                        "pattern" if x.as_str().is_some_and(|p| p.len() > l::PATTERN_BYTES) => {
+                            return Err(format!(
+                                "a \"pattern\" is longer than {} bytes",
+                                l::PATTERN_BYTES
+                            ));
+                        }
+                        "patternProperties"
+                            if x.as_object()
+                                .is_some_and(|p| p.keys().any(|k| k.len() > l::PATTERN_BYTES)) =>
+                        {
+                            return Err(format!(
+                                "a \"patternProperties\" pattern is longer than {} bytes",
+                                l::PATTERN_BYTES
+                            ));
+                        }
+                        _ => {}
+                    }
+                    walk(x, depth + 1)?;
+                }
+                Ok(())
+            }
+            Value::Array(a) => a.iter().try_for_each(|x| walk(x, depth + 1)),
+            _ => Ok(()),
+        }
+    }
+    walk(schema, 0)
 }
 
 /// Calls that failed validation after constrained decoding: each one is a bug (grammar and validator

@@ -436,3 +436,52 @@ fn fp8_kv_cache_stays_close_to_f32() {
         eprintln!("{}: greedy {same}/{total}", dtype.name());
     }
 }
+
+/// A grammar-forced run (a long `const`) goes through in step-sized pieces: it never makes one pass
+/// longer than the step budget, so the requests batched with it keep decoding; its output is still exact.
+#[test]
+fn a_long_forced_run_respects_the_step_budget() {
+    use thorn::tools::{ResponseFormat, ToolChoice, ToolSet};
+    let mut e = quantized(EngineConfig {
+        context: 2048,
+        ..EngineConfig::default()
+    });
+    let text = "abc ".repeat(400);
+    let format = ResponseFormat::JsonSchema {
+        name: "c".into(),
+        schema: serde_json::json!({ "const": text }),
+        strict: false,
+    };
+    let prompts = fixture_prompts();
+    let g = e
+        .grammars()
+        .unwrap()
+        .guide(&ToolSet::default(), &ToolChoice::None, false, &format)
+        .unwrap()
+        .map(Box::new);
+    // No draft trees, so every pass is only forced, prompt and decoded tokens.
+    let plain = |p: &Vec<u32>, n| Request {
+        speculate: false,
+        ..Request::greedy(p.clone(), n)
+    };
+    let reqs = vec![
+        (plain(&prompts[0], 1200), g),
+        (plain(&prompts[1], 24), None),
+    ];
+    let step_tokens = 64;
+    let (outs, stats) = e.generate_batch(
+        reqs,
+        SchedulerConfig {
+            max_batch: 4,
+            step_tokens,
+        },
+    );
+    let long = outs[0].1.as_ref().unwrap();
+    assert_eq!(long.text, serde_json::to_string(&text).unwrap());
+    assert!(outs[1].1.is_ok());
+    assert!(
+        stats.max_step_tokens <= step_tokens as u64 + 1,
+        "a pass of {} tokens with a budget of {step_tokens}: {stats:?}",
+        stats.max_step_tokens
+    );
+}

@@ -461,6 +461,19 @@ fn bad_requests_get_openai_errors() {
             "top_logprobs",
         ),
         (
+            json!({"messages": user("hi"), "stop": ["x".repeat(20_000)]}),
+            "stop",
+        ),
+        (
+            json!({"messages": user("hi"), "response_format": {"type": "json_schema",
+                "json_schema": {"name": "c", "schema": {"const": "x".repeat(20_000)}}}}),
+            "response_format",
+        ),
+        (
+            json!({"messages": user("hi"), "conversation_id": "a b"}),
+            "conversation_id",
+        ),
+        (
             json!({"messages": user("hi"), "tools": [{"type": "function", "function": {"name": "f"}}],
                 "tool_choice": {"type": "function", "function": {"name": "g"}}}),
             "tools",

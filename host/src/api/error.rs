@@ -145,6 +145,10 @@ impl From<AgentError> for ApiError {
             AgentError::Template(t) => ApiError::bad(t.to_string(), Some("messages")),
             AgentError::Engine(crate::engine::EngineError::Request(m)) => ApiError::bad(m, None),
             AgentError::Engine(crate::engine::EngineError::Kv(k)) => ApiError::Busy(k.to_string()),
+            // A client's schema that the grammar engine refused or gave up on while decoding.
+            AgentError::Engine(crate::engine::EngineError::Grammar(g)) => {
+                ApiError::bad(g.to_string(), Some("response_format"))
+            }
             AgentError::Engine(e) => ApiError::Internal(e.to_string()),
             AgentError::Lost => ApiError::Internal(e.to_string()),
         }

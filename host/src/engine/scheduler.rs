@@ -87,6 +87,8 @@ pub struct SchedulerStats {
     pub preemptions: u64,
     /// Sequences finished.
     pub finished: u64,
+    /// Tokens in the largest forward pass (bounded by `step_tokens` plus one per other decode).
+    pub max_step_tokens: u64,
 }
 
 /// The batch scheduler; runs on the engine's thread.
@@ -234,6 +236,7 @@ impl Scheduler {
             states,
             ..
         } = engine;
+        self.stats.max_step_tokens = self.stats.max_step_tokens.max(batch.len() as u64);
         let t0 = Instant::now();
         let forward = model.forward(cpu, kv.pool_mut(), batch, states, scratch);
         spec.cost.observe(batch.len(), t0.elapsed().as_secs_f64());
@@ -388,7 +391,10 @@ impl Scheduler {
                         continue;
                     }
                     let n = if decoding {
-                        left
+                        // A grammar-forced run takes at most what is left of the step's budget (one
+                        // token at least), so a long `const` cannot stall the sequences batched with it;
+                        // the rest rides in the next steps.
+                        left.min(budget.max(1))
                     } else {
                         // Prompt chunks end where a hybrid model snapshots its state.
                         let from = seq.len();
@@ -593,6 +599,17 @@ impl Engine {
                 "the prompt has {} tokens; the context holds {}",
                 req.prompt.len(),
                 self.context
+            )));
+        }
+        // Stop strings are matched against held-back text every token: bound their size here, where
+        // that cost is spent.
+        if req.stop.len() > super::MAX_STOPS
+            || req.stop.iter().any(|s| s.len() > super::MAX_STOP_BYTES)
+        {
+            return Err(EngineError::Request(format!(
+                "at most {} stop strings of at most {} bytes each",
+                super::MAX_STOPS,
+                super::MAX_STOP_BYTES
             )));
         }
         Ok(())

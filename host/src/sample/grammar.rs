@@ -153,13 +153,18 @@ impl GrammarFactory {
     }
 
     fn build(&self, g: TopLevelGrammar) -> Result<Constraint, GrammarError> {
-        let parser = self
-            .factory
-            .create_parser(g)
-            .map_err(|e| GrammarError::Compile(e.to_string()))?;
+        // The compiler works on client schemas: a panic in it is a refused schema, not a dead thread.
+        let parser = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.factory.create_parser(g)
+        }))
+        .map_err(|_| {
+            tracing::error!("the grammar compiler panicked on a schema");
+            GrammarError::Compile("the grammar compiler failed on this schema".into())
+        })?
+        .map_err(|e| GrammarError::Compile(client_message(&e.to_string())))?;
         let m = Matcher::new(Ok(parser));
         if let Some(e) = m.get_error() {
-            return Err(GrammarError::Compile(e));
+            return Err(GrammarError::Compile(client_message(&e)));
         }
         Ok(Constraint { m })
     }
@@ -217,6 +222,23 @@ impl GrammarFactory {
         }
         // Each tool compiles alone but the union does not: report the union's error.
         self.tool_call(tools).map(drop)
+    }
+}
+
+/// A compiler message fit for a client: its first lines, at most 400 bytes, and never a panic message or
+/// backtrace (those are logged, not returned).
+pub(crate) fn client_message(msg: &str) -> String {
+    if msg.contains("panicked") || msg.contains("backtrace") || msg.contains("RUST_BACKTRACE") {
+        tracing::warn!(error = %msg, "grammar compiler failure");
+        return "the grammar compiler failed on this schema".into();
+    }
+    let lines: Vec<&str> = msg.lines().take(3).collect();
+    let text = lines.join(" ");
+    let cut = text.floor_char_boundary(400);
+    if cut < text.len() {
+        format!("{}...", &text[..cut])
+    } else {
+        text
     }
 }
 
@@ -355,7 +377,7 @@ impl std::fmt::Debug for Constraint {
 
 impl Constraint {
     fn err(e: impl std::fmt::Display) -> GrammarError {
-        GrammarError::Matcher(e.to_string())
+        GrammarError::Matcher(client_message(&e.to_string()))
     }
 
     /// Writes the tokens allowed next into `mask` (its buffer is reused; once the grammar is done, only

@@ -121,6 +121,10 @@ impl ResponseFormat {
                 if !(schema.is_object() || schema.is_boolean()) {
                     return Err(bad("\"schema\" must be a JSON schema object"));
                 }
+                super::check_schema_size(&schema).map_err(|msg| ToolError::Schema {
+                    tool: format!("response_format {name}"),
+                    msg,
+                })?;
                 jsonschema::validator_for(&schema).map_err(|e| ToolError::Schema {
                     tool: format!("response_format {name}"),
                     msg: e.to_string(),

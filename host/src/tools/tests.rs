@@ -262,3 +262,41 @@ fn multi_byte_text_after_a_call_is_an_error_not_a_panic() {
         Err(ToolError::Malformed(_))
     ));
 }
+
+#[test]
+fn oversized_consts_enums_and_patterns_are_refused_with_the_limit() {
+    let tool = |params: Value| json!([{"type": "function", "function": {"name": "f", "parameters": params}}]);
+    let long = "x".repeat(20_000);
+    for (params, what) in [
+        (
+            json!({"type": "object", "properties": {"a": {"const": long}}}),
+            "const",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"enum": (0..2000).collect::<Vec<_>>()}}}),
+            "enum",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "pattern": long}}}),
+            "pattern",
+        ),
+    ] {
+        let err = ToolSet::new(tool(params).as_array().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(what) && err.contains("\"f\""), "{err}");
+    }
+    let fmt =
+        json!({"type": "json_schema", "json_schema": {"name": "big", "schema": {"const": long}}});
+    let err = ResponseFormat::from_openai(&fmt).unwrap_err().to_string();
+    assert!(err.contains("4096"), "{err}");
+    // Within the limits all is well.
+    assert!(
+        ToolSet::new(
+            tool(json!({"type": "object", "properties": {"a": {"const": "ok"}}}))
+                .as_array()
+                .unwrap()
+        )
+        .is_ok()
+    );
+}
