@@ -236,9 +236,13 @@ fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 fn check_model(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    check_model_name(&st.agent.model().name, model)
+}
+
+fn check_model_name(served: &str, model: Option<&str>) -> Result<(), ApiError> {
     match model {
         None | Some("") => Ok(()),
-        Some(m) if m == st.agent.model().name => Ok(()),
+        Some(m) if m == served => Ok(()),
         Some(m) => Err(ApiError::ModelNotFound(m.to_owned())),
     }
 }
@@ -397,11 +401,10 @@ pub const HOST_TOOL_PREFIX: &str = "thorn:";
 /// Splits the request's tools into definitions for the model and the names the host runs. Host tools are
 /// the `thorn:`-named ones only (a plugin name first, else a function name); `key` limits which.
 fn tools_of(
-    st: &AppState,
+    plugins: &crate::tools::plugin::PluginSet,
     tools: Vec<Value>,
     key: Option<&ApiKey>,
 ) -> Result<(Vec<Value>, Vec<String>), ApiError> {
-    let plugins = st.agent.plugins();
     let mut client = Vec::new();
     let mut defs = Vec::new();
     let mut host: Vec<String> = Vec::new();
@@ -532,12 +535,36 @@ fn stops(stop: Option<wire::Stop>) -> Result<Vec<String>, ApiError> {
     Ok(v)
 }
 
+/// Parses a chat request body as the server does (for tools and fuzzing: the same errors, the same paths).
+pub fn parse_chat_request(body: &[u8]) -> Result<wire::ChatRequest, ApiError> {
+    parse_body(body)
+}
+
+/// The agent's turn for a chat request, checked as the server checks it, for a server of `model` with
+/// `plugins` installed and no API keys.
+pub fn chat_turn(
+    model: &str,
+    plugins: &crate::tools::plugin::PluginSet,
+    r: wire::ChatRequest,
+) -> Result<Turn, ApiError> {
+    turn_from(model, plugins, r, &Caller::default()).map(|(t, _)| t)
+}
+
 fn turn_of(
     st: &AppState,
     r: wire::ChatRequest,
     caller: &Caller,
 ) -> Result<(Turn, Shape), ApiError> {
-    check_model(st, r.model.as_deref())?;
+    turn_from(&st.agent.model().name, st.agent.plugins(), r, caller)
+}
+
+fn turn_from(
+    model: &str,
+    plugins: &crate::tools::plugin::PluginSet,
+    r: wire::ChatRequest,
+    caller: &Caller,
+) -> Result<(Turn, Shape), ApiError> {
+    check_model_name(model, r.model.as_deref())?;
     if r.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad("only n = 1 is supported", Some("n")));
     }
@@ -567,7 +594,7 @@ fn turn_of(
     sampling.min_p = r.min_p.unwrap_or(0.0);
     sampling.repetition_penalty = r.repetition_penalty.unwrap_or(1.0);
     sampling.top_logprobs = top_logprobs as usize;
-    let (tools, host_tools) = tools_of(st, r.tools.unwrap_or_default(), caller.key.as_ref())?;
+    let (tools, host_tools) = tools_of(plugins, r.tools.unwrap_or_default(), caller.key.as_ref())?;
     let tool_choice = match &r.tool_choice {
         None => ToolChoice::Auto,
         Some(v) => ToolChoice::from_openai(v)
