@@ -24,6 +24,17 @@ struct Server {
 /// Installs calculator, files (granted a directory holding notes.txt) and hostile (300 ms deadline) into a
 /// fresh plugin directory with a policy, and starts a server on a free port.
 fn start(context: usize, queue: usize, max_batch: usize, config: ServerConfig) -> Server {
+    start_tuned(context, queue, max_batch, config, |a| a)
+}
+
+/// [`start`] with the agent adjusted by `tune`.
+fn start_tuned(
+    context: usize,
+    queue: usize,
+    max_batch: usize,
+    config: ServerConfig,
+    tune: impl FnOnce(Agent) -> Agent,
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let installed = dir.path().join("plugins");
     let docs = dir.path().join("docs");
@@ -74,8 +85,9 @@ fn start(context: usize, queue: usize, max_batch: usize, config: ServerConfig) -
         max_batch,
         ..SchedulerConfig::default()
     };
-    let agent =
-        Agent::start_with(engine, "smollm2".into(), Arc::new(plugins), queue, 3, sched).unwrap();
+    let agent = tune(
+        Agent::start_with(engine, "smollm2".into(), Arc::new(plugins), queue, 3, sched).unwrap(),
+    );
     let state = Arc::new(AppState::new(agent, config));
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -1017,4 +1029,33 @@ fn slow_clients_cannot_hold_the_server() {
             .as_bytes(),
     );
     assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn host_calls_past_the_budget_are_not_run() {
+    let s = start_tuned(1024, 8, 2, ServerConfig::default(), |a| {
+        a.with_max_host_calls(0)
+    });
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": user("What is 17 * 3?"), "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "thorn:calculator"}}],
+            "temperature": 0, "max_tokens": 200, "max_tool_rounds": 1000}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let calls = host_calls(&v);
+    assert!(!calls.is_empty(), "{v}");
+    for c in &calls {
+        assert_eq!(c["error_kind"], "call_budget", "{c}");
+    }
+    let m = http(s.addr, "GET", "/metrics", &[], b"");
+    assert!(
+        m.body
+            .contains("thorn_plugin_calls_total{tool=\"evaluate\",outcome=\"call_budget\"}")
+            && !m.body.contains("tool=\"evaluate\",outcome=\"ok\""),
+        "the plugin never ran: {}",
+        m.body
+    );
 }

@@ -452,6 +452,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn compiler_messages_reach_clients_short_and_without_panics() {
+        let panic = "thread 'engine' panicked at src/lib.rs:1:1:\nindex out of bounds\nstack backtrace:\n 0: x";
+        assert_eq!(
+            client_message(panic),
+            "the grammar compiler failed on this schema"
+        );
+        let long = format!("{}\nline 2\nline 3\nline 4", "é".repeat(500));
+        let m = client_message(&long);
+        assert!(
+            m.len() <= 403 && m.ends_with("...") && !m.contains("line 4"),
+            "{m}"
+        );
+        assert_eq!(client_message("unknown rule foo"), "unknown rule foo");
+    }
+
+    #[test]
     fn close_objects_closes_listed_properties_only() {
         let mut s = json!({"type": "object", "properties": {
             "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
