@@ -301,6 +301,15 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
     .with_max_host_calls(a.max_host_calls))
 }
 
+/// Whether `host` (the `--host` flag) only accepts local clients.
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .trim_matches(|c| c == '[' || c == ']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// `thorn serve`: the OpenAI-compatible server.
 pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
     let agent = build_agent(cache, &a.agent)?;
@@ -317,11 +326,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
     if let Some(path) = &a.api_keys {
         keys.merge(Keys::load(path)?);
     }
-    let loopback = a.host == "localhost"
-        || a.host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    if keys.is_empty() && !loopback {
+    if keys.is_empty() && !is_loopback(&a.host) {
         tracing::warn!(
             host = %a.host,
             "serving a non-loopback address with no API key: anyone who can reach it can run every installed plugin (set --api-key or --api-keys)"
@@ -490,4 +495,19 @@ pub fn chat(cache: &Path, a: &AgentArgs, system: Option<&str>, temperature: f32)
         messages.push(Message::assistant(out.content.trim()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_addresses_go_without_a_warning() {
+        for h in ["127.0.0.1", "localhost", "::1", "[::1]", "127.1.2.3"] {
+            assert!(is_loopback(h), "{h}");
+        }
+        for h in ["0.0.0.0", "::", "192.168.1.5", "example.com", "10.0.0.1"] {
+            assert!(!is_loopback(h), "{h}");
+        }
+    }
 }
