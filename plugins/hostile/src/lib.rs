@@ -159,11 +159,27 @@ thorn_plugin_sdk::plugin!(
         .function("huge", "Returns n bytes.", huge)
         .function("sleep", "Sleeps n milliseconds.", sleep)
         .function("env", "Reads an environment variable.", env)
-        .function("error_flood", "Fails with an n-byte error message.", error_flood)
-        .function("fd_hoard", "Opens a file up to n times, keeping every handle.", fd_hoard)
-        .function("socket_hoard", "Opens up to n TCP connections, keeping every one.", socket_hoard)
+        .function(
+            "error_flood",
+            "Fails with an n-byte error message.",
+            error_flood
+        )
+        .function(
+            "fd_hoard",
+            "Opens a file up to n times, keeping every handle.",
+            fd_hoard
+        )
+        .function(
+            "socket_hoard",
+            "Opens up to n TCP connections, keeping every one.",
+            socket_hoard
+        )
         .function("lookup", "Resolves a host name.", lookup)
-        .function("symlink", "Creates a symbolic link (target is link=original).", symlink)
+        .function(
+            "symlink",
+            "Creates a symbolic link (target is link=original).",
+            symlink
+        )
         .raw_function(
             "garbage",
             "Returns text that is not JSON.",
