@@ -10,7 +10,7 @@ use thorn::api::{chat_turn, parse_chat_request};
 use thorn::chat::ChatTemplate;
 use thorn::gguf::Gguf;
 use thorn::sample::grammar::GrammarFactory;
-use thorn::tokenizer::{DATA_MARK, Tokenizer};
+use thorn::tokenizer::{Tokenizer, unquote};
 use thorn::tools::ToolSet;
 use thorn::tools::plugin::PluginSet;
 
@@ -58,8 +58,7 @@ fuzz_target!(|data: &[u8]| {
         if text.len() < 1 << 16 {
             let ids = tok.encode_rendered(&text).expect("a rendered prompt tokenizes");
             let shown = tok.decode(&ids, true);
-            let expected = unquote(&text);
-            assert_eq!(shown, expected, "the prompt round-trips");
+            assert_eq!(shown, unquote(&text), "the prompt round-trips");
             let controls = ids.iter().filter(|&&i| tok.is_control(i)).count();
             let clean: Vec<_> = turn
                 .messages
@@ -87,20 +86,3 @@ fuzz_target!(|data: &[u8]| {
         .grammars
         .guide(&tools, &turn.tool_choice, turn.parallel_tool_calls, &turn.response_format);
 });
-
-/// The rendered text as the model should read it: lone marks dropped, doubled marks kept once.
-fn unquote(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == DATA_MARK {
-            if chars.peek() == Some(&DATA_MARK) {
-                chars.next();
-                out.push(DATA_MARK);
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}

@@ -21,7 +21,7 @@ mod detok;
 mod quote;
 
 pub use detok::{DetokState, Detokenizer};
-pub use quote::DATA_MARK;
+pub use quote::{DATA_MARK, unquote};
 
 use crate::gguf::{Gguf, GgufError};
 use std::collections::HashMap;

@@ -109,18 +109,7 @@ impl Tokenizer {
             return self.encode_plain(text, out);
         }
         scratch.clear();
-        let mut chars = text.chars().peekable();
-        while let Some(c) = chars.next() {
-            if c == DATA_MARK {
-                // A doubled mark is a data character; a lone one is only a mark.
-                if chars.peek() == Some(&DATA_MARK) {
-                    chars.next();
-                    scratch.push(DATA_MARK);
-                }
-            } else {
-                scratch.push(c);
-            }
-        }
+        unquote_into(text, scratch);
         self.encode_plain(scratch, out)
     }
 
@@ -150,5 +139,28 @@ impl Tokenizer {
             }
         }
         best
+    }
+}
+
+/// Quoted text as the model reads it: a lone mark is dropped, a doubled one is a data character.
+pub fn unquote(text: &str) -> Cow<'_, str> {
+    if !text.contains(DATA_MARK) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    unquote_into(text, &mut out);
+    Cow::Owned(out)
+}
+
+/// [`unquote`] appending to `out`.
+fn unquote_into(text: &str, out: &mut String) {
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != DATA_MARK {
+            out.push(c);
+        } else if chars.peek() == Some(&DATA_MARK) {
+            chars.next();
+            out.push(DATA_MARK);
+        }
     }
 }
