@@ -20,9 +20,9 @@ pub fn jsonl(rel: &str) -> Vec<serde_json::Value> {
     jsonl_at(&fixture(rel))
 }
 
-/// The rows of the recorded agent conversations that `thorn bench agentic` replays (`host/data/trajectories`).
+/// The rows of the recorded agent conversations that `thorn bench agentic` replays (`crates/bench/data/trajectories`).
 pub fn trajectories() -> Vec<serde_json::Value> {
-    jsonl_at(&root().join("host/data/trajectories/agentic_coding_2.5h.jsonl"))
+    jsonl_at(&root().join("crates/bench/data/trajectories/agentic_coding_2.5h.jsonl"))
 }
 
 fn jsonl_at(path: &Path) -> Vec<serde_json::Value> {
@@ -111,14 +111,14 @@ pub fn plugin_wasm(name: &str) -> PathBuf {
 }
 
 /// A request sampled at temperature 1.0 with `seed`, for at most `max` tokens.
-pub fn sampled(prompt: Vec<u32>, seed: u64, max: usize) -> thorn::engine::Request {
-    thorn::engine::Request {
-        sampling: thorn::sample::SamplingParams {
+pub fn sampled(prompt: Vec<u32>, seed: u64, max: usize) -> thorn_engine::engine::Request {
+    thorn_engine::engine::Request {
+        sampling: thorn_engine::sample::SamplingParams {
             temperature: 1.0,
             seed: Some(seed),
-            ..thorn::sample::SamplingParams::default()
+            ..thorn_engine::sample::SamplingParams::default()
         },
-        ..thorn::engine::Request::greedy(prompt, max)
+        ..thorn_engine::engine::Request::greedy(prompt, max)
     }
 }
 

@@ -3,9 +3,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use thorn::gguf::Gguf;
-use thorn::quant::{GgmlType, dequantize_ref};
-use thorn::tokenizer::Tokenizer;
+use thorn_engine::gguf::Gguf;
+use thorn_engine::quant::{GgmlType, dequantize_ref};
+use thorn_engine::tokenizer::Tokenizer;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(g) = Gguf::from_bytes(data.to_vec()) else { return };

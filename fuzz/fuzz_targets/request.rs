@@ -7,12 +7,12 @@
 use libfuzzer_sys::fuzz_target;
 use std::sync::{Arc, OnceLock};
 use thorn::api::{chat_turn, parse_chat_request};
-use thorn::chat::ChatTemplate;
-use thorn::gguf::Gguf;
-use thorn::sample::grammar::GrammarFactory;
-use thorn::tokenizer::{Tokenizer, unquote};
-use thorn::tools::ToolSet;
-use thorn::tools::plugin::PluginSet;
+use thorn_tools::chat::ChatTemplate;
+use thorn_engine::gguf::Gguf;
+use thorn_engine::sample::grammar::GrammarFactory;
+use thorn_engine::tokenizer::{Tokenizer, unquote};
+use thorn_tools::ToolSet;
+use thorn_plugin::PluginSet;
 
 struct Model {
     tok: Arc<Tokenizer>,

@@ -13,19 +13,19 @@
 //! called with their async API. A request is cancelled by setting its flag (the client went away); the
 //! engine stops at its next step.
 
-use crate::chat::{ChatTemplate, Message, Role, ToolCall};
-use crate::engine::scheduler::{SchedulerConfig, Sink, Submission};
-use crate::engine::service::{EngineService, SubmitError};
-use crate::engine::{Engine, EngineError, FinishReason, Generation, Request};
-use crate::sample::SamplingParams;
-use crate::sample::guide::GuideError;
-use crate::tokenizer::{TokenId, Tokenizer};
-use crate::tools::plugin::{Caller, PluginSet};
-use crate::tools::{OPEN, ResponseFormat, ToolChoice, ToolError, ToolSet, complete_calls_prefix};
 use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use thiserror::Error;
+use thorn_engine::engine::scheduler::{SchedulerConfig, Sink, Submission};
+use thorn_engine::engine::service::{EngineService, SubmitError};
+use thorn_engine::engine::{Engine, EngineError, FinishReason, Generation, Request};
+use thorn_engine::sample::SamplingParams;
+use thorn_engine::tokenizer::{TokenId, Tokenizer};
+use thorn_plugin::{Caller, PluginSet};
+use thorn_tools::chat::{ChatTemplate, Message, Role, ToolCall};
+use thorn_tools::{GuideError, ToolGrammars};
+use thorn_tools::{OPEN, ResponseFormat, ToolChoice, ToolError, ToolSet, complete_calls_prefix};
 use tokio::sync::mpsc;
 
 /// Why a request failed (as opposed to a tool failing, which the model is told about).
@@ -62,7 +62,7 @@ pub enum AgentError {
     Guide(#[from] GuideError),
     /// The chat template refused the conversation.
     #[error(transparent)]
-    Template(#[from] crate::chat::TemplateError),
+    Template(#[from] thorn_tools::chat::TemplateError),
     /// The engine failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -231,7 +231,7 @@ enum Gen {
 /// Streams a batched sequence's text and result back to the request's task.
 struct GenSink {
     tx: mpsc::UnboundedSender<Gen>,
-    tokenizer: Arc<crate::tokenizer::Tokenizer>,
+    tokenizer: Arc<thorn_engine::tokenizer::Tokenizer>,
     logprobs: bool,
 }
 

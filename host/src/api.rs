@@ -29,9 +29,6 @@ pub mod metrics;
 pub mod wire;
 
 use crate::agent::{Agent, Event, Finish, Outcome, TokenLogprob, Turn};
-use crate::chat::{FunctionCall, Message, Role, ToolCall};
-use crate::sample::SamplingParams;
-use crate::tools::{ResponseFormat, ToolChoice};
 use auth::{ApiKey, Keys};
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, State};
@@ -48,6 +45,9 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use thorn_engine::sample::SamplingParams;
+use thorn_tools::chat::{FunctionCall, Message, Role, ToolCall};
+use thorn_tools::{ResponseFormat, ToolChoice};
 use tokio::sync::mpsc;
 
 pub use listen::{HttpLimits, Peer, serve};
@@ -401,7 +401,7 @@ pub const HOST_TOOL_PREFIX: &str = "thorn:";
 /// Splits the request's tools into definitions for the model and the names the host runs. Host tools are
 /// the `thorn:`-named ones only (a plugin name first, else a function name); `key` limits which.
 fn tools_of(
-    plugins: &crate::tools::plugin::PluginSet,
+    plugins: &thorn_plugin::PluginSet,
     tools: Vec<Value>,
     key: Option<&ApiKey>,
 ) -> Result<(Vec<Value>, Vec<String>), ApiError> {
@@ -473,7 +473,7 @@ fn tools_of(
 fn conversation_of(id: Option<String>, user: Option<String>) -> Result<Option<String>, ApiError> {
     use sha2::Digest;
     if let Some(id) = id {
-        crate::tools::plugin::validate_conversation_id(&id)
+        thorn_plugin::validate_conversation_id(&id)
             .map_err(|e| ApiError::bad(e.to_string(), Some("conversation_id")))?;
         return Ok(Some(id));
     }
@@ -523,7 +523,7 @@ fn sampling(
 
 fn stops(stop: Option<wire::Stop>) -> Result<Vec<String>, ApiError> {
     let v = stop.map(wire::Stop::into_vec).unwrap_or_default();
-    use crate::engine::{MAX_STOP_BYTES, MAX_STOPS};
+    use thorn_engine::engine::{MAX_STOP_BYTES, MAX_STOPS};
     if v.len() > MAX_STOPS || v.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
         return Err(ApiError::bad(
             format!(
@@ -544,7 +544,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<wire::ChatRequest, ApiError> {
 /// `plugins` installed and no API keys.
 pub fn chat_turn(
     model: &str,
-    plugins: &crate::tools::plugin::PluginSet,
+    plugins: &thorn_plugin::PluginSet,
     r: wire::ChatRequest,
 ) -> Result<Turn, ApiError> {
     turn_from(model, plugins, r, &Caller::default()).map(|(t, _)| t)
@@ -560,7 +560,7 @@ fn turn_of(
 
 fn turn_from(
     model: &str,
-    plugins: &crate::tools::plugin::PluginSet,
+    plugins: &thorn_plugin::PluginSet,
     r: wire::ChatRequest,
     caller: &Caller,
 ) -> Result<(Turn, Shape), ApiError> {

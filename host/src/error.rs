@@ -8,29 +8,29 @@ use thiserror::Error;
 pub enum Error {
     /// Reading a model file.
     #[error(transparent)]
-    Gguf(#[from] crate::gguf::GgufError),
+    Gguf(#[from] thorn_engine::gguf::GgufError),
     /// Decoding quantized data.
     #[error(transparent)]
-    Quant(#[from] crate::quant::QuantError),
+    Quant(#[from] thorn_engine::quant::QuantError),
     /// Building or running the tokenizer.
     #[error(transparent)]
-    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    Tokenizer(#[from] thorn_engine::tokenizer::TokenizerError),
     /// Rendering a chat template.
     #[error(transparent)]
-    Template(#[from] crate::chat::TemplateError),
+    Template(#[from] thorn_tools::chat::TemplateError),
     /// Fetching or finding a model.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     /// Loading or running a model.
     #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
+    Model(#[from] thorn_engine::model::ModelError),
     /// Serving a generation request.
     #[error(transparent)]
-    Engine(#[from] crate::engine::EngineError),
+    Engine(#[from] thorn_engine::engine::EngineError),
     /// A tool definition or call.
     #[error(transparent)]
-    Tool(#[from] crate::tools::ToolError),
+    Tool(#[from] thorn_tools::ToolError),
     /// A device that cannot be used.
     #[error(transparent)]
-    Device(#[from] crate::backend::DeviceError),
+    Device(#[from] thorn_engine::backend::DeviceError),
 }

@@ -3,12 +3,12 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
-use thorn::chat::{ChatTemplate, Message, RenderOptions};
-use thorn::gguf::Gguf;
 use thorn::store::{self, Progress, PullOutcome};
-use thorn::tokenizer::Tokenizer;
+use thorn_engine::gguf::Gguf;
+use thorn_engine::tokenizer::Tokenizer;
+use thorn_tools::ToolGrammars;
+use thorn_tools::chat::{ChatTemplate, Message, RenderOptions};
 
-mod bench;
 mod plugins;
 mod serve;
 
@@ -190,9 +190,9 @@ enum BenchCmd {
         model: Option<PathBuf>,
         /// KV cache element types to measure, one table each (f16, f32, fp8).
         #[arg(long, value_delimiter = ',', default_value = "f16")]
-        kv_dtype: Vec<thorn::kv::KvDtype>,
+        kv_dtype: Vec<thorn_engine::kv::KvDtype>,
         /// Positions per KV page.
-        #[arg(long, default_value_t = thorn::kv::KvConfig::PAGE_SIZE)]
+        #[arg(long, default_value_t = thorn_engine::kv::KvConfig::PAGE_SIZE)]
         page_size: usize,
         /// Also decode this many sequences at once (continuous batching), e.g. 4,8: aggregate tok/s.
         #[arg(long, value_delimiter = ',')]
@@ -430,9 +430,9 @@ fn main() -> Result<()> {
         } => {
             let series = reports
                 .iter()
-                .map(|r| bench::chart::series(r))
+                .map(|r| thorn_bench::chart::series(r))
                 .collect::<Result<Vec<_>>>()?;
-            bench::chart::draw(&series, &out)?;
+            thorn_bench::chart::draw(&series, &out)?;
             eprintln!("wrote {}", out.display());
             Ok(())
         }
@@ -440,7 +440,7 @@ fn main() -> Result<()> {
             cmd: BenchCmd::Spec(a),
         } => {
             let model = resolve(&cache, a.model)?;
-            bench::spec::run(&bench::spec::Opts {
+            thorn_bench::spec::run(&thorn_bench::spec::Opts {
                 model: &model,
                 bfcl_dir: &bfcl_dir(&cache, a.bfcl_dir)?,
                 categories: &a.categories,
@@ -451,7 +451,7 @@ fn main() -> Result<()> {
                 max_tokens: a.max_tokens,
                 context: a.context,
                 threads: a.threads,
-                tree: thorn::spec::SpecConfig {
+                tree: thorn_engine::spec::SpecConfig {
                     enabled: true,
                     ..a.spec.config()
                 },
@@ -460,7 +460,7 @@ fn main() -> Result<()> {
         }
         Cmd::Bench {
             cmd: BenchCmd::Bfcl(a),
-        } => bench::bfcl::run(&bench::bfcl::Opts {
+        } => thorn_bench::bfcl::run::run(&thorn_bench::bfcl::run::Opts {
             endpoint: a.endpoint.endpoint,
             api_key: a.endpoint.api_key,
             model: a.endpoint.model_name,
@@ -474,7 +474,7 @@ fn main() -> Result<()> {
         }),
         Cmd::Bench {
             cmd: BenchCmd::Agentic(a),
-        } => bench::agentic::run(&bench::agentic::Opts {
+        } => thorn_bench::agentic::run(&thorn_bench::agentic::Opts {
             endpoint: a.endpoint.endpoint,
             api_key: a.endpoint.api_key,
             model: a.endpoint.model_name,
@@ -491,9 +491,9 @@ fn main() -> Result<()> {
         Cmd::Bench {
             cmd: BenchCmd::Grammar(a),
         } => {
-            let choice = thorn::tools::ToolChoice::from_name(&a.tool_choice);
+            let choice = thorn_tools::ToolChoice::from_name(&a.tool_choice);
             let model = resolve(&cache, a.model)?;
-            bench::grammar::run(&bench::grammar::Opts {
+            thorn_bench::grammar::run(&thorn_bench::grammar::Opts {
                 model: &model,
                 bfcl_dir: &bfcl_dir(&cache, a.bfcl_dir)?,
                 categories: &a.categories,
@@ -523,9 +523,9 @@ fn main() -> Result<()> {
                     page_size,
                     batch,
                 },
-        } => bench::engine(
+        } => thorn_bench::engine(
             &resolve(&cache, model)?,
-            bench::EngineBench {
+            thorn_bench::EngineBench {
                 pp: prompt_tokens,
                 tg: gen_tokens,
                 depths,
@@ -617,10 +617,10 @@ fn main() -> Result<()> {
 
 fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
     use std::io::Write;
-    use thorn::chat::{ChatTemplate, Message};
-    use thorn::engine::{Engine, EngineConfig, Request};
-    use thorn::sample::SamplingParams;
-    use thorn::tools::{ResponseFormat, ToolChoice, ToolSet};
+    use thorn_engine::engine::{Engine, EngineConfig, Request};
+    use thorn_engine::sample::SamplingParams;
+    use thorn_tools::chat::{ChatTemplate, Message};
+    use thorn_tools::{ResponseFormat, ToolChoice, ToolSet};
     let path = resolve(cache, a.model)?;
     let cfg = EngineConfig {
         threads: a.threads,
@@ -712,7 +712,7 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
     let st = &out.stats;
     println!();
     if !tools.is_empty() && choice != ToolChoice::None {
-        match tools.reply(thorn::tools::complete_calls_prefix(&out.text)) {
+        match tools.reply(thorn_tools::complete_calls_prefix(&out.text)) {
             Ok(r) => {
                 for c in &r.calls {
                     eprintln!(
@@ -898,7 +898,7 @@ fn up(cache: &std::path::Path, a: serve::ServeArgs) -> Result<()> {
         eprintln!("default model ready: {}", path.display());
     }
     let (dir, _) = a.agent.place.resolve();
-    if thorn::tools::plugin::components(&dir)?.is_empty() {
+    if thorn_plugin::components(&dir)?.is_empty() {
         eprintln!(
             "no plugins installed in {} (scripts/install-plugins builds and installs the examples)",
             dir.display()

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use thorn::tools::plugin::{
+use thorn_plugin::{
     AuditLog, Caller, Candidate, HostConfig, PluginError, PluginHost, Policy, Requests, components,
 };
 

@@ -11,11 +11,11 @@ use std::time::Duration;
 use thorn::agent::{Agent, Event, Turn};
 use thorn::api::auth::Keys;
 use thorn::api::{AppState, HttpLimits, ServerConfig};
-use thorn::chat::Message;
-use thorn::engine::{Engine, EngineConfig};
-use thorn::sample::SamplingParams;
-use thorn::tools::plugin::{HostConfig, PluginHost, PluginSet, Policy};
-use thorn::tools::{ResponseFormat, ToolChoice};
+use thorn_engine::engine::{Engine, EngineConfig};
+use thorn_engine::sample::SamplingParams;
+use thorn_plugin::{HostConfig, PluginHost, PluginSet, Policy};
+use thorn_tools::chat::Message;
+use thorn_tools::{ResponseFormat, ToolChoice};
 
 /// What every agent command takes.
 #[derive(clap::Args, Clone)]
@@ -82,10 +82,10 @@ pub struct SpecArgs {
     /// one-token pass and of each further token (e.g. `1,0.02` for a memory-bound GPU). Tree shapes then
     /// never depend on the machine's load.
     #[arg(long, value_parser = parse_fixed_cost)]
-    pub spec_cost: Option<thorn::spec::FixedCost>,
+    pub spec_cost: Option<thorn_engine::spec::FixedCost>,
 }
 
-fn parse_fixed_cost(s: &str) -> Result<thorn::spec::FixedCost, String> {
+fn parse_fixed_cost(s: &str) -> Result<thorn_engine::spec::FixedCost, String> {
     let (a, b) = s
         .split_once(',')
         .ok_or_else(|| format!("{s:?}: expected STEP,TOKEN (e.g. 1,0.02)"))?;
@@ -100,7 +100,7 @@ fn parse_fixed_cost(s: &str) -> Result<thorn::spec::FixedCost, String> {
     if step <= 0.0 {
         return Err("the cost of a one-token pass must be positive".into());
     }
-    Ok(thorn::spec::FixedCost { step, token })
+    Ok(thorn_engine::spec::FixedCost { step, token })
 }
 
 /// `--speculation`.
@@ -116,9 +116,9 @@ pub enum SpecMode {
 
 impl SpecArgs {
     /// The speculation configuration these options give.
-    pub fn config(&self) -> thorn::spec::SpecConfig {
-        let base = thorn::spec::SpecConfig::default();
-        thorn::spec::SpecConfig {
+    pub fn config(&self) -> thorn_engine::spec::SpecConfig {
+        let base = thorn_engine::spec::SpecConfig::default();
+        thorn_engine::spec::SpecConfig {
             enabled: self.speculation != SpecMode::Off,
             top_k: if self.speculation == SpecMode::Chain {
                 1
@@ -139,12 +139,12 @@ impl SpecArgs {
 pub struct KvArgs {
     /// KV cache element type: f16, f32 or fp8 (E4M3 with a scale per page and head).
     #[arg(long, default_value = "f16")]
-    pub kv_dtype: thorn::kv::KvDtype,
+    pub kv_dtype: thorn_engine::kv::KvDtype,
     /// KV cache memory budget, e.g. 512M or 2G (0 = room for four full contexts).
     #[arg(long, default_value = "0", value_parser = parse_bytes)]
     pub kv_memory: usize,
     /// Positions per KV page.
-    #[arg(long, default_value_t = thorn::kv::KvConfig::PAGE_SIZE)]
+    #[arg(long, default_value_t = thorn_engine::kv::KvConfig::PAGE_SIZE)]
     pub page_size: usize,
     /// Keep only prompts in the prefix cache, not generated tokens.
     #[arg(long)]
@@ -292,7 +292,7 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
         Arc::new(plugins),
         a.queue,
         a.max_tool_rounds as usize,
-        thorn::engine::scheduler::SchedulerConfig {
+        thorn_engine::engine::scheduler::SchedulerConfig {
             max_batch: a.max_batch,
             step_tokens: a.step_tokens,
         },

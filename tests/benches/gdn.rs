@@ -1,13 +1,13 @@
 //! The Gated DeltaNet recurrence on CPU, token by token against the chunked (WY) form, for one layer of a
 //! Qwen3.6-27B-shaped model (16 key / 48 value heads of 128): what justifies prefilling token by token on
-//! CPU (see `thorn::model::qwen35::gdn`). Also the decode step (one token) and a state snapshot copy.
+//! CPU (see `thorn_engine::model::qwen35::gdn`). Also the decode step (one token) and a state snapshot copy.
 //!
 //! `cargo bench -p thorn-tests --bench gdn`; `THORN_BENCH_QUICK=1` shortens it (a smoke run).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::time::Duration;
-use thorn::model::qwen35::gdn::{self, HeadRun, Shape};
+use thorn_engine::model::qwen35::gdn::{self, HeadRun, Shape};
 
 const SHAPE: Shape = Shape {
     kh: 16,

@@ -10,7 +10,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use thorn::tools::plugin::{AuditLog, Caller, Grant, HostConfig, Limits, Plugin, PluginHost};
+use thorn_plugin::{AuditLog, Caller, Grant, HostConfig, Limits, Plugin, PluginHost};
 use thorn_tests::plugin_wasm;
 
 fn quick() -> bool {

@@ -2,12 +2,13 @@
 //! `thorn bench grammar`): every emitted call must parse and validate against its schema.
 
 use std::sync::Arc;
-use thorn::bfcl;
-use thorn::chat::ChatTemplate;
-use thorn::engine::{Engine, EngineConfig, FinishReason};
-use thorn::gguf::Gguf;
-use thorn::tools::{ResponseFormat, ToolChoice, ToolSet, complete_calls_prefix};
+use thorn_bench::bfcl;
+use thorn_engine::engine::{Engine, EngineConfig, FinishReason};
+use thorn_engine::gguf::Gguf;
 use thorn_tests::{default_model, fixture, sampled};
+use thorn_tools::ToolGrammars;
+use thorn_tools::chat::ChatTemplate;
+use thorn_tools::{ResponseFormat, ToolChoice, ToolSet, complete_calls_prefix};
 
 #[test]
 fn sampled_bfcl_calls_parse_and_validate() {
@@ -67,5 +68,5 @@ fn sampled_bfcl_calls_parse_and_validate() {
     }
     eprintln!("{calls} calls in {generations} generations, all valid");
     assert!(calls >= 10, "only {calls} calls");
-    assert_eq!(thorn::tools::validation_failures(), 0);
+    assert_eq!(thorn_tools::validation_failures(), 0);
 }

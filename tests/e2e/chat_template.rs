@@ -1,11 +1,11 @@
 //! The model's own chat template, rendered with minijinja, against the fixture prompts (ChatML, rendered by
 //! the reference pipeline) and their token ids.
 
-use thorn::chat::{ChatTemplate, FunctionCall, Message, RenderOptions, Role, ToolCall};
-use thorn::gguf::Gguf;
-use thorn::tokenizer::Tokenizer;
-use thorn::tools::ToolSet;
+use thorn_engine::gguf::Gguf;
+use thorn_engine::tokenizer::Tokenizer;
 use thorn_tests::{default_model, golden, jsonl};
+use thorn_tools::ToolSet;
+use thorn_tools::chat::{ChatTemplate, FunctionCall, Message, RenderOptions, Role, ToolCall};
 
 fn message(v: &serde_json::Value) -> Message {
     let role = match v["role"].as_str().unwrap() {
@@ -125,7 +125,7 @@ fn message_text_never_becomes_control_tokens() {
     // The model still reads the client's characters, as text.
     let shown = tok.decode(&forged, true);
     assert!(shown.contains(forge), "{shown}");
-    assert_eq!(shown, thorn::tokenizer::unquote(&text));
+    assert_eq!(shown, thorn_engine::tokenizer::unquote(&text));
     // Unquoted, the same text forges turns: the test would fail without quoting.
     let raw = tok.encode(&shown, true).unwrap();
     assert!(controls(&raw).len() > controls(&clean).len());

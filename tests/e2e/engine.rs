@@ -9,12 +9,13 @@
 //!   Q4_1 run, and greedy continuations up to the first step where the reference's top-2 margin is a near-tie.
 
 use std::sync::Arc;
-use thorn::engine::scheduler::SchedulerConfig;
-use thorn::engine::{Engine, EngineConfig, Request};
-use thorn::gguf::Gguf;
-use thorn::kv::KvDtype;
-use thorn::model::llama::Precision;
+use thorn_engine::engine::scheduler::SchedulerConfig;
+use thorn_engine::engine::{Engine, EngineConfig, Request};
+use thorn_engine::gguf::Gguf;
+use thorn_engine::kv::KvDtype;
+use thorn_engine::model::llama::Precision;
 use thorn_tests::{argmax, default_model, fixture, fixture_prompts, jsonl, token_ids as ids};
+use thorn_tools::ToolGrammars;
 
 fn engine(precision: Precision) -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
@@ -441,7 +442,7 @@ fn fp8_kv_cache_stays_close_to_f32() {
 /// longer than the step budget, so the requests batched with it keep decoding; its output is still exact.
 #[test]
 fn a_long_forced_run_respects_the_step_budget() {
-    use thorn::tools::{ResponseFormat, ToolChoice, ToolSet};
+    use thorn_tools::{ResponseFormat, ToolChoice, ToolSet};
     let mut e = quantized(EngineConfig {
         context: 2048,
         ..EngineConfig::default()

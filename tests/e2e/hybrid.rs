@@ -4,13 +4,13 @@
 //! speculative decoding with rollback of the recurrent state.
 
 use std::sync::Arc;
-use thorn::engine::scheduler::SchedulerConfig;
-use thorn::engine::{Engine, EngineConfig, Generation, Request};
-use thorn::gguf::Gguf;
-use thorn::kv::KvDtype;
-use thorn::model::qwen35::{Qwen35Config, Reference};
-use thorn::spec::draft::{DraftContext, Drafter, Proposals, SUFFIX_CLASSES};
-use thorn::spec::{SpecConfig, Speculator};
+use thorn_engine::engine::scheduler::SchedulerConfig;
+use thorn_engine::engine::{Engine, EngineConfig, Generation, Request};
+use thorn_engine::gguf::Gguf;
+use thorn_engine::kv::KvDtype;
+use thorn_engine::model::qwen35::{Qwen35Config, Reference};
+use thorn_engine::spec::draft::{DraftContext, Drafter, Proposals, SUFFIX_CLASSES};
+use thorn_engine::spec::{SpecConfig, Speculator};
 use thorn_tests::{argmax, fixture};
 
 fn model_path() -> std::path::PathBuf {
@@ -286,7 +286,7 @@ fn the_server_serves_a_hybrid_base_model_with_snapshots() {
     use serde_json::{Value, json};
     use thorn::agent::Agent;
     use thorn::api::{AppState, ServerConfig};
-    use thorn::tools::plugin::PluginSet;
+    use thorn_plugin::PluginSet;
     let agent = Agent::start(
         engine(SpecConfig::default(), 0),
         "qwen35-tiny".into(),

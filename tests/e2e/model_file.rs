@@ -1,7 +1,7 @@
 //! The GGUF reader on the real default model.
 
-use thorn::gguf::Gguf;
-use thorn::quant::{GgmlType, dequantize_ref, dot_ref};
+use thorn_engine::gguf::Gguf;
+use thorn_engine::quant::{GgmlType, dequantize_ref, dot_ref};
 use thorn_tests::{default_model, fixture, golden};
 
 #[test]

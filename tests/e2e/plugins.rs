@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use thorn::tools::plugin::{
+use thorn_plugin::{
     AuditLog, Caller, Grant, HostConfig, Limits, NetRule, Plugin, PluginError, PluginHost,
     PluginSet, Policy, PolicyError, Preopen, sha256_hex,
 };

@@ -11,9 +11,9 @@ use thorn::agent::Agent;
 use thorn::api::HttpLimits;
 use thorn::api::auth::Keys;
 use thorn::api::{AppState, ServerConfig};
-use thorn::engine::scheduler::SchedulerConfig;
-use thorn::engine::{Engine, EngineConfig};
-use thorn::tools::plugin::{HostConfig, PluginHost, PluginSet, Policy};
+use thorn_engine::engine::scheduler::SchedulerConfig;
+use thorn_engine::engine::{Engine, EngineConfig};
+use thorn_plugin::{HostConfig, PluginHost, PluginSet, Policy};
 use thorn_tests::{default_model, http, http_send, plugin_wasm, read_http};
 
 struct Server {

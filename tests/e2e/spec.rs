@@ -4,18 +4,19 @@
 
 use std::rc::Rc;
 use std::sync::Arc;
-use thorn::backend::cpu::Cpu;
-use thorn::bfcl;
-use thorn::chat::{ChatTemplate, Message};
-use thorn::engine::scheduler::SchedulerConfig;
-use thorn::engine::{Decoder, Engine, EngineConfig, GuideSlot, Request};
-use thorn::gguf::Gguf;
-use thorn::kv::{Batch, KvCache, KvConfig, KvDtype, Logits, NO_PARENT};
-use thorn::model::llama::{Llama, Scratch};
-use thorn::sample::SamplingParams;
-use thorn::spec::{FixedCost, PassShape, SpecConfig, SpecStats, Speculator};
-use thorn::tools::{ResponseFormat, ToolChoice, ToolSet};
+use thorn_bench::bfcl;
+use thorn_engine::backend::cpu::Cpu;
+use thorn_engine::engine::scheduler::SchedulerConfig;
+use thorn_engine::engine::{Decoder, Engine, EngineConfig, GuideSlot, Request};
+use thorn_engine::gguf::Gguf;
+use thorn_engine::kv::{Batch, KvCache, KvConfig, KvDtype, Logits, NO_PARENT};
+use thorn_engine::model::llama::{Llama, Scratch};
+use thorn_engine::sample::SamplingParams;
+use thorn_engine::spec::{FixedCost, PassShape, SpecConfig, SpecStats, Speculator};
 use thorn_tests::{default_model, fixture, fixture_prompts, trajectories};
+use thorn_tools::ToolGrammars;
+use thorn_tools::chat::{ChatTemplate, Message};
+use thorn_tools::{ResponseFormat, ToolChoice, ToolSet};
 
 fn engine(spec: SpecConfig) -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
@@ -75,7 +76,7 @@ fn tree_verification_gives_the_logits_of_plain_decoding() {
             // The prompt, its last token held back to run with the tree (as a decode step would).
             let (head, last) = prompt.split_at(prompt.len() - 1);
             let mut run = |kv: &mut KvCache,
-                           seq: &mut thorn::kv::SeqKv,
+                           seq: &mut thorn_engine::kv::SeqKv,
                            t: &[u32],
                            p: Option<&[u32]>,
                            want| {
@@ -353,7 +354,7 @@ impl Markov {
 /// Samples `len` tokens after `prompt` from the Markov model, with or without speculation.
 fn sample_markov(
     m: &Markov,
-    tok: &thorn::tokenizer::Tokenizer,
+    tok: &thorn_engine::tokenizer::Tokenizer,
     sp: &mut Speculator,
     prompt: &[u32],
     seed: u64,

@@ -1,7 +1,7 @@
 //! The tokenizer against llama.cpp's own tokenization of the default model (tests/data/smollm2).
 
-use thorn::gguf::Gguf;
-use thorn::tokenizer::Tokenizer;
+use thorn_engine::gguf::Gguf;
+use thorn_engine::tokenizer::Tokenizer;
 use thorn_tests::{default_model, jsonl, token_ids as ids};
 
 fn hex(s: &str) -> Vec<u8> {

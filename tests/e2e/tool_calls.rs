@@ -1,11 +1,12 @@
 //! Schema-constrained tool calls on the default model.
 
 use std::sync::Arc;
-use thorn::engine::{Engine, EngineConfig, Request};
-use thorn::gguf::Gguf;
-use thorn::sample::guide::{Guide, GuideError};
-use thorn::tools::{ResponseFormat, ToolChoice, ToolSet, parse_tool_calls};
+use thorn_engine::engine::{Engine, EngineConfig, Request};
+use thorn_engine::gguf::Gguf;
+use thorn_engine::sample::guide::Guide;
 use thorn_tests::{default_model, jsonl, sampled, token_ids};
+use thorn_tools::{GuideError, ToolGrammars};
+use thorn_tools::{ResponseFormat, ToolChoice, ToolSet, parse_tool_calls};
 
 fn engine() -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
@@ -166,7 +167,7 @@ fn required_named_and_parallel_modes_shape_the_calls() {
         req.sampling.logit_bias = vec![(eos, -100.0)];
         let out = e.generate_guided(&req, Some(&mut g), &mut |_| {}).unwrap();
         // With the end of turn banned it writes calls until max_tokens cuts one short; the complete ones count.
-        let complete = thorn::tools::complete_calls_prefix(&out.text);
+        let complete = thorn_tools::complete_calls_prefix(&out.text);
         let reply = tools
             .reply(complete)
             .unwrap_or_else(|err| panic!("{err}: {:?}", out.text));
@@ -186,7 +187,7 @@ fn required_named_and_parallel_modes_shape_the_calls() {
             out.text
         );
     }
-    assert_eq!(thorn::tools::validation_failures(), 0);
+    assert_eq!(thorn_tools::validation_failures(), 0);
 }
 
 #[test]

@@ -2,11 +2,11 @@
 //! `{"error": {"message", "type", "param", "code"}}`.
 
 use crate::agent::AgentError;
-use crate::engine::service::SubmitError;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use thiserror::Error;
+use thorn_engine::engine::service::SubmitError;
 
 /// A failed request.
 #[derive(Debug, Error)]
@@ -143,10 +143,14 @@ impl From<AgentError> for ApiError {
             AgentError::Tools(t) => ApiError::bad(t.to_string(), Some("tools")),
             AgentError::Guide(g) => ApiError::bad(g.to_string(), Some("response_format")),
             AgentError::Template(t) => ApiError::bad(t.to_string(), Some("messages")),
-            AgentError::Engine(crate::engine::EngineError::Request(m)) => ApiError::bad(m, None),
-            AgentError::Engine(crate::engine::EngineError::Kv(k)) => ApiError::Busy(k.to_string()),
+            AgentError::Engine(thorn_engine::engine::EngineError::Request(m)) => {
+                ApiError::bad(m, None)
+            }
+            AgentError::Engine(thorn_engine::engine::EngineError::Kv(k)) => {
+                ApiError::Busy(k.to_string())
+            }
             // A client's schema that the grammar engine refused or gave up on while decoding.
-            AgentError::Engine(crate::engine::EngineError::Grammar(g)) => {
+            AgentError::Engine(thorn_engine::engine::EngineError::Grammar(g)) => {
                 ApiError::bad(g.to_string(), Some("response_format"))
             }
             AgentError::Engine(e) => ApiError::Internal(e.to_string()),

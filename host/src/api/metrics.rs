@@ -72,16 +72,16 @@ pub struct EngineGauges {
     /// Sequences generating.
     pub running: usize,
     /// Scheduler counters.
-    pub scheduler: crate::engine::scheduler::SchedulerStats,
+    pub scheduler: thorn_engine::engine::scheduler::SchedulerStats,
     /// KV cache counters.
-    pub kv: crate::kv::KvStats,
+    pub kv: thorn_engine::kv::KvStats,
     /// Speculation counters.
-    pub spec: crate::spec::SpecStats,
+    pub spec: thorn_engine::spec::SpecStats,
 }
 
 impl EngineGauges {
     /// Reads them from the engine service.
-    pub fn of(e: &crate::engine::service::EngineService) -> Self {
+    pub fn of(e: &thorn_engine::engine::service::EngineService) -> Self {
         let (scheduler, kv, spec) = e.stats();
         EngineGauges {
             queue_depth: e.waiting(),
@@ -426,13 +426,13 @@ mod tests {
         let t = m.render(&EngineGauges {
             queue_depth: 2,
             running: 1,
-            spec: crate::spec::SpecStats {
+            spec: thorn_engine::spec::SpecStats {
                 trees: 3,
                 drafted: 10,
                 accepted: 7,
                 passes: 5,
                 tokens: 12,
-                ..crate::spec::SpecStats::default()
+                ..thorn_engine::spec::SpecStats::default()
             },
             ..EngineGauges::default()
         });

@@ -1,3 +1,5 @@
+//! # thorn-tools
+//!
 //! Tools as the model sees them: the prompt that describes them, the text format of a call, and the
 //! validation of every call against its JSON schema.
 //!
@@ -10,11 +12,13 @@
 //! * [`parse_tool_calls`] splits generated text into prose and calls; [`ToolSet::check`] validates one call
 //!   (defence in depth: with constrained decoding a failure here is a bug, and it is reported, never run).
 
+pub mod chat;
 mod choice;
+pub mod grammar;
 mod parse;
-pub mod plugin;
 
 pub use choice::{ResponseFormat, ToolChoice};
+pub use grammar::{GuideError, ToolGrammars};
 pub use parse::{CLOSE, OPEN, ParsedCall, complete_calls_prefix, parse_tool_calls};
 
 use crate::chat::{
@@ -394,17 +398,20 @@ impl ToolSet {
     }
 }
 
-/// A fresh call id: `call_` and 24 hex digits, unique within the process and unlikely to repeat across them.
+/// A fresh call id: `call_` and 24 hex digits: 64 random bits from the OS and a process-wide counter, so ids
+/// never repeat within a process and are not guessable across them.
 fn call_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let mut rng =
-        crate::sample::Rng::new(nanos ^ n.rotate_left(32) ^ u64::from(std::process::id()));
-    format!("call_{:016x}{:08x}", rng.next_u64(), n as u32)
+    let random = getrandom::u64().unwrap_or_else(|_| {
+        // No OS randomness (never seen on the supported systems): the clock still separates processes.
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+            ^ u64::from(std::process::id()).rotate_left(32)
+    });
+    format!("call_{random:016x}{:08x}", n as u32)
 }
 
 #[cfg(test)]

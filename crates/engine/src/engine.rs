@@ -582,7 +582,7 @@ impl Engine {
     ///
     /// Stop strings apply to text outside tool calls: up to a trigger, or throughout for a guide that
     /// constrains the answer itself (`response_format`). `on_text` receives everything, tool-call markup
-    /// included; splitting it into content and calls is [`crate::tools::ToolSet::reply`]'s job.
+    /// included; splitting it into content and calls is `thorn_tools::ToolSet::reply`'s job.
     pub fn generate_guided(
         &mut self,
         req: &Request,

@@ -8,7 +8,6 @@
 //! error when it is built, naming the problem; it is never silently dropped.
 
 use crate::tokenizer::{TokenId, Tokenizer};
-use crate::tools::ToolSet;
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
@@ -152,6 +151,12 @@ impl GrammarFactory {
         })
     }
 
+    /// Compiles a Lark grammar without the cache (for one-off checks, such as finding which tool of a set
+    /// makes the set's grammar fail).
+    pub fn lark_uncached(&self, src: &str) -> Result<Constraint, GrammarError> {
+        self.build(TopLevelGrammar::from_lark(src.to_owned()))
+    }
+
     fn build(&self, g: TopLevelGrammar) -> Result<Constraint, GrammarError> {
         // The compiler works on client schemas: a panic in it is a refused schema, not a dead thread.
         let parser = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -194,35 +199,6 @@ impl GrammarFactory {
     pub fn cached(&self) -> usize {
         self.cache.lock().map(|c| c.len()).unwrap_or(0)
     }
-
-    /// Exactly one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` for one of `tools`.
-    pub fn tool_call(&self, tools: &ToolSet) -> Result<Constraint, GrammarError> {
-        self.lark(&calls_grammar(tools, None, false, None)?)
-    }
-
-    /// Compiles every tool's call grammar, so a schema the compiler cannot enforce is rejected when the tool
-    /// set arrives, with an error naming the tool and the feature. The union is compiled (and cached) first;
-    /// only when it fails are the tools compiled one by one to find the culprit.
-    pub fn check_tools(&self, tools: &ToolSet) -> Result<(), GrammarError> {
-        if tools.is_empty() || self.tool_call(tools).is_ok() {
-            return Ok(());
-        }
-        for t in tools.tools() {
-            let one = calls_grammar(tools, Some(&t.name), false, None)?;
-            if let Err(e) = self.build(TopLevelGrammar::from_lark(one)) {
-                let msg = match e {
-                    GrammarError::Compile(m) | GrammarError::Matcher(m) => m,
-                    GrammarError::Tool { msg, .. } => msg,
-                };
-                return Err(GrammarError::Tool {
-                    tool: t.name.clone(),
-                    msg,
-                });
-            }
-        }
-        // Each tool compiles alone but the union does not: report the union's error.
-        self.tool_call(tools).map(drop)
-    }
 }
 
 /// A compiler message fit for a client: its first lines, at most 400 bytes, and never a panic message or
@@ -242,33 +218,8 @@ pub(crate) fn client_message(msg: &str) -> String {
     }
 }
 
-/// The Lark grammar for tool calls: one `<tool_call>...</tool_call>` block (or several, with `parallel`) for
-/// the tools (or just `only`); with `answer`, a JSON answer matching that schema is the alternative.
-pub(crate) fn calls_grammar(
-    tools: &ToolSet,
-    only: Option<&str>,
-    parallel: bool,
-    answer: Option<&Value>,
-) -> Result<String, GrammarError> {
-    let schema = call_schema(tools, only);
-    let call = json_body(&schema)?;
-    let repeat = if parallel { "+" } else { "" };
-    let mut g = String::new();
-    match answer {
-        Some(a) => {
-            g.push_str("start: answer | calls\n");
-            g.push_str(&format!("answer: %json {}\n", json_body(a)?));
-        }
-        None => g.push_str("start: calls\n"),
-    }
-    g.push_str(&format!("calls: block{repeat}\n"));
-    g.push_str("block: \"<tool_call>\" call \"</tool_call>\"\n");
-    g.push_str(&format!("call: %json {call}\n"));
-    Ok(g)
-}
-
 /// A schema as the text of a Lark `%json` body: closed objects, compact separators.
-fn json_body(schema: &Value) -> Result<String, GrammarError> {
+pub fn json_body(schema: &Value) -> Result<String, GrammarError> {
     let mut s = schema.clone();
     close_objects(&mut s);
     serde_json::to_string(&compact(&s)).map_err(|e| GrammarError::Compile(e.to_string()))
@@ -323,29 +274,6 @@ pub fn close_objects(schema: &mut Value) {
             }
             _ => {}
         }
-    }
-}
-
-/// The schema of a call object: `{"name": <const>, "arguments": <that tool's parameters>}`, one branch per tool
-/// (or only the tool named `only`).
-pub fn call_schema(tools: &ToolSet, only: Option<&str>) -> Value {
-    let branches: Vec<Value> = tools
-        .tools()
-        .iter()
-        .filter(|t| only.is_none_or(|n| n == t.name))
-        .map(|t| {
-            json!({
-                "type": "object",
-                "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                "required": ["name", "arguments"],
-                "additionalProperties": false
-            })
-        })
-        .collect();
-    if branches.len() == 1 {
-        branches.into_iter().next().unwrap_or_default()
-    } else {
-        json!({"anyOf": branches})
     }
 }
 

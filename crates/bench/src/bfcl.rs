@@ -9,13 +9,14 @@
 //! Field names and rules follow the upstream `bfcl_eval` package (`thorn data pull bfcl` fetches its data).
 
 pub mod check;
+pub mod run;
 
 pub use check::{Answer, Category, Verdict, check, load_answers};
 
-use crate::chat::{Message, Role};
 use serde_json::{Value, json};
 use std::path::Path;
 use thiserror::Error;
+use thorn_tools::chat::{Message, Role};
 
 /// A file that cannot be read as BFCL questions.
 #[derive(Debug, Error)]

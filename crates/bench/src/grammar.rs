@@ -11,15 +11,15 @@
 //!    free (the same tokens replayed one decode step each with sampling and no mask). Grammar overhead is
 //!    constrained-without-FF against free; the FF gain is free against constrained-with-FF.
 
+use crate::bfcl::{self, Question};
 use anyhow::{Context, Result};
 use serde_json::json;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use thorn::bfcl::{self, Question};
-use thorn::chat::ChatTemplate;
-use thorn::engine::{Engine, EngineConfig, FinishReason, Request};
-use thorn::sample::{Sampler, SamplingParams};
-use thorn::tools::{ResponseFormat, ToolChoice, ToolSet, complete_calls_prefix};
+use thorn_engine::engine::{Engine, EngineConfig, FinishReason, Request};
+use thorn_engine::sample::{Sampler, SamplingParams};
+use thorn_tools::chat::ChatTemplate;
+use thorn_tools::{ResponseFormat, ToolChoice, ToolGrammars, ToolSet, complete_calls_prefix};
 
 /// Options of a run.
 pub struct Opts<'a> {
@@ -185,7 +185,7 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
                 } else {
                     &out.text
                 };
-                let n_open = text.matches(thorn::tools::OPEN).count();
+                let n_open = text.matches(thorn_tools::OPEN).count();
                 t.calls += n_open;
                 match tools.reply(text) {
                     Ok(r) => {
@@ -290,7 +290,7 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
             "free_same_tokens_as_ff_tok_per_s": tps(n_ff, t_free_ff),
             "ff_speedup_vs_free": t_free_ff.as_secs_f64() / t_ff.as_secs_f64().max(1e-9),
         },
-        "validation_failures_logged": thorn::tools::validation_failures(),
+        "validation_failures_logged": thorn_tools::validation_failures(),
     });
     if o.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -42,7 +42,6 @@ pub use limiter::MemoryCap;
 pub use policy::{Access, Grant, NetRule, Policy, PolicyError, Preopen, Requests};
 pub use set::{PluginSet, Refusal, components};
 
-use super::{ToolError, ToolSet};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -50,6 +49,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use thiserror::Error;
+use thorn_tools::{ToolError, ToolSet};
 use tokio::sync::Semaphore;
 use trail::Trail;
 use wasmtime::component::{Component, InstancePre, Linker, ResourceTable, ResourceTableError};
@@ -898,7 +898,7 @@ impl Plugin {
                 function: function.to_owned(),
             });
         }
-        let call = super::ParsedCall {
+        let call = thorn_tools::ParsedCall {
             name: function.to_owned(),
             arguments: args.clone(),
         };

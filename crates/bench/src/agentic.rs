@@ -1,5 +1,5 @@
 //! `thorn bench agentic --endpoint URL`: the MLPerf Edge Agentic replay against any OpenAI-compatible
-//! endpoint. The recorded SWE-agent conversations (`host/data/trajectories/`, compiled into the binary) are
+//! endpoint. The recorded SWE-agent conversations (`crates/bench/data/trajectories/`, compiled into the binary) are
 //! replayed turn by turn and teacher-forced: each request carries the recorded history (never the model's
 //! own reply) plus the next user or tool row, one conversation at a time, temperature 0, seed 42, the
 //! recorded tools.
@@ -14,10 +14,10 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use thorn::chat::{ChatTemplate, FunctionCall, Message, Role, ToolCall};
-use thorn::gguf::Gguf;
-use thorn::tokenizer::Tokenizer;
-use thorn::tools::ToolSet;
+use thorn_engine::gguf::Gguf;
+use thorn_engine::tokenizer::Tokenizer;
+use thorn_tools::ToolSet;
+use thorn_tools::chat::{ChatTemplate, FunctionCall, Message, Role, ToolCall};
 
 /// Options of a run.
 pub struct Opts {
@@ -44,9 +44,9 @@ pub(crate) struct Conversation {
     pub(crate) rows: Vec<Value>,
 }
 
-/// The MLPerf Edge Agentic trajectories (`host/data/trajectories`, with their license and provenance).
+/// The MLPerf Edge Agentic trajectories (`crates/bench/data/trajectories`, with their license and provenance).
 pub(crate) const TRAJECTORIES: &str =
-    include_str!("../../data/trajectories/agentic_coding_2.5h.jsonl");
+    include_str!("../data/trajectories/agentic_coding_2.5h.jsonl");
 
 /// The recorded conversations of `path`, or of the built-in set when `None`.
 pub(crate) fn load(path: Option<&Path>) -> Result<Vec<Conversation>> {

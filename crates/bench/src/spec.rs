@@ -17,15 +17,15 @@
 //! Outputs must agree across modes (greedy speculation is exact); disagreements are counted and reported.
 
 use super::agentic::{Conversation, history, load};
+use crate::bfcl;
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::rc::Rc;
-use thorn::bfcl;
-use thorn::chat::ChatTemplate;
-use thorn::engine::{Engine, EngineConfig, Request};
-use thorn::spec::{SpecConfig, SpecStats, Speculator};
-use thorn::tools::{ResponseFormat, ToolChoice, ToolSet};
+use thorn_engine::engine::{Engine, EngineConfig, Request};
+use thorn_engine::spec::{SpecConfig, SpecStats, Speculator};
+use thorn_tools::chat::ChatTemplate;
+use thorn_tools::{ResponseFormat, ToolChoice, ToolGrammars, ToolSet};
 
 /// Options of a run.
 pub struct Opts<'a> {

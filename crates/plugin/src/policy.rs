@@ -16,7 +16,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 /// The policy file's schema.
-pub const POLICY_SCHEMA: &str = include_str!("../../../../schemas/plugin-policy.schema.json");
+pub const POLICY_SCHEMA: &str = include_str!("../../../schemas/plugin-policy.schema.json");
 
 /// Why a policy could not be read, or a plugin is refused by it.
 #[derive(Debug, Error)]

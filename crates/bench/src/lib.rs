@@ -1,8 +1,14 @@
+//! # thorn-bench
+//!
+//! thorn's benchmarks, as the `thorn bench ...` commands run them, and the BFCL data set with its AST
+//! checker. This crate is tooling for the CLI (its functions report with `anyhow`, as binaries do); nothing on
+//! the serving path depends on it.
+//!
 //! `thorn bench engine`: the llama-bench measurements (pp, tg, tg at depth) on thorn's own engine.
 //! `thorn bench grammar`: constrained tool calls over BFCL ([`grammar`]).
 //! `thorn bench spec`: speculative decoding on BFCL tool calls and trajectory turns ([`spec`]).
 //! `thorn bench bfcl` and `thorn bench agentic`: BFCL accuracy and the MLPerf Edge Agentic replay against any
-//! OpenAI-compatible endpoint ([`bfcl`], [`agentic`]), so thorn and its peers are measured by the same code.
+//! OpenAI-compatible endpoint ([`bfcl::run`], [`agentic`]), so thorn and its peers are measured by the same code.
 
 pub mod agentic;
 pub mod bfcl;
@@ -14,12 +20,12 @@ pub mod spec;
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::time::Duration;
-use thorn::engine::{Engine, EngineConfig};
-use thorn::model::llama::Stage;
+use thorn_engine::engine::{Engine, EngineConfig};
+use thorn_engine::model::llama::Stage;
 
 /// Deterministic token ids spread over the vocabulary (llama-bench also feeds arbitrary tokens).
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut rng = thorn::sample::Rng::new(seed);
+    let mut rng = thorn_engine::sample::Rng::new(seed);
     (0..n)
         .map(|_| (rng.next_u64() % vocab as u64) as u32)
         .collect()
@@ -44,7 +50,7 @@ pub struct EngineBench {
     /// CPU threads.
     pub threads: usize,
     /// KV element types, one set of rows each.
-    pub kv_dtypes: Vec<thorn::kv::KvDtype>,
+    pub kv_dtypes: Vec<thorn_engine::kv::KvDtype>,
     /// Positions per KV page.
     pub page_size: usize,
     /// Concurrent sequences to measure batched decode with (aggregate tok/s), besides the single-sequence rows.
@@ -113,7 +119,7 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
                 e.reset();
                 let reqs = (0..batch)
                     .map(|i| {
-                        let mut req = thorn::engine::Request::greedy(
+                        let mut req = thorn_engine::engine::Request::greedy(
                             tokens(32, vocab, 1000 + (r * batch + i) as u64),
                             tg,
                         );
@@ -121,7 +127,7 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
                         (req, None)
                     })
                     .collect();
-                let cfg = thorn::engine::scheduler::SchedulerConfig {
+                let cfg = thorn_engine::engine::scheduler::SchedulerConfig {
                     max_batch: batch,
                     step_tokens: 32 * batch,
                 };

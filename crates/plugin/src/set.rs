@@ -6,11 +6,11 @@
 //! Cranelift compile and a sandboxed run.
 
 use super::{AuditLog, CallReport, Caller, Plugin, PluginError, PluginHost, Policy, PolicyError};
-use crate::tools::ToolSet;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use thorn_tools::ToolSet;
 
 /// A component that was not loaded, and why.
 #[derive(Debug)]

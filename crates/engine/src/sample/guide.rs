@@ -29,9 +29,8 @@
 
 mod numbers;
 
-use super::grammar::{Constraint, GrammarError, GrammarFactory, Mask, calls_grammar};
+use super::grammar::{Constraint, GrammarError, Mask};
 use crate::tokenizer::{TokenId, Tokenizer};
-use crate::tools::{OPEN, ResponseFormat, ToolChoice, ToolSet};
 use numbers::NumberGuard;
 use std::time::{Duration, Instant};
 
@@ -268,61 +267,4 @@ impl Guide {
     pub fn constraint(&mut self) -> &mut Constraint {
         &mut self.constraint
     }
-}
-
-impl GrammarFactory {
-    /// The guide for a request, or `None` when its output is free text. Rejects a `tool_choice` that does
-    /// not fit the tools and any schema the grammar compiler cannot enforce (naming the tool).
-    pub fn guide(
-        &self,
-        tools: &ToolSet,
-        choice: &ToolChoice,
-        parallel: bool,
-        format: &ResponseFormat,
-    ) -> Result<Option<Guide>, GuideError> {
-        choice.check(tools)?;
-        let answer = format.schema().map(|(s, _)| s);
-        let use_tools = !tools.is_empty() && *choice != ToolChoice::None;
-        if !use_tools {
-            return Ok(match answer {
-                Some(schema) => {
-                    Some(Guide::answer(self.json_schema(&schema)?).with_json_number_limits())
-                }
-                None => None,
-            });
-        }
-        let (grammar, trigger) = match choice {
-            ToolChoice::Function(name) => (calls_grammar(tools, Some(name), false, None)?, None),
-            ToolChoice::Required => (calls_grammar(tools, None, parallel, None)?, None),
-            _ => match &answer {
-                Some(schema) => (calls_grammar(tools, None, parallel, Some(schema))?, None),
-                None => (calls_grammar(tools, None, parallel, None)?, Some(OPEN)),
-            },
-        };
-        // One compile on the happy path; on failure, find the tool to blame.
-        let constraint = self
-            .lark(&grammar)
-            .map_err(|e| match self.check_tools(tools) {
-                Err(named) => named,
-                Ok(()) => e,
-            })?;
-        Ok(Some(
-            match trigger {
-                Some(t) => Guide::triggered(constraint, t),
-                None => Guide::new(constraint),
-            }
-            .with_json_number_limits(),
-        ))
-    }
-}
-
-/// Why a request's output constraint cannot be built.
-#[derive(Debug, thiserror::Error, Clone, PartialEq)]
-pub enum GuideError {
-    /// The request's tool options are wrong.
-    #[error(transparent)]
-    Tool(#[from] crate::tools::ToolError),
-    /// A schema cannot be compiled into a grammar.
-    #[error(transparent)]
-    Grammar(#[from] GrammarError),
 }
