@@ -63,7 +63,10 @@ pub enum AgentError {
     /// The chat template refused the conversation.
     #[error(transparent)]
     Template(#[from] thorn_tools::chat::TemplateError),
-    /// The engine failed.
+    /// The model has no chat template, so only raw completions can be served.
+    #[error("the model has no chat template: use /v1/completions with a raw prompt")]
+    NoTemplate,
+    /// The engine refused the request or failed ([`EngineError::is_client_error`] tells which).
     #[error(transparent)]
     Engine(#[from] EngineError),
     /// The engine job ended without an answer (it panicked).
@@ -429,7 +432,7 @@ impl Agent {
             tokenizer: engine.tokenizer_arc(),
         };
         let service = EngineService::with_scheduler(engine, queue, sched)
-            .map_err(|e| AgentError::Engine(EngineError::Request(format!("engine thread: {e}"))))?;
+            .map_err(|e| AgentError::Engine(EngineError::Spawn(e)))?;
         Ok(Self::new(service, info, plugins, max_tool_rounds))
     }
 
@@ -647,11 +650,7 @@ impl Agent {
             } else {
                 Arc::clone(&all)
             };
-            let template = self.model.template.as_ref().ok_or_else(|| {
-                AgentError::Engine(EngineError::Request(
-                    "the model has no chat template: use /v1/completions with a raw prompt".into(),
-                ))
-            })?;
+            let template = self.model.template.as_ref().ok_or(AgentError::NoTemplate)?;
             let data: usize = messages.iter().map(Message::data_len).sum();
             if data > self.model.max_prompt_bytes() {
                 return Err(AgentError::PromptBytes {

@@ -42,7 +42,8 @@ pub const MAX_STOP_BYTES: usize = 256;
 /// Tokens per prefill micro-batch.
 pub const PREFILL_CHUNK: usize = 256;
 
-/// What can go wrong running the engine.
+/// What can go wrong running the engine. [`EngineError::is_client_error`] tells a bad request (the client's
+/// fault) from a failure of the engine or its model (ours).
 #[derive(Debug, Error)]
 pub enum EngineError {
     /// Loading the file.
@@ -54,18 +55,78 @@ pub enum EngineError {
     /// Building the tokenizer.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// The tokenizer names more tokens than the model has rows (a broken file).
+    #[error("the tokenizer has {tokenizer} tokens, the model {model}")]
+    VocabMismatch {
+        /// Tokens the tokenizer knows.
+        tokenizer: usize,
+        /// Rows of the model's embedding.
+        model: usize,
+    },
     /// A grammar that does not compile or a matcher failure.
     #[error(transparent)]
     Grammar(#[from] GrammarError),
-    /// A request the engine cannot serve (empty prompt, too long, ...).
-    #[error("invalid request: {0}")]
-    Request(String),
+    /// A request with no prompt tokens.
+    #[error("invalid request: the prompt is empty")]
+    EmptyPrompt,
+    /// A prompt that leaves no room in the context.
+    #[error("invalid request: the prompt has {prompt} tokens; the context holds {context}")]
+    PromptTooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Context positions.
+        context: usize,
+    },
+    /// A token id the model does not have.
+    #[error("invalid request: token id {token} is outside the vocabulary ({vocab})")]
+    TokenOutOfVocab {
+        /// The id.
+        token: TokenId,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// Too many stop strings, or one too long.
+    #[error(
+        "invalid request: at most {MAX_STOPS} stop strings of at most {MAX_STOP_BYTES} bytes each"
+    )]
+    Stops,
+    /// Appending tokens to the current sequence would pass the context (the lone-sequence API).
+    #[error("invalid request: context full: {len} + {add} tokens > {context}")]
+    ContextFull {
+        /// Tokens in the sequence.
+        len: usize,
+        /// Tokens to append.
+        add: usize,
+        /// Context positions.
+        context: usize,
+    },
     /// KV memory ran out.
     #[error(transparent)]
     Kv(#[from] KvError),
+    /// A forward pass over a batch failed; every sequence in it ends with this error.
+    #[error("forward pass failed: {0}")]
+    Forward(String),
+    /// The engine thread could not be started.
+    #[error("engine thread: {0}")]
+    Spawn(#[source] std::io::Error),
     /// The engine failed (a bug); the request is lost but the engine keeps serving.
     #[error("internal engine error: {0}")]
     Internal(String),
+}
+
+impl EngineError {
+    /// Whether the request was at fault (an HTTP 400), rather than the engine or its model (a 5xx). KV
+    /// exhaustion and grammar failures are neither wholly: the API maps those itself.
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            EngineError::EmptyPrompt
+                | EngineError::PromptTooLong { .. }
+                | EngineError::TokenOutOfVocab { .. }
+                | EngineError::Stops
+                | EngineError::ContextFull { .. }
+        )
+    }
 }
 
 /// How to load a model.
@@ -296,11 +357,10 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
         if tokenizer.vocab_size() > model.vocab() {
-            return Err(EngineError::Request(format!(
-                "the tokenizer has {} tokens, the model {}",
-                tokenizer.vocab_size(),
-                model.vocab()
-            )));
+            return Err(EngineError::VocabMismatch {
+                tokenizer: tokenizer.vocab_size(),
+                model: model.vocab(),
+            });
         }
         model.set_precision(cfg.precision);
         let ctx = if cfg.context == 0 {
@@ -521,14 +581,13 @@ impl Engine {
     /// current for [`Engine::step`].
     pub fn prefill(&mut self, prompt: &[TokenId]) -> Result<usize, EngineError> {
         if prompt.is_empty() {
-            return Err(EngineError::Request("the prompt is empty".into()));
+            return Err(EngineError::EmptyPrompt);
         }
         if prompt.len() >= self.context {
-            return Err(EngineError::Request(format!(
-                "the prompt has {} tokens; the context holds {}",
-                prompt.len(),
-                self.context
-            )));
+            return Err(EngineError::PromptTooLong {
+                prompt: prompt.len(),
+                context: self.context,
+            });
         }
         self.finish_current();
         let mut seq = self.kv.acquire(prompt);
@@ -793,14 +852,13 @@ impl Engine {
             None => (self.kv.acquire(&[]), Vec::new()),
         };
         if seq.len() + tokens.len() > self.context {
-            let msg = format!(
-                "context full: {} + {} tokens > {}",
-                seq.len(),
-                tokens.len(),
-                self.context
-            );
+            let e = EngineError::ContextFull {
+                len: seq.len(),
+                add: tokens.len(),
+                context: self.context,
+            };
             self.current = Some((seq, toks));
-            return Err(EngineError::Request(msg));
+            return Err(e);
         }
         if let Err(e) = self.run_seq(&mut seq, tokens, Logits::Last) {
             self.current = Some((seq, toks));

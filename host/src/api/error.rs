@@ -6,6 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use thiserror::Error;
+use thorn_engine::engine::EngineError;
 use thorn_engine::engine::service::SubmitError;
 
 /// A failed request.
@@ -143,18 +144,71 @@ impl From<AgentError> for ApiError {
             AgentError::Tools(t) => ApiError::bad(t.to_string(), Some("tools")),
             AgentError::Guide(g) => ApiError::bad(g.to_string(), Some("response_format")),
             AgentError::Template(t) => ApiError::bad(t.to_string(), Some("messages")),
-            AgentError::Engine(thorn_engine::engine::EngineError::Request(m)) => {
-                ApiError::bad(m, None)
+            AgentError::NoTemplate => ApiError::bad(e.to_string(), Some("messages")),
+            AgentError::Engine(EngineError::PromptTooLong { .. }) => {
+                ApiError::ContextLength(e.to_string())
             }
-            AgentError::Engine(thorn_engine::engine::EngineError::Kv(k)) => {
-                ApiError::Busy(k.to_string())
-            }
+            AgentError::Engine(EngineError::Stops) => ApiError::bad(e.to_string(), Some("stop")),
+            AgentError::Engine(ref c) if c.is_client_error() => ApiError::bad(e.to_string(), None),
+            AgentError::Engine(EngineError::Kv(k)) => ApiError::Busy(k.to_string()),
             // A client's schema that the grammar engine refused or gave up on while decoding.
-            AgentError::Engine(thorn_engine::engine::EngineError::Grammar(g)) => {
+            AgentError::Engine(EngineError::Grammar(g)) => {
                 ApiError::bad(g.to_string(), Some("response_format"))
             }
             AgentError::Engine(e) => ApiError::Internal(e.to_string()),
             AgentError::Lost => ApiError::Internal(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_of(e: EngineError) -> (StatusCode, Option<&'static str>) {
+        let api = ApiError::from(AgentError::Engine(e));
+        (api.status(), api.kind().1)
+    }
+
+    #[test]
+    fn engine_errors_are_the_clients_fault_only_when_the_request_is() {
+        let bad = StatusCode::BAD_REQUEST;
+        assert_eq!(status_of(EngineError::EmptyPrompt), (bad, None));
+        assert_eq!(
+            status_of(EngineError::PromptTooLong {
+                prompt: 9,
+                context: 8
+            }),
+            (bad, Some("context_length_exceeded"))
+        );
+        assert_eq!(
+            status_of(EngineError::TokenOutOfVocab {
+                token: 70_000,
+                vocab: 49_152
+            })
+            .0,
+            bad
+        );
+        assert_eq!(status_of(EngineError::Stops).0, bad);
+        // A failed forward pass, a lost thread or a broken file is ours, whatever request it met.
+        let ours = StatusCode::INTERNAL_SERVER_ERROR;
+        assert_eq!(status_of(EngineError::Forward("nan".into())).0, ours);
+        assert_eq!(status_of(EngineError::Internal("bug".into())).0, ours);
+        assert_eq!(
+            status_of(EngineError::VocabMismatch {
+                tokenizer: 2,
+                model: 1
+            })
+            .0,
+            ours
+        );
+        assert_eq!(
+            status_of(EngineError::Spawn(std::io::Error::other("no threads"))).0,
+            ours
+        );
+        assert_eq!(
+            ApiError::from(AgentError::NoTemplate).status(),
+            StatusCode::BAD_REQUEST
+        );
     }
 }

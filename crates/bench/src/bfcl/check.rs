@@ -801,7 +801,7 @@ mod tests {
         // Every expected call, given as the model's call with its first acceptable values, must pass; a sanity
         // check of the checker against the real data (Python categories; the committed subset of 25 questions
         // each, `tests/data/bfcl`).
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/bfcl");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/bfcl");
         for cat in [
             "simple_python",
             "multiple",

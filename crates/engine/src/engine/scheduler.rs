@@ -254,11 +254,7 @@ impl Scheduler {
                 idx.sort_unstable_by(|a, b| b.cmp(a));
                 for i in idx {
                     let a = self.running.remove(i);
-                    self.finish(
-                        engine,
-                        a,
-                        Some(EngineError::Request(format!("forward pass failed: {msg}"))),
-                    );
+                    self.finish(engine, a, Some(EngineError::Forward(msg.clone())));
                 }
                 return true;
             }
@@ -582,7 +578,7 @@ impl Engine {
     pub fn check_request(&self, req: &Request) -> Result<(), EngineError> {
         let vocab = self.model.vocab();
         if req.prompt.is_empty() {
-            return Err(EngineError::Request("the prompt is empty".into()));
+            return Err(EngineError::EmptyPrompt);
         }
         if let Some(&bad) = req
             .prompt
@@ -590,27 +586,20 @@ impl Engine {
             .chain(&req.stop_tokens)
             .find(|&&t| t as usize >= vocab)
         {
-            return Err(EngineError::Request(format!(
-                "token id {bad} is outside the vocabulary ({vocab})"
-            )));
+            return Err(EngineError::TokenOutOfVocab { token: bad, vocab });
         }
         if req.prompt.len() >= self.context {
-            return Err(EngineError::Request(format!(
-                "the prompt has {} tokens; the context holds {}",
-                req.prompt.len(),
-                self.context
-            )));
+            return Err(EngineError::PromptTooLong {
+                prompt: req.prompt.len(),
+                context: self.context,
+            });
         }
         // Stop strings are matched against held-back text every token: bound their size here, where
         // that cost is spent.
         if req.stop.len() > super::MAX_STOPS
             || req.stop.iter().any(|s| s.len() > super::MAX_STOP_BYTES)
         {
-            return Err(EngineError::Request(format!(
-                "at most {} stop strings of at most {} bytes each",
-                super::MAX_STOPS,
-                super::MAX_STOP_BYTES
-            )));
+            return Err(EngineError::Stops);
         }
         Ok(())
     }
@@ -653,7 +642,7 @@ impl Engine {
                     .map(|mut c| std::mem::take(&mut *c))
                     .unwrap_or_default();
                 let r = c.result.take().unwrap_or_else(|| {
-                    Err(EngineError::Request("the sequence never finished".into()))
+                    Err(EngineError::Internal("the sequence never finished".into()))
                 });
                 (c.text, r)
             })

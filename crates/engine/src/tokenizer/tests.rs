@@ -96,7 +96,7 @@ fn qwen2_pre_tokenizer_and_placeholder_merges_load() {
     // The qwen35-tiny fixture: a byte vocabulary, `qwen2` pre-tokenizer and one merge ("Ġ Ġ") whose result
     // is not a token (llama.cpp ignores it; so do we).
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data/qwen35-tiny/model.gguf");
+        .join("../../tests/data/qwen35-tiny/model.gguf");
     let g = crate::gguf::Gguf::open(path).unwrap();
     let t = Tokenizer::from_gguf(&g).unwrap();
     let text = "Hello, Qwen3.5 tiny!  12\n\té";

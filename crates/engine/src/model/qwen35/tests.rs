@@ -6,7 +6,7 @@ use crate::kv::{KvCache, KvConfig, KvDtype, SeqKv};
 
 fn fixture(rel: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data/qwen35-tiny")
+        .join("../../tests/data/qwen35-tiny")
         .join(rel)
 }
 
