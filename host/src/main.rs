@@ -9,8 +9,11 @@ use thorn_engine::tokenizer::Tokenizer;
 use thorn_tools::ToolGrammars;
 use thorn_tools::chat::{ChatTemplate, Message, RenderOptions};
 
+mod opts;
 mod plugins;
 mod serve;
+
+use opts::{EngineArgs, ModelArgs, SpecArgs};
 
 #[derive(Parser)]
 #[command(
@@ -85,9 +88,8 @@ enum Cmd {
         /// Parse control-token text (`<|im_start|>`) as control tokens.
         #[arg(long)]
         special: bool,
-        /// Model file (default: the pulled default model).
-        #[arg(long)]
-        model: Option<PathBuf>,
+        #[command(flatten)]
+        model: ModelArgs,
     },
     /// Render a chat with the model's template and print the prompt and its token count.
     Render {
@@ -96,9 +98,8 @@ enum Cmd {
         /// A system message.
         #[arg(long)]
         system: Option<String>,
-        /// Model file (default: the pulled default model).
-        #[arg(long)]
-        model: Option<PathBuf>,
+        #[command(flatten)]
+        model: ModelArgs,
     },
 }
 
@@ -147,20 +148,15 @@ struct GenerateArgs {
     /// JSON object.
     #[arg(long)]
     json: Option<String>,
-    /// CPU threads (0 = one per physical core).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
-    /// Context length in tokens.
-    #[arg(long, default_value_t = 4096)]
-    context: usize,
-    /// Model file (default: the pulled default model).
-    #[arg(long)]
-    model: Option<PathBuf>,
     /// Print speculation counters after the output.
     #[arg(long)]
     spec_stats: bool,
     #[command(flatten)]
-    spec: serve::SpecArgs,
+    model: ModelArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 #[derive(Subcommand)]
@@ -185,9 +181,8 @@ enum BenchCmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
-        /// Model file (default: the pulled default model).
-        #[arg(long)]
-        model: Option<PathBuf>,
+        #[command(flatten)]
+        model: ModelArgs,
         /// KV cache element types to measure, one table each (f16, f32, fp8).
         #[arg(long, value_delimiter = ',', default_value = "f16")]
         kv_dtype: Vec<thorn_engine::kv::KvDtype>,
@@ -311,20 +306,16 @@ struct SpecBenchArgs {
     /// Most tokens per generation.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
-    /// Context length (turns that do not fit are skipped).
-    #[arg(long, default_value_t = 8192)]
-    context: usize,
-    /// CPU threads (0 = one per physical core).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
     /// Write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Model file (default: the pulled default model).
-    #[arg(long)]
-    model: Option<PathBuf>,
     #[command(flatten)]
-    spec: serve::SpecArgs,
+    model: ModelArgs,
+    /// Threads and context (turns that do not fit the context are skipped).
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 #[derive(clap::Args)]
@@ -364,14 +355,13 @@ struct GrammarBenchArgs {
     #[arg(long)]
     no_lazy_mask: bool,
     /// CPU threads (0 = one per physical core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "THORN_THREADS", default_value_t = 0)]
     threads: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// Model file (default: the pulled default model).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
 }
 
 #[derive(Subcommand)]
@@ -439,7 +429,7 @@ fn main() -> Result<()> {
         Cmd::Bench {
             cmd: BenchCmd::Spec(a),
         } => {
-            let model = resolve(&cache, a.model)?;
+            let model = resolve(&cache, a.model.model)?;
             thorn_bench::spec::run(&thorn_bench::spec::Opts {
                 model: &model,
                 bfcl_dir: &bfcl_dir(&cache, a.bfcl_dir)?,
@@ -449,8 +439,8 @@ fn main() -> Result<()> {
                 conversations: a.conversations,
                 turns: a.turns,
                 max_tokens: a.max_tokens,
-                context: a.context,
-                threads: a.threads,
+                context: a.engine.context,
+                threads: a.engine.threads,
                 tree: thorn_engine::spec::SpecConfig {
                     enabled: true,
                     ..a.spec.config()
@@ -492,7 +482,7 @@ fn main() -> Result<()> {
             cmd: BenchCmd::Grammar(a),
         } => {
             let choice = thorn_tools::ToolChoice::from_name(&a.tool_choice);
-            let model = resolve(&cache, a.model)?;
+            let model = resolve(&cache, a.model.model)?;
             thorn_bench::grammar::run(&thorn_bench::grammar::Opts {
                 model: &model,
                 bfcl_dir: &bfcl_dir(&cache, a.bfcl_dir)?,
@@ -524,7 +514,7 @@ fn main() -> Result<()> {
                     batch,
                 },
         } => thorn_bench::engine(
-            &resolve(&cache, model)?,
+            &resolve(&cache, model.model)?,
             thorn_bench::EngineBench {
                 pp: prompt_tokens,
                 tg: gen_tokens,
@@ -594,7 +584,7 @@ fn main() -> Result<()> {
             special,
             model,
         } => {
-            let g = open(&resolve(&cache, model)?)?;
+            let g = open(&resolve(&cache, model.model)?)?;
             let tok = Tokenizer::from_gguf(&g)?;
             let ids = tok.encode(&text, special)?;
             println!("{ids:?}");
@@ -606,7 +596,7 @@ fn main() -> Result<()> {
             system,
             model,
         } => {
-            let g = open(&resolve(&cache, model)?)?;
+            let g = open(&resolve(&cache, model.model)?)?;
             let (text, n) = render(&g, system.as_deref(), &prompt)?;
             print!("{text}");
             eprintln!("{n} tokens");
@@ -621,13 +611,11 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
     use thorn_engine::sample::SamplingParams;
     use thorn_tools::chat::{ChatTemplate, Message};
     use thorn_tools::{ResponseFormat, ToolChoice, ToolSet};
-    let path = resolve(cache, a.model)?;
-    let cfg = EngineConfig {
-        threads: a.threads,
-        context: a.context,
+    let path = resolve(cache, a.model.model)?;
+    let cfg = a.engine.apply(EngineConfig {
         speculation: a.spec.config(),
         ..EngineConfig::default()
-    };
+    });
     let mut engine =
         Engine::load(&path, &cfg).with_context(|| format!("loading {}", path.display()))?;
     if cfg.speculation.enabled {
@@ -894,7 +882,7 @@ fn info(path: &std::path::Path, tensors: bool) -> Result<()> {
 
 fn up(cache: &std::path::Path, a: serve::ServeArgs) -> Result<()> {
     let path = pull(cache, store::DEFAULT_MODEL.name, false)?;
-    if a.agent.model.is_none() {
+    if a.agent.model.model.is_none() {
         eprintln!("default model ready: {}", path.display());
     }
     let (dir, _) = a.agent.place.resolve();
@@ -905,4 +893,46 @@ fn up(cache: &std::path::Path, a: serve::ServeArgs) -> Result<()> {
         );
     }
     serve::serve(cache, a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_declares_each_option_once() {
+        // clap's own checks: no flag declared twice in one command, defaults that parse, and so on.
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_engine_command_defaults_to_the_one_context() {
+        let generate = Cli::try_parse_from(["thorn", "generate", "-p", "hi"]).unwrap();
+        let serve = Cli::try_parse_from(["thorn", "serve"]).unwrap();
+        let spec = Cli::try_parse_from(["thorn", "bench", "spec"]).unwrap();
+        let Cmd::Generate(g) = generate.cmd else {
+            panic!("generate")
+        };
+        let Cmd::Serve(s) = serve.cmd else {
+            panic!("serve")
+        };
+        let Cmd::Bench {
+            cmd: BenchCmd::Spec(b),
+        } = spec.cmd
+        else {
+            panic!("bench spec")
+        };
+        for context in [g.engine.context, s.agent.engine.context, b.engine.context] {
+            assert_eq!(context, opts::DEFAULT_CONTEXT);
+        }
+        // A flag still sets it per command.
+        let Cmd::Serve(s) = Cli::try_parse_from(["thorn", "serve", "--context", "2048"])
+            .unwrap()
+            .cmd
+        else {
+            panic!("serve")
+        };
+        assert_eq!(s.agent.engine.context, 2048);
+    }
 }

@@ -1,6 +1,7 @@
 //! `thorn serve`, `thorn chat` and `thorn run`: the agent with the installed plugins, over HTTP, in a
 //! terminal, or for one task.
 
+use crate::opts::{EngineArgs, KvArgs, ModelArgs, SpecArgs, parse_bytes};
 use crate::plugins::Place;
 use anyhow::{Context, Result};
 use std::io::Write;
@@ -20,20 +21,15 @@ use thorn_tools::{ResponseFormat, ToolChoice};
 /// What every agent command takes.
 #[derive(clap::Args, Clone)]
 pub struct AgentArgs {
-    /// Model file (default: the pulled default model).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// The name the model is served under (default: the default model's name, else the file's stem).
     #[arg(long)]
     pub model_name: Option<String>,
     #[command(flatten)]
     pub place: Place,
-    /// CPU threads (0 = one per physical core).
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
-    /// Context length in tokens.
-    #[arg(long, default_value_t = 8192)]
-    pub context: usize,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Most rounds of host tool calls per request (a request may ask for fewer, never more).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tool_rounds: u32,
@@ -59,154 +55,24 @@ pub struct AgentArgs {
     pub spec: SpecArgs,
 }
 
-/// Speculative decoding options.
-#[derive(clap::Args, Debug, Clone)]
-pub struct SpecArgs {
-    /// Speculative decoding: `tree` (drafts shaped by measured cost), `chain` (top-1 only) or `off`.
-    /// Output is the same either way; requests may opt out with `"speculation": false`.
-    #[arg(long, default_value = "tree")]
-    pub speculation: SpecMode,
-    /// Children per draft-tree node.
-    #[arg(long, default_value_t = 2)]
-    pub spec_top_k: usize,
-    /// Deepest drafted token.
-    #[arg(long, default_value_t = 8)]
-    pub spec_depth: usize,
-    /// Most drafted tokens per tree (grammar-forced runs come on top).
-    #[arg(long, default_value_t = 16)]
-    pub spec_nodes: usize,
-    /// Always use the whole budget instead of sizing trees by the measured cost of verification.
-    #[arg(long)]
-    pub spec_fixed: bool,
-    /// Size trees by a fixed cost model instead of measuring this machine: `STEP,TOKEN`, the cost of a
-    /// one-token pass and of each further token (e.g. `1,0.02` for a memory-bound GPU). Tree shapes then
-    /// never depend on the machine's load.
-    #[arg(long, value_parser = parse_fixed_cost)]
-    pub spec_cost: Option<thorn_engine::spec::FixedCost>,
-}
-
-fn parse_fixed_cost(s: &str) -> Result<thorn_engine::spec::FixedCost, String> {
-    let (a, b) = s
-        .split_once(',')
-        .ok_or_else(|| format!("{s:?}: expected STEP,TOKEN (e.g. 1,0.02)"))?;
-    let num = |x: &str| {
-        x.trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite() && *v >= 0.0)
-            .ok_or_else(|| format!("{x:?} is not a non-negative number"))
-    };
-    let (step, token) = (num(a)?, num(b)?);
-    if step <= 0.0 {
-        return Err("the cost of a one-token pass must be positive".into());
-    }
-    Ok(thorn_engine::spec::FixedCost { step, token })
-}
-
-/// `--speculation`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SpecMode {
-    /// Draft trees.
-    Tree,
-    /// Draft chains.
-    Chain,
-    /// No speculation.
-    Off,
-}
-
-impl SpecArgs {
-    /// The speculation configuration these options give.
-    pub fn config(&self) -> thorn_engine::spec::SpecConfig {
-        let base = thorn_engine::spec::SpecConfig::default();
-        thorn_engine::spec::SpecConfig {
-            enabled: self.speculation != SpecMode::Off,
-            top_k: if self.speculation == SpecMode::Chain {
-                1
-            } else {
-                self.spec_top_k.max(1)
-            },
-            max_depth: self.spec_depth,
-            max_nodes: self.spec_nodes,
-            adaptive: !self.spec_fixed,
-            fixed_cost: self.spec_cost,
-            ..base
-        }
-    }
-}
-
-/// KV cache options (`thorn serve`, `thorn chat`, `thorn bench engine`).
-#[derive(clap::Args, Debug, Clone)]
-pub struct KvArgs {
-    /// KV cache element type: f16, f32 or fp8 (E4M3 with a scale per page and head).
-    #[arg(long, default_value = "f16")]
-    pub kv_dtype: thorn_engine::kv::KvDtype,
-    /// KV cache memory budget, e.g. 512M or 2G (0 = room for four full contexts).
-    #[arg(long, default_value = "0", value_parser = parse_bytes)]
-    pub kv_memory: usize,
-    /// Positions per KV page.
-    #[arg(long, default_value_t = thorn_engine::kv::KvConfig::PAGE_SIZE)]
-    pub page_size: usize,
-    /// Keep only prompts in the prefix cache, not generated tokens.
-    #[arg(long)]
-    pub no_cache_output: bool,
-}
-
-impl KvArgs {
-    /// Applies these options to an engine configuration.
-    pub fn apply(&self, cfg: EngineConfig) -> EngineConfig {
-        EngineConfig {
-            kv_dtype: self.kv_dtype,
-            kv_memory: self.kv_memory,
-            page_size: self.page_size,
-            cache_output: !self.no_cache_output,
-            ..cfg
-        }
-    }
-}
-
-/// `512M`, `2G`, `1.5GiB`, `1000000` (bytes; K/M/G/T are powers of 1024).
-pub fn parse_bytes(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 512M or 2G)"))?;
-    let mult = match unit
-        .trim()
-        .to_ascii_uppercase()
-        .trim_end_matches("IB")
-        .trim_end_matches('B')
-    {
-        "" => 1u64,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        "T" => 1 << 40,
-        u => return Err(format!("unknown size unit {u:?} in {s:?} (K, M, G or T)")),
-    };
-    Ok((n * mult as f64) as usize)
-}
-
 /// `thorn serve`.
 #[derive(clap::Args)]
+#[command(next_help_heading = "Server")]
 pub struct ServeArgs {
     #[command(flatten)]
     pub agent: AgentArgs,
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, env = "THORN_HOST", default_value = "127.0.0.1")]
     pub host: String,
     /// Port.
-    #[arg(long, default_value_t = 8080)]
+    #[arg(long, env = "THORN_PORT", default_value_t = 8080)]
     pub port: u16,
     /// Accepted API key (repeatable; also $THORN_API_KEYS, comma-separated). None: no authentication.
     #[arg(long)]
     pub api_key: Vec<String>,
     /// API key file: ids, key digests, per-key host-tool allow-lists and /metrics rights (see
     /// `thorn::api::auth`).
-    #[arg(long)]
+    #[arg(long, env = "THORN_API_KEY_FILE")]
     pub api_keys: Option<PathBuf>,
     /// Require a key allowed to read it for GET /metrics (keys from --api-key may).
     #[arg(long)]
@@ -234,7 +100,7 @@ pub struct ServeArgs {
 /// Loads the model onto its engine thread and the plugins under the policy.
 pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
     let default = thorn::store::default_model(cache);
-    let (path, default_name) = match &a.model {
+    let (path, default_name) = match &a.model.model {
         Some(p) => (p.clone(), None),
         None => (default?, Some(thorn::store::DEFAULT_MODEL.name)),
     };
@@ -247,12 +113,10 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
             str::to_owned,
         )
     });
-    let cfg = a.kv.apply(EngineConfig {
-        threads: a.threads,
-        context: a.context,
+    let cfg = a.kv.apply(a.engine.apply(EngineConfig {
         speculation: a.spec.config(),
         ..EngineConfig::default()
-    });
+    }));
     let mut engine =
         Engine::load(&path, &cfg).with_context(|| format!("loading {}", path.display()))?;
     if cfg.speculation.enabled {
