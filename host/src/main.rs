@@ -713,14 +713,14 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
         }
     }
     eprintln!(
-        "[{} prompt tokens: {:.1} tok/s prefill | {} tokens in {} decode passes: {:.1} tok/s decode | {} threads, {:?} | finish: {}]",
+        "[{} prompt tokens: {:.1} tok/s prefill | {} tokens in {} decode passes: {:.1} tok/s decode | {} threads, {} | finish: {}]",
         st.prompt_tokens,
         st.prefill_tps(),
         st.generated,
         st.forward_passes,
         st.decode_tps(),
-        engine.cpu().threads(),
-        engine.cpu().isa(),
+        engine.device().threads(),
+        engine.device().name(),
         out.finish.as_str()
     );
     if a.spec_stats {

@@ -4,6 +4,7 @@
 //! be set through the environment variable named in its help (`THORN_*`); a flag wins over the variable.
 
 use std::path::PathBuf;
+use thorn_engine::backend::DeviceKind;
 use thorn_engine::engine::EngineConfig;
 use thorn_engine::kv::{KvConfig, KvDtype};
 use thorn_engine::spec::{FixedCost, SpecConfig};
@@ -24,6 +25,10 @@ pub struct ModelArgs {
 #[derive(clap::Args, Debug, Clone)]
 #[command(next_help_heading = "Engine")]
 pub struct EngineArgs {
+    /// The device the model runs on: `cpu`, `cuda` or `cuda:N` (a build without the CUDA backend, or a
+    /// machine without a GPU, says so and stops).
+    #[arg(long, env = "THORN_DEVICE", default_value = "cpu")]
+    pub device: DeviceKind,
     /// CPU threads (0 = one per physical core).
     #[arg(long, env = "THORN_THREADS", default_value_t = 0)]
     pub threads: usize,
@@ -36,6 +41,7 @@ impl EngineArgs {
     /// Applies these options to an engine configuration.
     pub fn apply(&self, cfg: EngineConfig) -> EngineConfig {
         EngineConfig {
+            device: self.device,
             threads: self.threads,
             context: self.context,
             ..cfg

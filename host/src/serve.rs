@@ -125,7 +125,7 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
             .calibrate_speculation()
             .context("measuring forward passes for speculation")?;
     }
-    let (context, threads) = (engine.context(), engine.cpu().threads());
+    let (context, threads) = (engine.context(), engine.device().threads());
     let kv = engine.kv_stats();
     eprintln!(
         "KV cache: {} pages of {} positions ({}, {:.0} MiB)",

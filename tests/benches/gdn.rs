@@ -7,7 +7,7 @@
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::time::Duration;
-use thorn_engine::model::qwen35::gdn::{self, HeadRun, Shape};
+use thorn_engine::backend::gdn::{self, HeadRun, Shape};
 
 const SHAPE: Shape = Shape {
     kh: 16,

@@ -5,7 +5,7 @@
 use std::rc::Rc;
 use std::sync::Arc;
 use thorn_bench::bfcl;
-use thorn_engine::backend::cpu::Cpu;
+use thorn_engine::backend::Device;
 use thorn_engine::engine::scheduler::SchedulerConfig;
 use thorn_engine::engine::{Decoder, Engine, EngineConfig, GuideSlot, Request};
 use thorn_engine::gguf::Gguf;
@@ -43,8 +43,8 @@ fn eager() -> SpecConfig {
 #[test]
 fn tree_verification_gives_the_logits_of_plain_decoding() {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
-    let model = Llama::load(g).unwrap();
-    let cpu = Cpu::new(2);
+    let cpu = Device::cpu(2);
+    let model = Llama::load(g, &cpu).unwrap();
     let vocab = model.config().vocab;
     let prompt = &fixture_prompts()[0];
     // A tree straddling page boundaries: two chains and side branches at several depths.

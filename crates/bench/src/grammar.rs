@@ -270,7 +270,7 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
     };
     let report = json!({
         "model": o.model.display().to_string(),
-        "threads": e.cpu().threads(),
+        "threads": e.device().threads(),
         "tool_choice": format!("{:?}", o.tool_choice),
         "temperature": o.temperature,
         "seeds": o.seeds,

@@ -180,8 +180,8 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
             .collect();
         let out = serde_json::json!({
             "model": path.display().to_string(),
-            "threads": e.cpu().threads(),
-            "isa": format!("{:?}", e.cpu().isa()),
+            "threads": e.device().threads(),
+            "isa": e.device().name(),
             "page_size": b.page_size,
             "weight_bytes_per_token": weights,
             "results": items,
@@ -191,9 +191,9 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
     } else {
         println!("model   {}", path.display());
         println!(
-            "threads {} ({:?}), weights read per decode step {:.1} MB, KV pages of {}",
-            e.cpu().threads(),
-            e.cpu().isa(),
+            "threads {} ({}), weights read per decode step {:.1} MB, KV pages of {}",
+            e.device().threads(),
+            e.device().name(),
             weights as f64 / 1e6,
             b.page_size
         );

@@ -240,8 +240,8 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
     ];
     let mut report = json!({
         "model": o.model.display().to_string(),
-        "threads": e.cpu().threads(),
-        "isa": format!("{:?}", e.cpu().isa()),
+        "threads": e.device().threads(),
+        "isa": e.device().name(),
         "max_tokens": o.max_tokens,
         "tree": {"top_k": o.tree.top_k, "max_depth": o.tree.max_depth, "max_nodes": o.tree.max_nodes,
                  "adaptive": o.tree.adaptive},

@@ -1,20 +1,626 @@
-//! Devices and their kernels. Everything device-specific lives below this module; the model code above it
-//! calls one API and never sees a `cfg`.
+//! Devices and their kernels, behind one API. Everything device-specific lives below this module; the
+//! models above it call [`Device`] ops and hold [`Matrix`] weights, and never see a `cfg` or a backend type.
 //!
+//! * [`batch`]: a forward pass's input as the device reads it ([`Batch`]: tokens, page tables, positions,
+//!   draft-tree parents); [`pages`]: the KV page storage ([`PagePool`], f32/f16/FP8 pages, refcounts);
+//!   [`fp8`]: the KV cache's E4M3 helpers. The KV cache above (`kv`) owns the tables and the prefix tree.
 //! * [`cpu`]: the backend that runs everywhere: a spin/park thread pool, AVX-512 VNNI and AVX2 kernels chosen
-//!   at run time, and a scalar `*_ref` version of every kernel that the tests use as the oracle.
-//! * [`cuda`]: the GPU backend for Thor. Without the `cuda` feature it is a stub with the same API whose
-//!   constructor reports that CUDA was not compiled in.
+//!   at run time, and a scalar `*_ref` version of every kernel that the tests use as the oracle (the hot
+//!   path never calls them).
+//! * [`cuda`]: the GPU backend for Thor. It compiles in every build; [`Device::cuda`] returns a typed
+//!   [`DeviceError`] when CUDA is compiled out or no GPU is present.
+//!
+//! # The API
+//!
+//! A [`Device`] owns its worker threads (CPU) or context and streams (CUDA), and makes the weights in its own
+//! layout ([`Device::matrix`], [`Device::matrix_f32`], [`Device::concat`]: on the CPU, repacked pair records
+//! of 64 weights with their scales). A forward pass is a sequence of batch-wide ops:
+//!
+//! | op | what |
+//! |---|---|
+//! | [`Device::embed`] | exact dequantization of embedding rows |
+//! | [`Device::rmsnorm_rows`] | RMSNorm of each row |
+//! | [`Device::input`] + [`Device::matmul`] | `W·x` over quantized weights; the CPU quantizes the activations to 8 bits per 32 once per input, inside |
+//! | [`Device::matmul_reference`] | the f64-accumulated check path over the stored GGUF rows |
+//! | [`Device::rope`] | rotary embedding, llama.cpp's normal (adjacent pairs) or NeoX (halves, partial) |
+//! | [`Device::write_kv`] | one token's keys and values into its KV page slot |
+//! | [`Device::attention`] | paged attention over a [`Batch`], draft-tree rows included |
+//! | [`Device::swiglu_rows`], [`Device::silu_mul`], [`Device::add`] | the MLP's activation and the residual |
+//!
+//! Activations are host memory today (the CPU's, and Thor's unified memory); the CUDA backend's buffers
+//! arrive with its kernels. Per-forward device state (quantized activations, attention partials) lives in a
+//! [`Workspace`] the caller keeps, so a pass allocates nothing once it has grown.
 
+pub mod batch;
 pub mod cpu;
 #[cfg(not(feature = "cuda"))]
 #[path = "backend/no_cuda.rs"]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+#[path = "backend/cuda.rs"]
+pub mod cuda;
+pub mod fp8;
+pub mod pages;
 
-/// Why a device could not be used.
+use crate::quant::{GgmlType, QuantError, dequantize_ref, dot_ref};
+use batch::Batch;
+use cpu::Cpu;
+pub use cpu::gdn;
+pub use cpu::ops::rope_angles;
+use cpu::qmatmul::{QActs, QMatrix};
+pub use cpu::simd::{MAX_GROUP, MAX_HEAD_DIM};
+use pages::PagePool;
+
+use gdn::{HeadRun, Shape as GdnShape, Steps};
+
+/// Why a device could not be used, or an op not run.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
     /// The binary was built without the `cuda` feature.
     #[error("this build of thorn has no CUDA backend (rebuild with --features cuda)")]
     CudaNotCompiled,
+    /// No NVIDIA driver or GPU was found.
+    #[error("no CUDA GPU found: {0}")]
+    NoGpu(String),
+    /// The device cannot run this op or weight type.
+    #[error("{device} cannot run {what}")]
+    Unsupported {
+        /// The device.
+        device: &'static str,
+        /// The op or type.
+        what: String,
+    },
+    /// Weights that cannot be decoded.
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+}
+
+/// A compute device.
+#[derive(Debug)]
+pub enum Device {
+    /// The CPU backend.
+    Cpu(Cpu),
+    /// A CUDA GPU.
+    Cuda(cuda::Cuda),
+}
+
+/// Which device to open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceKind {
+    /// The CPU.
+    #[default]
+    Cpu,
+    /// CUDA GPU `ordinal`.
+    Cuda(usize),
+}
+
+impl DeviceKind {
+    /// Opens the device (`threads`: CPU worker threads, 0 = one per physical core).
+    pub fn open(self, threads: usize) -> Result<Device, DeviceError> {
+        match self {
+            DeviceKind::Cpu => Ok(Device::cpu(threads)),
+            DeviceKind::Cuda(ordinal) => Device::cuda(ordinal),
+        }
+    }
+}
+
+impl std::str::FromStr for DeviceKind {
+    type Err = String;
+
+    /// `cpu`, `cuda` (GPU 0) or `cuda:N`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(DeviceKind::Cpu),
+            "cuda" | "gpu" => Ok(DeviceKind::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceKind::Cuda)
+                .ok_or_else(|| format!("{s:?}: expected cpu, cuda or cuda:N")),
+        }
+    }
+}
+
+/// A weight matrix in its device's layout (`rows` outputs of `cols` inputs).
+#[derive(Debug)]
+pub struct Matrix {
+    q: QMatrix,
+}
+
+impl Matrix {
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.q.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.q.cols
+    }
+
+    /// Bytes a matrix-vector product reads.
+    pub fn bytes(&self) -> usize {
+        self.q.bytes()
+    }
+
+    /// The GGUF type the weights came from.
+    pub fn source(&self) -> GgmlType {
+        self.q.source
+    }
+}
+
+/// Per-forward device buffers (quantized activations, attention partials), reused across calls.
+#[derive(Debug, Default)]
+pub struct Workspace {
+    qa: QActs,
+    partials: Vec<f32>,
+}
+
+/// Activations prepared as a matmul input: `n` rows of `cols` floats (and, on the CPU, their 8-bit blocks).
+#[derive(Debug)]
+pub struct Input<'a> {
+    x: &'a [f32],
+    n: usize,
+    cols: usize,
+    qa: &'a QActs,
+}
+
+impl Input<'_> {
+    /// Rows.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+}
+
+/// A rotary-embedding layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rope {
+    /// llama.cpp's "normal" RoPE: adjacent pairs `(2i, 2i + 1)` of each head rotate.
+    Normal,
+    /// NeoX RoPE: pairs `(i, i + half)` of the first `2 · angles` dims rotate (partial when the table is
+    /// shorter than half the head).
+    Neox,
+}
+
+/// `v.len() >= n`, growing with zeros (buffers only grow, so a pass allocates nothing once warm).
+pub fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+impl Device {
+    /// The CPU with `threads` threads (0 = one per physical core) and the best ISA of this machine.
+    pub fn cpu(threads: usize) -> Self {
+        Device::Cpu(Cpu::new(threads))
+    }
+
+    /// GPU `ordinal`, or why there is none.
+    pub fn cuda(ordinal: usize) -> Result<Self, DeviceError> {
+        cuda::Cuda::new(ordinal).map(Device::Cuda)
+    }
+
+    /// The device's name for reports (`cpu/avx512vnni`, ...).
+    pub fn name(&self) -> String {
+        match self {
+            Device::Cpu(c) => format!("cpu/{:?}", c.isa()).to_lowercase(),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// Host threads the device's kernels run on.
+    pub fn threads(&self) -> usize {
+        match self {
+            Device::Cpu(c) => c.threads(),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// The CPU backend, if this is it (kernel benchmarks and tests that pick an ISA).
+    pub fn as_cpu(&self) -> Option<&Cpu> {
+        match self {
+            Device::Cpu(c) => Some(c),
+            Device::Cuda(_) => None,
+        }
+    }
+
+    /// `rows` rows of `cols` weights of type `ty` (GGUF bytes) in this device's layout.
+    pub fn matrix(
+        &self,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+    ) -> Result<Matrix, DeviceError> {
+        match self {
+            Device::Cpu(_) => Ok(Matrix {
+                q: QMatrix::from_ggml(ty, rows, cols, data)?,
+            }),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// A matrix of f32 rows (`f` is `rows × cols`, row-major).
+    pub fn matrix_f32(&self, rows: usize, cols: usize, f: Vec<f32>) -> Matrix {
+        match self {
+            Device::Cpu(_) => Matrix {
+                q: QMatrix::from_f32(rows, cols, f),
+            },
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// Matrices with the same input size and layout stacked along the output dimension (fused QKV, gate/up);
+    /// `None` when they do not share a layout.
+    pub fn concat(&self, parts: Vec<Matrix>) -> Option<Matrix> {
+        if parts.len() == 1 {
+            return parts.into_iter().next();
+        }
+        let qs: Vec<QMatrix> = parts.into_iter().map(|m| m.q).collect();
+        QMatrix::concat(&qs).map(|q| Matrix { q })
+    }
+
+    /// Prepares `n` rows of `cols` activations of `x` as the input of one or more [`Device::matmul`]s (the
+    /// CPU quantizes them to 8 bits per block of 32 here, once for every matrix that reads them).
+    pub fn input<'a>(
+        &self,
+        x: &'a [f32],
+        n: usize,
+        cols: usize,
+        ws: &'a mut Workspace,
+    ) -> Input<'a> {
+        match self {
+            Device::Cpu(c) => c.quantize(x, n, cols, &mut ws.qa),
+            Device::Cuda(g) => g.never(),
+        }
+        Input {
+            x: &x[..n * cols],
+            n,
+            cols,
+            qa: &ws.qa,
+        }
+    }
+
+    /// `out[t * w.rows + r] = W[r] · x[t]` for every row of `x` (`out` grows to fit).
+    pub fn matmul(&self, w: &Matrix, x: &Input<'_>, out: &mut Vec<f32>) {
+        debug_assert_eq!(x.cols, w.q.cols, "matmul input width");
+        grow(out, x.n * w.q.rows);
+        match self {
+            Device::Cpu(c) => c.matmul(&w.q, x.qa, x.x, out),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// The check path of a matmul: rows `row0..row0 + rows` of `out` (stride `stride` per token) from `rows`
+    /// stored rows of type `ty` dotted with f32 `x` (`n` tokens of `cols`), accumulated in f64 by the scalar
+    /// reference kernel. Slow by design; the fast path is [`Device::matmul`].
+    #[expect(clippy::too_many_arguments, reason = "a strided block of the output")]
+    pub fn matmul_reference(
+        &self,
+        ty: GgmlType,
+        data: &[u8],
+        rows: usize,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+        out: &mut [f32],
+        stride: usize,
+        row0: usize,
+    ) -> Result<(), DeviceError> {
+        if !ty.has_reference_kernel() {
+            return Err(DeviceError::Unsupported {
+                device: "the reference path",
+                what: format!("weights of type {ty}"),
+            });
+        }
+        let rb = ty.row_bytes(cols).ok_or_else(|| DeviceError::Unsupported {
+            device: "the reference path",
+            what: format!("rows of {cols} weights of type {ty}"),
+        })?;
+        match self {
+            Device::Cpu(c) => c.map_rows(rows, n, stride, row0, out, &|r, t| {
+                dot_ref(
+                    ty,
+                    &data[r * rb..(r + 1) * rb],
+                    &x[t * cols..(t + 1) * cols],
+                )
+                .unwrap_or(f32::NAN)
+            }),
+            Device::Cuda(g) => g.never(),
+        }
+        Ok(())
+    }
+
+    /// Rows `tokens` of an embedding table of type `ty` (`d` values per row, `table` its bytes), dequantized
+    /// exactly into `out` (`tokens.len() × d`).
+    pub fn embed(
+        &self,
+        ty: GgmlType,
+        table: &[u8],
+        d: usize,
+        tokens: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), DeviceError> {
+        let rb = ty.row_bytes(d).ok_or_else(|| DeviceError::Unsupported {
+            device: "embed",
+            what: format!("rows of {d} values of type {ty}"),
+        })?;
+        match self {
+            Device::Cpu(_) => {
+                for (t, &tok) in tokens.iter().enumerate() {
+                    let r = tok as usize;
+                    dequantize_ref(
+                        ty,
+                        &table[r * rb..(r + 1) * rb],
+                        &mut out[t * d..(t + 1) * d],
+                    )?;
+                }
+                Ok(())
+            }
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// RMSNorm of `n` rows of `d` floats of `x` with weight `w` into `out`.
+    pub fn rmsnorm_rows(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        eps: f32,
+        n: usize,
+        d: usize,
+        out: &mut [f32],
+    ) {
+        match self {
+            Device::Cpu(_) => {
+                for (xr, o) in x[..n * d].chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+                    cpu::simd::rmsnorm(xr, w, eps, o);
+                }
+            }
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// Rotates every head of `x` (heads of `head_dim` floats, back to back) by `angles` (`(cos, sin)` per
+    /// pair, one position's table).
+    pub fn rope(&self, kind: Rope, x: &mut [f32], head_dim: usize, angles: &[(f32, f32)]) {
+        match self {
+            Device::Cpu(_) => match kind {
+                Rope::Normal => cpu::ops::rope_table(x, head_dim, angles),
+                Rope::Neox => {
+                    for head in x.chunks_exact_mut(head_dim) {
+                        cpu::ops::rope_neox(head, angles);
+                    }
+                }
+            },
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// Writes one token's keys `k` and values `v` (every KV head) into `layer` of its page slot.
+    pub fn write_kv(
+        &self,
+        pool: &mut PagePool,
+        batch: &Batch,
+        token: usize,
+        layer: usize,
+        k: &[f32],
+        v: &[f32],
+    ) {
+        let ps = pool.page_size();
+        let (span, slot) = batch.locate(token);
+        match self {
+            Device::Cpu(_) => pool.write(batch.pages(span)[slot / ps], slot % ps, layer, k, v),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// Causal attention for every token of `batch` in `layer`, reading the KV pages (which must already
+    /// hold the batch's own tokens). `q` and `out` are `tokens × n_heads × head_dim`.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "attention needs its shape spelled out"
+    )]
+    pub fn attention(
+        &self,
+        pool: &PagePool,
+        layer: usize,
+        batch: &Batch,
+        q: &[f32],
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        out: &mut [f32],
+        ws: &mut Workspace,
+    ) {
+        match self {
+            Device::Cpu(c) => c.attention(
+                pool,
+                layer,
+                batch,
+                q,
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                out,
+                &mut ws.partials,
+            ),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// `x += y`.
+    pub fn add(&self, x: &mut [f32], y: &[f32]) {
+        match self {
+            Device::Cpu(_) => cpu::simd::add(x, y),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// `out = silu(gate) * up`, element-wise.
+    pub fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        match self {
+            Device::Cpu(_) => cpu::simd::silu_mul(gate, up, out),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// `gate = silu(gate) * up`, in place.
+    pub fn silu_mul_inplace(&self, gate: &mut [f32], up: &[f32]) {
+        match self {
+            Device::Cpu(_) => cpu::simd::silu_mul_inplace(gate, up),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// `x *= sigmoid(gate)`, element-wise (gated attention's output gate).
+    pub fn sigmoid_gate(&self, x: &mut [f32], gate: &[f32]) {
+        match self {
+            Device::Cpu(_) => {
+                for (v, &g) in x.iter_mut().zip(gate) {
+                    *v *= gdn::sigmoid(g);
+                }
+            }
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// Gated DeltaNet: the causal convolution of `n` tokens' `[q | k | v]` (`x`) with `taps`, continuing
+    /// from `window` (updated), into `y`; `steps` keeps the window after each token (verification).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the convolution's state and its outputs"
+    )]
+    pub fn gdn_conv(
+        &self,
+        shape: &GdnShape,
+        taps: &[f32],
+        window: &mut [f32],
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        steps: Option<&mut Steps<'_>>,
+    ) {
+        match self {
+            Device::Cpu(_) => gdn::conv(shape, taps, window, x, n, y, steps),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// Gated DeltaNet: L2-normalises the q and k heads of `n` tokens of `y` (q also scaled).
+    pub fn gdn_normalize_qk(&self, shape: &GdnShape, y: &mut [f32], n: usize) {
+        match self {
+            Device::Cpu(_) => gdn::normalize_qk(shape, y, n),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// Gated DeltaNet: the decay `alpha` and write strength `beta` gates from their projections.
+    pub fn gdn_gates(&self, a: &[f32], dt_bias: &[f32], alpha: &mut [f32], beta: &mut [f32]) {
+        match self {
+            Device::Cpu(_) => gdn::gates(a, dt_bias, alpha, beta),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// Gated DeltaNet: one value head's delta-rule recurrence over a run, token by token (the form decode
+    /// and verification use; `steps` keeps the state after each token).
+    pub fn gdn_recurrence(
+        &self,
+        shape: &GdnShape,
+        run: &HeadRun<'_>,
+        state: &mut [f32],
+        out: &mut [f32],
+        steps: Option<&mut Steps<'_>>,
+    ) {
+        match self {
+            Device::Cpu(_) => gdn::recurrence(shape, run, state, out, steps),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// Gated DeltaNet: the same recurrence in chunked (WY) form (prefill on matrix engines).
+    pub fn gdn_chunked(
+        &self,
+        shape: &GdnShape,
+        run: &HeadRun<'_>,
+        state: &mut [f32],
+        out: &mut [f32],
+    ) {
+        match self {
+            Device::Cpu(_) => gdn::chunked(shape, run, state, out),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// Gated DeltaNet: the output's gated RMSNorm per value head, `o = norm(o) * silu(z)`.
+    pub fn gdn_gated_norm(&self, shape: &GdnShape, o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
+        match self {
+            Device::Cpu(_) => gdn::gated_norm(shape, o, z, w, eps),
+            Device::Cuda(g) => g.never(),
+        }
+    }
+
+    /// SwiGLU of `n` rows laid out `[gate (f) | up (f)]` (a fused gate/up projection) into `out` (`n × f`).
+    pub fn swiglu_rows(&self, gu: &[f32], n: usize, f: usize, out: &mut [f32]) {
+        for t in 0..n {
+            let row = &gu[t * 2 * f..(t + 1) * 2 * f];
+            self.silu_mul(&row[..f], &row[f..], &mut out[t * f..(t + 1) * f]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_parse_and_cuda_is_a_typed_error_here() {
+        assert_eq!("cpu".parse(), Ok(DeviceKind::Cpu));
+        assert_eq!("cuda".parse(), Ok(DeviceKind::Cuda(0)));
+        assert_eq!("CUDA:3".parse(), Ok(DeviceKind::Cuda(3)));
+        assert!("tpu".parse::<DeviceKind>().is_err());
+        assert!("cuda:x".parse::<DeviceKind>().is_err());
+        // Compiled out, or compiled in on a machine without a GPU (or without the kernels yet): an error
+        // that says which, never a panic.
+        match DeviceKind::Cuda(0).open(1) {
+            Err(
+                DeviceError::CudaNotCompiled
+                | DeviceError::NoGpu(_)
+                | DeviceError::Unsupported { .. },
+            ) => {}
+            other => panic!("unexpected: {other:?}"),
+        }
+        assert!(DeviceKind::Cpu.open(1).unwrap().name().starts_with("cpu/"));
+    }
+
+    #[test]
+    fn matmul_quantizes_inside_and_equals_the_kernel_call() {
+        let dev = Device::cpu(2);
+        let (rows, cols, n) = (48, 64, 3);
+        let f: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 11 % 29) as f32 - 14.0) / 7.0)
+            .collect();
+        let w = dev.matrix_f32(rows, cols, f.clone());
+        let mut ws = Workspace::default();
+        let mut out = Vec::new();
+        let input = dev.input(&x, n, cols, &mut ws);
+        assert_eq!(input.len(), n);
+        dev.matmul(&w, &input, &mut out);
+        assert_eq!(out.len(), n * rows);
+        for t in 0..n {
+            for r in 0..rows {
+                let want: f32 = (0..cols).map(|c| f[r * cols + c] * x[t * cols + c]).sum();
+                assert!((out[t * rows + r] - want).abs() < 1e-3, "{t} {r}");
+            }
+        }
+    }
 }

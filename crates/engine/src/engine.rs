@@ -18,7 +18,7 @@ pub use decoder::{Decoded, Decoder, GuideSlot};
 
 pub use stop::StopBuffer;
 
-use crate::backend::cpu::Cpu;
+use crate::backend::{Device, DeviceError, DeviceKind};
 use crate::gguf::{Gguf, GgufError};
 use crate::kv::{Batch, KvCache, KvConfig, KvDtype, KvError, KvStats, Recurrent, SeqKv};
 use crate::model::llama::{Logits, Precision, Profile};
@@ -52,6 +52,9 @@ pub enum EngineError {
     /// Loading or running the model.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The device cannot be opened.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     /// Building the tokenizer.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
@@ -132,6 +135,8 @@ impl EngineError {
 /// How to load a model.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
+    /// The device the model runs on.
+    pub device: DeviceKind,
     /// CPU threads (0 = one per physical core).
     pub threads: usize,
     /// Context length (KV positions); 0 = the model's training context.
@@ -158,6 +163,7 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
+            device: DeviceKind::Cpu,
             threads: 0,
             context: 4096,
             kv_dtype: KvDtype::F16,
@@ -312,7 +318,7 @@ fn fit_speculation(model: &Model, mut cfg: SpecConfig) -> SpecConfig {
 /// A loaded model ready to generate.
 #[derive(Debug)]
 pub struct Engine {
-    cpu: Cpu,
+    device: Device,
     model: Model,
     tokenizer: Arc<Tokenizer>,
     grammar: std::sync::OnceLock<GrammarFactory>,
@@ -342,17 +348,19 @@ impl Engine {
         Self::from_gguf(gguf, cfg)
     }
 
-    /// Builds an engine from a parsed GGUF.
+    /// Builds an engine from a parsed GGUF, on the device `cfg` names.
     pub fn from_gguf(gguf: Arc<Gguf>, cfg: &EngineConfig) -> Result<Self, EngineError> {
-        let model = Model::from_gguf(Arc::clone(&gguf))?;
-        Self::with_model(gguf, model, cfg)
+        let device = cfg.device.open(cfg.threads)?;
+        let model = Model::from_gguf(Arc::clone(&gguf), &device)?;
+        Self::with_model(gguf, model, device, cfg)
     }
 
-    /// Builds an engine around `model` (loaded elsewhere, e.g. from a Hugging Face checkpoint), with the
-    /// tokenizer and chat template of `gguf`.
+    /// Builds an engine around `model` (loaded elsewhere for `device`, e.g. from a Hugging Face checkpoint),
+    /// with the tokenizer and chat template of `gguf`.
     pub fn with_model(
         gguf: Arc<Gguf>,
         mut model: Model,
+        device: Device,
         cfg: &EngineConfig,
     ) -> Result<Self, EngineError> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
@@ -399,7 +407,7 @@ impl Engine {
         );
         let spec = Speculator::new(fit_speculation(&model, cfg.speculation.clone()));
         Ok(Engine {
-            cpu: Cpu::new(cfg.threads),
+            device,
             tokenizer,
             grammar: std::sync::OnceLock::new(),
             gguf,
@@ -447,9 +455,9 @@ impl Engine {
         &self.gguf
     }
 
-    /// The CPU backend.
-    pub fn cpu(&self) -> &Cpu {
-        &self.cpu
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Context capacity in tokens (positions one sequence may use).
@@ -758,7 +766,7 @@ impl Engine {
         self.mtp_batch.clear();
         self.mtp_batch.push(seq, &[next], Logits::Last);
         let logits = match m.mtp_draft(
-            &self.cpu,
+            &self.device,
             self.kv.pool_mut(),
             &mut self.mtp_batch,
             std::slice::from_ref(&seq.rec),
@@ -824,7 +832,7 @@ impl Engine {
         self.states.clear();
         self.states.push(std::mem::take(&mut seq.rec));
         let out = self.model.forward(
-            &self.cpu,
+            &self.device,
             self.kv.pool_mut(),
             &self.batch,
             &mut self.states,

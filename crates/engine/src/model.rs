@@ -8,7 +8,7 @@
 pub mod llama;
 pub mod qwen35;
 
-use crate::backend::cpu::Cpu;
+use crate::backend::{Device, DeviceError};
 use crate::gguf::{Gguf, GgufError};
 use crate::kv::{Batch, KvShape, PagePool, Recurrent};
 use crate::quant::QuantError;
@@ -38,11 +38,11 @@ pub struct Scratch {
 }
 
 impl Model {
-    /// Loads the model of a GGUF by its architecture.
-    pub fn from_gguf(gguf: Arc<Gguf>) -> Result<Self, ModelError> {
+    /// Loads the model of a GGUF by its architecture, its weights in `dev`'s layout.
+    pub fn from_gguf(gguf: Arc<Gguf>, dev: &Device) -> Result<Self, ModelError> {
         match gguf.architecture()? {
-            "qwen35" => Ok(Model::Qwen35(qwen35::Qwen35::from_gguf(&gguf)?)),
-            _ => Ok(Model::Llama(llama::Llama::load(gguf)?)),
+            "qwen35" => Ok(Model::Qwen35(qwen35::Qwen35::from_gguf(&gguf, dev)?)),
+            _ => Ok(Model::Llama(llama::Llama::load(gguf, dev)?)),
         }
     }
 
@@ -93,15 +93,15 @@ impl Model {
     /// Runs `batch`; `states` holds one recurrent state per sequence for hybrids (ignored otherwise).
     pub fn forward<'s>(
         &self,
-        cpu: &Cpu,
+        dev: &Device,
         pool: &mut PagePool,
         batch: &Batch,
         states: &mut [Recurrent],
         s: &'s mut Scratch,
     ) -> Result<&'s mut [f32], ModelError> {
         match self {
-            Model::Llama(m) => m.forward(cpu, pool, batch, &mut s.llama),
-            Model::Qwen35(m) => m.forward(cpu, pool, batch, states, &mut s.qwen35),
+            Model::Llama(m) => m.forward(dev, pool, batch, &mut s.llama),
+            Model::Qwen35(m) => m.forward(dev, pool, batch, states, &mut s.qwen35),
         }
     }
 }
@@ -115,6 +115,9 @@ pub enum ModelError {
     /// A weight cannot be decoded.
     #[error(transparent)]
     Quant(#[from] QuantError),
+    /// The device cannot hold a weight or run an op.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     /// An architecture or feature thorn does not run.
     #[error("unsupported model: {0}")]
     Unsupported(String),

@@ -5,12 +5,14 @@
 //! tokens' accumulators live while a weight block is loaded once). Small element-wise ops run on the calling
 //! thread: at SmolLM2's width (576) dispatching them would cost more than they do.
 
+pub mod gdn;
 pub mod ops;
 pub mod pool;
 pub mod qmatmul;
 pub mod simd;
 
-use crate::kv::{Batch, Gathered, PagePool};
+use super::batch::Batch;
+use super::pages::{Gathered, PagePool};
 use pool::ThreadPool;
 use qmatmul::{QActs, QMatrix};
 pub use simd::Isa;

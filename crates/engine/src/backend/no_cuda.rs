@@ -1,12 +1,13 @@
-//! The CUDA backend's API when CUDA is compiled out: same names, every constructor returns
-//! [`DeviceError::CudaNotCompiled`](super::DeviceError::CudaNotCompiled).
+//! The CUDA backend's API when CUDA is compiled out: same names, and [`Cuda::new`] returns
+//! [`DeviceError::CudaNotCompiled`](super::DeviceError::CudaNotCompiled), so a `Cuda` never exists and every
+//! op's CUDA arm is unreachable by construction.
 
 use super::DeviceError;
 
 /// A CUDA device (never constructed in this build).
 #[derive(Debug)]
 pub struct Cuda {
-    _never: std::convert::Infallible,
+    never: std::convert::Infallible,
 }
 
 impl Cuda {
@@ -19,5 +20,10 @@ impl Cuda {
     /// Whether a CUDA driver is present (never, without the feature).
     pub fn is_available() -> bool {
         false
+    }
+
+    /// Proof that no value exists: lets every op's CUDA arm type-check without a body.
+    pub fn never(&self) -> ! {
+        match self.never {}
     }
 }

@@ -226,7 +226,7 @@ impl Scheduler {
             }
         }
         let Engine {
-            cpu,
+            device,
             model,
             kv,
             batch,
@@ -238,7 +238,7 @@ impl Scheduler {
         } = engine;
         self.stats.max_step_tokens = self.stats.max_step_tokens.max(batch.len() as u64);
         let t0 = Instant::now();
-        let forward = model.forward(cpu, kv.pool_mut(), batch, states, scratch);
+        let forward = model.forward(device, kv.pool_mut(), batch, states, scratch);
         spec.cost.observe(batch.len(), t0.elapsed().as_secs_f64());
         for (&(i, _, _), st) in self.plan.iter().zip(states.drain(..)) {
             if let Some(seq) = self.running[i].seq.as_mut() {

@@ -10,7 +10,7 @@
 //! sequence one on each page of its table. A leaf whose pages nobody else references can be evicted; the
 //! least recently used goes first.
 
-use super::pages::{PageId, PagePool};
+use super::{PageId, PagePool};
 use crate::tokenizer::TokenId;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

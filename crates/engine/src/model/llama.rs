@@ -14,12 +14,11 @@
 //! Q/K/V and gate/up are fused into one matrix each at load, so a layer is five parallel matmul dispatches.
 
 use super::ModelError;
-use crate::backend::cpu::qmatmul::{QActs, QMatrix};
-use crate::backend::cpu::{Cpu, ops, simd};
+use crate::backend::{Device, MAX_GROUP, MAX_HEAD_DIM, Matrix, Rope, Workspace, grow, rope_angles};
 use crate::gguf::{Gguf, TensorInfo};
 pub use crate::kv::Logits;
 use crate::kv::{Batch, KvShape, PagePool};
-use crate::quant::{GgmlType, dequantize_ref, dot_ref};
+use crate::quant::{GgmlType, dequantize_ref};
 use std::sync::Arc;
 
 /// Hyperparameters.
@@ -67,8 +66,8 @@ impl LlamaConfig {
             || n_heads % n_kv_heads != 0
             || head_dim * n_heads != d_model
             || rot != head_dim
-            || n_heads / n_kv_heads > simd::MAX_GROUP
-            || head_dim > simd::MAX_HEAD_DIM
+            || n_heads / n_kv_heads > MAX_GROUP
+            || head_dim > MAX_HEAD_DIM
         {
             return Err(ModelError::Unsupported(format!(
                 "head layout: {n_heads} heads, {n_kv_heads} KV heads, width {d_model}, rope dims {rot}"
@@ -110,7 +109,7 @@ pub enum Precision {
 /// A weight matrix in both forms: repacked for the kernels and as the GGUF parts it was built from.
 #[derive(Debug)]
 struct Weight {
-    q: QMatrix,
+    q: Matrix,
     parts: Vec<TensorInfo>,
 }
 
@@ -149,8 +148,7 @@ pub struct Scratch {
     gu: Vec<f32>,
     h: Vec<f32>,
     logits: Vec<f32>,
-    qa: QActs,
-    partials: Vec<f32>,
+    ws: Workspace,
     /// RoPE `(cos, sin)` for positions `0..rope.len() / (head_dim / 2)`, grown on demand.
     rope: Vec<(f32, f32)>,
     /// Time per stage, when enabled.
@@ -221,15 +219,9 @@ fn mark(p: &mut Option<Profile>, stage: Stage) {
     }
 }
 
-fn grow(v: &mut Vec<f32>, n: usize) {
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
-}
-
 impl Llama {
-    /// Loads a Llama model from a parsed GGUF.
-    pub fn load(gguf: Arc<Gguf>) -> Result<Self, ModelError> {
+    /// Loads a Llama model from a parsed GGUF, its weights in `dev`'s layout.
+    pub fn load(gguf: Arc<Gguf>, dev: &Device) -> Result<Self, ModelError> {
         let cfg = LlamaConfig::from_gguf(&gguf)?;
         let g = &*gguf;
         let tensor = |name: &str, want: &[usize]| -> Result<TensorInfo, ModelError> {
@@ -255,15 +247,12 @@ impl Llama {
                 .iter()
                 .map(|t| {
                     let (rows, cols) = t.rows_cols();
-                    QMatrix::from_ggml(t.ty, rows as usize, cols as usize, g.tensor_data(t))
+                    dev.matrix(t.ty, rows as usize, cols as usize, g.tensor_data(t))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let q = if mats.len() == 1 {
-                mats.into_iter().next().expect("one part")
-            } else {
-                QMatrix::concat(&mats)
-                    .ok_or_else(|| ModelError::Unsupported("fused weights of mixed types".into()))?
-            };
+            let q = dev
+                .concat(mats)
+                .ok_or_else(|| ModelError::Unsupported("fused weights of mixed types".into()))?;
             Ok(Weight { q, parts })
         };
         let (d, kvd, ffn) = (cfg.d_model, cfg.kv_dim(), cfg.ffn);
@@ -348,7 +337,7 @@ impl Llama {
     /// [`Batch::logit_rows`]), valid until the next call with the same scratch.
     pub fn forward<'s>(
         &self,
-        cpu: &Cpu,
+        dev: &Device,
         pool: &mut PagePool,
         batch: &Batch,
         s: &'s mut Scratch,
@@ -370,7 +359,6 @@ impl Llama {
                 c.vocab
             )));
         }
-        let ps = pool.page_size();
         let longest = batch
             .seqs
             .iter()
@@ -390,50 +378,39 @@ impl Llama {
 
         while s.rope.len() < longest * (hd / 2) {
             let pos = s.rope.len() / (hd / 2);
-            ops::rope_angles(hd, pos, c.rope_base, &mut s.rope);
+            rope_angles(hd, pos, c.rope_base, &mut s.rope);
         }
         if let Some(p) = s.profile.as_mut() {
             p.start();
         }
 
         // Embeddings: exact dequantization of the stored rows.
-        let row_bytes = self.embd.ty.row_bytes(d).expect("checked at load");
-        let data = self.gguf.tensor_data(&self.embd);
-        for (t, &tok) in tokens.iter().enumerate() {
-            let r = tok as usize;
-            dequantize_ref(
-                self.embd.ty,
-                &data[r * row_bytes..(r + 1) * row_bytes],
-                &mut s.x[t * d..(t + 1) * d],
-            )?;
-        }
+        dev.embed(
+            self.embd.ty,
+            self.gguf.tensor_data(&self.embd),
+            d,
+            tokens,
+            &mut s.x[..n * d],
+        )?;
 
         for (li, l) in self.layers.iter().enumerate() {
-            for t in 0..n {
-                simd::rmsnorm(
-                    &s.x[t * d..(t + 1) * d],
-                    &l.attn_norm,
-                    c.eps,
-                    &mut s.xb[t * d..(t + 1) * d],
-                );
-            }
+            dev.rmsnorm_rows(&s.x, &l.attn_norm, c.eps, n, d, &mut s.xb);
             mark(&mut s.profile, Stage::Other);
-            self.matmul(cpu, &l.qkv, &s.xb[..n * d], n, &mut s.qa, &mut s.qkv)?;
+            self.matmul(dev, &l.qkv, &s.xb[..n * d], n, &mut s.ws, &mut s.qkv)?;
             mark(&mut s.profile, Stage::Qkv);
             for t in 0..n {
                 let row = &mut s.qkv[t * qkv_w..(t + 1) * qkv_w];
-                let (q, rest) = row.split_at_mut(d);
-                let (k, v) = rest.split_at_mut(kvd);
-                let (span, slot) = batch.locate(t);
                 let pos = batch.position(t);
                 let angles = &s.rope[pos * (hd / 2)..(pos + 1) * (hd / 2)];
-                ops::rope_table(q, hd, angles);
-                ops::rope_table(k, hd, angles);
-                pool.write(batch.pages(span)[slot / ps], slot % ps, li, k, v);
+                // Q and K heads are adjacent in the fused row: one rotation covers both.
+                dev.rope(Rope::Normal, &mut row[..d + kvd], hd, angles);
+                let (q, kv) = row.split_at(d);
+                let (k, v) = kv.split_at(kvd);
+                dev.write_kv(pool, batch, t, li, k, v);
                 s.q[t * d..(t + 1) * d].copy_from_slice(q);
             }
             mark(&mut s.profile, Stage::Other);
-            cpu.attention(
+            dev.attention(
                 pool,
                 li,
                 batch,
@@ -442,43 +419,35 @@ impl Llama {
                 c.n_kv_heads,
                 hd,
                 &mut s.att[..n * d],
-                &mut s.partials,
+                &mut s.ws,
             );
             mark(&mut s.profile, Stage::Attention);
-            self.matmul(cpu, &l.wo, &s.att[..n * d], n, &mut s.qa, &mut s.proj)?;
+            self.matmul(dev, &l.wo, &s.att[..n * d], n, &mut s.ws, &mut s.proj)?;
             mark(&mut s.profile, Stage::AttnOut);
-            ops::add_ref(&mut s.x[..n * d], &s.proj[..n * d]);
+            dev.add(&mut s.x[..n * d], &s.proj[..n * d]);
 
-            for t in 0..n {
-                simd::rmsnorm(
-                    &s.x[t * d..(t + 1) * d],
-                    &l.ffn_norm,
-                    c.eps,
-                    &mut s.xb[t * d..(t + 1) * d],
-                );
-            }
+            dev.rmsnorm_rows(&s.x, &l.ffn_norm, c.eps, n, d, &mut s.xb);
             mark(&mut s.profile, Stage::Other);
-            self.matmul(cpu, &l.gate_up, &s.xb[..n * d], n, &mut s.qa, &mut s.gu)?;
+            self.matmul(dev, &l.gate_up, &s.xb[..n * d], n, &mut s.ws, &mut s.gu)?;
             mark(&mut s.profile, Stage::GateUp);
             let f = c.ffn;
-            for t in 0..n {
-                let gu = &s.gu[t * 2 * f..(t + 1) * 2 * f];
-                ops::silu_mul_ref(&gu[..f], &gu[f..], &mut s.h[t * f..(t + 1) * f]);
-            }
+            dev.swiglu_rows(&s.gu, n, f, &mut s.h);
             mark(&mut s.profile, Stage::Activation);
-            self.matmul(cpu, &l.down, &s.h[..n * f], n, &mut s.qa, &mut s.proj)?;
+            self.matmul(dev, &l.down, &s.h[..n * f], n, &mut s.ws, &mut s.proj)?;
             mark(&mut s.profile, Stage::Down);
-            ops::add_ref(&mut s.x[..n * d], &s.proj[..n * d]);
+            dev.add(&mut s.x[..n * d], &s.proj[..n * d]);
         }
 
         // The rows whose logits were asked for, in batch order.
         let mut m = 0;
         for i in 0..batch.seqs.len() {
             for t in batch.logit_range(i) {
-                simd::rmsnorm(
+                dev.rmsnorm_rows(
                     &s.x[t * d..(t + 1) * d],
                     &self.out_norm,
                     c.eps,
+                    1,
+                    d,
                     &mut s.xb[m * d..(m + 1) * d],
                 );
                 m += 1;
@@ -490,11 +459,11 @@ impl Llama {
         grow(&mut s.logits, m * c.vocab);
         mark(&mut s.profile, Stage::Other);
         self.matmul(
-            cpu,
+            dev,
             &self.output,
             &s.xb[..m * d],
             m,
-            &mut s.qa,
+            &mut s.ws,
             &mut s.logits,
         )?;
         mark(&mut s.profile, Stage::Output);
@@ -504,41 +473,35 @@ impl Llama {
     /// `out[t * rows + r] = W[r] · x[t]` in the current precision.
     fn matmul(
         &self,
-        cpu: &Cpu,
+        dev: &Device,
         w: &Weight,
         x: &[f32],
         n: usize,
-        qa: &mut QActs,
+        ws: &mut Workspace,
         out: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
-        let rows = w.q.rows;
-        grow(out, n * rows);
+        let (rows, cols) = (w.q.rows(), w.q.cols());
         match self.precision {
             Precision::Quantized => {
-                cpu.quantize(x, n, w.q.cols, qa);
-                cpu.matmul(&w.q, qa, x, out);
+                let input = dev.input(x, n, cols, ws);
+                dev.matmul(&w.q, &input, out);
             }
             Precision::Reference => {
-                let cols = w.q.cols;
+                grow(out, n * rows);
                 let mut row0 = 0;
                 for part in &w.parts {
-                    let (prows, _) = part.rows_cols();
-                    let prows = prows as usize;
-                    let (ty, data) = (part.ty, self.gguf.tensor_data(part));
-                    let rb = ty.row_bytes(cols).expect("checked at load");
-                    if !ty.has_reference_kernel() {
-                        return Err(ModelError::Unsupported(format!(
-                            "weights of type {ty} in the reference path"
-                        )));
-                    }
-                    cpu.map_rows(prows, n, rows, row0, out, &|r, t| {
-                        dot_ref(
-                            ty,
-                            &data[r * rb..(r + 1) * rb],
-                            &x[t * cols..(t + 1) * cols],
-                        )
-                        .unwrap_or(f32::NAN)
-                    });
+                    let prows = part.rows_cols().0 as usize;
+                    dev.matmul_reference(
+                        part.ty,
+                        self.gguf.tensor_data(part),
+                        prows,
+                        x,
+                        n,
+                        cols,
+                        out,
+                        rows,
+                        row0,
+                    )?;
                     row0 += prows;
                 }
             }

@@ -1,12 +1,11 @@
 //! Qwen3.5/3.6 hybrid models (GGUF arch `qwen35`, HF `qwen3_5_text`): Gated DeltaNet layers with one gated
 //! full-attention layer every `full_attention_interval` (3 of 4 layers are recurrent), SwiGLU MLPs.
 //!
-//! * [`Qwen35`]: the engine's forward pass over a [`Batch`] of sequences: batched matrix products on the
-//!   CPU backend, the attention layers' KV in the shared page pool (prefix cache included), and each
-//!   sequence's DeltaNet state in its [`Recurrent`] (snapshotted by the prefix cache, see
-//!   [`crate::kv::state`]).
-//! * [`gdn`]: the DeltaNet kernels: convolution window, gates, the delta rule token by token and in
-//!   chunked form.
+//! * [`Qwen35`]: the engine's forward pass over a [`Batch`] of sequences, written against the device API
+//!   ([`Device`]): batched matrix products, the attention layers' KV in the shared page pool (prefix cache
+//!   included), the Gated DeltaNet ops ([`crate::backend::gdn`]: convolution window, gates, the delta rule
+//!   token by token and in chunked form), and each sequence's DeltaNet state in its [`Recurrent`]
+//!   (snapshotted by the prefix cache, see [`crate::kv::state`]).
 //! * [`reference`]: the scalar, one-token-at-a-time oracle.
 //! * [`source`]: GGUF and Hugging Face (safetensors, incl. NVFP4) weights, both seen in GGUF conventions.
 //!
@@ -28,16 +27,13 @@
 //! Not yet here: the MTP head (Qwen3.6 checkpoints carry one; GGUF conversion drops it with `--no-mtp`),
 //! M-RoPE for images (text uses one position for every section, which is plain RoPE).
 
-pub mod gdn;
 pub mod reference;
 pub mod source;
 #[cfg(test)]
 mod tests;
 
 use super::ModelError;
-use crate::backend::cpu::Cpu;
-use crate::backend::cpu::qmatmul::{QActs, QMatrix};
-use crate::backend::cpu::simd;
+use crate::backend::{Device, MAX_GROUP, MAX_HEAD_DIM, Matrix, Rope, Workspace, gdn, grow};
 use crate::gguf::Gguf;
 use crate::kv::{Batch, KvShape, Logits, PagePool, Recurrent};
 pub use reference::{Qwen35State, Reference};
@@ -196,8 +192,8 @@ impl Qwen35Config {
             && self.value_heads.is_multiple_of(self.key_heads)
             && self.n_kv_heads > 0
             && self.n_heads.is_multiple_of(self.n_kv_heads)
-            && self.n_heads / self.n_kv_heads <= simd::MAX_GROUP
-            && self.head_dim <= simd::MAX_HEAD_DIM
+            && self.n_heads / self.n_kv_heads <= MAX_GROUP
+            && self.head_dim <= MAX_HEAD_DIM
             && self.rope_dims <= self.head_dim
             && self.rope_dims.is_multiple_of(2)
             && (2..=gdn::MAX_KERNEL).contains(&self.conv_kernel)
@@ -259,27 +255,27 @@ impl Qwen35Config {
 
 #[derive(Debug)]
 struct DeltaNet {
-    qkv: QMatrix,
-    gate: QMatrix,
-    alpha: QMatrix,
-    beta: QMatrix,
+    qkv: Matrix,
+    gate: Matrix,
+    alpha: Matrix,
+    beta: Matrix,
     a: Vec<f32>,
     dt_bias: Vec<f32>,
     conv: Vec<f32>,
     norm: Vec<f32>,
-    out: QMatrix,
+    out: Matrix,
     /// Offset of this layer's state in a sequence's [`Recurrent::state`].
     offset: usize,
 }
 
 #[derive(Debug)]
 struct Attention {
-    q: QMatrix,
-    k: QMatrix,
-    v: QMatrix,
+    q: Matrix,
+    k: Matrix,
+    v: Matrix,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
-    out: QMatrix,
+    out: Matrix,
     /// This layer's index among the attention layers (its KV layer in the page pool).
     kv_layer: usize,
 }
@@ -294,7 +290,7 @@ enum Mixer {
 /// and the shared LM head.
 #[derive(Debug)]
 struct Mtp {
-    eh: QMatrix,
+    eh: Matrix,
     enorm: Vec<f32>,
     hnorm: Vec<f32>,
     head_norm: Vec<f32>,
@@ -315,9 +311,9 @@ struct Layer {
     norm: Vec<f32>,
     mixer: Mixer,
     post_norm: Vec<f32>,
-    gate: QMatrix,
-    up: QMatrix,
-    down: QMatrix,
+    gate: Matrix,
+    up: Matrix,
+    down: Matrix,
 }
 
 /// A loaded `qwen35` model for the engine.
@@ -327,7 +323,7 @@ pub struct Qwen35 {
     embd: Vec<f32>,
     layers: Vec<Layer>,
     out_norm: Vec<f32>,
-    output: QMatrix,
+    output: Matrix,
     mtp: Option<Mtp>,
     chunked_prefill: bool,
 }
@@ -354,21 +350,14 @@ pub struct Scratch {
     logits: Vec<f32>,
     hn: Vec<f32>,
     cat: Vec<f32>,
-    qa: QActs,
-    partials: Vec<f32>,
+    ws: Workspace,
     /// `(cos, sin)` per position and rotated pair, grown on demand.
     rope: Vec<(f32, f32)>,
 }
 
-fn grow(v: &mut Vec<f32>, n: usize) {
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
-}
-
 impl Qwen35 {
-    /// Loads the weights of a model of shape `cfg` from `w`.
-    pub fn load(w: &dyn Weights, cfg: Qwen35Config) -> Result<Self, ModelError> {
+    /// Loads the weights of a model of shape `cfg` from `w`, its matrices in `dev`'s layout.
+    pub fn load(w: &dyn Weights, cfg: Qwen35Config, dev: &Device) -> Result<Self, ModelError> {
         let c = &cfg;
         let d = c.d_model;
         let g = c.gdn();
@@ -379,35 +368,35 @@ impl Qwen35 {
                 let n = |s: &str| format!("blk.{i}.{s}");
                 let vd = g.vh * g.dv;
                 let m = DeltaNet {
-                    qkv: w.matrix(&n("attn_qkv.weight"), g.conv_dim(), d)?,
-                    gate: w.matrix(&n("attn_gate.weight"), vd, d)?,
-                    alpha: w.matrix(&n("ssm_alpha.weight"), g.vh, d)?,
-                    beta: w.matrix(&n("ssm_beta.weight"), g.vh, d)?,
+                    qkv: w.matrix(dev, &n("attn_qkv.weight"), g.conv_dim(), d)?,
+                    gate: w.matrix(dev, &n("attn_gate.weight"), vd, d)?,
+                    alpha: w.matrix(dev, &n("ssm_alpha.weight"), g.vh, d)?,
+                    beta: w.matrix(dev, &n("ssm_beta.weight"), g.vh, d)?,
                     a: w.vector(&n("ssm_a"), g.vh)?,
                     dt_bias: w.vector(&n("ssm_dt.bias"), g.vh)?,
                     conv: w.vector(&n("ssm_conv1d.weight"), g.conv_dim() * g.kernel)?,
                     norm: w.vector(&n("ssm_norm.weight"), g.dv)?,
-                    out: w.matrix(&n("ssm_out.weight"), d, vd)?,
+                    out: w.matrix(dev, &n("ssm_out.weight"), d, vd)?,
                     offset,
                 };
                 offset += g.floats();
                 Mixer::DeltaNet(m)
             } else {
                 kv_layer += 1;
-                Mixer::Attention(load_attention(w, c, i, kv_layer - 1)?)
+                Mixer::Attention(load_attention(w, dev, c, i, kv_layer - 1)?)
             };
-            layers.push(load_layer(w, c, i, mixer)?);
+            layers.push(load_layer(w, dev, c, i, mixer)?);
         }
         let mtp = if c.mtp {
             let i = c.n_layers;
             let n = |s: &str| format!("blk.{i}.nextn.{s}");
-            let attn = Mixer::Attention(load_attention(w, c, i, kv_layer)?);
+            let attn = Mixer::Attention(load_attention(w, dev, c, i, kv_layer)?);
             Some(Mtp {
-                eh: w.matrix(&n("eh_proj.weight"), d, 2 * d)?,
+                eh: w.matrix(dev, &n("eh_proj.weight"), d, 2 * d)?,
                 enorm: w.vector(&n("enorm.weight"), d)?,
                 hnorm: w.vector(&n("hnorm.weight"), d)?,
                 head_norm: w.vector(&n("shared_head_norm.weight"), d)?,
-                layer: load_layer(w, c, i, attn)?,
+                layer: load_layer(w, dev, c, i, attn)?,
             })
         } else {
             None
@@ -420,7 +409,7 @@ impl Qwen35 {
         Ok(Qwen35 {
             embd: w.matrix_f32("token_embd.weight", c.vocab, d)?,
             out_norm: w.vector("output_norm.weight", d)?,
-            output: w.matrix(output_name, c.vocab, d)?,
+            output: w.matrix(dev, output_name, c.vocab, d)?,
             layers,
             mtp,
             chunked_prefill: false,
@@ -428,16 +417,16 @@ impl Qwen35 {
         })
     }
 
-    /// Loads a `qwen35` GGUF.
-    pub fn from_gguf(g: &Gguf) -> Result<Self, ModelError> {
-        Self::load(g, Qwen35Config::from_gguf(g)?)
+    /// Loads a `qwen35` GGUF for `dev`.
+    pub fn from_gguf(g: &Gguf, dev: &Device) -> Result<Self, ModelError> {
+        Self::load(g, Qwen35Config::from_gguf(g)?, dev)
     }
 
-    /// Loads a Hugging Face checkpoint directory.
-    pub fn from_hf(dir: &std::path::Path) -> Result<Self, ModelError> {
+    /// Loads a Hugging Face checkpoint directory for `dev`.
+    pub fn from_hf(dir: &std::path::Path, dev: &Device) -> Result<Self, ModelError> {
         let ck = HfCheckpoint::open(dir)?;
         let cfg = ck.qwen35_config().clone();
-        Self::load(&ck, cfg)
+        Self::load(&ck, cfg, dev)
     }
 
     /// The hyperparameters.
@@ -476,7 +465,7 @@ impl Qwen35 {
     /// [`crate::model::llama::Llama::forward`] does.
     pub fn forward<'s>(
         &self,
-        cpu: &Cpu,
+        dev: &Device,
         pool: &mut PagePool,
         batch: &Batch,
         states: &mut [Recurrent],
@@ -540,15 +529,15 @@ impl Qwen35 {
             s.x[t * d..(t + 1) * d].copy_from_slice(&self.embd[r * d..(r + 1) * d]);
         }
         for l in &self.layers {
-            norm_rows(&s.x, &l.norm, c.eps, n, d, &mut s.xb);
-            cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
+            dev.rmsnorm_rows(&s.x, &l.norm, c.eps, n, d, &mut s.xb);
             match &l.mixer {
                 Mixer::DeltaNet(m) => {
-                    mm(cpu, &m.qkv, &s.xb, &s.qa, n, &mut s.qkv);
-                    mm(cpu, &m.gate, &s.xb, &s.qa, n, &mut s.z);
-                    mm(cpu, &m.alpha, &s.xb, &s.qa, n, &mut s.alpha);
-                    mm(cpu, &m.beta, &s.xb, &s.qa, n, &mut s.beta);
-                    gdn::gates(
+                    let x = dev.input(&s.xb, n, d, &mut s.ws);
+                    dev.matmul(&m.qkv, &x, &mut s.qkv);
+                    dev.matmul(&m.gate, &x, &mut s.z);
+                    dev.matmul(&m.alpha, &x, &mut s.alpha);
+                    dev.matmul(&m.beta, &x, &mut s.beta);
+                    dev.gdn_gates(
                         &m.a,
                         &m.dt_bias,
                         &mut s.alpha[..n * g.vh],
@@ -557,10 +546,10 @@ impl Qwen35 {
                     for (i, span) in batch.seqs.iter().enumerate() {
                         let rows = span.first..span.first + span.len;
                         let st = &mut states[i];
-                        self.deltanet_run(m, st, rows, floats, s);
+                        self.deltanet_run(m, dev, st, rows, floats, s);
                     }
                     for t in 0..n {
-                        gdn::gated_norm(
+                        dev.gdn_gated_norm(
                             &g,
                             &mut s.o[t * vd..(t + 1) * vd],
                             &s.z[t * vd..(t + 1) * vd],
@@ -568,33 +557,35 @@ impl Qwen35 {
                             c.eps,
                         );
                     }
-                    cpu.quantize(&s.o[..n * vd], n, vd, &mut s.qa);
-                    mm(cpu, &m.out, &s.o, &s.qa, n, &mut s.mix);
+                    let o = dev.input(&s.o, n, vd, &mut s.ws);
+                    dev.matmul(&m.out, &o, &mut s.mix);
                 }
-                Mixer::Attention(a) => self.attention(a, cpu, pool, batch, n, s),
+                Mixer::Attention(a) => self.attention(a, dev, pool, batch, n, s),
             }
-            add(&mut s.x[..n * d], &s.mix[..n * d]);
-            self.mlp(l, cpu, n, s);
+            dev.add(&mut s.x[..n * d], &s.mix[..n * d]);
+            self.mlp(l, dev, n, s);
         }
         // The rows whose logits were asked for, in batch order.
         let mut m = 0;
         for i in 0..batch.seqs.len() {
             for t in batch.logit_range(i) {
-                simd::rmsnorm(
+                dev.rmsnorm_rows(
                     &s.x[t * d..(t + 1) * d],
                     &self.out_norm,
                     c.eps,
+                    1,
+                    d,
                     &mut s.xb[m * d..(m + 1) * d],
                 );
                 m += 1;
             }
         }
         if m > 0 {
-            cpu.quantize(&s.xb[..m * d], m, d, &mut s.qa);
-            mm(cpu, &self.output, &s.xb, &s.qa, m, &mut s.logits);
+            let x = dev.input(&s.xb, m, d, &mut s.ws);
+            dev.matmul(&self.output, &x, &mut s.logits);
         }
         if let Some(mtp) = &self.mtp {
-            self.mtp_fill(mtp, cpu, pool, batch, states, s);
+            self.mtp_fill(mtp, dev, pool, batch, states, s);
         }
         for (st, span) in states.iter_mut().zip(&batch.seqs) {
             st.len = span.start + span.len;
@@ -628,14 +619,15 @@ impl Qwen35 {
     }
 
     /// The MTP head's inputs for every token of `batch`: `W_eh · [enorm(embed(token t)); hnorm(hidden of
-    /// position t − 1)]` into `s.x` (the residual stream), and its attention norm into `s.xb` / `s.qa`. The head's row for token `t` pairs the hidden state before it with it;
+    /// position t − 1)]` into `s.x` (the residual stream), and its attention norm into `s.xb`. The head's row for
+    /// token `t` pairs the hidden state before it with it;
     /// it sits at `t`'s position and slot (RoPE is relative, so this equals the usual "position t − 1"
     /// convention while keeping the head's KV at a slot that depends only on tokens `0..=t`, as the prefix
     /// cache requires). A sequence's first row reads the hidden state its [`Recurrent`] holds.
     fn mtp_input(
         &self,
         mtp: &Mtp,
-        cpu: &Cpu,
+        dev: &Device,
         batch: &Batch,
         states: &[Recurrent],
         s: &mut Scratch,
@@ -650,7 +642,14 @@ impl Qwen35 {
             let span = &batch.seqs[i];
             let tok = batch.tokens[t] as usize;
             let (e, h) = s.cat[t * 2 * d..(t + 1) * 2 * d].split_at_mut(d);
-            simd::rmsnorm(&self.embd[tok * d..(tok + 1) * d], &mtp.enorm, c.eps, e);
+            dev.rmsnorm_rows(
+                &self.embd[tok * d..(tok + 1) * d],
+                &mtp.enorm,
+                c.eps,
+                1,
+                d,
+                e,
+            );
             let hidden: &[f32] = if t > span.first {
                 &s.hn[(t - 1) * d..t * d]
             } else {
@@ -660,13 +659,12 @@ impl Qwen35 {
                 // Position 0 has no hidden state before it; its row is never attended to.
                 h.fill(0.0);
             } else {
-                simd::rmsnorm(hidden, &mtp.hnorm, c.eps, h);
+                dev.rmsnorm_rows(hidden, &mtp.hnorm, c.eps, 1, d, h);
             }
         }
-        cpu.quantize(&s.cat[..n * 2 * d], n, 2 * d, &mut s.qa);
-        mm(cpu, &mtp.eh, &s.cat, &s.qa, n, &mut s.x);
-        norm_rows(&s.x, &mtp.layer.norm, c.eps, n, d, &mut s.xb);
-        cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
+        let cat = dev.input(&s.cat, n, 2 * d, &mut s.ws);
+        dev.matmul(&mtp.eh, &cat, &mut s.x);
+        dev.rmsnorm_rows(&s.x, &mtp.layer.norm, c.eps, n, d, &mut s.xb);
     }
 
     /// After a pass: keeps each sequence's final hidden state (and those of its kept steps) and writes the
@@ -675,7 +673,7 @@ impl Qwen35 {
     fn mtp_fill(
         &self,
         mtp: &Mtp,
-        cpu: &Cpu,
+        dev: &Device,
         pool: &mut PagePool,
         batch: &Batch,
         states: &mut [Recurrent],
@@ -687,17 +685,10 @@ impl Qwen35 {
         let ho = c.hidden_offset();
         let floats = c.state_floats();
         grow(&mut s.hn, n * d);
-        for t in 0..n {
-            simd::rmsnorm(
-                &s.x[t * d..(t + 1) * d],
-                &self.out_norm,
-                c.eps,
-                &mut s.hn[t * d..(t + 1) * d],
-            );
-        }
-        self.mtp_input(mtp, cpu, batch, states, s);
+        dev.rmsnorm_rows(&s.x, &self.out_norm, c.eps, n, d, &mut s.hn);
+        self.mtp_input(mtp, dev, batch, states, s);
         let a = mtp.attention();
-        self.project_kv(a, cpu, pool, batch, n, s, false);
+        self.project_kv(a, dev, pool, batch, n, s, false);
         for (st, span) in states.iter_mut().zip(&batch.seqs) {
             let last = span.first + span.len - 1;
             st.state[ho..ho + d].copy_from_slice(&s.hn[last * d..(last + 1) * d]);
@@ -715,7 +706,7 @@ impl Qwen35 {
     /// logits per sequence, or nothing for a model without a head.
     pub fn mtp_draft<'s>(
         &self,
-        cpu: &Cpu,
+        dev: &Device,
         pool: &mut PagePool,
         batch: &mut Batch,
         states: &[Recurrent],
@@ -739,15 +730,15 @@ impl Qwen35 {
         grow(&mut s.att, n * nh * hd);
         self.grow_rope(batch, s);
         batch.attend_from = 1;
-        self.mtp_input(mtp, cpu, batch, states, s);
+        self.mtp_input(mtp, dev, batch, states, s);
         let a = mtp.attention();
-        self.attention(a, cpu, pool, batch, n, s);
+        self.attention(a, dev, pool, batch, n, s);
         batch.attend_from = 0;
-        add(&mut s.x[..n * d], &s.mix[..n * d]);
-        self.mlp(&mtp.layer, cpu, n, s);
-        norm_rows(&s.x, &mtp.head_norm, c.eps, n, d, &mut s.xb);
-        cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
-        mm(cpu, &self.output, &s.xb, &s.qa, n, &mut s.logits);
+        dev.add(&mut s.x[..n * d], &s.mix[..n * d]);
+        self.mlp(&mtp.layer, dev, n, s);
+        dev.rmsnorm_rows(&s.x, &mtp.head_norm, c.eps, n, d, &mut s.xb);
+        let x = dev.input(&s.xb, n, d, &mut s.ws);
+        dev.matmul(&self.output, &x, &mut s.logits);
         Ok(&mut s.logits[..n * c.vocab])
     }
 
@@ -756,7 +747,7 @@ impl Qwen35 {
     fn attention(
         &self,
         a: &Attention,
-        cpu: &Cpu,
+        dev: &Device,
         pool: &mut PagePool,
         batch: &Batch,
         n: usize,
@@ -764,8 +755,8 @@ impl Qwen35 {
     ) {
         let c = &self.cfg;
         let (nh, hd) = (c.n_heads, c.head_dim);
-        self.project_kv(a, cpu, pool, batch, n, s, true);
-        cpu.attention(
+        self.project_kv(a, dev, pool, batch, n, s, true);
+        dev.attention(
             pool,
             a.kv_layer,
             batch,
@@ -774,28 +765,26 @@ impl Qwen35 {
             c.n_kv_heads,
             hd,
             &mut s.att[..n * nh * hd],
-            &mut s.partials,
+            &mut s.ws,
         );
         for t in 0..n {
             for h in 0..nh {
                 let gate = &s.qg[(t * nh + h) * 2 * hd + hd..(t * nh + h + 1) * 2 * hd];
                 let o = &mut s.att[(t * nh + h) * hd..(t * nh + h + 1) * hd];
-                for (x, &gv) in o.iter_mut().zip(gate) {
-                    *x *= gdn::sigmoid(gv);
-                }
+                dev.sigmoid_gate(o, gate);
             }
         }
-        cpu.quantize(&s.att[..n * nh * hd], n, nh * hd, &mut s.qa);
-        mm(cpu, &a.out, &s.att, &s.qa, n, &mut s.mix);
+        let att = dev.input(&s.att, n, nh * hd, &mut s.ws);
+        dev.matmul(&a.out, &att, &mut s.mix);
     }
 
-    /// Projects `s.xb` (already quantized into `s.qa`) to K and V (and the normed, rotated queries with
+    /// Projects `s.xb` to K and V (and the normed, rotated queries with
     /// their gates when `queries`) and writes K and V into `pool` at each token's slot.
     #[expect(clippy::too_many_arguments, reason = "the pass's pieces, spelled out")]
     fn project_kv(
         &self,
         a: &Attention,
-        cpu: &Cpu,
+        dev: &Device,
         pool: &mut PagePool,
         batch: &Batch,
         n: usize,
@@ -805,12 +794,12 @@ impl Qwen35 {
         let c = &self.cfg;
         let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
         let half = c.rope_dims / 2;
-        let ps = pool.page_size();
+        let x = dev.input(&s.xb, n, c.d_model, &mut s.ws);
         if queries {
-            mm(cpu, &a.q, &s.xb, &s.qa, n, &mut s.qg);
+            dev.matmul(&a.q, &x, &mut s.qg);
         }
-        mm(cpu, &a.k, &s.xb, &s.qa, n, &mut s.k);
-        mm(cpu, &a.v, &s.xb, &s.qa, n, &mut s.v);
+        dev.matmul(&a.k, &x, &mut s.k);
+        dev.matmul(&a.v, &x, &mut s.v);
         let mut tmp = [0f32; gdn::MAX_HEAD];
         for t in 0..n {
             let pos = batch.position(t);
@@ -819,20 +808,20 @@ impl Qwen35 {
                 for h in 0..nh {
                     let src = &s.qg[(t * nh + h) * 2 * hd..(t * nh + h + 1) * 2 * hd];
                     let q = &mut s.q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
-                    simd::rmsnorm(&src[..hd], &a.q_norm, c.eps, q);
-                    rope_neox(q, angles);
+                    dev.rmsnorm_rows(&src[..hd], &a.q_norm, c.eps, 1, hd, q);
+                    dev.rope(Rope::Neox, q, hd, angles);
                 }
             }
             let kt = &mut s.k[t * nkv * hd..(t + 1) * nkv * hd];
             for kh in kt.chunks_mut(hd) {
-                simd::rmsnorm(kh, &a.k_norm, c.eps, &mut tmp[..hd]);
+                dev.rmsnorm_rows(kh, &a.k_norm, c.eps, 1, hd, &mut tmp[..hd]);
                 kh.copy_from_slice(&tmp[..hd]);
-                rope_neox(kh, angles);
+                dev.rope(Rope::Neox, kh, hd, angles);
             }
-            let (span, slot) = batch.locate(t);
-            pool.write(
-                batch.pages(span)[slot / ps],
-                slot % ps,
+            dev.write_kv(
+                pool,
+                batch,
+                t,
                 a.kv_layer,
                 kt,
                 &s.v[t * nkv * hd..(t + 1) * nkv * hd],
@@ -841,19 +830,17 @@ impl Qwen35 {
     }
 
     /// The SwiGLU MLP of `n` tokens of `s.x`, added into `s.x`.
-    fn mlp(&self, l: &Layer, cpu: &Cpu, n: usize, s: &mut Scratch) {
+    fn mlp(&self, l: &Layer, dev: &Device, n: usize, s: &mut Scratch) {
         let c = &self.cfg;
         let (d, f) = (c.d_model, c.ffn);
-        norm_rows(&s.x, &l.post_norm, c.eps, n, d, &mut s.xb);
-        cpu.quantize(&s.xb[..n * d], n, d, &mut s.qa);
-        mm(cpu, &l.gate, &s.xb, &s.qa, n, &mut s.g);
-        mm(cpu, &l.up, &s.xb, &s.qa, n, &mut s.u);
-        for (gv, &uv) in s.g[..n * f].iter_mut().zip(&s.u[..n * f]) {
-            *gv = gdn::silu(*gv) * uv;
-        }
-        cpu.quantize(&s.g[..n * f], n, f, &mut s.qa);
-        mm(cpu, &l.down, &s.g, &s.qa, n, &mut s.mix);
-        add(&mut s.x[..n * d], &s.mix[..n * d]);
+        dev.rmsnorm_rows(&s.x, &l.post_norm, c.eps, n, d, &mut s.xb);
+        let x = dev.input(&s.xb, n, d, &mut s.ws);
+        dev.matmul(&l.gate, &x, &mut s.g);
+        dev.matmul(&l.up, &x, &mut s.u);
+        dev.silu_mul_inplace(&mut s.g[..n * f], &s.u[..n * f]);
+        let h = dev.input(&s.g, n, f, &mut s.ws);
+        dev.matmul(&l.down, &h, &mut s.mix);
+        dev.add(&mut s.x[..n * d], &s.mix[..n * d]);
     }
 
     /// One sequence's run of tokens (`rows` of the batch) through a DeltaNet layer: convolution, gates and
@@ -861,6 +848,7 @@ impl Qwen35 {
     fn deltanet_run(
         &self,
         m: &DeltaNet,
+        dev: &Device,
         st: &mut Recurrent,
         rows: std::ops::Range<usize>,
         floats: usize,
@@ -879,7 +867,7 @@ impl Qwen35 {
             offset: m.offset + g.matrix_floats(),
             count: keep,
         });
-        gdn::conv(
+        dev.gdn_conv(
             &g,
             &m.conv,
             window,
@@ -888,7 +876,7 @@ impl Qwen35 {
             &mut s.y[t0 * cd..t1 * cd],
             steps.as_mut(),
         );
-        gdn::normalize_qk(&g, &mut s.y[t0 * cd..t1 * cd], len);
+        dev.gdn_normalize_qk(&g, &mut s.y[t0 * cd..t1 * cd], len);
         let chunk = self.chunked_prefill && keep == 0 && len > 1;
         for h in 0..g.vh {
             let run = gdn::HeadRun {
@@ -902,12 +890,12 @@ impl Qwen35 {
             let head = &mut mats[h * hs..(h + 1) * hs];
             let out = &mut s.o[t0 * vd..t1 * vd];
             if chunk {
-                gdn::chunked(&g, &run, head, out);
+                dev.gdn_chunked(&g, &run, head, out);
             } else {
                 if let Some(st) = steps.as_mut() {
                     st.offset = m.offset + h * hs;
                 }
-                gdn::recurrence(&g, &run, head, out, steps.as_mut());
+                dev.gdn_recurrence(&g, &run, head, out, steps.as_mut());
             }
         }
     }
@@ -915,6 +903,7 @@ impl Qwen35 {
 
 fn load_attention(
     w: &dyn Weights,
+    dev: &Device,
     c: &Qwen35Config,
     i: usize,
     kv_layer: usize,
@@ -922,18 +911,19 @@ fn load_attention(
     let n = |s: &str| format!("blk.{i}.{s}");
     let (d, hd) = (c.d_model, c.head_dim);
     Ok(Attention {
-        q: w.matrix(&n("attn_q.weight"), 2 * c.n_heads * hd, d)?,
-        k: w.matrix(&n("attn_k.weight"), c.n_kv_heads * hd, d)?,
-        v: w.matrix(&n("attn_v.weight"), c.n_kv_heads * hd, d)?,
+        q: w.matrix(dev, &n("attn_q.weight"), 2 * c.n_heads * hd, d)?,
+        k: w.matrix(dev, &n("attn_k.weight"), c.n_kv_heads * hd, d)?,
+        v: w.matrix(dev, &n("attn_v.weight"), c.n_kv_heads * hd, d)?,
         q_norm: w.vector(&n("attn_q_norm.weight"), hd)?,
         k_norm: w.vector(&n("attn_k_norm.weight"), hd)?,
-        out: w.matrix(&n("attn_output.weight"), d, c.n_heads * hd)?,
+        out: w.matrix(dev, &n("attn_output.weight"), d, c.n_heads * hd)?,
         kv_layer,
     })
 }
 
 fn load_layer(
     w: &dyn Weights,
+    dev: &Device,
     c: &Qwen35Config,
     i: usize,
     mixer: Mixer,
@@ -944,37 +934,8 @@ fn load_layer(
         norm: w.vector(&n("attn_norm.weight"), d)?,
         mixer,
         post_norm: w.vector(&n("post_attention_norm.weight"), d)?,
-        gate: w.matrix(&n("ffn_gate.weight"), c.ffn, d)?,
-        up: w.matrix(&n("ffn_up.weight"), c.ffn, d)?,
-        down: w.matrix(&n("ffn_down.weight"), d, c.ffn)?,
+        gate: w.matrix(dev, &n("ffn_gate.weight"), c.ffn, d)?,
+        up: w.matrix(dev, &n("ffn_up.weight"), c.ffn, d)?,
+        down: w.matrix(dev, &n("ffn_down.weight"), d, c.ffn)?,
     })
-}
-
-/// RMSNorm of `n` rows of `d` floats of `x` with weight `w` into `out`.
-fn norm_rows(x: &[f32], w: &[f32], eps: f32, n: usize, d: usize, out: &mut [f32]) {
-    for (xr, o) in x[..n * d].chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        simd::rmsnorm(xr, w, eps, o);
-    }
-}
-
-/// `out = W x` for `n` tokens (activations already quantized into `qa`, `x` their floats).
-fn mm(cpu: &Cpu, w: &QMatrix, x: &[f32], qa: &QActs, n: usize, out: &mut Vec<f32>) {
-    grow(out, n * w.rows);
-    cpu.matmul(w, qa, &x[..n * w.cols], out);
-}
-
-fn add(x: &mut [f32], y: &[f32]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
-}
-
-/// Partial NeoX RoPE: pairs `(i, i + half)` of the first `2 · angles.len()` dims rotate.
-fn rope_neox(head: &mut [f32], angles: &[(f32, f32)]) {
-    let half = angles.len();
-    for (i, &(co, si)) in angles.iter().enumerate() {
-        let (a, b) = (head[i], head[i + half]);
-        head[i] = a * co - b * si;
-        head[i + half] = b * co + a * si;
-    }
 }

@@ -1,7 +1,7 @@
 //! Scalar reference kernels for the element-wise and attention ops. They define the math; the SIMD
 //! versions in `simd.rs` are tested against them.
 
-use crate::kv::KvSlice;
+use crate::backend::pages::KvSlice;
 
 /// `out = x / sqrt(mean(x²) + eps) * w` (llama's RMSNorm; the sum runs in f64 like the reference).
 pub fn rmsnorm_ref(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -47,6 +47,17 @@ pub fn rope_table(x: &mut [f32], head_dim: usize, angles: &[(f32, f32)]) {
     }
 }
 
+/// NeoX RoPE of one head, in place: pairs `(i, i + half)` of the first `2 · angles.len()` dims rotate (the
+/// rest, in a partial RoPE, stay).
+pub fn rope_neox(head: &mut [f32], angles: &[(f32, f32)]) {
+    let half = angles.len();
+    for (i, &(co, si)) in angles.iter().enumerate() {
+        let (a, b) = (head[i], head[i + half]);
+        head[i] = a * co - b * si;
+        head[i + half] = b * co + a * si;
+    }
+}
+
 /// `out = silu(gate) * up`.
 pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
@@ -67,7 +78,7 @@ pub fn kv_at(s: KvSlice<'_>, i: usize) -> f32 {
     match s {
         KvSlice::F32(d) => d[i],
         KvSlice::F16(d) => d[i].to_f32(),
-        KvSlice::Fp8 { data, scale } => crate::kv::fp8::e4m3_decode(data[i]) * scale,
+        KvSlice::Fp8 { data, scale } => crate::backend::fp8::e4m3_decode(data[i]) * scale,
     }
 }
 

@@ -10,7 +10,7 @@
 )]
 
 use super::qmatmul::{Layout, QActs, QK, QMatrix};
-use crate::kv::KvSlice;
+use crate::backend::pages::KvSlice;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -491,10 +491,50 @@ unsafe fn row_avx2<const T: usize>(w: &QMatrix, r: usize, x: &QActs, t0: usize) 
     }
 }
 
-/// `out = x * w / rms(x)`; the sum of squares runs in f64 like the reference, the scaling is vectorized by
-/// the compiler.
+/// `out = x * w / rms(x)`. The sum of squares runs in f64 like the reference (each `x²` is exact in f64),
+/// over eight independent lanes the compiler keeps in vector registers; the scaling is vectorized too. The
+/// lanes reorder an f64 sum of exact terms, so the f32 scale agrees with the reference's except when the
+/// true value sits within a few f64 ulps of an f32 rounding boundary.
 pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    super::ops::rmsnorm_ref(x, w, eps, out);
+    const LANES: usize = 8;
+    let mut acc = [0f64; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f64::from(v) * f64::from(v);
+        }
+    }
+    let mut ss = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for &v in tail {
+        ss += f64::from(v) * f64::from(v);
+    }
+    let scale = (1.0 / (ss / x.len() as f64 + f64::from(eps)).sqrt()) as f32;
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * scale * g;
+    }
+}
+
+/// `x += y` (exact in any order; the compiler vectorizes it).
+pub fn add(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// `out = silu(gate) * up`. The exponential is the standard library's, per element: a vector
+/// approximation would change the bits the goldens pin, so it is a deliberate change for another day.
+pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
+/// `gate = silu(gate) * up`, in place.
+pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
 }
 
 /// Keys per block of the grouped attention kernel (scores for a block live on the stack).
@@ -547,7 +587,7 @@ pub fn attend_group(
                 Some((rows(k), rows(v), false))
             }
             (KvSlice::Fp8 { data: k, scale: ks }, KvSlice::Fp8 { data: v, scale: vs }) => {
-                // The f16 route decodes E4M3 times 2^-8 (see kv::fp8); the 256 goes into the scales.
+                // The f16 route decodes E4M3 times 2^-8 (see backend::fp8); the 256 goes into the scales.
                 let rows = |s: &[u8], sc: f32| Rows {
                     ptr: s.as_ptr(),
                     len: s.len(),
@@ -652,7 +692,7 @@ fn kv_row<'a>(
         }
         KvSlice::Fp8 { data, scale } => {
             for (o, &b) in buf[..hd].iter_mut().zip(&data[off..off + hd]) {
-                *o = crate::kv::fp8::e4m3_decode(b) * scale;
+                *o = crate::backend::fp8::e4m3_decode(b) * scale;
             }
             &buf[..hd]
         }

@@ -367,3 +367,36 @@ fn dot4_is_four_dots_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn element_wise_kernels_equal_their_references() {
+    for n in [1usize, 7, 8, 9, 64, 576, 1000] {
+        let x = data(n, n as u64);
+        let w = data(n, 1000 + n as u64);
+        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+        simd::rmsnorm(&x, &w, 1e-5, &mut a);
+        ops::rmsnorm_ref(&x, &w, 1e-5, &mut b);
+        // The lanes reorder an f64 sum of exact squares: equal unless a rounding boundary sits in between.
+        for (p, q) in a.iter().zip(&b) {
+            assert!((p - q).abs() <= q.abs() * 2e-7, "rmsnorm {n}: {p} vs {q}");
+        }
+        simd::silu_mul(&x, &w, &mut a);
+        ops::silu_mul_ref(&x, &w, &mut b);
+        assert_eq!(a, b, "silu_mul {n}");
+        let mut inplace = x.clone();
+        simd::silu_mul_inplace(&mut inplace, &w);
+        assert_eq!(inplace, b, "silu_mul_inplace {n}");
+        let (mut s1, mut s2) = (x.clone(), x.clone());
+        simd::add(&mut s1, &w);
+        ops::add_ref(&mut s2, &w);
+        assert_eq!(s1, s2, "add {n}");
+    }
+}
+
+#[test]
+fn neox_rope_rotates_halves_and_leaves_the_rest() {
+    let mut head: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    // Partial: pairs (0, 2) and (1, 3) rotate by 90 and 180 degrees; dims 4.. stay.
+    ops::rope_neox(&mut head, &[(0.0, 1.0), (-1.0, 0.0)]);
+    assert_eq!(head, vec![-2.0, -1.0, 0.0, -3.0, 4.0, 5.0, 6.0, 7.0]);
+}

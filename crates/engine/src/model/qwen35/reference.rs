@@ -3,8 +3,8 @@
 //! literally (see the parent module for the conventions).
 
 use super::Qwen35Config;
-use super::gdn::{sigmoid, silu, softplus};
 use super::source::Weights;
+use crate::backend::gdn::{sigmoid, silu, softplus};
 use crate::model::ModelError;
 
 /// A matrix of `rows` outputs over `cols` inputs, row-major f32.

@@ -16,7 +16,7 @@
 //! E4M3 per 16 inputs and the f32 `weight_scale_2`), dequantized at load.
 
 use super::Qwen35Config;
-use crate::backend::cpu::qmatmul::QMatrix;
+use crate::backend::{Device, Matrix};
 use crate::gguf::Gguf;
 use crate::model::ModelError;
 use crate::quant::dequantize_ref;
@@ -34,13 +34,15 @@ pub trait Weights {
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError>;
     /// A matrix of `rows` outputs over `cols` inputs as row-major f32.
     fn matrix_f32(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, ModelError>;
-    /// A matrix prepared for the CPU kernels (kept in its stored type where the kernels have one).
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
-        Ok(QMatrix::from_f32(
-            rows,
-            cols,
-            self.matrix_f32(name, rows, cols)?,
-        ))
+    /// A matrix in `dev`'s layout (kept in its stored type where the device's kernels have one).
+    fn matrix(
+        &self,
+        dev: &Device,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix, ModelError> {
+        Ok(dev.matrix_f32(rows, cols, self.matrix_f32(name, rows, cols)?))
     }
 }
 
@@ -81,7 +83,13 @@ impl Weights for Gguf {
         Ok(w)
     }
 
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
+    fn matrix(
+        &self,
+        dev: &Device,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix, ModelError> {
         let t = self.tensor(name)?;
         if t.rows_cols() != (rows as u64, cols as u64) || t.dims.len() != 2 {
             return Err(shape_error(
@@ -90,7 +98,7 @@ impl Weights for Gguf {
                 vec![cols as u64, rows as u64],
             ));
         }
-        Ok(QMatrix::from_ggml(t.ty, rows, cols, self.tensor_data(t))?)
+        Ok(dev.matrix(t.ty, rows, cols, self.tensor_data(t))?)
     }
 }
 

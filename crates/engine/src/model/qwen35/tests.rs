@@ -4,6 +4,11 @@
 use super::*;
 use crate::kv::{KvCache, KvConfig, KvDtype, SeqKv};
 
+/// A device to load weights for (the CPU's layout is the same whatever its thread count).
+fn load_dev() -> Device {
+    Device::cpu(1)
+}
+
 fn fixture(rel: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/data/qwen35-tiny")
@@ -172,7 +177,7 @@ fn reference_logits_match_the_goldens_from_gguf_and_hf() {
 /// The engine's forward pass on a paged f32 cache.
 struct Runner {
     model: Qwen35,
-    cpu: Cpu,
+    dev: Device,
     kv: KvCache,
     batch: Batch,
     scratch: Scratch,
@@ -183,7 +188,7 @@ impl Runner {
         let shape = model.config().kv_shape();
         Runner {
             model,
-            cpu: Cpu::new(2),
+            dev: Device::cpu(2),
             kv: KvCache::new(
                 shape,
                 KvConfig {
@@ -213,7 +218,7 @@ impl Runner {
         let out = self
             .model
             .forward(
-                &self.cpu,
+                &self.dev,
                 self.kv.pool_mut(),
                 &self.batch,
                 std::slice::from_mut(&mut seq.rec),
@@ -231,8 +236,8 @@ fn forward_matches_the_goldens_from_gguf_and_hf_prefilled_and_chunked() {
     let gold = golden();
     for (src, chunked) in [("gguf", false), ("hf", false), ("gguf", true)] {
         let mut model = match src {
-            "gguf" => Qwen35::from_gguf(&gguf()).unwrap(),
-            _ => Qwen35::from_hf(&fixture("")).unwrap(),
+            "gguf" => Qwen35::from_gguf(&gguf(), &load_dev()).unwrap(),
+            _ => Qwen35::from_hf(&fixture(""), &load_dev()).unwrap(),
         };
         model.set_chunked_prefill(chunked);
         let mut r = Runner::new(model);
@@ -253,7 +258,7 @@ fn prefill_then_decode_matches_and_the_state_is_the_goldens() {
     let gold = golden();
     let c = &gold["sequences"][2];
     let ids = ids_of(c);
-    let mut r = Runner::new(Qwen35::from_gguf(&gguf()).unwrap());
+    let mut r = Runner::new(Qwen35::from_gguf(&gguf(), &load_dev()).unwrap());
     let mut seq = r.seq();
     r.run(&mut seq, &ids[..70], Logits::None);
     let cfg = r.model.config().clone();
@@ -303,7 +308,7 @@ fn batching_and_splitting_do_not_change_a_bit() {
     let gold = golden();
     let a = ids_of(&gold["sequences"][1]);
     let b = ids_of(&gold["sequences"][2]);
-    let mut r = Runner::new(Qwen35::from_gguf(&gguf()).unwrap());
+    let mut r = Runner::new(Qwen35::from_gguf(&gguf(), &load_dev()).unwrap());
     // Alone, in one pass.
     let mut sa = r.seq();
     let alone_a = r.run(&mut sa, &a, Logits::All);
@@ -327,7 +332,7 @@ fn batching_and_splitting_do_not_change_a_bit() {
     let both = r
         .model
         .forward(
-            &r.cpu,
+            &r.dev,
             r.kv.pool_mut(),
             &r.batch,
             &mut states,
@@ -344,7 +349,7 @@ fn batching_and_splitting_do_not_change_a_bit() {
 fn verification_keeps_every_step_and_rolls_back_exactly() {
     let gold = golden();
     let ids = ids_of(&gold["sequences"][2]);
-    let mut r = Runner::new(Qwen35::from_gguf(&gguf()).unwrap());
+    let mut r = Runner::new(Qwen35::from_gguf(&gguf(), &load_dev()).unwrap());
     // One token at a time: the state after each position.
     let mut s1 = r.seq();
     r.run(&mut s1, &ids[..40], Logits::None);
@@ -433,7 +438,7 @@ fn nvfp4_checkpoint_weights_are_dequantized() {
     assert!(max_diff(&got, &w) < 0.35 * amax, "a sane quantization");
 }
 
-use super::gdn::test_noise as noise;
+use crate::backend::gdn::test_noise as noise;
 
 /// The qwen35-tiny checkpoint plus a random MTP head, written as an HF checkpoint in a fresh directory.
 pub(crate) fn checkpoint_with_mtp(tag: &str) -> std::path::PathBuf {
@@ -524,7 +529,7 @@ fn the_mtp_head_matches_the_reference_convention() {
     let ck = HfCheckpoint::open(&dir).unwrap();
     assert!(ck.qwen35_config().mtp);
     let reference = Reference::load(&ck, ck.qwen35_config().clone()).unwrap();
-    let model = Qwen35::load(&ck, ck.qwen35_config().clone()).unwrap();
+    let model = Qwen35::load(&ck, ck.qwen35_config().clone(), &load_dev()).unwrap();
     std::fs::remove_dir_all(&dir).ok();
     assert!(model.has_mtp());
     let ids = ids_of(&golden()["sequences"][1]);
@@ -551,7 +556,7 @@ fn the_mtp_head_matches_the_reference_convention() {
         mtp_batch.push(seq, &[next], Logits::Last);
         r.model
             .mtp_draft(
-                &r.cpu,
+                &r.dev,
                 r.kv.pool_mut(),
                 &mut mtp_batch,
                 std::slice::from_ref(&seq.rec),
@@ -578,7 +583,7 @@ fn the_engine_speculates_with_the_mtp_head_exactly() {
     use crate::spec::SpecConfig;
     use crate::spec::draft::MODEL_CLASS;
     let dir = checkpoint_with_mtp("engine");
-    let model = || crate::model::Model::Qwen35(Qwen35::from_hf(&dir).unwrap());
+    let model = || crate::model::Model::Qwen35(Qwen35::from_hf(&dir, &load_dev()).unwrap());
     let g = std::sync::Arc::new(gguf());
     let cfg = |spec: SpecConfig| EngineConfig {
         threads: 2,
@@ -588,14 +593,19 @@ fn the_engine_speculates_with_the_mtp_head_exactly() {
         speculation: spec,
         ..EngineConfig::default()
     };
-    let mut plain =
-        Engine::with_model(std::sync::Arc::clone(&g), model(), &cfg(SpecConfig::off())).unwrap();
+    let mut plain = Engine::with_model(
+        std::sync::Arc::clone(&g),
+        model(),
+        Device::cpu(2),
+        &cfg(SpecConfig::off()),
+    )
+    .unwrap();
     // A fixed cost model: whether the head's drafts are worth a pass must not depend on the machine's load.
     let fixed = SpecConfig {
         fixed_cost: Some(crate::spec::FixedCost::MEMORY_BOUND),
         ..SpecConfig::default()
     };
-    let mut spec = Engine::with_model(g, model(), &cfg(fixed)).unwrap();
+    let mut spec = Engine::with_model(g, model(), Device::cpu(2), &cfg(fixed)).unwrap();
     std::fs::remove_dir_all(&dir).ok();
     let prompt: Vec<u32> = "<user>Move joint 2 by 15 degrees.</user>\n"
         .bytes()
@@ -618,7 +628,7 @@ fn the_engine_speculates_with_the_mtp_head_exactly() {
 fn a_snapshot_restored_by_the_prefix_cache_continues_like_the_goldens() {
     let gold = golden();
     let ids = ids_of(&gold["sequences"][2]);
-    let mut r = Runner::new(Qwen35::from_gguf(&gguf()).unwrap());
+    let mut r = Runner::new(Qwen35::from_gguf(&gguf(), &load_dev()).unwrap());
     // Prefill 70 tokens and leave them in the cache: the KV in the tree, the state as a snapshot.
     let mut seq = r.seq();
     r.run(&mut seq, &ids[..70], Logits::None);

@@ -9,9 +9,150 @@
 //! whose largest magnitude does not fit the current scale doubles it (as often as needed) and shifts the
 //! page's stored bytes down to match, which is exact for normal numbers.
 
-use super::fp8::{e4m3_decode, e4m3_encode, e4m3_scale};
-use super::{KvDtype, KvShape, KvSlice};
+use super::fp8::{self, e4m3_decode, e4m3_encode, e4m3_scale};
 use half::f16;
+
+/// Element type of the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    /// 32-bit floats (exact).
+    F32,
+    /// 16-bit floats (half the memory traffic; ~1e-2 logit differences). The default, like llama.cpp.
+    F16,
+    /// FP8 E4M3 with a power-of-two scale per (page, layer, KV head): a quarter of f32.
+    Fp8,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub fn element_bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+            KvDtype::Fp8 => 1,
+        }
+    }
+
+    /// Its name on the command line (`f32`, `f16`, `fp8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::Fp8 => "fp8",
+        }
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvDtype::F32),
+            "f16" => Ok(KvDtype::F16),
+            "fp8" | "e4m3" | "fp8_e4m3" => Ok(KvDtype::Fp8),
+            _ => Err(format!("unknown KV type {s:?} (f32, f16 or fp8)")),
+        }
+    }
+}
+
+/// The part of a model's shape the cache needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    /// Layers.
+    pub n_layers: usize,
+    /// KV heads per layer.
+    pub n_kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+    /// Floats of one sequence's recurrent state (hybrid models' DeltaNet layers; 0 for pure attention).
+    pub recurrent: usize,
+}
+
+impl KvShape {
+    /// Bytes of K and V per position (all layers and heads) at `dtype`.
+    pub fn bytes_per_position(&self, dtype: KvDtype) -> usize {
+        2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype.element_bytes()
+    }
+}
+
+/// Keys or values of one page for one (layer, head): `page_size` rows of `head_dim` elements.
+#[derive(Debug, Clone, Copy)]
+pub enum KvSlice<'a> {
+    /// f32 elements.
+    F32(&'a [f32]),
+    /// f16 elements.
+    F16(&'a [f16]),
+    /// E4M3 bytes; the value is `e4m3_decode(byte) * scale`.
+    Fp8 {
+        /// The bytes.
+        data: &'a [u8],
+        /// The page's scale for this (layer, head).
+        scale: f32,
+    },
+}
+
+impl KvSlice<'_> {
+    /// Row `pos` as f32, written into `out` (`head_dim` long). The scalar reference of every kernel's load.
+    pub fn row_into(&self, pos: usize, out: &mut [f32]) {
+        let hd = out.len();
+        let r = pos * hd..(pos + 1) * hd;
+        match *self {
+            KvSlice::F32(d) => out.copy_from_slice(&d[r]),
+            KvSlice::F16(d) => half::slice::HalfFloatSliceExt::convert_to_f32_slice(&d[r], out),
+            KvSlice::Fp8 { data, scale } => {
+                for (o, &b) in out.iter_mut().zip(&data[r]) {
+                    *o = fp8::e4m3_decode(b) * scale;
+                }
+            }
+        }
+    }
+
+    /// Row `pos` as a new vector (tests and references).
+    pub fn row(&self, pos: usize, head_dim: usize) -> Vec<f32> {
+        let mut v = vec![0.0; head_dim];
+        self.row_into(pos, &mut v);
+        v
+    }
+}
+
+/// Rows of several pages gathered into one page-shaped buffer: how a draft-tree node attends to ancestors
+/// stored away from their positions, through the same kernel calls as a chain (so its result is the same).
+#[derive(Debug, Default)]
+pub struct Gathered {
+    f32: Vec<f32>,
+    f16: Vec<f16>,
+}
+
+impl Gathered {
+    /// Gathers rows `0..n`, row `r` being row `src(r).1` of slice `src(r).0`. f32 and f16 rows are copied
+    /// as they are; FP8 rows (whose pages may differ in scale) are decoded to f32.
+    pub fn gather<'p>(
+        &mut self,
+        head_dim: usize,
+        n: usize,
+        mut src: impl FnMut(usize) -> (KvSlice<'p>, usize),
+    ) -> KvSlice<'_> {
+        let hd = head_dim;
+        let first = if n > 0 { Some(src(0).0) } else { None };
+        if let Some(KvSlice::F16(_)) = first {
+            self.f16.resize(n * hd, f16::ZERO);
+            for r in 0..n {
+                let (s, slot) = src(r);
+                if let KvSlice::F16(d) = s {
+                    self.f16[r * hd..(r + 1) * hd].copy_from_slice(&d[slot * hd..(slot + 1) * hd]);
+                }
+            }
+            return KvSlice::F16(&self.f16);
+        }
+        self.f32.resize(n * hd, 0.0);
+        for r in 0..n {
+            let (s, slot) = src(r);
+            s.row_into(slot, &mut self.f32[r * hd..(r + 1) * hd]);
+        }
+        KvSlice::F32(&self.f32)
+    }
+}
 
 /// Index of a page in the pool.
 pub type PageId = u32;
