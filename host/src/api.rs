@@ -28,7 +28,7 @@ pub mod listen;
 pub mod metrics;
 pub mod wire;
 
-use crate::agent::{Agent, Event, Finish, Outcome, TokenLogprob, Turn};
+use crate::agent::{Agent, Event, Finish, Outcome, Turn};
 use auth::{ApiKey, Keys};
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, State};
@@ -263,10 +263,13 @@ fn finish(st: &AppState, endpoint: &str, r: Result<Response, ApiError>) -> Respo
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
     let e = st.agent.engine();
-    Json(
-        json!({"status": "ok", "model": st.agent.model().name, "queue_depth": e.waiting(),
-        "busy": e.busy(), "plugins": st.agent.plugins().plugins().len()}),
-    )
+    Json(wire::Health {
+        status: "ok",
+        model: &st.agent.model().name,
+        queue_depth: e.waiting(),
+        busy: e.busy(),
+        plugins: st.agent.plugins().plugins().len(),
+    })
     .into_response()
 }
 
@@ -292,14 +295,24 @@ async fn metrics_text(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Re
         .into_response()
 }
 
-fn model_object(st: &AppState) -> Value {
-    json!({"id": st.agent.model().name, "object": "model", "created": st.started, "owned_by": "thorn",
-        "context_length": st.agent.model().context})
+fn model_object(st: &AppState) -> wire::ModelObject<'_> {
+    wire::ModelObject {
+        id: &st.agent.model().name,
+        object: "model",
+        created: st.started,
+        owned_by: "thorn",
+        context_length: st.agent.model().context,
+    }
 }
 
 async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let r = authorize(&st, &headers)
-        .map(|_| Json(json!({"object": "list", "data": [model_object(&st)]})).into_response());
+    let r = authorize(&st, &headers).map(|_| {
+        Json(wire::ModelList {
+            object: "list",
+            data: [model_object(&st)],
+        })
+        .into_response()
+    });
     finish(&st, "/v1/models", r)
 }
 
@@ -637,36 +650,6 @@ fn turn_from(
     Ok((turn, shape))
 }
 
-fn logprobs_json(lp: &[TokenLogprob]) -> Value {
-    let content: Vec<Value> = lp
-        .iter()
-        .map(|t| {
-            json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
-                "top_logprobs": t.top.iter().map(|(tok, b, l)|
-                    json!({"token": tok, "logprob": l, "bytes": b})).collect::<Vec<_>>()})
-        })
-        .collect();
-    json!({ "content": content, "refusal": null })
-}
-
-fn call_json(c: &ToolCall) -> Value {
-    json!({"id": c.id, "type": "function", "function": {"name": c.function.name,
-        "arguments": c.function.arguments.to_string()}})
-}
-
-fn host_call_json(h: &crate::agent::HostCall) -> Value {
-    let mut v = json!({"id": h.call.id, "name": h.call.function.name,
-        "arguments": h.call.function.arguments.to_string()});
-    match &h.result {
-        Ok(r) => v["result"] = r.clone(),
-        Err(e) => {
-            v["error"] = json!(e);
-            v["error_kind"] = json!(h.error_kind);
-        }
-    }
-    v
-}
-
 /// Updates the metrics with a finished request. Time to first token runs from the request's arrival to its
 /// first sampled token of any kind (text or a tool call), so replies that are tool calls count too.
 fn account(st: &AppState, out: &Outcome, t0: Instant) {
@@ -816,36 +799,49 @@ async fn collect(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Outcome, ApiEr
     ))
 }
 
-fn chat_json(st: &AppState, id: &str, out: &Outcome, shape: &Shape) -> Value {
-    let mut message = json!({
-        "role": "assistant",
-        "content": if out.content.is_empty() && !out.tool_calls.is_empty() { Value::Null } else { json!(out.content) },
-        "refusal": null,
-    });
-    if !out.tool_calls.is_empty() {
-        message["tool_calls"] = out.tool_calls.iter().map(call_json).collect();
-    }
-    if !out.host_calls.is_empty() {
-        message["thorn_host_tool_calls"] = out.host_calls.iter().map(host_call_json).collect();
-    }
-    json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": unix_now(),
-        "model": st.agent.model().name,
-        "system_fingerprint": concat!("thorn-", env!("CARGO_PKG_VERSION")),
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": if shape.logprobs { logprobs_json(&out.logprobs) } else { Value::Null },
-            "finish_reason": out.finish.as_str(),
+fn chat_json<'a>(
+    st: &'a AppState,
+    id: &'a str,
+    out: &'a Outcome,
+    shape: &Shape,
+) -> wire::ChatCompletion<'a> {
+    let only_calls = out.content.is_empty() && !out.tool_calls.is_empty();
+    wire::ChatCompletion {
+        id,
+        object: "chat.completion",
+        created: unix_now(),
+        model: &st.agent.model().name,
+        system_fingerprint: wire::FINGERPRINT,
+        choices: [wire::ChatChoice {
+            index: 0,
+            message: wire::AssistantMessage {
+                role: "assistant",
+                content: (!only_calls).then_some(out.content.as_str()),
+                refusal: None,
+                tool_calls: out
+                    .tool_calls
+                    .iter()
+                    .map(|c| wire::ToolCallOut::of(c, None))
+                    .collect(),
+                thorn_host_tool_calls: out.host_calls.iter().map(wire::HostCallOut::of).collect(),
+            },
+            logprobs: shape
+                .logprobs
+                .then(|| wire::ChatLogprobs::of(&out.logprobs)),
+            finish_reason: out.finish.as_str(),
         }],
-        "usage": wire::WireUsage::from(out.usage),
-    })
+        usage: wire::WireUsage::from(out.usage),
+    }
 }
 
-fn sse_json(v: &Value) -> Result<SseEvent, Infallible> {
-    Ok(SseEvent::default().data(v.to_string()))
+fn sse_json(v: &impl serde::Serialize) -> Result<SseEvent, Infallible> {
+    let text = serde_json::to_string(v).unwrap_or_else(|e| {
+        // Our own types always serialize; say so on the stream rather than send nothing.
+        ApiError::Internal(format!("response serialization: {e}"))
+            .body()
+            .to_string()
+    });
+    Ok(SseEvent::default().data(text))
 }
 
 fn stream_chat(
@@ -859,29 +855,44 @@ fn stream_chat(
 ) -> Response {
     let model = st.agent.model().name.clone();
     let created = unix_now();
-    let chunk = move |delta: Value, finish: Option<&str>, extra: Option<(&str, Value)>| {
-        let mut v = json!({"id": id, "object": "chat.completion.chunk", "created": created,
-            "model": model, "system_fingerprint": concat!("thorn-", env!("CARGO_PKG_VERSION")),
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]});
-        if let Some((k, x)) = extra {
-            v[k] = x;
-        }
-        v
+    // One chunk, serialized at once (its fields borrow what the event carried).
+    let chunk = move |delta: wire::Delta<'_>,
+                      finish: Option<&'static str>,
+                      logprobs: Option<wire::ChatLogprobs<'_>>,
+                      usage: Option<wire::WireUsage>| {
+        let choices = match usage {
+            // The usage chunk has no choice.
+            Some(_) => Vec::new(),
+            None => vec![wire::ChunkChoice {
+                index: 0,
+                delta,
+                logprobs,
+                finish_reason: finish,
+            }],
+        };
+        sse_json(&wire::ChatChunk {
+            id: &id,
+            object: "chat.completion.chunk",
+            created,
+            model: &model,
+            system_fingerprint: wire::FINGERPRINT,
+            choices,
+            usage,
+        })
     };
     let (tx, out_rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
     tokio::spawn(async move {
         let _guard = guard;
-        let send = |v: Value| {
+        let send = |ev: Result<SseEvent, Infallible>| {
             let tx = tx.clone();
-            async move { tx.send(sse_json(&v)).await.is_ok() }
+            async move { tx.send(ev).await.is_ok() }
         };
-        if !send(chunk(
-            json!({"role": "assistant", "content": ""}),
-            None,
-            None,
-        ))
-        .await
-        {
+        let first = wire::Delta {
+            role: Some("assistant"),
+            content: Some(""),
+            ..wire::Delta::default()
+        };
+        if !send(chunk(first, None, None, None)).await {
             return;
         }
         let outcome = match early {
@@ -889,20 +900,29 @@ fn stream_chat(
             None => loop {
                 match rx.recv().await {
                     Some(Msg::Event(Event::Content(t))) => {
-                        if !send(chunk(json!({ "content": t }), None, None)).await {
+                        let d = wire::Delta {
+                            content: Some(&t),
+                            ..wire::Delta::default()
+                        };
+                        if !send(chunk(d, None, None, None)).await {
                             return;
                         }
                     }
                     Some(Msg::Event(Event::HostCall(c))) => {
-                        let d = json!({"thorn_host_tool_call": {"id": c.id,
-                            "name": c.function.name, "arguments": c.function.arguments.to_string()}});
-                        if !send(chunk(d, None, None)).await {
+                        let d = wire::Delta {
+                            thorn_host_tool_call: Some(wire::HostCallOut::started(&c)),
+                            ..wire::Delta::default()
+                        };
+                        if !send(chunk(d, None, None, None)).await {
                             return;
                         }
                     }
                     Some(Msg::Event(Event::HostResult(h))) => {
-                        let d = json!({ "thorn_host_tool_result": host_call_json(&h) });
-                        if !send(chunk(d, None, None)).await {
+                        let d = wire::Delta {
+                            thorn_host_tool_result: Some(wire::HostCallOut::of(&h)),
+                            ..wire::Delta::default()
+                        };
+                        if !send(chunk(d, None, None, None)).await {
                             return;
                         }
                     }
@@ -920,31 +940,39 @@ fn stream_chat(
             Ok(out) => {
                 account(&st, &out, t0);
                 if !out.tool_calls.is_empty() {
-                    let calls: Vec<Value> = out
+                    let calls = out
                         .tool_calls
                         .iter()
                         .enumerate()
-                        .map(|(i, c)| {
-                            let mut v = call_json(c);
-                            v["index"] = json!(i);
-                            v
-                        })
+                        .map(|(i, c)| wire::ToolCallOut::of(c, Some(i)))
                         .collect();
-                    if !send(chunk(json!({ "tool_calls": calls }), None, None)).await {
+                    let d = wire::Delta {
+                        tool_calls: Some(calls),
+                        ..wire::Delta::default()
+                    };
+                    if !send(chunk(d, None, None, None)).await {
                         return;
                     }
                 }
-                let mut last = chunk(json!({}), Some(out.finish.as_str()), None);
-                if shape.logprobs {
-                    last["choices"][0]["logprobs"] = logprobs_json(&out.logprobs);
-                }
+                let logprobs = shape
+                    .logprobs
+                    .then(|| wire::ChatLogprobs::of(&out.logprobs));
+                let last = chunk(
+                    wire::Delta::default(),
+                    Some(out.finish.as_str()),
+                    logprobs,
+                    None,
+                );
                 if !send(last).await {
                     return;
                 }
                 if shape.include_usage {
-                    let mut u = chunk(json!({}), None, None);
-                    u["choices"] = json!([]);
-                    u["usage"] = json!(wire::WireUsage::from(out.usage));
+                    let u = chunk(
+                        wire::Delta::default(),
+                        None,
+                        None,
+                        Some(wire::WireUsage::from(out.usage)),
+                    );
                     if !send(u).await {
                         return;
                     }
@@ -1029,10 +1057,6 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
         let id = new_id("cmpl");
         let model = st.agent.model().name.clone();
         let created = unix_now();
-        let body = move |text: &str, finish: Option<&str>, lp: Value| {
-            json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]})
-        };
         if !shape.stream {
             let out = match early {
                 Some(o) => o,
@@ -1040,15 +1064,41 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             };
             account(&st, &out, t0);
             drop(guard);
-            let lp = if shape.logprobs {
-                legacy_logprobs(&out.logprobs)
-            } else {
-                Value::Null
-            };
-            let mut v = body(&out.content, Some(out.finish.as_str()), lp);
-            v["usage"] = json!(wire::WireUsage::from(out.usage));
-            return Ok(Json(v).into_response());
+            return Ok(Json(wire::TextCompletion {
+                id: &id,
+                object: "text_completion",
+                created,
+                model: &model,
+                choices: [wire::TextChoice {
+                    text: &out.content,
+                    index: 0,
+                    logprobs: shape
+                        .logprobs
+                        .then(|| wire::LegacyLogprobs::of(&out.logprobs)),
+                    finish_reason: Some(out.finish.as_str()),
+                }],
+                usage: Some(wire::WireUsage::from(out.usage)),
+            })
+            .into_response());
         }
+        let body = move |text: &str,
+                         finish: Option<&'static str>,
+                         logprobs: Option<wire::LegacyLogprobs>,
+                         usage: Option<wire::WireUsage>| {
+            sse_json(&wire::TextCompletion {
+                id: &id,
+                object: "text_completion",
+                created,
+                model: &model,
+                choices: [wire::TextChoice {
+                    text,
+                    index: 0,
+                    logprobs,
+                    finish_reason: finish,
+                }],
+                usage,
+            })
+        };
         let (tx, out_rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
         let st2 = Arc::clone(&st);
         tokio::spawn(async move {
@@ -1058,11 +1108,7 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
                 None => loop {
                     match rx.recv().await {
                         Some(Msg::Event(Event::Content(t))) => {
-                            if tx
-                                .send(sse_json(&body(&t, None, Value::Null)))
-                                .await
-                                .is_err()
-                            {
+                            if tx.send(body(&t, None, None, None)).await.is_err() {
                                 return;
                             }
                         }
@@ -1077,11 +1123,11 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             match outcome {
                 Ok(out) => {
                     account(&st2, &out, t0);
-                    let mut last = body("", Some(out.finish.as_str()), Value::Null);
-                    if shape.include_usage {
-                        last["usage"] = json!(wire::WireUsage::from(out.usage));
-                    }
-                    if tx.send(sse_json(&last)).await.is_err() {
+                    let usage = shape
+                        .include_usage
+                        .then(|| wire::WireUsage::from(out.usage));
+                    let last = body("", Some(out.finish.as_str()), None, usage);
+                    if tx.send(last).await.is_err() {
                         return;
                     }
                 }
@@ -1099,21 +1145,4 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
     }
     .await;
     finish(&st, "/v1/completions", r)
-}
-
-fn legacy_logprobs(lp: &[TokenLogprob]) -> Value {
-    let mut offset = 0usize;
-    let mut offsets = Vec::with_capacity(lp.len());
-    for t in lp {
-        offsets.push(offset);
-        offset += t.token.len();
-    }
-    json!({
-        "tokens": lp.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": lp.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": lp.iter().map(|t| {
-            t.top.iter().map(|(tok, _, l)| (tok.clone(), json!(l))).collect::<serde_json::Map<_, _>>()
-        }).collect::<Vec<_>>(),
-        "text_offset": offsets,
-    })
 }

@@ -269,3 +269,426 @@ impl From<crate::agent::Usage> for WireUsage {
         }
     }
 }
+
+// ---- Responses: what the server sends, typed like the requests (field order is the wire order). ----
+
+/// The `system_fingerprint` of every completion.
+pub const FINGERPRINT: &str = concat!("thorn-", env!("CARGO_PKG_VERSION"));
+
+/// `chat.completion`.
+#[derive(Debug, Serialize)]
+pub struct ChatCompletion<'a> {
+    /// `chatcmpl-...`.
+    pub id: &'a str,
+    /// Always `chat.completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model's name.
+    pub model: &'a str,
+    /// [`FINGERPRINT`].
+    pub system_fingerprint: &'static str,
+    /// The one choice.
+    pub choices: [ChatChoice<'a>; 1],
+    /// Token counts.
+    pub usage: WireUsage,
+}
+
+/// `choices[0]` of a [`ChatCompletion`].
+#[derive(Debug, Serialize)]
+pub struct ChatChoice<'a> {
+    /// Always 0.
+    pub index: usize,
+    /// The answer.
+    pub message: AssistantMessage<'a>,
+    /// Token log-probabilities when asked for (`null` otherwise).
+    pub logprobs: Option<ChatLogprobs<'a>>,
+    /// `stop`, `length`, `tool_calls`, ...
+    pub finish_reason: &'static str,
+}
+
+/// The assistant's message.
+#[derive(Debug, Serialize)]
+pub struct AssistantMessage<'a> {
+    /// Always `assistant`.
+    pub role: &'static str,
+    /// The text (`null` when the answer is only tool calls).
+    pub content: Option<&'a str>,
+    /// Always `null`.
+    pub refusal: Option<&'a str>,
+    /// Calls for the client to run.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut<'a>>,
+    /// Host (plugin) calls thorn ran during the request, with their results.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub thorn_host_tool_calls: Vec<HostCallOut<'a>>,
+}
+
+/// A tool call as the client sees it.
+#[derive(Debug, Serialize)]
+pub struct ToolCallOut<'a> {
+    /// `call_...`.
+    pub id: &'a str,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Name and arguments.
+    pub function: FunctionOut<'a>,
+    /// Its place among the calls (streamed deltas only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+}
+
+/// A tool call's function.
+#[derive(Debug, Serialize)]
+pub struct FunctionOut<'a> {
+    /// The function.
+    pub name: &'a str,
+    /// Its arguments as JSON text.
+    pub arguments: String,
+}
+
+impl<'a> ToolCallOut<'a> {
+    /// The wire form of `c` (`index` for streamed deltas).
+    pub fn of(c: &'a thorn_tools::chat::ToolCall, index: Option<usize>) -> Self {
+        ToolCallOut {
+            id: &c.id,
+            kind: "function",
+            function: FunctionOut {
+                name: &c.function.name,
+                arguments: c.function.arguments.to_string(),
+            },
+            index,
+        }
+    }
+}
+
+/// A host call thorn ran, and what came of it.
+#[derive(Debug, Serialize)]
+pub struct HostCallOut<'a> {
+    /// The call id.
+    pub id: &'a str,
+    /// The function.
+    pub name: &'a str,
+    /// Its arguments as JSON text.
+    pub arguments: String,
+    /// The plugin's result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<&'a Value>,
+    /// The error the model was shown instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'a str>,
+    /// The error's kind (`timeout`, `arguments`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<&'static str>,
+}
+
+impl<'a> HostCallOut<'a> {
+    /// The wire form of a finished host call.
+    pub fn of(h: &'a crate::agent::HostCall) -> Self {
+        let (result, error, error_kind) = match &h.result {
+            Ok(r) => (Some(r), None, None),
+            Err(e) => (None, Some(e.as_str()), h.error_kind),
+        };
+        HostCallOut {
+            id: &h.call.id,
+            name: &h.call.function.name,
+            arguments: h.call.function.arguments.to_string(),
+            result,
+            error,
+            error_kind,
+        }
+    }
+
+    /// The wire form of a host call about to run (no outcome yet).
+    pub fn started(c: &'a thorn_tools::chat::ToolCall) -> Self {
+        HostCallOut {
+            id: &c.id,
+            name: &c.function.name,
+            arguments: c.function.arguments.to_string(),
+            result: None,
+            error: None,
+            error_kind: None,
+        }
+    }
+}
+
+/// Chat `logprobs`.
+#[derive(Debug, Serialize)]
+pub struct ChatLogprobs<'a> {
+    /// One entry per generated token.
+    pub content: Vec<TokenLogprobOut<'a>>,
+    /// Always `null`.
+    pub refusal: Option<&'a str>,
+}
+
+/// One token's log-probability and its alternatives.
+#[derive(Debug, Serialize)]
+pub struct TokenLogprobOut<'a> {
+    /// The token's text.
+    pub token: &'a str,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its bytes.
+    pub bytes: &'a [u8],
+    /// The most likely alternatives.
+    pub top_logprobs: Vec<TopLogprobOut<'a>>,
+}
+
+/// One alternative token.
+#[derive(Debug, Serialize)]
+pub struct TopLogprobOut<'a> {
+    /// Its text.
+    pub token: &'a str,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its bytes.
+    pub bytes: &'a [u8],
+}
+
+impl<'a> ChatLogprobs<'a> {
+    /// The wire form of a generation's log-probabilities.
+    pub fn of(lp: &'a [crate::agent::TokenLogprob]) -> Self {
+        ChatLogprobs {
+            content: lp
+                .iter()
+                .map(|t| TokenLogprobOut {
+                    token: &t.token,
+                    logprob: t.logprob,
+                    bytes: &t.bytes,
+                    top_logprobs: t
+                        .top
+                        .iter()
+                        .map(|(tok, b, l)| TopLogprobOut {
+                            token: tok,
+                            logprob: *l,
+                            bytes: b,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            refusal: None,
+        }
+    }
+}
+
+/// `chat.completion.chunk`.
+#[derive(Debug, Serialize)]
+pub struct ChatChunk<'a> {
+    /// The completion's id.
+    pub id: &'a str,
+    /// Always `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model's name.
+    pub model: &'a str,
+    /// [`FINGERPRINT`].
+    pub system_fingerprint: &'static str,
+    /// One choice, or none in the final usage chunk.
+    pub choices: Vec<ChunkChoice<'a>>,
+    /// Token counts (the final chunk, with `stream_options.include_usage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<WireUsage>,
+}
+
+/// A chunk's choice.
+#[derive(Debug, Serialize)]
+pub struct ChunkChoice<'a> {
+    /// Always 0.
+    pub index: usize,
+    /// What is new.
+    pub delta: Delta<'a>,
+    /// Log-probabilities (the last chunk, when asked for).
+    pub logprobs: Option<ChatLogprobs<'a>>,
+    /// Set in the last chunk.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A streamed delta: only the fields it carries are sent.
+#[derive(Debug, Default, Serialize)]
+pub struct Delta<'a> {
+    /// `assistant` (the first chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// New text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<&'a str>,
+    /// The client's tool calls (once, complete, before the last chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut<'a>>>,
+    /// A host call about to run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thorn_host_tool_call: Option<HostCallOut<'a>>,
+    /// A host call's outcome.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thorn_host_tool_result: Option<HostCallOut<'a>>,
+}
+
+/// `text_completion` (and its streamed chunks).
+#[derive(Debug, Serialize)]
+pub struct TextCompletion<'a> {
+    /// `cmpl-...`.
+    pub id: &'a str,
+    /// Always `text_completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model's name.
+    pub model: &'a str,
+    /// The one choice.
+    pub choices: [TextChoice<'a>; 1],
+    /// Token counts (the answer, or the last chunk with `include_usage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<WireUsage>,
+}
+
+/// A text completion's choice.
+#[derive(Debug, Serialize)]
+pub struct TextChoice<'a> {
+    /// The text (new text, in a chunk).
+    pub text: &'a str,
+    /// Always 0.
+    pub index: usize,
+    /// Legacy log-probabilities when asked for.
+    pub logprobs: Option<LegacyLogprobs>,
+    /// Set at the end.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// The legacy completions `logprobs` object.
+#[derive(Debug, Serialize)]
+pub struct LegacyLogprobs {
+    /// Token texts.
+    pub tokens: Vec<String>,
+    /// Their log-probabilities.
+    pub token_logprobs: Vec<f32>,
+    /// Alternatives per token, text -> log-probability.
+    pub top_logprobs: Vec<serde_json::Map<String, Value>>,
+    /// Each token's byte offset in the text.
+    pub text_offset: Vec<usize>,
+}
+
+impl LegacyLogprobs {
+    /// The legacy form of a generation's log-probabilities.
+    pub fn of(lp: &[crate::agent::TokenLogprob]) -> Self {
+        let mut offset = 0usize;
+        let mut text_offset = Vec::with_capacity(lp.len());
+        for t in lp {
+            text_offset.push(offset);
+            offset += t.token.len();
+        }
+        LegacyLogprobs {
+            tokens: lp.iter().map(|t| t.token.clone()).collect(),
+            token_logprobs: lp.iter().map(|t| t.logprob).collect(),
+            top_logprobs: lp
+                .iter()
+                .map(|t| {
+                    t.top
+                        .iter()
+                        .map(|(tok, _, l)| (tok.clone(), Value::from(*l)))
+                        .collect()
+                })
+                .collect(),
+            text_offset,
+        }
+    }
+}
+
+/// A model entry of `/v1/models`.
+#[derive(Debug, Serialize)]
+pub struct ModelObject<'a> {
+    /// The served name.
+    pub id: &'a str,
+    /// Always `model`.
+    pub object: &'static str,
+    /// When the server started (Unix seconds).
+    pub created: u64,
+    /// Always `thorn`.
+    pub owned_by: &'static str,
+    /// Context length in tokens.
+    pub context_length: usize,
+}
+
+/// `/v1/models`.
+#[derive(Debug, Serialize)]
+pub struct ModelList<'a> {
+    /// Always `list`.
+    pub object: &'static str,
+    /// The one model.
+    pub data: [ModelObject<'a>; 1],
+}
+
+/// `/health`.
+#[derive(Debug, Serialize)]
+pub struct Health<'a> {
+    /// Always `ok`.
+    pub status: &'static str,
+    /// The served model's name.
+    pub model: &'a str,
+    /// Requests waiting for the engine.
+    pub queue_depth: usize,
+    /// Whether the engine is generating.
+    pub busy: bool,
+    /// Loaded plugins.
+    pub plugins: usize,
+}
+
+#[cfg(test)]
+mod response_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn responses_keep_openais_field_order_and_nulls() {
+        let call = thorn_tools::chat::ToolCall {
+            id: "call_1".into(),
+            kind: "function",
+            function: thorn_tools::chat::FunctionCall {
+                name: "f".into(),
+                arguments: json!({"a": 1}),
+            },
+        };
+        let out = ChatCompletion {
+            id: "chatcmpl-x",
+            object: "chat.completion",
+            created: 7,
+            model: "m",
+            system_fingerprint: "fp",
+            choices: [ChatChoice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: None,
+                    refusal: None,
+                    tool_calls: vec![ToolCallOut::of(&call, None)],
+                    thorn_host_tool_calls: vec![],
+                },
+                logprobs: None,
+                finish_reason: "tool_calls",
+            }],
+            usage: WireUsage::from(crate::agent::Usage::default()),
+        };
+        assert_eq!(
+            serde_json::to_string(&out).unwrap(),
+            concat!(
+                r#"{"id":"chatcmpl-x","object":"chat.completion","created":7,"model":"m","#,
+                r#""system_fingerprint":"fp","choices":[{"index":0,"message":{"role":"assistant","#,
+                r#""content":null,"refusal":null,"tool_calls":[{"id":"call_1","type":"function","#,
+                r#""function":{"name":"f","arguments":"{\"a\":1}"}}]},"logprobs":null,"#,
+                r#""finish_reason":"tool_calls"}],"usage":{"prompt_tokens":0,"completion_tokens":0,"#,
+                r#""total_tokens":0,"prompt_tokens_details":{"cached_tokens":0}}}"#
+            )
+        );
+        // A streamed delta carries only its own fields; a streamed call has its index last.
+        let d = Delta {
+            tool_calls: Some(vec![ToolCallOut::of(&call, Some(0))]),
+            ..Delta::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&d).unwrap(),
+            r#"{"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"},"index":0}]}"#
+        );
+        assert_eq!(serde_json::to_string(&Delta::default()).unwrap(), "{}");
+    }
+}
