@@ -125,7 +125,7 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}-{:016x}{:08x}", t ^ (n << 40), n as u32)
 }
 
-/// The router with every route (bodies are read by [`read_body`], under its limits).
+/// The router with every route (bodies are read by `read_body`, under its limits).
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))

@@ -1,12 +1,13 @@
 //! The attention KV cache: fixed-size pages under a memory budget, a radix tree of cached prefixes over
 //! them, and one page table per running sequence.
 //!
-//! * [`pages`]: the [`PagePool`], every page of KV memory allocated once (`--kv-memory`), handed out by
-//!   refcount. A page holds `page_size` positions of one sequence for all layers and heads.
+//! * [`PagePool`] (the device's page storage, `crate::backend::pages`): every page of KV memory allocated
+//!   once (`--kv-memory`), handed out by refcount. A page holds `page_size` positions of one sequence for
+//!   all layers and heads. The cache fills a [`Batch`] with its tables for each forward pass.
 //! * [`radix`]: the [`RadixTree`] of token runs whose KV is still in memory. A new request reuses the
 //!   longest cached prefix of its tokens (whole pages by reference, a partly matching page by copy), so an
 //!   agent loop that resends the whole conversation each turn only prefills the new turn.
-//! * [`fp8`]: the E4M3 format of `--kv-dtype fp8`, with a power-of-two scale per (page, layer, KV head).
+//! * [`fp8`] (`crate::backend::fp8`): the E4M3 format of `--kv-dtype fp8`, with a power-of-two scale per (page, layer, KV head).
 //!
 //! [`KvCache`] ties them together with the calls a scheduler needs: [`KvCache::acquire`] a sequence for a
 //! prompt (prefix reuse), [`KvCache::reserve`] pages before a forward pass (evicting least recently used

@@ -10,7 +10,7 @@
 //!   moment it connects or its previous response ended) is closed, so idle and slowloris connections free
 //!   their slot;
 //! - **bodies**: a body must arrive whole within `body_timeout`, and all bodies being read at once hold at
-//!   most `max_inflight_body` bytes together (see [`super::read_body`]), so stalled uploads cannot pile up
+//!   most `max_inflight_body` bytes together (see `api::read_body`), so stalled uploads cannot pile up
 //!   memory; beyond it requests get 503;
 //! - **responses**: a response must start within `request_timeout` (when set), else 504 and the request
 //!   is cancelled (a streamed response starts as soon as its request is admitted).

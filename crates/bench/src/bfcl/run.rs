@@ -1,5 +1,5 @@
 //! `thorn bench bfcl --endpoint URL`: BFCL v4 single-turn accuracy of any OpenAI-compatible endpoint, scored
-//! with the AST checker ([`crate::bfcl::check`]). Requests are sent as MLPerf Edge Agentic sends them:
+//! with the AST checker ([`crate::bfcl::check()`]). Requests are sent as MLPerf Edge Agentic sends them:
 //! `tool_choice: auto`, temperature 0, seed 42, at most 1024 new tokens. `--mlperf` takes MLPerf's
 //! deterministic sample (the first 62% of each non-live file, 10% of the others, small files whole: 995
 //! questions); otherwise `--limit` questions per category.

@@ -1,5 +1,5 @@
 //! The CUDA backend's API when CUDA is compiled out: same names, and [`Cuda::new`] returns
-//! [`DeviceError::CudaNotCompiled`](super::DeviceError::CudaNotCompiled), so a `Cuda` never exists and every
+//! [`super::DeviceError::CudaNotCompiled`], so a `Cuda` never exists and every
 //! op's CUDA arm is unreachable by construction.
 
 use super::DeviceError;

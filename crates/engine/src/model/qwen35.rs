@@ -6,7 +6,7 @@
 //!   included), the Gated DeltaNet ops ([`crate::backend::gdn`]: convolution window, gates, the delta rule
 //!   token by token and in chunked form), and each sequence's DeltaNet state in its [`Recurrent`]
 //!   (snapshotted by the prefix cache, see [`crate::kv::state`]).
-//! * [`reference`]: the scalar, one-token-at-a-time oracle.
+//! * [`mod@reference`]: the scalar, one-token-at-a-time oracle.
 //! * [`source`]: GGUF and Hugging Face (safetensors, incl. NVFP4) weights, both seen in GGUF conventions.
 //!
 //! Conventions are llama.cpp's GGUF ones (as its `convert_hf_to_gguf.py` writes them for `qwen35`):

@@ -1,16 +1,8 @@
 //! What steers one generation: a grammar, when it applies, and whether forced tokens skip decode steps.
 //!
-//! A [`Guide`] is built from a request's tools, `tool_choice`, `parallel_tool_calls` and `response_format`
-//! ([`GrammarFactory::guide`]):
-//!
-//! | tools / choice | response_format | grammar | active |
-//! |---|---|---|---|
-//! | none, or `none` | text | — (no guide) | |
-//! | none, or `none` | json_object / json_schema | the answer's schema | from the first token |
-//! | `auto` | text | tool-call blocks | at the `<tool_call>` trigger |
-//! | `auto` | json_object / json_schema | answer \| tool-call blocks | from the first token |
-//! | `required` | any | tool-call blocks | from the first token |
-//! | named function | any | one block for that function | from the first token |
+//! A [`Guide`] is built above the engine, from a request's tools, `tool_choice`, `parallel_tool_calls` and
+//! `response_format` (`thorn_tools::ToolGrammars::guide`, whose docs have the table of which grammar applies
+//! when); the engine only runs it.
 //!
 //! With a trigger the model writes free prose, unmasked and at full speed, until its output contains
 //! `<tool_call>`; the engine then hands the trigger to the grammar and every later token is masked.
@@ -71,7 +63,7 @@ impl Guide {
     }
 
     /// Keeps JSON number literals within `f64` range beside the grammar (for JSON grammars; see
-    /// [`numbers`]). The factory's guides have it on.
+    /// the `numbers` module). The factory's guides have it on.
     pub fn with_json_number_limits(mut self) -> Self {
         self.numbers = Some(NumberGuard::default());
         self

@@ -83,7 +83,7 @@ impl ChatTemplate {
     }
 
     /// Whether the template renders `tools` and tool calls itself (it mentions `tools`); if not, the tool
-    /// protocol is written into the messages ([`crate::tools::ToolSet::messages_for`]).
+    /// protocol is written into the messages ([`crate::ToolSet::messages_for`]).
     pub fn knows_tools(&self) -> bool {
         self.knows_tools
     }
