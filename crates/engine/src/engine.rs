@@ -178,6 +178,19 @@ impl Default for EngineConfig {
     }
 }
 
+/// When a generation's phases happened, for its [`Stats`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    /// Prompt tokens served from the KV cache.
+    pub cached_tokens: usize,
+    /// When the first token was sampled.
+    pub first_token: Option<Instant>,
+    /// Time to prefill the uncached prompt.
+    pub prefill: Duration,
+    /// Time spent decoding.
+    pub decode: Duration,
+}
+
 /// A generation request.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -718,35 +731,62 @@ impl Engine {
         };
         let res = run();
         // What the cache holds is valid whether or not generation succeeded.
+        self.release_sequence(seq, &dec);
+        res?;
+        let timing = Timing {
+            cached_tokens,
+            first_token: Some(t1),
+            prefill,
+            decode: t1.elapsed(),
+        };
+        Ok(self.finish_sequence(dec, on_text, timing))
+    }
+
+    /// Returns a sequence's KV to the cache when its generation ends (finished or failed): what it holds
+    /// stays reusable by later prompts, generated tokens included unless `cache_output` is off.
+    pub(crate) fn release_sequence(&mut self, seq: SeqKv, dec: &Decoder<'_>) {
         let keep = if self.kv.config().cache_output {
             seq.len()
         } else {
             seq.len().min(dec.prompt_len())
         };
         self.kv.release(seq, Some(&dec.history()[..keep]));
-        res?;
+    }
+
+    /// The one finish path of a generation, lone or scheduled: flushes the decoder's held-back text to
+    /// `on_text`, counts its passes for the speculation statistics, adds its tokens to the suffix drafter's
+    /// store, and returns the [`Generation`] with `timing`'s times. Its KV is released first
+    /// ([`Engine::release_sequence`]).
+    pub(crate) fn finish_sequence(
+        &mut self,
+        dec: Decoder<'_>,
+        on_text: &mut dyn FnMut(&str),
+        timing: Timing,
+    ) -> Generation {
+        let prompt_tokens = dec.prompt_len();
+        let speculated = dec.request().speculate && self.spec.cfg.enabled;
         let d = dec.finish(on_text);
         self.spec.stats.passes += d.forward_passes as u64 + 1;
         self.spec.stats.tokens += d.tokens.len() as u64;
-        if req.speculate && self.spec.cfg.enabled {
+        if speculated {
             self.spec.store.add(&d.tokens, &self.tokenizer);
         }
         let stats = Stats {
             forward_passes: d.forward_passes,
-            prompt_tokens: req.prompt.len(),
-            cached_tokens,
+            prompt_tokens,
+            cached_tokens: timing.cached_tokens,
             generated: d.tokens.len(),
-            first_token: (!d.tokens.is_empty()).then_some(t1),
-            prefill,
-            decode: t1.elapsed(),
+            first_token: timing.first_token.filter(|_| !d.tokens.is_empty()),
+            prefill: timing.prefill,
+            decode: timing.decode,
         };
-        Ok(Generation {
+        Generation {
             tokens: d.tokens,
             text: d.text,
             sampled: d.sampled,
             finish: d.finish,
             stats,
-        })
+        }
     }
 
     /// Asks the model's MTP head (if any, and speculation is on) for the token after `next`, the token

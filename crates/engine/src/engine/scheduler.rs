@@ -13,7 +13,7 @@
 //! was evicted and carries on. Memory pressure slows requests down; it never fails or drops one.
 
 use super::decoder::{Decoder, GuideSlot};
-use super::{Engine, EngineError, Generation, Request, Stats};
+use super::{Engine, EngineError, Generation, Request, Timing};
 use crate::kv::{KvError, Logits, SeqKv};
 use crate::sample::guide::Guide;
 use std::collections::VecDeque;
@@ -505,45 +505,23 @@ impl Scheduler {
             ..
         } = a;
         if let Some(seq) = seq {
-            let keep = if engine.kv.config().cache_output {
-                seq.len()
-            } else {
-                seq.len().min(dec.prompt_len())
-            };
-            engine.kv.release(seq, Some(&dec.history()[..keep]));
+            engine.release_sequence(seq, &dec);
         }
         self.stats.finished += 1;
         if let Some(e) = err {
             sink.done(Err(e));
             return;
         }
-        let prompt_tokens = dec.prompt_len();
-        let speculated = dec.request().speculate && engine.spec.cfg.enabled;
-        let d = dec.finish(&mut |t| sink.text(t));
-        engine.spec.stats.passes += d.forward_passes as u64 + 1;
-        engine.spec.stats.tokens += d.tokens.len() as u64;
-        if speculated {
-            engine.spec.store.add(&d.tokens, &engine.tokenizer);
-        }
         let now = Instant::now();
-        let first_token = first.filter(|_| !d.tokens.is_empty());
-        let first = first.unwrap_or(now);
-        let stats = Stats {
-            prompt_tokens,
+        let started = first.unwrap_or(now);
+        let timing = Timing {
             cached_tokens: cached.unwrap_or(0),
-            generated: d.tokens.len(),
-            forward_passes: d.forward_passes,
-            prefill: first.saturating_duration_since(admitted.unwrap_or(first)),
-            decode: now.saturating_duration_since(first),
-            first_token,
+            first_token: first,
+            prefill: started.saturating_duration_since(admitted.unwrap_or(started)),
+            decode: now.saturating_duration_since(started),
         };
-        sink.done(Ok(Generation {
-            tokens: d.tokens,
-            text: d.text,
-            sampled: d.sampled,
-            finish: d.finish,
-            stats,
-        }));
+        let g = engine.finish_sequence(dec, &mut |t| sink.text(t), timing);
+        sink.done(Ok(g));
     }
 }
 
