@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates host/testdata/quant_vectors.json: byte-exact block test vectors for thorn's quant formats.
+"""Generates crates/engine/testdata/quant_vectors.json: byte-exact block test vectors for thorn's quant formats.
 
 Run from the repository root with the PyPI `gguf` (0.19.0) and numpy installed:
     python3 tools/gen_quant_vectors.py
@@ -103,6 +103,6 @@ probes += [float(v) for v in (rng.standard_normal(32) * 0.01).astype(np.float32)
 fp8 = {"decode": [v if v is not None else "nan" for v in table],
        "encode": [[float(np.float32(p)), encode(float(np.float32(p)))] for p in probes]}
 
-with open("host/testdata/quant_vectors.json", "w") as f:
+with open("crates/engine/testdata/quant_vectors.json", "w") as f:
     json.dump({"blocks": out, "fp8_e4m3": fp8}, f, separators=(",", ":"))
 print("wrote", sum(len(b["dequant"]) for b in out), "elements in", len(out), "vectors")
