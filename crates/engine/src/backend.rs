@@ -84,6 +84,32 @@ pub enum Device {
     Cuda(cuda::Cuda),
 }
 
+/// Reductions over a row of logits where sampling runs, on the host: the best kernels this CPU has (the
+/// sampler's argmax and log-sum-exp; the device hands it its logits rows).
+#[derive(Debug, Clone, Copy)]
+pub struct HostReduce {
+    isa: cpu::Isa,
+}
+
+impl HostReduce {
+    /// The kernels for this machine.
+    pub fn detect() -> Self {
+        HostReduce {
+            isa: cpu::Isa::detect(),
+        }
+    }
+
+    /// Index of the largest value (the first of equals); `None` for an empty row.
+    pub fn argmax(&self, x: &[f32]) -> Option<usize> {
+        cpu::simd::argmax(self.isa, x)
+    }
+
+    /// `ln(sum(exp(x)))`, computed stably.
+    pub fn logsumexp(&self, x: &[f32]) -> f32 {
+        cpu::simd::logsumexp(self.isa, x)
+    }
+}
+
 /// Which device to open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceKind {

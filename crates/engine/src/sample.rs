@@ -10,7 +10,7 @@
 pub mod grammar;
 pub mod guide;
 
-use crate::backend::cpu::simd::{self, Isa};
+use crate::backend::HostReduce;
 use crate::tokenizer::TokenId;
 
 /// Sampling parameters (OpenAI's names where they exist).
@@ -114,7 +114,7 @@ pub struct Sampler {
     rng: Rng,
     cand: Vec<(TokenId, f32)>,
     counts: Vec<u32>,
-    isa: Isa,
+    reduce: HostReduce,
 }
 
 /// How many candidates are sorted before falling back to sorting everything (top-p without top-k).
@@ -139,7 +139,7 @@ impl Sampler {
             rng: Rng::new(seed),
             cand: Vec::with_capacity(vocab),
             counts: vec![0; vocab],
-            isa: Isa::detect(),
+            reduce: HostReduce::detect(),
         }
     }
 
@@ -208,10 +208,10 @@ impl Sampler {
     pub fn pick(&mut self, logits: &[f32]) -> Sampled {
         let p = &self.params;
         // log-softmax normaliser of the processed logits (for logprobs).
-        let lse = simd::logsumexp(self.isa, logits);
+        let lse = self.reduce.logsumexp(logits);
 
         let token = if p.temperature <= 0.0 {
-            simd::argmax(self.isa, logits).unwrap_or(0) as TokenId
+            self.reduce.argmax(logits).unwrap_or(0) as TokenId
         } else {
             self.draw(logits)
         };
