@@ -1064,40 +1064,26 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             };
             account(&st, &out, t0);
             drop(guard);
-            return Ok(Json(wire::TextCompletion {
-                id: &id,
-                object: "text_completion",
+            return Ok(Json(wire::TextCompletion::new(
+                &id,
                 created,
-                model: &model,
-                choices: [wire::TextChoice {
-                    text: &out.content,
-                    index: 0,
-                    logprobs: shape
-                        .logprobs
-                        .then(|| wire::LegacyLogprobs::of(&out.logprobs)),
-                    finish_reason: Some(out.finish.as_str()),
-                }],
-                usage: Some(wire::WireUsage::from(out.usage)),
-            })
+                &model,
+                &out.content,
+                Some(out.finish.as_str()),
+                shape
+                    .logprobs
+                    .then(|| wire::LegacyLogprobs::of(&out.logprobs)),
+                Some(wire::WireUsage::from(out.usage)),
+            ))
             .into_response());
         }
         let body = move |text: &str,
                          finish: Option<&'static str>,
                          logprobs: Option<wire::LegacyLogprobs>,
                          usage: Option<wire::WireUsage>| {
-            sse_json(&wire::TextCompletion {
-                id: &id,
-                object: "text_completion",
-                created,
-                model: &model,
-                choices: [wire::TextChoice {
-                    text,
-                    index: 0,
-                    logprobs,
-                    finish_reason: finish,
-                }],
-                usage,
-            })
+            sse_json(&wire::TextCompletion::new(
+                &id, created, &model, text, finish, logprobs, usage,
+            ))
         };
         let (tx, out_rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
         let st2 = Arc::clone(&st);

@@ -923,8 +923,13 @@ mod tests {
         else {
             panic!("bench spec")
         };
+        // The one default, unless the environment sets it (then for every command alike).
+        let want = std::env::var("THORN_CONTEXT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(opts::DEFAULT_CONTEXT);
         for context in [g.engine.context, s.agent.engine.context, b.engine.context] {
-            assert_eq!(context, opts::DEFAULT_CONTEXT);
+            assert_eq!(context, want);
         }
         // A flag still sets it per command.
         let Cmd::Serve(s) = Cli::try_parse_from(["thorn", "serve", "--context", "2048"])

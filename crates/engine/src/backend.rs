@@ -20,6 +20,7 @@
 //! |---|---|
 //! | [`Device::embed`] | exact dequantization of embedding rows |
 //! | [`Device::rmsnorm_rows`] | RMSNorm of each row |
+//! | [`Device::norm_logit_rows`] | the final norm of the rows whose logits a batch wants (the LM head's input) |
 //! | [`Device::input`] + [`Device::matmul`] | `W·x` over quantized weights; the CPU quantizes the activations to 8 bits per 32 once per input, inside |
 //! | [`Device::matmul_reference`] | the f64-accumulated check path over the stored GGUF rows |
 //! | [`Device::rope`] | rotary embedding, llama.cpp's normal (adjacent pairs) or NeoX (halves, partial) |
@@ -168,11 +169,6 @@ impl Matrix {
     pub fn bytes(&self) -> usize {
         self.q.bytes()
     }
-
-    /// The GGUF type the weights came from.
-    pub fn source(&self) -> GgmlType {
-        self.q.source
-    }
 }
 
 /// Per-forward device buffers (quantized activations, attention partials), reused across calls.
@@ -189,18 +185,6 @@ pub struct Input<'a> {
     n: usize,
     cols: usize,
     qa: &'a QActs,
-}
-
-impl Input<'_> {
-    /// Rows.
-    pub fn len(&self) -> usize {
-        self.n
-    }
-
-    /// Whether there are no rows.
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
-    }
 }
 
 /// A rotary-embedding layout.
@@ -244,14 +228,6 @@ impl Device {
         match self {
             Device::Cpu(c) => c.threads(),
             Device::Cuda(g) => g.never(),
-        }
-    }
-
-    /// The CPU backend, if this is it (kernel benchmarks and tests that pick an ISA).
-    pub fn as_cpu(&self) -> Option<&Cpu> {
-        match self {
-            Device::Cpu(c) => Some(c),
-            Device::Cuda(_) => None,
         }
     }
 
@@ -410,6 +386,34 @@ impl Device {
             }
             Device::Cuda(g) => g.never(),
         }
+    }
+
+    /// The rows of `x` (`d` floats per token of `batch`) whose logits the batch asks for, in batch order,
+    /// RMS-normed with `w` into `out`: the LM head's input. Returns how many rows were written.
+    pub fn norm_logit_rows(
+        &self,
+        x: &[f32],
+        batch: &Batch,
+        w: &[f32],
+        eps: f32,
+        d: usize,
+        out: &mut [f32],
+    ) -> usize {
+        let mut m = 0;
+        for i in 0..batch.seqs.len() {
+            for t in batch.logit_range(i) {
+                self.rmsnorm_rows(
+                    &x[t * d..(t + 1) * d],
+                    w,
+                    eps,
+                    1,
+                    d,
+                    &mut out[m * d..(m + 1) * d],
+                );
+                m += 1;
+            }
+        }
+        m
     }
 
     /// Rotates every head of `x` (heads of `head_dim` floats, back to back) by `angles` (`(cos, sin)` per
@@ -623,30 +627,5 @@ mod tests {
             other => panic!("unexpected: {other:?}"),
         }
         assert!(DeviceKind::Cpu.open(1).unwrap().name().starts_with("cpu/"));
-    }
-
-    #[test]
-    fn matmul_quantizes_inside_and_equals_the_kernel_call() {
-        let dev = Device::cpu(2);
-        let (rows, cols, n) = (48, 64, 3);
-        let f: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
-            .collect();
-        let x: Vec<f32> = (0..n * cols)
-            .map(|i| ((i * 11 % 29) as f32 - 14.0) / 7.0)
-            .collect();
-        let w = dev.matrix_f32(rows, cols, f.clone());
-        let mut ws = Workspace::default();
-        let mut out = Vec::new();
-        let input = dev.input(&x, n, cols, &mut ws);
-        assert_eq!(input.len(), n);
-        dev.matmul(&w, &input, &mut out);
-        assert_eq!(out.len(), n * rows);
-        for t in 0..n {
-            for r in 0..rows {
-                let want: f32 = (0..cols).map(|c| f[r * cols + c] * x[t * cols + c]).sum();
-                assert!((out[t * rows + r] - want).abs() < 1e-3, "{t} {r}");
-            }
-        }
     }
 }

@@ -543,6 +543,33 @@ pub struct TextCompletion<'a> {
     pub usage: Option<WireUsage>,
 }
 
+impl<'a> TextCompletion<'a> {
+    /// A completion (or one streamed chunk of it) with its one choice.
+    pub fn new(
+        id: &'a str,
+        created: u64,
+        model: &'a str,
+        text: &'a str,
+        finish_reason: Option<&'static str>,
+        logprobs: Option<LegacyLogprobs>,
+        usage: Option<WireUsage>,
+    ) -> Self {
+        TextCompletion {
+            id,
+            object: "text_completion",
+            created,
+            model,
+            choices: [TextChoice {
+                text,
+                index: 0,
+                logprobs,
+                finish_reason,
+            }],
+            usage,
+        }
+    }
+}
+
 /// A text completion's choice.
 #[derive(Debug, Serialize)]
 pub struct TextChoice<'a> {

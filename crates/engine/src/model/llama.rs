@@ -439,20 +439,7 @@ impl Llama {
         }
 
         // The rows whose logits were asked for, in batch order.
-        let mut m = 0;
-        for i in 0..batch.seqs.len() {
-            for t in batch.logit_range(i) {
-                dev.rmsnorm_rows(
-                    &s.x[t * d..(t + 1) * d],
-                    &self.out_norm,
-                    c.eps,
-                    1,
-                    d,
-                    &mut s.xb[m * d..(m + 1) * d],
-                );
-                m += 1;
-            }
-        }
+        let m = dev.norm_logit_rows(&s.x, batch, &self.out_norm, c.eps, d, &mut s.xb);
         if m == 0 {
             return Ok(&mut []);
         }

@@ -400,3 +400,26 @@ fn neox_rope_rotates_halves_and_leaves_the_rest() {
     ops::rope_neox(&mut head, &[(0.0, 1.0), (-1.0, 0.0)]);
     assert_eq!(head, vec![-2.0, -1.0, 0.0, -3.0, 4.0, 5.0, 6.0, 7.0]);
 }
+
+#[test]
+fn device_matmul_quantizes_inside_exactly_like_the_kernel_calls() {
+    use crate::backend::{Device, Workspace};
+    let (rows, cols, n) = (40, 256, 3);
+    let bytes = quantize_rows(GgmlType::Q4_1, rows, cols, 11);
+    let x = data(n * cols, 12);
+    // The kernels called by hand: quantize the activations, then the quantized product.
+    let cpu = Cpu::new(2);
+    let w = QMatrix::from_ggml(GgmlType::Q4_1, rows, cols, &bytes).unwrap();
+    let mut qa = QActs::default();
+    cpu.quantize(&x, n, cols, &mut qa);
+    let mut want = vec![0f32; n * rows];
+    cpu.matmul(&w, &qa, &x, &mut want);
+    // The device API: the weights in its layout, the quantization inside `input`.
+    let dev = Device::cpu(2);
+    let m = dev.matrix(GgmlType::Q4_1, rows, cols, &bytes).unwrap();
+    let mut ws = Workspace::default();
+    let mut got = Vec::new();
+    let input = dev.input(&x, n, cols, &mut ws);
+    dev.matmul(&m, &input, &mut got);
+    assert_eq!(got, want);
+}
