@@ -554,7 +554,7 @@ fn bad_requests_get_openai_errors() {
 #[test]
 fn api_keys_and_a_full_queue() {
     let s = start(
-        8192,
+        1024,
         1,
         1,
         ServerConfig {
@@ -589,13 +589,11 @@ fn api_keys_and_a_full_queue() {
     assert_eq!(r.status, 200, "{}", r.body);
 
     // One long generation running, one waiting: the next is refused with 429 and Retry-After. The long
-    // one cannot end early (at least 4000 integers, some 8000 tokens: tens of seconds even on a fast,
-    // idle machine with forced tokens and speculation, against the few milliseconds the next two requests
-    // take), so the queue is still full when the third request comes; both are streamed and dropped
-    // (cancelled) after.
-    let long = json!({"messages": user("Count from one to ten thousand."), "max_tokens": 8000,
+    // one cannot end early (at least 400 integers, some 800 tokens), so the queue is still full when the
+    // third request comes however slow the machine is; both are streamed and dropped (cancelled) after.
+    let long = json!({"messages": user("Count from one to one thousand."), "max_tokens": 950,
         "temperature": 0, "stream": true, "response_format": {"type": "json_schema", "json_schema": {
-            "name": "n", "schema": {"type": "array", "items": {"type": "integer"}, "minItems": 4000}}}})
+            "name": "n", "schema": {"type": "array", "items": {"type": "integer"}, "minItems": 400}}}})
     .to_string();
     let addr = s.addr;
     let first = http_send(addr, "POST", "/v1/chat/completions", &auth, long.as_bytes());
