@@ -68,12 +68,13 @@ fn reference_precision_matches_the_float_reference() {
     {
         let name = p["name"].as_str().unwrap();
         e.reset();
-        e.prefill(&ids(&p["prompt_ids"])).unwrap();
+        let mut s = e.session();
+        s.prefill(&ids(&p["prompt_ids"])).unwrap();
         let want = tensor(
             "smollm2/reference_last_logits.safetensors",
             &format!("last_logits.{name}"),
         );
-        let got = e.logits();
+        let got = s.logits();
         let max_diff = got
             .iter()
             .zip(&want)
@@ -117,8 +118,10 @@ fn quantized_precision_tracks_the_reference_and_llama_cpp() {
     for p in &prompts {
         let name = p["name"].as_str().unwrap();
         e.reset();
-        e.prefill(&ids(&p["prompt_ids"])).unwrap();
-        let ours = log_softmax(e.logits());
+        let mut s = e.session();
+        s.prefill(&ids(&p["prompt_ids"])).unwrap();
+        let ours = log_softmax(s.logits());
+        drop(s);
         let reference = log_softmax(&tensor(
             "smollm2/reference_last_logits.safetensors",
             &format!("last_logits.{name}"),
@@ -286,15 +289,19 @@ fn prefix_reuse_gives_bitwise_identical_logits() {
     });
     for prompt in fixture_prompts() {
         e.reset();
-        assert_eq!(e.prefill(&prompt).unwrap(), 0);
-        let cold = e.logits().to_vec();
+        let cold = {
+            let mut s = e.session();
+            assert_eq!(s.prefill(&prompt).unwrap(), 0);
+            s.logits().to_vec()
+        };
         // Leave a prefix in the cache (ending inside a page), then prefill the whole prompt on top of it.
         for cut in [prompt.len() / 2, prompt.len() - 1] {
             e.reset();
-            e.prefill(&prompt[..cut]).unwrap();
-            let hit = e.prefill(&prompt).unwrap();
+            let mut s = e.session();
+            s.prefill(&prompt[..cut]).unwrap();
+            let hit = s.prefill(&prompt).unwrap();
             assert_eq!(hit, cut, "the cached prefix is reused");
-            assert_eq!(e.logits(), &cold[..], "logits after reusing {cut} tokens");
+            assert_eq!(s.logits(), &cold[..], "logits after reusing {cut} tokens");
         }
     }
 }
@@ -398,9 +405,11 @@ fn fp8_kv_cache_stays_close_to_f32() {
         for prompt in fixture_prompts() {
             f32e.reset();
             e.reset();
-            f32e.prefill(&prompt).unwrap();
-            e.prefill(&prompt).unwrap();
-            let (a, b) = (log_softmax(f32e.logits()), log_softmax(e.logits()));
+            let (mut sa, mut sb) = (f32e.session(), e.session());
+            sa.prefill(&prompt).unwrap();
+            sb.prefill(&prompt).unwrap();
+            let (a, b) = (log_softmax(sa.logits()), log_softmax(sb.logits()));
+            drop((sa, sb));
             // Distance on the tokens that matter: the f32 run's top 10.
             let mut order: Vec<usize> = (0..a.len()).collect();
             order.sort_by(|&i, &j| a[j].total_cmp(&a[i]));

@@ -363,17 +363,18 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
 /// Decodes `answer` after `prompt` the free way: one decode step and one (unmasked) sampling step per token,
 /// as unconstrained generation of that text would. Returns the decode time (the prefill is not counted).
 fn replay(e: &mut Engine, prompt: &[u32], answer: &[u32]) -> Result<Duration> {
-    e.prefill(prompt)?;
     let mut sampler = Sampler::new(SamplingParams::default(), e.model().vocab());
+    let mut s = e.session();
+    s.prefill(prompt)?;
     let mut history = prompt.to_vec();
-    let mut logits = e.logits().to_vec();
+    let mut logits = s.logits().to_vec();
     let t0 = Instant::now();
     for (k, &tok) in answer.iter().enumerate() {
         // The first token comes out of the prefill, as in generate.
         std::hint::black_box(sampler.sample(&mut logits, &history).token);
         history.push(tok);
         if k + 1 < answer.len() {
-            let l = e.step(&[tok])?;
+            let l = s.step(&[tok])?;
             logits.clear();
             logits.extend_from_slice(l);
         }

@@ -79,15 +79,17 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
 
         // Warm-up: one short prefill and a few decode steps (page in weights, spin up the pool).
         e.reset();
-        e.eval(&tokens(64, vocab, 1))?;
+        let mut s = e.session();
+        s.eval(&tokens(64, vocab, 1))?;
         for t in tokens(8, vocab, 2) {
-            e.eval(&[t])?;
+            s.eval(&[t])?;
         }
+        drop(s);
 
         let mut pp_runs = Vec::new();
         for r in 0..reps {
             e.reset();
-            let d = e.eval(&tokens(pp, vocab, 10 + r as u64))?;
+            let d = e.session().eval(&tokens(pp, vocab, 10 + r as u64))?;
             pp_runs.push(pp as f64 / d.as_secs_f64());
         }
         rows.push((format!("pp{pp}"), kv, median(pp_runs.clone()), pp_runs));
@@ -95,12 +97,13 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
             let mut runs = Vec::new();
             for r in 0..reps {
                 e.reset();
+                let mut s = e.session();
                 if depth > 0 {
-                    e.eval(&tokens(depth, vocab, 100 + r as u64))?;
+                    s.eval(&tokens(depth, vocab, 100 + r as u64))?;
                 }
                 let mut total = Duration::ZERO;
                 for t in tokens(tg, vocab, 200 + r as u64) {
-                    total += e.eval(&[t])?;
+                    total += s.eval(&[t])?;
                 }
                 runs.push(tg as f64 / total.as_secs_f64());
             }
@@ -156,9 +159,11 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
     e.reset();
     e.set_profiling(true);
     let mut total = Duration::ZERO;
+    let mut s = e.session();
     for t in tokens(tg, vocab, 300) {
-        total += e.eval(&[t])?;
+        total += s.eval(&[t])?;
     }
+    drop(s);
     let profile = e.profile().cloned().unwrap_or_default();
     e.set_profiling(false);
     let per_token_ms = total.as_secs_f64() * 1e3 / tg as f64;

@@ -1,22 +1,35 @@
 //! The engine: a loaded model with its KV cache, turning prompts into tokens.
 //!
-//! This is the synchronous core that the scheduler wraps. Its KV lives in a paged cache with a radix tree of
-//! cached prefixes ([`crate::kv`]): every request reuses the longest prefix of its tokens that any earlier
-//! request left in memory, so a multi-turn conversation only prefills the new turn, and interleaved
-//! conversations do not evict each other until memory runs short.
+//! Its KV lives in a paged cache with a radix tree of cached prefixes ([`crate::kv`]): every request reuses
+//! the longest prefix of its tokens that any earlier request left in memory, so a multi-turn conversation
+//! only prefills the new turn, and interleaved conversations do not evict each other until memory runs
+//! short.
+//!
+//! There is one step loop. A planner decides what the next forward pass carries ([`StepPlan`]: each
+//! sequence's tokens as a chain or a draft tree, and the logits it wants) and [`Engine::execute`] runs it.
+//! The [`scheduler`] plans for many sequences at once (the server's engine thread, [`service`], and
+//! [`Engine::generate_batch`]); [`Engine::generate_guided`] is the same scheduler with one submission; a
+//! [`Session`] drives one sequence by hand for benchmarks and logit tests. Each sequence's sampling,
+//! grammar, speculation and text live in its [`Decoder`]; every generation ends through one finish path.
 //!
 //! Prompts are prefilled in micro-batches of [`PREFILL_CHUNK`] tokens (weights are read once per batch), then
-//! tokens are decoded one at a time; text is streamed through an incremental detokenizer and a stop-string
-//! buffer that never emits text that might turn out to be part of a stop string.
+//! tokens are decoded; text is streamed through an incremental detokenizer and a stop-string buffer that
+//! never emits text that might turn out to be part of a stop string.
 
 mod decoder;
 pub mod scheduler;
 pub mod service;
+mod session;
+pub mod step;
 mod stop;
 
 pub use decoder::{Decoded, Decoder, GuideSlot};
+pub use session::Session;
+pub use step::{Pass, StepPlan};
 
 pub use stop::StopBuffer;
+
+use scheduler::{Scheduler, SchedulerConfig, Sink};
 
 use crate::backend::{Device, DeviceError, DeviceKind};
 use crate::gguf::{Gguf, GgufError};
@@ -26,7 +39,7 @@ use crate::model::{Model, ModelError, Scratch};
 use crate::sample::grammar::{GrammarError, GrammarFactory};
 use crate::sample::guide::Guide;
 use crate::sample::{Sampled, SamplingParams};
-use crate::spec::{PassShape, SpecConfig, SpecStats, Speculator};
+use crate::spec::{SpecConfig, SpecStats, Speculator};
 use crate::tokenizer::{TokenId, Tokenizer, TokenizerError};
 use std::path::Path;
 use std::sync::Arc;
@@ -106,9 +119,9 @@ pub enum EngineError {
     /// KV memory ran out.
     #[error(transparent)]
     Kv(#[from] KvError),
-    /// A forward pass over a batch failed; every sequence in it ends with this error.
+    /// A forward pass failed; every sequence in its batch ends with this error (shared).
     #[error("forward pass failed: {0}")]
-    Forward(String),
+    Forward(#[source] Arc<ModelError>),
     /// The engine thread could not be started.
     #[error("engine thread: {0}")]
     Spawn(#[source] std::io::Error),
@@ -129,6 +142,18 @@ impl EngineError {
                 | EngineError::Stops
                 | EngineError::ContextFull { .. }
         )
+    }
+}
+
+impl EngineError {
+    /// The error for each other sequence of a pass that failed with this one: a failed forward pass is
+    /// shared as it is; anything else (a bug: the plan reserved its pages) as an internal error.
+    pub(crate) fn shared(&self) -> EngineError {
+        match self {
+            EngineError::Forward(e) => EngineError::Forward(Arc::clone(e)),
+            EngineError::Kv(e) => EngineError::Kv(*e),
+            other => EngineError::Internal(other.to_string()),
+        }
     }
 }
 
@@ -302,24 +327,6 @@ pub struct Generation {
     pub stats: Stats,
 }
 
-/// Lays out a speculating decoder's pass: its pending tokens as a chain, then its tree (whose roots follow
-/// the last pending token).
-pub(crate) fn tree_pass(dec: &Decoder<'_>, tokens: &mut Vec<TokenId>, parents: &mut Vec<u32>) {
-    let p = dec.pending().len() as u32;
-    tokens.clear();
-    parents.clear();
-    tokens.extend_from_slice(dec.pending());
-    tokens.extend_from_slice(dec.tree());
-    parents.extend((0..p).map(|i| if i == 0 { crate::kv::NO_PARENT } else { i - 1 }));
-    parents.extend(dec.tree_parents().iter().map(|&q| {
-        if q == crate::kv::NO_PARENT {
-            p - 1
-        } else {
-            q + p
-        }
-    }));
-}
-
 /// What speculation a model can verify: hybrids verify chains (their recurrent state cannot branch).
 fn fit_speculation(model: &Model, mut cfg: SpecConfig) -> SpecConfig {
     if model.is_hybrid() {
@@ -341,13 +348,7 @@ pub struct Engine {
     context: usize,
     batch: Batch,
     scratch: Scratch,
-    /// The sequence [`Engine::prefill`] / [`Engine::step`] / [`Engine::eval`] extend, and its tokens.
-    current: Option<(SeqKv, Vec<TokenId>)>,
-    logits: Vec<f32>,
     spec: Speculator,
-    /// A tree pass's tokens and parents (reused).
-    pass_tokens: Vec<TokenId>,
-    pass_parents: Vec<u32>,
     /// The recurrent states of a pass's sequences, moved out of them for the forward pass (hybrids).
     states: Vec<Recurrent>,
     /// The one-token batch of an MTP draft.
@@ -428,11 +429,7 @@ impl Engine {
             kv,
             batch: Batch::default(),
             scratch: Scratch::default(),
-            current: None,
-            logits: Vec::new(),
             spec,
-            pass_tokens: Vec::new(),
-            pass_parents: Vec::new(),
             states: Vec::new(),
             mtp_batch: Batch::default(),
             model,
@@ -535,29 +532,35 @@ impl Engine {
         if ctx.is_empty() {
             return Ok(());
         }
-        let mut seq = self.kv.acquire(&[]);
+        let mut seq = Some(self.kv.acquire(&[]));
+        let (mut plan, mut logits) = (StepPlan::default(), Vec::new());
         let mut times = [[0f64; 3]; SIZES.len()];
         let res = (|| {
-            self.run_seq(&mut seq, &ctx, Logits::None)?;
-            let start = seq.len();
+            self.run_alone(&mut plan, &mut seq, &ctx, Logits::None, &mut logits)?;
+            let s = seq.as_ref().expect("the scratch sequence");
+            let start = s.len();
             // A recurrent state cannot be cut back: each timed pass starts from a copy.
-            let saved = seq.rec.clone();
+            let saved = s.rec.clone();
             // A warm-up round, then three timed ones; the median of each size is kept.
             for rep in 0..4 {
                 for (i, n) in SIZES.into_iter().enumerate() {
                     let toks = &ctx[..n.min(ctx.len())];
                     let t = Instant::now();
-                    self.run_seq(&mut seq, toks, Logits::Tail(toks.len()))?;
+                    let want = Logits::Tail(toks.len());
+                    self.run_alone(&mut plan, &mut seq, toks, want, &mut logits)?;
                     if rep > 0 {
                         times[i][rep - 1] = t.elapsed().as_secs_f64();
                     }
-                    seq.rec.clone_from(&saved);
-                    self.kv.truncate(&mut seq, start);
+                    let s = seq.as_mut().expect("the scratch sequence");
+                    s.rec.clone_from(&saved);
+                    self.kv.truncate(s, start);
                 }
             }
             Ok(())
         })();
-        self.kv.release(seq, None);
+        if let Some(seq) = seq {
+            self.kv.release(seq, None);
+        }
         for (i, n) in SIZES.into_iter().enumerate() {
             let mut t = times[i];
             t.sort_by(f64::total_cmp);
@@ -576,74 +579,14 @@ impl Engine {
         self.scratch.llama.profile.as_ref()
     }
 
-    /// Drops the KV cache contents: the current sequence and every cached prefix.
+    /// Drops every cached prefix.
     pub fn reset(&mut self) {
-        if let Some((seq, _)) = self.current.take() {
-            self.kv.release(seq, None);
-        }
         self.kv.clear();
     }
 
     /// Throws the KV cache away and starts a fresh one (after a panic left its state unknown).
     pub fn rebuild_kv(&mut self) {
-        self.current = None;
         self.kv = KvCache::new(self.model.kv_shape(), *self.kv.config());
-    }
-
-    /// Ends the current sequence, leaving its tokens in the prefix cache.
-    fn finish_current(&mut self) {
-        if let Some((seq, tokens)) = self.current.take() {
-            self.kv.release(seq, Some(&tokens));
-        }
-    }
-
-    /// Makes a sequence hold `prompt` (reusing the longest cached prefix) and leaves the last position's
-    /// logits in `self.logits`. Returns how many prompt tokens were reused from the cache. The sequence stays
-    /// current for [`Engine::step`].
-    pub fn prefill(&mut self, prompt: &[TokenId]) -> Result<usize, EngineError> {
-        if prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if prompt.len() >= self.context {
-            return Err(EngineError::PromptTooLong {
-                prompt: prompt.len(),
-                context: self.context,
-            });
-        }
-        self.finish_current();
-        let mut seq = self.kv.acquire(prompt);
-        let hit = seq.len();
-        let mut pos = hit;
-        while pos < prompt.len() {
-            // Chunks end where a hybrid model snapshots its state.
-            let end = self
-                .kv
-                .chunk_end(&seq, prompt, pos, (pos + PREFILL_CHUNK).min(prompt.len()));
-            let want = if end == prompt.len() {
-                Logits::Last
-            } else {
-                Logits::None
-            };
-            if let Err(e) = self.run_seq(&mut seq, &prompt[pos..end], want) {
-                // Keep what was computed cached: a retry (or the next turn) resumes from there.
-                let done = seq.len();
-                self.kv.release(seq, Some(&prompt[..done]));
-                return Err(e);
-            }
-            if end < prompt.len() && self.kv.snapshot_point(&seq, prompt, end) {
-                self.kv.snapshot(&seq, prompt);
-            }
-            pos = end;
-        }
-        // The end of every prompt is a snapshot point (the next request often re-renders what follows).
-        self.kv.snapshot(&seq, prompt);
-        self.current = Some((seq, prompt.to_vec()));
-        Ok(hit)
-    }
-
-    /// The logits after the last prefill or step.
-    pub fn logits(&self) -> &[f32] {
-        &self.logits
     }
 
     /// Generates for `req`, calling `on_text` with each piece of text as soon as it is final.
@@ -670,76 +613,23 @@ impl Engine {
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, EngineError> {
         self.check_request(req)?;
-        let vocab = self.model.vocab();
-        let t0 = Instant::now();
-        let cached_tokens = self.prefill(&req.prompt)?;
-        let prefill = t0.elapsed();
-        let t1 = Instant::now();
-        let (mut seq, _) = self.current.take().expect("prefill leaves a sequence");
-        let slot = match guide {
-            Some(g) => GuideSlot::Borrowed(g),
-            None => GuideSlot::None,
-        };
-        let mut dec = Decoder::new(req.clone(), slot, vocab, self.context);
-        let mut run = || -> Result<(), EngineError> {
-            // Where the tree in flight starts.
-            let mut tree: Option<usize> = None;
-            loop {
-                match tree.take() {
-                    None => dec.advance(&mut self.logits[..vocab], &self.tokenizer, on_text)?,
-                    Some(start) => {
-                        dec.advance_tree(
-                            &mut self.logits,
-                            vocab,
-                            &self.tokenizer,
-                            on_text,
-                            &mut self.spec,
-                        )?;
-                        self.kv.keep_path(&mut seq, start, dec.accepted());
-                    }
-                }
-                if dec.is_done() {
-                    return Ok(());
-                }
-                let p = dec.pending().len();
-                let shape = PassShape {
-                    base: p,
-                    decisions: 1.0,
-                    room: self.context.saturating_sub(seq.len() + p),
-                };
-                if dec.wants_draft() && dec.pending().len() == 1 {
-                    self.mtp_propose(&mut seq, dec.pending()[0]);
-                }
-                dec.draft(&mut self.spec, &self.tokenizer, shape)?;
-                if dec.tree().is_empty() {
-                    self.run_seq(&mut seq, dec.pending(), Logits::Last)?;
-                } else {
-                    let start = seq.len() + p;
-                    let n = dec.tree().len();
-                    tree_pass(&dec, &mut self.pass_tokens, &mut self.pass_parents);
-                    let (toks, parents) = (
-                        std::mem::take(&mut self.pass_tokens),
-                        std::mem::take(&mut self.pass_parents),
-                    );
-                    let r = self.run_pass(&mut seq, &toks, Some(&parents), Logits::Tail(n + 1));
-                    (self.pass_tokens, self.pass_parents) = (toks, parents);
-                    r?;
-                    tree = Some(start);
-                }
-                dec.ran_pending();
+        let mut result = None;
+        {
+            let mut sched = Scheduler::new(SchedulerConfig {
+                max_batch: 1,
+                step_tokens: PREFILL_CHUNK,
+            });
+            let slot = guide.map_or(GuideSlot::None, GuideSlot::Borrowed);
+            let sink = Box::new(Lone {
+                on_text,
+                result: &mut result,
+            });
+            sched.enqueue(self, req.clone(), slot, sink);
+            while !sched.is_idle() {
+                sched.step(self);
             }
-        };
-        let res = run();
-        // What the cache holds is valid whether or not generation succeeded.
-        self.release_sequence(seq, &dec);
-        res?;
-        let timing = Timing {
-            cached_tokens,
-            first_token: Some(t1),
-            prefill,
-            decode: t1.elapsed(),
-        };
-        Ok(self.finish_sequence(dec, on_text, timing))
+        }
+        result.unwrap_or_else(|| Err(EngineError::Internal("the sequence never finished".into())))
     }
 
     /// Returns a sequence's KV to the cache when its generation ends (finished or failed): what it holds
@@ -790,14 +680,12 @@ impl Engine {
     }
 
     /// Asks the model's MTP head (if any, and speculation is on) for the token after `next`, the token
-    /// about to run at `seq`'s next position; its top candidates join the coming draft. A failure only
-    /// means no candidates this step.
+    /// about to run at `seq`'s next position; its top candidates go to the speculator's
+    /// [`crate::spec::draft::HeadDrafter`], which proposes them in the coming draft like any other source.
+    /// A failure only means no candidates this step.
     pub(crate) fn mtp_propose(&mut self, seq: &mut SeqKv, next: TokenId) {
         const TOP: usize = 2;
-        let Model::Qwen35(m) = &self.model else {
-            return;
-        };
-        if !m.has_mtp() || !self.spec.cfg.enabled {
+        if !self.model.has_mtp() || !self.spec.cfg.enabled {
             return;
         }
         if self.kv.reserve(seq, seq.len() + 1).is_err() {
@@ -805,14 +693,15 @@ impl Engine {
         }
         self.mtp_batch.clear();
         self.mtp_batch.push(seq, &[next], Logits::Last);
-        let logits = match m.mtp_draft(
+        let logits = match self.model.mtp_draft(
             &self.device,
             self.kv.pool_mut(),
             &mut self.mtp_batch,
             std::slice::from_ref(&seq.rec),
-            &mut self.scratch.qwen35,
+            &mut self.scratch,
         ) {
-            Ok(l) => l,
+            Ok(l) if !l.is_empty() => l,
+            Ok(_) => return,
             Err(e) => {
                 tracing::debug!("MTP draft failed: {e}");
                 return;
@@ -829,101 +718,23 @@ impl Engine {
             }
         }
         self.spec
-            .set_model_drafts(top.iter().map(|&(t, l)| (t, (l - max).exp() / sum)));
+            .set_head(top.iter().map(|&(t, l)| (t, (l - max).exp() / sum)));
+    }
+}
+
+/// The sink of a lone generation ([`Engine::generate_guided`]): text to the caller's callback, the result
+/// into the caller's slot.
+struct Lone<'a> {
+    on_text: &'a mut dyn FnMut(&str),
+    result: &'a mut Option<Result<Generation, EngineError>>,
+}
+
+impl Sink for Lone<'_> {
+    fn text(&mut self, text: &str) {
+        (self.on_text)(text);
     }
 
-    /// Reserves pages for `tokens` after `seq`'s positions, runs them as a one-sequence batch and marks them
-    /// written; the logits asked for are left in `self.logits`.
-    fn run_seq(
-        &mut self,
-        seq: &mut SeqKv,
-        tokens: &[TokenId],
-        want: Logits,
-    ) -> Result<(), EngineError> {
-        // A long run (a grammar-forced `const`) goes through in prefill-sized passes, so one pass never
-        // holds more than a micro-batch of activations.
-        let mut rest = tokens;
-        if want == Logits::Last {
-            while rest.len() > PREFILL_CHUNK {
-                let (head, tail) = rest.split_at(PREFILL_CHUNK);
-                self.run_pass(seq, head, None, Logits::None)?;
-                rest = tail;
-            }
-        }
-        self.run_pass(seq, rest, None, want)
-    }
-
-    /// [`Engine::run_seq`] for a chain (`parents: None`) or a token tree ([`Batch::push_tree`]). Every pass
-    /// is timed for the speculation cost model.
-    fn run_pass(
-        &mut self,
-        seq: &mut SeqKv,
-        tokens: &[TokenId],
-        parents: Option<&[u32]>,
-        want: Logits,
-    ) -> Result<(), EngineError> {
-        self.kv.reserve(seq, seq.len() + tokens.len())?;
-        self.batch.clear();
-        match parents {
-            Some(p) => self.batch.push_tree(seq, tokens, p, want),
-            None => self.batch.push(seq, tokens, want),
-        }
-        let t = Instant::now();
-        self.states.clear();
-        self.states.push(std::mem::take(&mut seq.rec));
-        let out = self.model.forward(
-            &self.device,
-            self.kv.pool_mut(),
-            &self.batch,
-            &mut self.states,
-            &mut self.scratch,
-        );
-        seq.rec = self.states.pop().unwrap_or_default();
-        let out = out?;
-        if want != Logits::None {
-            self.logits.clear();
-            self.logits.extend_from_slice(out);
-        }
-        self.spec
-            .cost
-            .observe(tokens.len(), t.elapsed().as_secs_f64());
-        seq.advance(tokens.len());
-        self.kv.count_computed(tokens.len());
-        Ok(())
-    }
-
-    /// Runs `tokens` (appended to the current sequence) through the model and returns the last position's
-    /// logits, as one decode step does (benchmarks replay a fixed text this way).
-    pub fn step(&mut self, tokens: &[TokenId]) -> Result<&mut [f32], EngineError> {
-        let (mut seq, mut toks) = match self.current.take() {
-            Some(c) => c,
-            None => (self.kv.acquire(&[]), Vec::new()),
-        };
-        if seq.len() + tokens.len() > self.context {
-            let e = EngineError::ContextFull {
-                len: seq.len(),
-                add: tokens.len(),
-                context: self.context,
-            };
-            self.current = Some((seq, toks));
-            return Err(e);
-        }
-        if let Err(e) = self.run_seq(&mut seq, tokens, Logits::Last) {
-            self.current = Some((seq, toks));
-            return Err(e);
-        }
-        toks.extend_from_slice(tokens);
-        self.current = Some((seq, toks));
-        Ok(&mut self.logits)
-    }
-
-    /// Runs `tokens` through the model without sampling (benchmarks), appended to the current sequence:
-    /// returns the time the forward passes took.
-    pub fn eval(&mut self, tokens: &[TokenId]) -> Result<Duration, EngineError> {
-        let t = Instant::now();
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            self.step(chunk)?;
-        }
-        Ok(t.elapsed())
+    fn done(self: Box<Self>, result: Result<Generation, EngineError>) {
+        *self.result = Some(result);
     }
 }

@@ -90,6 +90,27 @@ impl Model {
         }
     }
 
+    /// Whether the model has a multi-token-prediction head (it drafts the token after the next).
+    pub fn has_mtp(&self) -> bool {
+        matches!(self, Model::Qwen35(m) if m.has_mtp())
+    }
+
+    /// The MTP head's logits for the token after `batch`'s one token per sequence (`vocab` per sequence;
+    /// none for a model without a head). See [`qwen35::Qwen35::mtp_draft`].
+    pub fn mtp_draft<'s>(
+        &self,
+        dev: &Device,
+        pool: &mut PagePool,
+        batch: &mut Batch,
+        states: &[Recurrent],
+        s: &'s mut Scratch,
+    ) -> Result<&'s mut [f32], ModelError> {
+        match self {
+            Model::Llama(_) => Ok(&mut []),
+            Model::Qwen35(m) => m.mtp_draft(dev, pool, batch, states, &mut s.qwen35),
+        }
+    }
+
     /// Runs `batch`; `states` holds one recurrent state per sequence for hybrids (ignored otherwise).
     pub fn forward<'s>(
         &self,

@@ -37,7 +37,7 @@ pub mod suffix;
 use crate::sample::grammar::Mask;
 use crate::sample::grammar::{Constraint, GrammarError};
 use crate::tokenizer::{TokenId, Tokenizer};
-use draft::{CLASSES, DraftContext, Drafter, GRAMMAR_CLASS, MODEL_CLASS, Proposals};
+use draft::{CLASSES, DraftContext, Drafter, GRAMMAR_CLASS, HeadDrafter, MODEL_CLASS, Proposals};
 use std::collections::BinaryHeap;
 use suffix::{SuffixDrafter, SuffixStore};
 
@@ -724,11 +724,11 @@ pub struct Speculator {
     pub stats: SpecStats,
     props: Proposals,
     builder: Builder,
-    /// Drafters besides the suffix drafter and the store.
+    /// Drafters after the request's suffix drafter and the store: the model head's first.
     drafters: Vec<Box<dyn Drafter>>,
-    /// The model's own next-token candidates for this draft (an MTP head's top tokens with their
-    /// probabilities), set by the engine right before [`Speculator::draft`] and used once.
-    model_drafts: Vec<(TokenId, f32)>,
+    /// The model head's candidates for this draft ([`DraftContext::head`]), set by the engine right before
+    /// [`Speculator::draft`] and used once.
+    head: Vec<(TokenId, f32)>,
 }
 
 impl Speculator {
@@ -742,21 +742,21 @@ impl Speculator {
             stats: SpecStats::default(),
             props: Proposals::default(),
             builder: Builder::default(),
-            drafters: Vec::new(),
-            model_drafts: Vec::new(),
+            drafters: vec![Box::new(HeadDrafter)],
+            head: Vec::new(),
         }
     }
 
-    /// Sets the model's candidates for the next token of the coming draft (`(token, probability)`, an MTP
-    /// head's top tokens); they join that draft's proposals with a share of its weight equal to their
-    /// probability, and are forgotten after it.
-    pub fn set_model_drafts(&mut self, drafts: impl IntoIterator<Item = (TokenId, f32)>) {
-        self.model_drafts.clear();
-        self.model_drafts.extend(drafts);
+    /// Sets the model head's candidates for the token after the pending one in the coming draft
+    /// (`(token, probability)`, an MTP head's top tokens): [`HeadDrafter`] proposes them, and they are
+    /// forgotten after that draft.
+    pub fn set_head(&mut self, candidates: impl IntoIterator<Item = (TokenId, f32)>) {
+        self.head.clear();
+        self.head.extend(candidates);
     }
 
-    /// Adds a drafter whose proposals join every tree (an MTP head, a draft model); its weights share the
-    /// trie with the suffix drafter's.
+    /// Adds a drafter whose proposals join every tree (a draft model, a domain's table); its weights share
+    /// the trie with the suffix drafter's and the store's.
     pub fn add_drafter(&mut self, d: Box<dyn Drafter>) {
         self.drafters.push(d);
     }
@@ -774,26 +774,23 @@ impl Speculator {
     ) -> Result<(), GrammarError> {
         tree.clear();
         if !self.cfg.enabled {
-            self.model_drafts.clear();
+            self.head.clear();
             return Ok(());
         }
         self.props.clear();
         let ctx = DraftContext {
             history,
-            hidden: None,
+            head: &self.head,
             tokenizer: tok,
             max_depth: self.cfg.max_depth,
         };
         drafter.propose(&ctx, &mut self.props);
+        self.store
+            .propose(drafter.bytes(), tok, self.cfg.max_depth, &mut self.props);
         for d in &mut self.drafters {
             d.propose(&ctx, &mut self.props);
         }
-        self.store
-            .propose(drafter.bytes(), tok, self.cfg.max_depth, &mut self.props);
-        let base = self.props.get(0).weight.max(1.0);
-        for (t, p) in self.model_drafts.drain(..) {
-            self.props.add(&[t], p * base, MODEL_CLASS);
-        }
+        self.head.clear();
         self.builder.build(
             &self.props,
             grammar,

@@ -192,7 +192,13 @@ mod tests {
         assert_eq!(status_of(EngineError::Stops).0, bad);
         // A failed forward pass, a lost thread or a broken file is ours, whatever request it met.
         let ours = StatusCode::INTERNAL_SERVER_ERROR;
-        assert_eq!(status_of(EngineError::Forward("nan".into())).0, ours);
+        assert_eq!(
+            status_of(EngineError::Forward(std::sync::Arc::new(
+                thorn_engine::model::ModelError::Unsupported("nan".into())
+            )))
+            .0,
+            ours
+        );
         assert_eq!(status_of(EngineError::Internal("bug".into())).0, ours);
         assert_eq!(
             status_of(EngineError::VocabMismatch {

@@ -13,6 +13,7 @@
 //! was evicted and carries on. Memory pressure slows requests down; it never fails or drops one.
 
 use super::decoder::{Decoder, GuideSlot};
+use super::step::{Pass, StepPlan};
 use super::{Engine, EngineError, Generation, Request, Timing};
 use crate::kv::{KvError, Logits, SeqKv};
 use crate::sample::guide::Guide;
@@ -37,8 +38,8 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// Where a sequence's text and result go.
-pub trait Sink: Send {
+/// Where a sequence's text and result go (called on the engine's thread).
+pub trait Sink {
     /// A piece of text that is final.
     fn text(&mut self, text: &str);
     /// The end: the whole generation, or why it failed.
@@ -63,9 +64,9 @@ impl std::fmt::Debug for Submission {
     }
 }
 
-struct Active {
-    dec: Decoder<'static>,
-    sink: Box<dyn Sink>,
+struct Active<'a> {
+    dec: Decoder<'a>,
+    sink: Box<dyn Sink + 'a>,
     seq: Option<SeqKv>,
     /// Prompt tokens served from cache at the first admission.
     cached: Option<usize>,
@@ -91,18 +92,21 @@ pub struct SchedulerStats {
     pub max_step_tokens: u64,
 }
 
-/// The batch scheduler; runs on the engine's thread.
+/// The batch scheduler; runs on the engine's thread. `'a` bounds what its sequences borrow (a lone
+/// generation's guide and callback); the server's scheduler owns everything (`'static`).
 #[derive(Default)]
-pub struct Scheduler {
+pub struct Scheduler<'a> {
     cfg: SchedulerConfig,
-    waiting: VecDeque<Active>,
-    running: Vec<Active>,
+    waiting: VecDeque<Active<'a>>,
+    running: Vec<Active<'a>>,
     stats: SchedulerStats,
     /// Per step: (running index, tokens in the batch, logits wanted).
     plan: Vec<(usize, usize, Logits)>,
+    /// The planned step handed to the engine (its sequences moved in for the pass).
+    step: StepPlan,
 }
 
-impl std::fmt::Debug for Scheduler {
+impl std::fmt::Debug for Scheduler<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scheduler")
             .field("waiting", &self.waiting.len())
@@ -112,7 +116,7 @@ impl std::fmt::Debug for Scheduler {
     }
 }
 
-impl Scheduler {
+impl<'a> Scheduler<'a> {
     /// An idle scheduler.
     pub fn new(cfg: SchedulerConfig) -> Self {
         Scheduler {
@@ -151,14 +155,25 @@ impl Scheduler {
             guide,
             sink,
         } = sub;
-        if let Err(e) = engine.check_request(&request) {
-            sink.done(Err(e));
-            return;
-        }
         let slot = match guide {
             Some(g) => GuideSlot::Owned(g),
             None => GuideSlot::None,
         };
+        self.enqueue(engine, request, slot, sink);
+    }
+
+    /// [`Scheduler::submit`] for a request whose guide and sink may borrow from the caller.
+    pub(crate) fn enqueue(
+        &mut self,
+        engine: &Engine,
+        request: Request,
+        slot: GuideSlot<'a>,
+        sink: Box<dyn Sink + 'a>,
+    ) {
+        if let Err(e) = engine.check_request(&request) {
+            sink.done(Err(e));
+            return;
+        }
         let dec = Decoder::new(request, slot, engine.model.vocab(), engine.context);
         self.waiting.push_back(Active {
             dec,
@@ -205,77 +220,59 @@ impl Scheduler {
         }
         self.stats.steps += 1;
         self.stats.batched_sequences += self.plan.len() as u64;
-        engine.batch.clear();
-        engine.states.clear();
+        // Move the planned sequences into the step: decodes (with their trees) and prompt chunks.
+        self.step.clear();
         for &(i, n, want) in &self.plan {
             let a = &mut self.running[i];
-            let seq = a.seq.as_mut().expect("running sequences hold KV");
-            // Hybrid models' recurrent states travel with the batch (moved, not copied).
-            engine.states.push(std::mem::take(&mut seq.rec));
-            let from = seq.len();
+            let seq = a.seq.take().expect("running sequences hold KV");
             if let Logits::Tail(_) = want {
-                // A decode with a draft tree.
-                super::tree_pass(&a.dec, &mut engine.pass_tokens, &mut engine.pass_parents);
-                engine
-                    .batch
-                    .push_tree(seq, &engine.pass_tokens, &engine.pass_parents, want);
+                let d = &a.dec;
+                self.step
+                    .push_tree(i, seq, d.pending(), d.tree(), d.tree_parents(), want);
             } else {
-                engine
-                    .batch
-                    .push(seq, &a.dec.history()[from..from + n], want);
+                let from = seq.len();
+                self.step
+                    .push(i, seq, &a.dec.history()[from..from + n], want);
             }
         }
-        let Engine {
-            device,
-            model,
-            kv,
-            batch,
-            scratch,
-            tokenizer,
-            spec,
-            states,
-            ..
-        } = engine;
-        self.stats.max_step_tokens = self.stats.max_step_tokens.max(batch.len() as u64);
-        let t0 = Instant::now();
-        let forward = model.forward(device, kv.pool_mut(), batch, states, scratch);
-        spec.cost.observe(batch.len(), t0.elapsed().as_secs_f64());
-        for (&(i, _, _), st) in self.plan.iter().zip(states.drain(..)) {
-            if let Some(seq) = self.running[i].seq.as_mut() {
-                seq.rec = st;
-            }
-        }
-        let out = match forward {
-            Ok(o) => o,
+        self.stats.max_step_tokens = self.stats.max_step_tokens.max(self.step.tokens() as u64);
+        let pass = match engine.execute(&mut self.step) {
+            Ok(p) => p,
             Err(e) => {
-                let msg = e.to_string();
-                let plan = std::mem::take(&mut self.plan);
-                let mut idx: Vec<usize> = plan.iter().map(|p| p.0).collect();
+                for (i, seq, _, _) in self.step.drain() {
+                    self.running[i].seq = Some(seq);
+                }
+                let mut idx: Vec<usize> = self.plan.drain(..).map(|p| p.0).collect();
                 idx.sort_unstable_by(|a, b| b.cmp(a));
                 for i in idx {
                     let a = self.running.remove(i);
-                    self.finish(engine, a, Some(EngineError::Forward(msg.clone())));
+                    self.finish(engine, a, Some(e.shared()));
                 }
                 return true;
             }
         };
-        let vocab = model.vocab();
+        let Pass {
+            logits: out,
+            kv,
+            tokenizer,
+            spec,
+            vocab,
+        } = pass;
         let mut row = 0;
         let now = Instant::now();
         let mut done = Vec::new();
-        for &(i, n, want) in &self.plan {
+        for (i, mut seq, n, want) in self.step.drain() {
             let a = &mut self.running[i];
-            let seq = a.seq.as_mut().expect("running sequences hold KV");
-            let start = seq.len();
-            seq.advance(n);
-            kv.count_computed(n);
+            // The pass advanced it past its `n` tokens.
+            let start = seq.len() - n;
             let k = match want {
                 Logits::None => {
                     // A prefill chunk that ended where a hybrid model keeps a snapshot.
                     let hist = a.dec.history();
-                    if kv.snapshot_point(seq, hist, seq.len()) {
-                        kv.snapshot(seq, hist);
+                    if kv.snapshot_point(&seq, hist, seq.len()) {
+                        kv.snapshot(&seq, hist);
                     }
+                    a.seq = Some(seq);
                     continue;
                 }
                 Logits::Last => 1,
@@ -289,7 +286,7 @@ impl Scheduler {
             }
             if a.first.is_none() {
                 // The prompt is in: share its full pages with requests that arrive while this one runs.
-                kv.commit(seq, &a.dec.history()[..seq.len()]);
+                kv.commit(&seq, &a.dec.history()[..seq.len()]);
                 a.first = Some(now);
             }
             let sink = &mut a.sink;
@@ -298,11 +295,12 @@ impl Scheduler {
                     .dec
                     .advance_tree(logits, vocab, tokenizer, &mut |t| sink.text(t), spec);
                 // Keep the accepted path of the tree, stored after the pending tokens.
-                kv.keep_path(seq, start + n - (k - 1), a.dec.accepted());
+                kv.keep_path(&mut seq, start + n - (k - 1), a.dec.accepted());
                 r
             } else {
                 a.dec.advance(logits, tokenizer, &mut |t| sink.text(t))
             };
+            a.seq = Some(seq);
             if let Err(e) = res {
                 done.push((i, Some(e)));
             } else if a.dec.is_done() {
@@ -494,7 +492,7 @@ impl Scheduler {
     }
 
     /// Ends a sequence: its KV goes to the prefix cache and its sink gets the result.
-    fn finish(&mut self, engine: &mut Engine, a: Active, err: Option<EngineError>) {
+    fn finish(&mut self, engine: &mut Engine, a: Active<'a>, err: Option<EngineError>) {
         let Active {
             dec,
             mut sink,
@@ -596,7 +594,6 @@ impl Engine {
         Vec<(String, Result<Generation, EngineError>)>,
         SchedulerStats,
     ) {
-        self.finish_current();
         let mut sched = Scheduler::new(cfg);
         let outs: Vec<SharedCollect> = subs.iter().map(|_| SharedCollect::default()).collect();
         for ((request, guide), out) in subs.into_iter().zip(&outs) {

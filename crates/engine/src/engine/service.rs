@@ -114,10 +114,13 @@ impl EngineService {
                         .into_iter()
                         .chain(std::iter::from_fn(|| rx.try_recv().ok()))
                     {
-                        sh.queued.fetch_sub(1, Ordering::SeqCst);
+                        // Work is counted where it goes before it stops counting as queued, so
+                        // `waiting` never dips below the truth while it moves (a refusal at capacity
+                        // then never lets one more in).
                         match work {
                             Work::Job(job) => {
                                 sh.running.fetch_add(1, Ordering::SeqCst);
+                                sh.queued.fetch_sub(1, Ordering::SeqCst);
                                 // A panicking job must not take the engine down with it; its caller sees
                                 // its channel close and reports an internal error.
                                 let r = catch_unwind(AssertUnwindSafe(|| job(&mut engine)));
@@ -131,6 +134,8 @@ impl EngineService {
                                 if let Some(Some(sub)) = panicked(r, "preparing a generation") {
                                     sched.submit(&engine, sub);
                                 }
+                                sh.pending.store(sched.waiting(), Ordering::SeqCst);
+                                sh.queued.fetch_sub(1, Ordering::SeqCst);
                             }
                         }
                     }

@@ -10,9 +10,11 @@
 //! * Grammar-forced tokens are not proposed here: the tree builder appends the run the grammar forces after
 //!   every drafted token, at probability 1 given that token; and where nothing is proposed but the grammar
 //!   allows only a few tokens, the builder drafts them as siblings ([`GRAMMAR_CLASS`]).
-//! * A model with a multi-token-prediction head drafts through the same trait: its
-//!   [`DraftContext::hidden`] is the last position's hidden state, and its top-k per depth become weighted
-//!   paths.
+//! * [`HeadDrafter`]: a model's multi-token-prediction head, through the same trait. Running the head needs
+//!   the device and its own KV, so the engine runs it right before the draft and hands its top candidates
+//!   for the token after the pending one in [`DraftContext::head`]; the drafter turns them into weighted
+//!   paths like any other source. Every [`super::Speculator`] has one (it proposes nothing for a model
+//!   without a head).
 
 use crate::tokenizer::{TokenId, Tokenizer};
 
@@ -21,9 +23,9 @@ use crate::tokenizer::{TokenId, Tokenizer};
 pub struct DraftContext<'a> {
     /// Prompt and tokens chosen so far (the draft continues after the last one).
     pub history: &'a [TokenId],
-    /// The last position's final hidden state, for drafters that read the model (MTP heads); `None` when
-    /// the engine does not keep it.
-    pub hidden: Option<&'a [f32]>,
+    /// The model head's candidates for the token after the pending one, with their probabilities (an MTP
+    /// head's top tokens), computed for this draft; empty when the model has no head or it failed.
+    pub head: &'a [(TokenId, f32)],
     /// The model's tokenizer.
     pub tokenizer: &'a Tokenizer,
     /// Deepest useful path.
@@ -34,6 +36,22 @@ pub struct DraftContext<'a> {
 pub trait Drafter: Send + std::fmt::Debug {
     /// Adds continuations of `ctx.history` to `out`.
     fn propose(&mut self, ctx: &DraftContext<'_>, out: &mut Proposals);
+}
+
+/// Drafts what the model's own head predicts: each candidate a one-token path whose weight is its
+/// probability times the weight the other sources gave the root, so an MTP guess counts as much as a
+/// suffix match in proportion to the head's confidence; its acceptance is calibrated as [`MODEL_CLASS`].
+/// It must run after the other sources (it reads their total weight).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HeadDrafter;
+
+impl Drafter for HeadDrafter {
+    fn propose(&mut self, ctx: &DraftContext<'_>, out: &mut Proposals) {
+        let base = out.get(0).weight.max(1.0);
+        for &(t, p) in ctx.head {
+            out.add(&[t], p * base, MODEL_CLASS);
+        }
+    }
 }
 
 /// Evidence classes of suffix matches (by match length).
@@ -171,5 +189,39 @@ mod tests {
         assert!(p.child(0, 2).is_none());
         p.clear();
         assert!(p.is_empty());
+    }
+
+    #[test]
+    fn the_head_drafter_weighs_its_candidates_by_the_others_evidence() {
+        use crate::tokenizer::TokenKind;
+        let tokens: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let tok = Tokenizer::new(tokens, vec![TokenKind::Normal; 3], &[], "gpt2").unwrap();
+        let head = [(2, 0.75), (1, 0.25)];
+        let ctx = DraftContext {
+            history: &[0],
+            head: &head,
+            tokenizer: &tok,
+            max_depth: 4,
+        };
+        // The other sources gave the root a weight of 4: the head's candidates share it by probability.
+        let mut p = Proposals::default();
+        p.add(&[1, 2], 4.0, 3);
+        HeadDrafter.propose(&ctx, &mut p);
+        let c2 = p.child(0, 2).unwrap();
+        assert_eq!((p.get(c2).weight, p.get(c2).class), (3.0, MODEL_CLASS));
+        let c1 = p.child(0, 1).unwrap();
+        assert_eq!(
+            p.get(c1).weight,
+            5.0,
+            "agreement with a suffix match adds up"
+        );
+        assert_eq!(p.get(c1).class, MODEL_CLASS, "the strongest class wins");
+        // Alone, a candidate counts its probability (the root weight floors at 1); no head, no proposal.
+        let mut alone = Proposals::default();
+        HeadDrafter.propose(&ctx, &mut alone);
+        assert_eq!(alone.get(alone.child(0, 2).unwrap()).weight, 0.75);
+        let mut none = Proposals::default();
+        HeadDrafter.propose(&DraftContext { head: &[], ..ctx }, &mut none);
+        assert!(none.is_empty());
     }
 }
