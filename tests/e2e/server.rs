@@ -596,21 +596,28 @@ fn api_keys_and_a_full_queue() {
             "name": "n", "schema": {"type": "array", "items": {"type": "integer"}, "minItems": 400}}}})
     .to_string();
     let addr = s.addr;
-    let first = http_send(addr, "POST", "/v1/chat/completions", &auth, long.as_bytes());
-    let busy = |addr| {
+    let health = |addr| {
         let h = http(addr, "GET", "/health", &[], b"").json();
         (h["busy"] == true, h["queue_depth"].as_u64().unwrap())
     };
+    // A streamed response starts once its request is taken by the engine; it runs once the engine is
+    // busy with nothing waiting. (Waiting on `busy` alone could see the previous request's last step.)
+    let mut first = http_send(addr, "POST", "/v1/chat/completions", &auth, long.as_bytes());
+    let line = status_line(&mut first);
+    assert!(
+        line.contains(" 200 "),
+        "the first request streams: {line:?}"
+    );
     let t = Instant::now();
-    while !busy(addr).0 {
+    while health(addr) != (true, 0) {
         assert!(
             t.elapsed() < Duration::from_secs(120),
-            "the first request never started"
+            "the first request never ran alone"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
     let second = http_send(addr, "POST", "/v1/chat/completions", &auth, long.as_bytes());
-    while busy(addr).1 < 1 {
+    while health(addr).1 < 1 {
         assert!(
             t.elapsed() < Duration::from_secs(120),
             "the second request never queued"
@@ -621,11 +628,6 @@ fn api_keys_and_a_full_queue() {
     assert_eq!(r.status, 429, "{}", r.body);
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(r.json()["error"]["type"], "rate_limit_error");
-    let mut first = first;
-    assert!(
-        status_line(&mut first).contains(" 200 "),
-        "the running request streams"
-    );
     drop((first, second));
 }
 

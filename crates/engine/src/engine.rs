@@ -25,7 +25,7 @@ mod stop;
 
 pub use decoder::{Decoded, Decoder, GuideSlot};
 pub use session::Session;
-pub use step::{Pass, StepPlan};
+pub use step::{Pass, Ran, StepPlan};
 
 pub use stop::StopBuffer;
 

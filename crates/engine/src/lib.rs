@@ -34,4 +34,7 @@ pub mod sample;
 pub mod spec;
 pub mod tokenizer;
 
+#[cfg(test)]
+mod testutil;
+
 pub use engine::{Engine, EngineConfig, EngineError, FinishReason, Generation, Request};

@@ -5,6 +5,7 @@
 //!
 //! [`Model`] is what the engine holds: one of them, behind the calls a forward pass needs.
 
+pub mod layers;
 pub mod llama;
 pub mod qwen35;
 

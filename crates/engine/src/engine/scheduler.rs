@@ -77,6 +77,19 @@ struct Active<'a> {
     preemptions: usize,
 }
 
+/// One running sequence's share of the next pass, as planned.
+#[derive(Debug, Clone, Copy)]
+struct Share {
+    /// Its index in the batch.
+    i: usize,
+    /// Tokens it runs (a tree's nodes included).
+    n: usize,
+    /// Logits it wants back.
+    want: Logits,
+    /// Whether it verifies a draft tree after its pending tokens.
+    tree: bool,
+}
+
 /// Counters of the scheduler.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SchedulerStats {
@@ -100,8 +113,8 @@ pub struct Scheduler<'a> {
     waiting: VecDeque<Active<'a>>,
     running: Vec<Active<'a>>,
     stats: SchedulerStats,
-    /// Per step: (running index, tokens in the batch, logits wanted).
-    plan: Vec<(usize, usize, Logits)>,
+    /// The next pass as planned: each running sequence's share.
+    plan: Vec<Share>,
     /// The planned step handed to the engine (its sequences moved in for the pass).
     step: StepPlan,
 }
@@ -222,10 +235,10 @@ impl<'a> Scheduler<'a> {
         self.stats.batched_sequences += self.plan.len() as u64;
         // Move the planned sequences into the step: decodes (with their trees) and prompt chunks.
         self.step.clear();
-        for &(i, n, want) in &self.plan {
+        for &Share { i, n, want, tree } in &self.plan {
             let a = &mut self.running[i];
             let seq = a.seq.take().expect("running sequences hold KV");
-            if let Logits::Tail(_) = want {
+            if tree {
                 let d = &a.dec;
                 self.step
                     .push_tree(i, seq, d.pending(), d.tree(), d.tree_parents(), want);
@@ -239,10 +252,10 @@ impl<'a> Scheduler<'a> {
         let pass = match engine.execute(&mut self.step) {
             Ok(p) => p,
             Err(e) => {
-                for (i, seq, _, _) in self.step.drain() {
-                    self.running[i].seq = Some(seq);
+                for ran in self.step.drain() {
+                    self.running[ran.owner].seq = Some(ran.seq);
                 }
-                let mut idx: Vec<usize> = self.plan.drain(..).map(|p| p.0).collect();
+                let mut idx: Vec<usize> = self.plan.drain(..).map(|p| p.i).collect();
                 idx.sort_unstable_by(|a, b| b.cmp(a));
                 for i in idx {
                     let a = self.running.remove(i);
@@ -261,7 +274,8 @@ impl<'a> Scheduler<'a> {
         let mut row = 0;
         let now = Instant::now();
         let mut done = Vec::new();
-        for (i, mut seq, n, want) in self.step.drain() {
+        for ran in self.step.drain() {
+            let (i, mut seq, n, want) = (ran.owner, ran.seq, ran.tokens, ran.want);
             let a = &mut self.running[i];
             // The pass advanced it past its `n` tokens.
             let start = seq.len() - n;
@@ -290,7 +304,7 @@ impl<'a> Scheduler<'a> {
                 a.first = Some(now);
             }
             let sink = &mut a.sink;
-            let res = if let Logits::Tail(k) = want {
+            let res = if ran.tree {
                 let r = a
                     .dec
                     .advance_tree(logits, vocab, tokenizer, &mut |t| sink.text(t), spec);
@@ -407,13 +421,18 @@ impl<'a> Scheduler<'a> {
                     } else {
                         Logits::None
                     };
-                    self.plan.push((i, n, want));
+                    self.plan.push(Share {
+                        i,
+                        n,
+                        want,
+                        tree: false,
+                    });
                 }
             }
             self.draft_trees(engine)?;
             // Reserve pages; on failure preempt the youngest and plan again.
             let mut short = None;
-            for &(i, n, _) in &self.plan {
+            for &Share { i, n, .. } in &self.plan {
                 let seq = self.running[i]
                     .seq
                     .as_mut()
@@ -450,15 +469,15 @@ impl<'a> Scheduler<'a> {
         if !engine.spec.cfg.enabled {
             return Ok(());
         }
-        let mut base: usize = self.plan.iter().map(|p| p.1).sum();
+        let mut base: usize = self.plan.iter().map(|p| p.n).sum();
         let decisions = self
             .plan
             .iter()
-            .filter(|p| p.2 == Logits::Last)
+            .filter(|p| p.want == Logits::Last)
             .count()
             .max(1) as f32;
         for item in &mut self.plan {
-            let (i, n, want) = *item;
+            let Share { i, n, want, .. } = *item;
             let a = &mut self.running[i];
             if want != Logits::Last || a.dec.pending().len() != n || a.first.is_none() {
                 continue;
@@ -479,7 +498,12 @@ impl<'a> Scheduler<'a> {
             }
             let t = a.dec.tree().len();
             if t > 0 {
-                *item = (i, n + t, Logits::Tail(t + 1));
+                *item = Share {
+                    i,
+                    n: n + t,
+                    want: Logits::Tail(t + 1),
+                    tree: true,
+                };
                 base += t;
             }
         }

@@ -212,3 +212,57 @@ impl EngineService {
         self.capacity
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::EngineConfig;
+    use std::sync::mpsc::channel;
+
+    fn tiny() -> Engine {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/data/qwen35-tiny/model.gguf");
+        let cfg = EngineConfig {
+            threads: 1,
+            context: 256,
+            ..EngineConfig::default()
+        };
+        Engine::load(&path, &cfg).unwrap()
+    }
+
+    #[test]
+    fn work_being_prepared_still_fills_the_queue() {
+        let svc = EngineService::start(tiny(), 1).unwrap();
+        let (started_tx, started) = channel();
+        let (release, release_rx) = channel::<()>();
+        // A generation whose preparation (tokenizing, compiling a grammar) is slow: it is off the
+        // channel but not yet in the scheduler.
+        svc.generate(Box::new(move |_: &mut Engine| {
+            started_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+            None
+        }))
+        .unwrap();
+        started.recv().unwrap();
+        assert_eq!(svc.waiting(), 1, "the generation being prepared is counted");
+        let refused = svc.submit(Box::new(|_: &mut Engine| {}));
+        assert_eq!(refused, Err(SubmitError::Full { capacity: 1 }));
+        release.send(()).unwrap();
+        // Once it is gone (it reported its own result: nothing to batch), the queue takes work again.
+        let (done_tx, done) = channel();
+        let t = std::time::Instant::now();
+        loop {
+            let tx = done_tx.clone();
+            match svc.submit(Box::new(move |_: &mut Engine| tx.send(()).unwrap())) {
+                Ok(()) => break,
+                Err(SubmitError::Full { .. }) => {
+                    assert!(t.elapsed().as_secs() < 60, "the queue never drained");
+                    std::thread::yield_now();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        done.recv().unwrap();
+        assert_eq!(svc.waiting(), 0);
+    }
+}

@@ -115,15 +115,33 @@ impl StepPlan {
         });
     }
 
-    /// Hands the sequences back in plan order, each with its owner, its token count and the logits it
-    /// wanted; the plan is empty after.
-    pub fn drain(&mut self) -> impl Iterator<Item = (usize, SeqKv, usize, Logits)> + '_ {
+    /// Hands the sequences back in plan order, each with what it ran; the plan is empty after.
+    pub fn drain(&mut self) -> impl Iterator<Item = Ran> + '_ {
         self.tokens.clear();
         self.parents.clear();
-        self.parts
-            .drain(..)
-            .map(|p| (p.owner, p.seq, p.tokens.len(), p.want))
+        self.parts.drain(..).map(|p| Ran {
+            owner: p.owner,
+            seq: p.seq,
+            tokens: p.tokens.len(),
+            want: p.want,
+            tree: p.parents.is_some(),
+        })
     }
+}
+
+/// A sequence handed back by [`StepPlan::drain`], with what it ran.
+#[derive(Debug)]
+pub struct Ran {
+    /// The planner's name for it.
+    pub owner: usize,
+    /// The sequence (advanced past its tokens if the pass succeeded).
+    pub seq: SeqKv,
+    /// Tokens it ran (a tree's nodes included).
+    pub tokens: usize,
+    /// The logits it wanted.
+    pub want: Logits,
+    /// Whether it ran a draft tree ([`StepPlan::push_tree`]).
+    pub tree: bool,
 }
 
 /// An executed pass: its logits rows and what the caller needs beside them to consume them (the KV cache,
@@ -220,7 +238,7 @@ impl Engine {
                     logits.extend_from_slice(pass.logits);
                 }
             });
-            *seq = plan.drain().next().map(|(_, s, _, _)| s);
+            *seq = plan.drain().next().map(|r| r.seq);
             r?;
             if tail.is_empty() {
                 return Ok(());

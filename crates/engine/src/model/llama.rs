@@ -12,9 +12,12 @@
 //! against the float reference to ~1e-4).
 //!
 //! Q/K/V and gate/up are fused into one matrix each at load, so a layer is five parallel matmul dispatches.
+//! The MLP and the final norm + LM head are the shared blocks of [`super::layers`].
 
 use super::ModelError;
-use crate::backend::{Device, MAX_GROUP, MAX_HEAD_DIM, Matrix, Rope, Workspace, grow, rope_angles};
+use super::layers::{HeadScratch, Linear, LmHead, Mlp, MlpScratch, Run, mark};
+pub use super::layers::{Profile, Stage};
+use crate::backend::{Device, MAX_GROUP, MAX_HEAD_DIM, Rope, Workspace, grow, rope_angles};
 use crate::gguf::{Gguf, TensorInfo};
 pub use crate::kv::Logits;
 use crate::kv::{Batch, KvShape, PagePool};
@@ -106,21 +109,12 @@ pub enum Precision {
     Reference,
 }
 
-/// A weight matrix in both forms: repacked for the kernels and as the GGUF parts it was built from.
-#[derive(Debug)]
-struct Weight {
-    q: Matrix,
-    parts: Vec<TensorInfo>,
-}
-
 #[derive(Debug)]
 struct Layer {
     attn_norm: Vec<f32>,
-    qkv: Weight,
-    wo: Weight,
-    ffn_norm: Vec<f32>,
-    gate_up: Weight,
-    down: Weight,
+    qkv: Linear,
+    wo: Linear,
+    mlp: Mlp,
 }
 
 /// A loaded Llama model. Weights are repacked into memory; the GGUF stays mapped for the embedding rows and
@@ -131,8 +125,7 @@ pub struct Llama {
     gguf: Arc<Gguf>,
     embd: TensorInfo,
     layers: Vec<Layer>,
-    out_norm: Vec<f32>,
-    output: Weight,
+    head: LmHead,
     precision: Precision,
 }
 
@@ -145,78 +138,13 @@ pub struct Scratch {
     q: Vec<f32>,
     att: Vec<f32>,
     proj: Vec<f32>,
-    gu: Vec<f32>,
-    h: Vec<f32>,
-    logits: Vec<f32>,
+    mlp: MlpScratch,
+    head: HeadScratch,
     ws: Workspace,
     /// RoPE `(cos, sin)` for positions `0..rope.len() / (head_dim / 2)`, grown on demand.
     rope: Vec<(f32, f32)>,
     /// Time per stage, when enabled.
     pub profile: Option<Profile>,
-}
-
-/// Stages of a forward pass, for profiles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// Embedding lookup, norms, RoPE, residual adds, activation quantization (caller thread).
-    Other,
-    /// Fused Q/K/V projection.
-    Qkv,
-    /// Attention over the KV cache.
-    Attention,
-    /// Attention output projection.
-    AttnOut,
-    /// Fused gate/up projection.
-    GateUp,
-    /// SiLU * up.
-    Activation,
-    /// Down projection.
-    Down,
-    /// Final norm and LM head.
-    Output,
-}
-
-impl Stage {
-    /// Every stage, in pass order.
-    pub const ALL: [Stage; 8] = [
-        Stage::Other,
-        Stage::Qkv,
-        Stage::Attention,
-        Stage::AttnOut,
-        Stage::GateUp,
-        Stage::Activation,
-        Stage::Down,
-        Stage::Output,
-    ];
-}
-
-/// Accumulated time per [`Stage`].
-#[derive(Debug, Clone, Default)]
-pub struct Profile {
-    /// Seconds per stage, indexed like [`Stage::ALL`].
-    pub seconds: [f64; 8],
-    last: Option<std::time::Instant>,
-}
-
-impl Profile {
-    fn start(&mut self) {
-        self.last = Some(std::time::Instant::now());
-    }
-
-    fn mark(&mut self, stage: Stage) {
-        let now = std::time::Instant::now();
-        if let Some(last) = self.last {
-            self.seconds[stage as usize] += (now - last).as_secs_f64();
-        }
-        self.last = Some(now);
-    }
-}
-
-/// Records the time since the previous mark under `stage` (free when profiling is off).
-fn mark(p: &mut Option<Profile>, stage: Stage) {
-    if let Some(p) = p {
-        p.mark(stage);
-    }
 }
 
 impl Llama {
@@ -242,18 +170,9 @@ impl Llama {
             dequantize_ref(t.ty, g.tensor_data(&t), &mut v)?;
             Ok(v)
         };
-        let weight = |parts: Vec<TensorInfo>| -> Result<Weight, ModelError> {
-            let mats = parts
-                .iter()
-                .map(|t| {
-                    let (rows, cols) = t.rows_cols();
-                    dev.matrix(t.ty, rows as usize, cols as usize, g.tensor_data(t))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let q = dev
-                .concat(mats)
-                .ok_or_else(|| ModelError::Unsupported("fused weights of mixed types".into()))?;
-            Ok(Weight { q, parts })
+        let weight = |parts: Vec<TensorInfo>| -> Result<Linear, ModelError> {
+            Linear::from_gguf(dev, g, parts)?
+                .ok_or_else(|| ModelError::Unsupported("fused weights of mixed types".into()))
         };
         let (d, kvd, ffn) = (cfg.d_model, cfg.kv_dim(), cfg.ffn);
         let mut layers = Vec::with_capacity(cfg.n_layers);
@@ -267,12 +186,14 @@ impl Llama {
                     tensor(&n("attn_v"), &[d, kvd])?,
                 ])?,
                 wo: weight(vec![tensor(&n("attn_output"), &[d, d])?])?,
-                ffn_norm: vector(&n("ffn_norm"), d)?,
-                gate_up: weight(vec![
+                mlp: Mlp::from_gguf(
+                    dev,
+                    g,
+                    vector(&n("ffn_norm"), d)?,
                     tensor(&n("ffn_gate"), &[d, ffn])?,
                     tensor(&n("ffn_up"), &[d, ffn])?,
-                ])?,
-                down: weight(vec![tensor(&n("ffn_down"), &[ffn, d])?])?,
+                    tensor(&n("ffn_down"), &[ffn, d])?,
+                )?,
             });
         }
         let embd = tensor("token_embd.weight", &[d, cfg.vocab])?;
@@ -287,8 +208,7 @@ impl Llama {
             Err(_) => embd.clone(),
         };
         Ok(Llama {
-            out_norm: vector("output_norm.weight", d)?,
-            output: weight(vec![output])?,
+            head: LmHead::new(vector("output_norm.weight", d)?, weight(vec![output])?),
             embd,
             layers,
             cfg,
@@ -327,9 +247,9 @@ impl Llama {
         let l: usize = self
             .layers
             .iter()
-            .map(|l| l.qkv.q.bytes() + l.wo.q.bytes() + l.gate_up.q.bytes() + l.down.q.bytes())
+            .map(|l| l.qkv.bytes() + l.wo.bytes() + l.mlp.bytes())
             .sum();
-        l + self.output.q.bytes() + 4 * self.cfg.d_model * (2 * self.cfg.n_layers + 1)
+        l + self.head.bytes() + 4 * self.cfg.d_model * (2 * self.cfg.n_layers + 1)
     }
 
     /// Runs the tokens of `batch` (several sequences, each at its own positions and pages) and writes their
@@ -373,8 +293,6 @@ impl Llama {
         grow(&mut s.q, n * d);
         grow(&mut s.att, n * d);
         grow(&mut s.proj, n * d);
-        grow(&mut s.gu, n * 2 * c.ffn);
-        grow(&mut s.h, n * c.ffn);
 
         while s.rope.len() < longest * (hd / 2) {
             let pos = s.rope.len() / (hd / 2);
@@ -393,10 +311,16 @@ impl Llama {
             &mut s.x[..n * d],
         )?;
 
+        let run = Run {
+            dev,
+            reference: (self.precision == Precision::Reference).then_some(&*self.gguf),
+            eps: c.eps,
+        };
         for (li, l) in self.layers.iter().enumerate() {
             dev.rmsnorm_rows(&s.x, &l.attn_norm, c.eps, n, d, &mut s.xb);
             mark(&mut s.profile, Stage::Other);
-            self.matmul(dev, &l.qkv, &s.xb[..n * d], n, &mut s.ws, &mut s.qkv)?;
+            l.qkv
+                .apply(&run, &s.xb[..n * d], n, &mut s.ws, &mut s.qkv)?;
             mark(&mut s.profile, Stage::Qkv);
             for t in 0..n {
                 let row = &mut s.qkv[t * qkv_w..(t + 1) * qkv_w];
@@ -422,78 +346,16 @@ impl Llama {
                 &mut s.ws,
             );
             mark(&mut s.profile, Stage::Attention);
-            self.matmul(dev, &l.wo, &s.att[..n * d], n, &mut s.ws, &mut s.proj)?;
+            l.wo.apply(&run, &s.att[..n * d], n, &mut s.ws, &mut s.proj)?;
             mark(&mut s.profile, Stage::AttnOut);
             dev.add(&mut s.x[..n * d], &s.proj[..n * d]);
-
-            dev.rmsnorm_rows(&s.x, &l.ffn_norm, c.eps, n, d, &mut s.xb);
-            mark(&mut s.profile, Stage::Other);
-            self.matmul(dev, &l.gate_up, &s.xb[..n * d], n, &mut s.ws, &mut s.gu)?;
-            mark(&mut s.profile, Stage::GateUp);
-            let f = c.ffn;
-            dev.swiglu_rows(&s.gu, n, f, &mut s.h);
-            mark(&mut s.profile, Stage::Activation);
-            self.matmul(dev, &l.down, &s.h[..n * f], n, &mut s.ws, &mut s.proj)?;
-            mark(&mut s.profile, Stage::Down);
-            dev.add(&mut s.x[..n * d], &s.proj[..n * d]);
+            l.mlp
+                .forward(&run, &mut s.x, n, &mut s.mlp, &mut s.ws, &mut s.profile)?;
         }
 
         // The rows whose logits were asked for, in batch order.
-        let m = dev.norm_logit_rows(&s.x, batch, &self.out_norm, c.eps, d, &mut s.xb);
-        if m == 0 {
-            return Ok(&mut []);
-        }
-        grow(&mut s.logits, m * c.vocab);
-        mark(&mut s.profile, Stage::Other);
-        self.matmul(
-            dev,
-            &self.output,
-            &s.xb[..m * d],
-            m,
-            &mut s.ws,
-            &mut s.logits,
-        )?;
-        mark(&mut s.profile, Stage::Output);
-        Ok(&mut s.logits[..m * c.vocab])
-    }
-
-    /// `out[t * rows + r] = W[r] · x[t]` in the current precision.
-    fn matmul(
-        &self,
-        dev: &Device,
-        w: &Weight,
-        x: &[f32],
-        n: usize,
-        ws: &mut Workspace,
-        out: &mut Vec<f32>,
-    ) -> Result<(), ModelError> {
-        let (rows, cols) = (w.q.rows(), w.q.cols());
-        match self.precision {
-            Precision::Quantized => {
-                let input = dev.input(x, n, cols, ws);
-                dev.matmul(&w.q, &input, out);
-            }
-            Precision::Reference => {
-                grow(out, n * rows);
-                let mut row0 = 0;
-                for part in &w.parts {
-                    let prows = part.rows_cols().0 as usize;
-                    dev.matmul_reference(
-                        part.ty,
-                        self.gguf.tensor_data(part),
-                        prows,
-                        x,
-                        n,
-                        cols,
-                        out,
-                        rows,
-                        row0,
-                    )?;
-                    row0 += prows;
-                }
-            }
-        }
-        Ok(())
+        self.head
+            .forward(&run, &s.x, batch, &mut s.head, &mut s.ws, &mut s.profile)
     }
 }
 

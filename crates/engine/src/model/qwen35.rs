@@ -33,6 +33,7 @@ pub mod source;
 mod tests;
 
 use super::ModelError;
+use super::layers::{HeadScratch, Linear, LmHead, Mlp, MlpScratch, Run};
 use crate::backend::{Device, MAX_GROUP, MAX_HEAD_DIM, Matrix, Rope, Workspace, gdn, grow};
 use crate::gguf::Gguf;
 use crate::kv::{Batch, KvShape, Logits, PagePool, Recurrent};
@@ -310,10 +311,7 @@ impl Mtp {
 struct Layer {
     norm: Vec<f32>,
     mixer: Mixer,
-    post_norm: Vec<f32>,
-    gate: Matrix,
-    up: Matrix,
-    down: Matrix,
+    mlp: Mlp,
 }
 
 /// A loaded `qwen35` model for the engine.
@@ -322,8 +320,7 @@ pub struct Qwen35 {
     cfg: Qwen35Config,
     embd: Vec<f32>,
     layers: Vec<Layer>,
-    out_norm: Vec<f32>,
-    output: Matrix,
+    head: LmHead,
     mtp: Option<Mtp>,
     chunked_prefill: bool,
 }
@@ -345,9 +342,8 @@ pub struct Scratch {
     k: Vec<f32>,
     v: Vec<f32>,
     att: Vec<f32>,
-    g: Vec<f32>,
-    u: Vec<f32>,
-    logits: Vec<f32>,
+    mlp: MlpScratch,
+    head: HeadScratch,
     hn: Vec<f32>,
     cat: Vec<f32>,
     ws: Workspace,
@@ -408,8 +404,10 @@ impl Qwen35 {
         };
         Ok(Qwen35 {
             embd: w.matrix_f32("token_embd.weight", c.vocab, d)?,
-            out_norm: w.vector("output_norm.weight", d)?,
-            output: w.matrix(dev, output_name, c.vocab, d)?,
+            head: LmHead::new(
+                w.vector("output_norm.weight", d)?,
+                Linear::new(w.matrix(dev, output_name, c.vocab, d)?),
+            ),
             layers,
             mtp,
             chunked_prefill: false,
@@ -447,9 +445,9 @@ impl Qwen35 {
                 }
                 Mixer::Attention(a) => a.q.bytes() + a.k.bytes() + a.v.bytes() + a.out.bytes(),
             };
-            mix + l.gate.bytes() + l.up.bytes() + l.down.bytes()
+            mix + l.mlp.bytes()
         });
-        mats.sum::<usize>() + self.output.bytes()
+        mats.sum::<usize>() + self.head.bytes()
     }
 
     /// Prefill runs of more than one token with the chunked DeltaNet form instead of token by token (see
@@ -563,21 +561,25 @@ impl Qwen35 {
                 Mixer::Attention(a) => self.attention(a, dev, pool, batch, n, s),
             }
             dev.add(&mut s.x[..n * d], &s.mix[..n * d]);
-            self.mlp(l, dev, n, s);
+            self.mlp(l, dev, n, s)?;
         }
         // The rows whose logits were asked for, in batch order.
-        let m = dev.norm_logit_rows(&s.x, batch, &self.out_norm, c.eps, d, &mut s.xb);
-        if m > 0 {
-            let x = dev.input(&s.xb, m, d, &mut s.ws);
-            dev.matmul(&self.output, &x, &mut s.logits);
-        }
+        let run = Run {
+            dev,
+            reference: None,
+            eps: c.eps,
+        };
+        let len = self
+            .head
+            .forward(&run, &s.x, batch, &mut s.head, &mut s.ws, &mut None)?
+            .len();
         if let Some(mtp) = &self.mtp {
             self.mtp_fill(mtp, dev, pool, batch, states, s);
         }
         for (st, span) in states.iter_mut().zip(&batch.seqs) {
             st.len = span.start + span.len;
         }
-        Ok(&mut s.logits[..m * c.vocab])
+        Ok(&mut s.head.logits[..len])
     }
 
     /// Extends the RoPE table to the batch's last position.
@@ -672,7 +674,7 @@ impl Qwen35 {
         let ho = c.hidden_offset();
         let floats = c.state_floats();
         grow(&mut s.hn, n * d);
-        dev.rmsnorm_rows(&s.x, &self.out_norm, c.eps, n, d, &mut s.hn);
+        dev.rmsnorm_rows(&s.x, self.head.norm(), c.eps, n, d, &mut s.hn);
         self.mtp_input(mtp, dev, batch, states, s);
         let a = mtp.attention();
         self.project_kv(a, dev, pool, batch, n, s, false);
@@ -722,11 +724,11 @@ impl Qwen35 {
         self.attention(a, dev, pool, batch, n, s);
         batch.attend_from = 0;
         dev.add(&mut s.x[..n * d], &s.mix[..n * d]);
-        self.mlp(&mtp.layer, dev, n, s);
+        self.mlp(&mtp.layer, dev, n, s)?;
         dev.rmsnorm_rows(&s.x, &mtp.head_norm, c.eps, n, d, &mut s.xb);
         let x = dev.input(&s.xb, n, d, &mut s.ws);
-        dev.matmul(&self.output, &x, &mut s.logits);
-        Ok(&mut s.logits[..n * c.vocab])
+        dev.matmul(self.head.output().matrix(), &x, &mut s.head.logits);
+        Ok(&mut s.head.logits[..n * c.vocab])
     }
 
     /// The gated attention of `n` tokens: projections of `s.xb`, q/k norms, partial RoPE, the KV written
@@ -816,18 +818,15 @@ impl Qwen35 {
         }
     }
 
-    /// The SwiGLU MLP of `n` tokens of `s.x`, added into `s.x`.
-    fn mlp(&self, l: &Layer, dev: &Device, n: usize, s: &mut Scratch) {
-        let c = &self.cfg;
-        let (d, f) = (c.d_model, c.ffn);
-        dev.rmsnorm_rows(&s.x, &l.post_norm, c.eps, n, d, &mut s.xb);
-        let x = dev.input(&s.xb, n, d, &mut s.ws);
-        dev.matmul(&l.gate, &x, &mut s.g);
-        dev.matmul(&l.up, &x, &mut s.u);
-        dev.silu_mul_inplace(&mut s.g[..n * f], &s.u[..n * f]);
-        let h = dev.input(&s.g, n, f, &mut s.ws);
-        dev.matmul(&l.down, &h, &mut s.mix);
-        dev.add(&mut s.x[..n * d], &s.mix[..n * d]);
+    /// The shared SwiGLU block ([`Mlp`]) over `n` tokens of `s.x`, added into `s.x`.
+    fn mlp(&self, l: &Layer, dev: &Device, n: usize, s: &mut Scratch) -> Result<(), ModelError> {
+        let run = Run {
+            dev,
+            reference: None,
+            eps: self.cfg.eps,
+        };
+        l.mlp
+            .forward(&run, &mut s.x, n, &mut s.mlp, &mut s.ws, &mut None)
     }
 
     /// One sequence's run of tokens (`rows` of the batch) through a DeltaNet layer: convolution, gates and
@@ -920,9 +919,20 @@ fn load_layer(
     Ok(Layer {
         norm: w.vector(&n("attn_norm.weight"), d)?,
         mixer,
-        post_norm: w.vector(&n("post_attention_norm.weight"), d)?,
-        gate: w.matrix(dev, &n("ffn_gate.weight"), c.ffn, d)?,
-        up: w.matrix(dev, &n("ffn_up.weight"), c.ffn, d)?,
-        down: w.matrix(dev, &n("ffn_down.weight"), d, c.ffn)?,
+        mlp: load_mlp(w, dev, c, i)?,
+    })
+}
+
+/// A layer's SwiGLU block: gate and up fused into one matrix where their stored types allow.
+fn load_mlp(w: &dyn Weights, dev: &Device, c: &Qwen35Config, i: usize) -> Result<Mlp, ModelError> {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    let (d, f) = (c.d_model, c.ffn);
+    let norm = w.vector(&n("post_attention_norm.weight"), d)?;
+    let gate = || w.matrix(dev, &n("ffn_gate.weight"), f, d);
+    let up = || w.matrix(dev, &n("ffn_up.weight"), f, d);
+    let down = Linear::new(w.matrix(dev, &n("ffn_down.weight"), d, f)?);
+    Ok(match dev.concat(vec![gate()?, up()?]) {
+        Some(gu) => Mlp::fused(norm, Linear::new(gu), down),
+        None => Mlp::split(norm, Linear::new(gate()?), Linear::new(up()?), down),
     })
 }

@@ -5,48 +5,7 @@ use super::*;
 use crate::kv::{Batch, KvCache, KvConfig, KvDtype, KvShape, KvSlice, SeqKv};
 use crate::quant::GgmlType;
 
-/// Deterministic pseudo-random floats with occasional outliers (like real activations).
-fn data(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let v = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            if i % 97 == 5 { v * 40.0 } else { v }
-        })
-        .collect()
-}
-
-fn quantize_rows(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-    // Random bytes are valid blocks for these types once the f16 scales are sane.
-    let row_bytes = ty.row_bytes(cols).unwrap();
-    let mut bytes: Vec<u8> = data(rows * row_bytes, seed)
-        .iter()
-        .map(|v| (v.to_bits() >> 7) as u8)
-        .collect();
-    let scale = half::f16::from_f32(0.01).to_bits().to_le_bytes();
-    let bs = ty.type_size();
-    for blk in bytes.chunks_exact_mut(bs) {
-        match ty {
-            GgmlType::Q4_0 | GgmlType::Q8_0 => blk[..2].copy_from_slice(&scale),
-            GgmlType::Q4_1 | GgmlType::Q4_K => {
-                blk[..2].copy_from_slice(&scale);
-                blk[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_bits().to_le_bytes());
-            }
-            GgmlType::Q6_K => blk[208..210].copy_from_slice(&scale),
-            _ => {}
-        }
-    }
-    if ty == GgmlType::F32 {
-        return data(rows * cols, seed)
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-    }
-    bytes
-}
+use crate::testutil::{data, quantize_rows};
 
 #[test]
 fn repacked_matrices_dequantize_like_the_reference() {

@@ -1,0 +1,414 @@
+//! Blocks both architectures share, written once against the device API.
+//!
+//! * [`Linear`]: a weight matrix in the device's layout; for Llama's reference precision also the GGUF
+//!   parts it was built from (the f64 check path reads those).
+//! * [`Mlp`]: the SwiGLU feed-forward block, `x += down(silu(gate(norm(x))) * up(norm(x)))`. Gate and up
+//!   are one matrix when their types allow (one pass over the input, one launch), two otherwise; the
+//!   products are the same either way (each output row is its own dot product).
+//! * [`LmHead`]: the final norm of the rows whose logits a batch wants, then the LM head over them.
+//! * [`Profile`]: time per [`Stage`] of a forward pass; the blocks mark their stages as they go (free
+//!   when profiling is off).
+//!
+//! A model file holds these blocks and describes the rest of its architecture (attention variants, the
+//! recurrent mixer); none of them knows the device.
+
+use super::ModelError;
+use crate::backend::{Device, Matrix, Workspace, grow};
+use crate::gguf::{Gguf, TensorInfo};
+use crate::kv::Batch;
+
+/// Stages of a forward pass, for profiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Embedding lookup, norms, RoPE, residual adds, activation quantization (caller thread).
+    Other,
+    /// Fused Q/K/V projection.
+    Qkv,
+    /// Attention over the KV cache.
+    Attention,
+    /// Attention output projection.
+    AttnOut,
+    /// Fused gate/up projection.
+    GateUp,
+    /// SiLU * up.
+    Activation,
+    /// Down projection.
+    Down,
+    /// Final norm and LM head.
+    Output,
+}
+
+impl Stage {
+    /// Every stage, in pass order.
+    pub const ALL: [Stage; 8] = [
+        Stage::Other,
+        Stage::Qkv,
+        Stage::Attention,
+        Stage::AttnOut,
+        Stage::GateUp,
+        Stage::Activation,
+        Stage::Down,
+        Stage::Output,
+    ];
+}
+
+/// Accumulated time per [`Stage`].
+#[derive(Debug, Clone, Default)]
+pub struct Profile {
+    /// Seconds per stage, indexed like [`Stage::ALL`].
+    pub seconds: [f64; 8],
+    last: Option<std::time::Instant>,
+}
+
+impl Profile {
+    /// Starts the clock of a forward pass.
+    pub(crate) fn start(&mut self) {
+        self.last = Some(std::time::Instant::now());
+    }
+
+    fn mark(&mut self, stage: Stage) {
+        let now = std::time::Instant::now();
+        if let Some(last) = self.last {
+            self.seconds[stage as usize] += (now - last).as_secs_f64();
+        }
+        self.last = Some(now);
+    }
+}
+
+/// Records the time since the previous mark under `stage` (free when profiling is off).
+pub(crate) fn mark(p: &mut Option<Profile>, stage: Stage) {
+    if let Some(p) = p {
+        p.mark(stage);
+    }
+}
+
+/// How the shared blocks run in this forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Run<'a> {
+    /// The device.
+    pub dev: &'a Device,
+    /// `Some`: the f64 reference path, reading weights from this file's tensors; `None`: the device's own
+    /// (quantized) arithmetic.
+    pub reference: Option<&'a Gguf>,
+    /// RMS-norm epsilon.
+    pub eps: f32,
+}
+
+/// A weight matrix: in the device's layout, and (for the reference path) the GGUF tensors it was built
+/// from, stacked by rows.
+#[derive(Debug)]
+pub struct Linear {
+    q: Matrix,
+    parts: Vec<TensorInfo>,
+}
+
+impl Linear {
+    /// A matrix with no reference form (the reference path then uses the device's arithmetic).
+    pub fn new(q: Matrix) -> Self {
+        Linear {
+            q,
+            parts: Vec::new(),
+        }
+    }
+
+    /// The GGUF tensors `parts`, stacked by rows into one matrix in `dev`'s layout; `None` when their
+    /// types cannot share one matrix.
+    pub fn from_gguf(
+        dev: &Device,
+        g: &Gguf,
+        parts: Vec<TensorInfo>,
+    ) -> Result<Option<Self>, ModelError> {
+        let mats = parts
+            .iter()
+            .map(|t| {
+                let (rows, cols) = t.rows_cols();
+                dev.matrix(t.ty, rows as usize, cols as usize, g.tensor_data(t))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(dev.concat(mats).map(|q| Linear { q, parts }))
+    }
+
+    /// The matrix in the device's layout.
+    pub fn matrix(&self) -> &Matrix {
+        &self.q
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.q.rows()
+    }
+
+    /// Bytes of the device's copy.
+    pub fn bytes(&self) -> usize {
+        self.q.bytes()
+    }
+
+    /// `out[t * rows + r] = W[r] · x[t]` for the `n` rows of `x`.
+    pub fn apply(
+        &self,
+        run: &Run<'_>,
+        x: &[f32],
+        n: usize,
+        ws: &mut Workspace,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let (rows, cols) = (self.q.rows(), self.q.cols());
+        match run.reference {
+            Some(g) if !self.parts.is_empty() => {
+                grow(out, n * rows);
+                let mut row0 = 0;
+                for part in &self.parts {
+                    let prows = part.rows_cols().0 as usize;
+                    run.dev.matmul_reference(
+                        part.ty,
+                        g.tensor_data(part),
+                        prows,
+                        x,
+                        n,
+                        cols,
+                        out,
+                        rows,
+                        row0,
+                    )?;
+                    row0 += prows;
+                }
+            }
+            _ => {
+                let input = run.dev.input(x, n, cols, ws);
+                run.dev.matmul(&self.q, &input, out);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Gate and up projections of an [`Mlp`].
+#[derive(Debug)]
+enum GateUp {
+    /// One matrix, `[gate; up]` rows.
+    Fused(Linear),
+    /// Two (their types differ).
+    Split(Linear, Linear),
+}
+
+/// The SwiGLU feed-forward block with its pre-norm.
+#[derive(Debug)]
+pub struct Mlp {
+    norm: Vec<f32>,
+    gate_up: GateUp,
+    down: Linear,
+    ffn: usize,
+}
+
+/// An [`Mlp`]'s buffers (grown once, reused).
+#[derive(Debug, Default)]
+pub struct MlpScratch {
+    xb: Vec<f32>,
+    gu: Vec<f32>,
+    up: Vec<f32>,
+    h: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl Mlp {
+    /// The block with gate and up fused into one matrix (`[gate; up]`: `2 ffn x d`; `down`: `d x ffn`).
+    pub fn fused(norm: Vec<f32>, gate_up: Linear, down: Linear) -> Self {
+        Mlp {
+            norm,
+            ffn: gate_up.rows() / 2,
+            gate_up: GateUp::Fused(gate_up),
+            down,
+        }
+    }
+
+    /// The block with gate and up as two matrices (`ffn x d` each), for types that cannot share one.
+    pub fn split(norm: Vec<f32>, gate: Linear, up: Linear, down: Linear) -> Self {
+        Mlp {
+            norm,
+            ffn: gate.rows(),
+            gate_up: GateUp::Split(gate, up),
+            down,
+        }
+    }
+
+    /// The block from GGUF tensors (`blk.N.ffn_{gate,up,down}`), gate and up fused when their types allow.
+    pub fn from_gguf(
+        dev: &Device,
+        g: &Gguf,
+        norm: Vec<f32>,
+        gate: TensorInfo,
+        up: TensorInfo,
+        down: TensorInfo,
+    ) -> Result<Self, ModelError> {
+        let one = |t: TensorInfo| -> Result<Linear, ModelError> {
+            Linear::from_gguf(dev, g, vec![t])?
+                .ok_or_else(|| ModelError::Unsupported("a weight no device layout holds".into()))
+        };
+        Ok(
+            match Linear::from_gguf(dev, g, vec![gate.clone(), up.clone()])? {
+                Some(gu) => Mlp::fused(norm, gu, one(down)?),
+                None => Mlp::split(norm, one(gate)?, one(up)?, one(down)?),
+            },
+        )
+    }
+
+    /// Bytes of its matrices.
+    pub fn bytes(&self) -> usize {
+        let gu = match &self.gate_up {
+            GateUp::Fused(f) => f.bytes(),
+            GateUp::Split(g, u) => g.bytes() + u.bytes(),
+        };
+        gu + self.down.bytes()
+    }
+
+    /// `x += down(silu(gate(norm(x))) * up(norm(x)))` for the `n` rows of width `d` of `x`.
+    pub fn forward(
+        &self,
+        run: &Run<'_>,
+        x: &mut [f32],
+        n: usize,
+        s: &mut MlpScratch,
+        ws: &mut Workspace,
+        prof: &mut Option<Profile>,
+    ) -> Result<(), ModelError> {
+        let (d, f) = (self.norm.len(), self.ffn);
+        grow(&mut s.xb, n * d);
+        grow(&mut s.h, n * f);
+        run.dev
+            .rmsnorm_rows(x, &self.norm, run.eps, n, d, &mut s.xb);
+        mark(prof, Stage::Other);
+        match &self.gate_up {
+            GateUp::Fused(gu) => {
+                gu.apply(run, &s.xb[..n * d], n, ws, &mut s.gu)?;
+                mark(prof, Stage::GateUp);
+                run.dev.swiglu_rows(&s.gu, n, f, &mut s.h);
+            }
+            GateUp::Split(g, u) => {
+                g.apply(run, &s.xb[..n * d], n, ws, &mut s.gu)?;
+                u.apply(run, &s.xb[..n * d], n, ws, &mut s.up)?;
+                mark(prof, Stage::GateUp);
+                run.dev
+                    .silu_mul(&s.gu[..n * f], &s.up[..n * f], &mut s.h[..n * f]);
+            }
+        }
+        mark(prof, Stage::Activation);
+        self.down.apply(run, &s.h[..n * f], n, ws, &mut s.out)?;
+        mark(prof, Stage::Down);
+        run.dev.add(&mut x[..n * d], &s.out[..n * d]);
+        Ok(())
+    }
+}
+
+/// The final norm and the LM head.
+#[derive(Debug)]
+pub struct LmHead {
+    norm: Vec<f32>,
+    output: Linear,
+}
+
+/// An [`LmHead`]'s buffers.
+#[derive(Debug, Default)]
+pub struct HeadScratch {
+    xb: Vec<f32>,
+    /// The logits of the last pass.
+    pub logits: Vec<f32>,
+}
+
+impl LmHead {
+    /// The head from the final norm's weights and the output matrix (`vocab x d`).
+    pub fn new(norm: Vec<f32>, output: Linear) -> Self {
+        LmHead { norm, output }
+    }
+
+    /// The final norm's weights.
+    pub fn norm(&self) -> &[f32] {
+        &self.norm
+    }
+
+    /// The output matrix.
+    pub fn output(&self) -> &Linear {
+        &self.output
+    }
+
+    /// Bytes of its matrix.
+    pub fn bytes(&self) -> usize {
+        self.output.bytes()
+    }
+
+    /// The logits of the rows of `x` that `batch` wants, in batch order (`vocab` per row); empty when
+    /// it wants none.
+    pub fn forward<'s>(
+        &self,
+        run: &Run<'_>,
+        x: &[f32],
+        batch: &Batch,
+        s: &'s mut HeadScratch,
+        ws: &mut Workspace,
+        prof: &mut Option<Profile>,
+    ) -> Result<&'s mut [f32], ModelError> {
+        let d = self.norm.len();
+        grow(&mut s.xb, x.len());
+        let m = run
+            .dev
+            .norm_logit_rows(x, batch, &self.norm, run.eps, d, &mut s.xb);
+        if m == 0 {
+            return Ok(&mut []);
+        }
+        mark(prof, Stage::Other);
+        self.output
+            .apply(run, &s.xb[..m * d], m, ws, &mut s.logits)?;
+        mark(prof, Stage::Output);
+        let vocab = self.output.rows();
+        Ok(&mut s.logits[..m * vocab])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::GgmlType;
+    use crate::testutil::{data, quantize_rows};
+
+    #[test]
+    fn a_fused_mlp_computes_the_same_bits_as_a_split_one() {
+        let dev = Device::cpu(2);
+        let (d, f, n) = (64, 96, 3);
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F32] {
+            let (g, u, w) = (
+                quantize_rows(ty, f, d, 1),
+                quantize_rows(ty, f, d, 2),
+                quantize_rows(ty, d, f, 3),
+            );
+            let m = |b: &[u8], rows, cols| dev.matrix(ty, rows, cols, b).unwrap();
+            let norm = data(d, 4);
+            let fused = Mlp::fused(
+                norm.clone(),
+                Linear::new(dev.concat(vec![m(&g, f, d), m(&u, f, d)]).unwrap()),
+                Linear::new(m(&w, d, f)),
+            );
+            let split = Mlp::split(
+                norm,
+                Linear::new(m(&g, f, d)),
+                Linear::new(m(&u, f, d)),
+                Linear::new(m(&w, d, f)),
+            );
+            let run = Run {
+                dev: &dev,
+                reference: None,
+                eps: 1e-5,
+            };
+            let x = data(n * d, 5);
+            let mut ws = Workspace::default();
+            let mut out = |mlp: &Mlp| {
+                let mut x = x.clone();
+                let mut s = MlpScratch::default();
+                mlp.forward(&run, &mut x, n, &mut s, &mut ws, &mut None)
+                    .unwrap();
+                x
+            };
+            let (a, b) = (out(&fused), out(&split));
+            assert_ne!(a, x, "{ty}: the block adds its output");
+            assert_eq!(a, b, "{ty}: fused and split differ");
+        }
+    }
+}
