@@ -9,7 +9,7 @@
 //! without allocating.
 //!
 //! Executing reserves the parts' KV pages (a no-op when the planner reserved them), lays them out as one
-//! [`Batch`], moves hybrid models' recurrent states into the pass and back, runs the model, times the pass
+//! [`crate::kv::Batch`], moves hybrid models' recurrent states into the pass and back, runs the model, times the pass
 //! for the speculation cost model, and advances every sequence past its tokens. The logits come back as
 //! rows in plan order, one group per part that wanted any.
 
