@@ -5,8 +5,10 @@
 //! on the host: each kernel family is a `.cu` file under `kernels/cuda/`, exposed as a [`Module`] constant
 //! with its source (`include_str!`) and the names of the kernels it defines.
 //!
-//! The catalog is filled in by the CUDA backend work; until then it is empty and the CPU backend is the only
-//! one.
+//! The catalog grows with the CUDA backend (issue 21). Every source is checked without a GPU: CI compiles
+//! each module to PTX with NVRTC and assembles it with ptxas for sm_90 (H100/H200) and Thor
+//! (`scripts/cuda-compile-check`); numerics are checked against the CPU's scalar references on a GPU
+//! machine.
 
 /// One CUDA source file and the kernels it defines.
 #[derive(Debug, Clone, Copy)]
@@ -19,5 +21,53 @@ pub struct Module {
     pub kernels: &'static [&'static str],
 }
 
-/// Every module, for tests that compile the whole catalog on a GPU machine.
-pub const ALL: &[Module] = &[];
+/// Residual add and the SiLU-gated products.
+pub const ELEMENTWISE: Module = Module {
+    name: "elementwise",
+    source: include_str!("../cuda/elementwise.cu"),
+    kernels: &["add_f32", "silu_mul_f32", "swiglu_rows_f32"],
+};
+
+/// RMS norm over rows.
+pub const NORM: Module = Module {
+    name: "norm",
+    source: include_str!("../cuda/norm.cu"),
+    kernels: &["rmsnorm_f32"],
+};
+
+/// Every module, for the compile check and for tests that load the whole catalog on a GPU machine.
+pub const ALL: &[Module] = &[ELEMENTWISE, NORM];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `extern "C" __global__` kernels a source defines, in order.
+    fn defined(source: &str) -> Vec<&str> {
+        source
+            .split("extern \"C\" __global__ void ")
+            .skip(1)
+            .filter_map(|rest| rest.split('(').next())
+            .map(str::trim)
+            .collect()
+    }
+
+    #[test]
+    fn the_catalog_names_exactly_the_kernels_each_source_defines() {
+        let mut names = std::collections::HashSet::new();
+        for m in ALL {
+            assert_eq!(defined(m.source), m.kernels, "module {}", m.name);
+            for k in m.kernels {
+                assert!(names.insert(*k), "kernel {k} is defined twice");
+            }
+        }
+    }
+
+    #[test]
+    fn sources_are_self_contained() {
+        // NVRTC runs without the toolkit's headers on the build machines.
+        for m in ALL {
+            assert!(!m.source.contains("#include"), "module {} includes a header", m.name);
+        }
+    }
+}
