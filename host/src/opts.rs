@@ -26,7 +26,8 @@ pub struct ModelArgs {
 #[command(next_help_heading = "Engine")]
 pub struct EngineArgs {
     /// The device the model runs on: `cpu`, `cuda` or `cuda:N` (a build without the CUDA backend, or a
-    /// machine without a GPU, says so and stops).
+    /// machine without a usable GPU, says which and stops), or `auto` (GPU 0 when one can be used, else
+    /// the CPU, with a log line saying why).
     #[arg(long, env = "THORN_DEVICE", default_value = "cpu")]
     pub device: DeviceKind,
     /// CPU threads (0 = one per physical core).

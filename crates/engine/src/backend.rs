@@ -60,6 +60,14 @@ pub enum DeviceError {
     /// The binary was built without the `cuda` feature.
     #[error("this build of thorn has no CUDA backend (rebuild with --features cuda)")]
     CudaNotCompiled,
+    /// A library the CUDA backend loads at run time is not on the loader path.
+    #[error("no CUDA GPU can be used: {library} was not found ({hint})")]
+    MissingLibrary {
+        /// The library (`libcuda`, `libnvrtc`).
+        library: &'static str,
+        /// Where it comes from.
+        hint: &'static str,
+    },
     /// No NVIDIA driver or GPU was found.
     #[error("no CUDA GPU found: {0}")]
     NoGpu(String),
@@ -119,6 +127,8 @@ pub enum DeviceKind {
     Cpu,
     /// CUDA GPU `ordinal`.
     Cuda(usize),
+    /// GPU 0 when one can be used, else the CPU (saying why in the log).
+    Auto,
 }
 
 impl DeviceKind {
@@ -127,6 +137,10 @@ impl DeviceKind {
         match self {
             DeviceKind::Cpu => Ok(Device::cpu(threads)),
             DeviceKind::Cuda(ordinal) => Device::cuda(ordinal),
+            DeviceKind::Auto => Ok(Device::cuda(0).unwrap_or_else(|e| {
+                tracing::warn!("running on the CPU: {e}");
+                Device::cpu(threads)
+            })),
         }
     }
 }
@@ -134,16 +148,17 @@ impl DeviceKind {
 impl std::str::FromStr for DeviceKind {
     type Err = String;
 
-    /// `cpu`, `cuda` (GPU 0) or `cuda:N`.
+    /// `cpu`, `cuda` (GPU 0), `cuda:N` or `auto`.
     fn from_str(s: &str) -> Result<Self, String> {
         match s.trim().to_ascii_lowercase().as_str() {
             "cpu" => Ok(DeviceKind::Cpu),
+            "auto" => Ok(DeviceKind::Auto),
             "cuda" | "gpu" => Ok(DeviceKind::Cuda(0)),
             other => other
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(DeviceKind::Cuda)
-                .ok_or_else(|| format!("{s:?}: expected cpu, cuda or cuda:N")),
+                .ok_or_else(|| format!("{s:?}: expected cpu, cuda, cuda:N or auto")),
         }
     }
 }
@@ -621,9 +636,15 @@ mod tests {
         match DeviceKind::Cuda(0).open(1) {
             Err(
                 DeviceError::CudaNotCompiled
+                | DeviceError::MissingLibrary { .. }
                 | DeviceError::NoGpu(_)
                 | DeviceError::Unsupported { .. },
-            ) => {}
+            ) => {
+                // `auto` then falls back to the CPU.
+                assert_eq!("Auto".parse(), Ok(DeviceKind::Auto));
+                let dev = DeviceKind::Auto.open(1).unwrap();
+                assert!(dev.name().starts_with("cpu/"), "{}", dev.name());
+            }
             other => panic!("unexpected: {other:?}"),
         }
         assert!(DeviceKind::Cpu.open(1).unwrap().name().starts_with("cpu/"));

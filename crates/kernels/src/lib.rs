@@ -67,7 +67,11 @@ mod tests {
     fn sources_are_self_contained() {
         // NVRTC runs without the toolkit's headers on the build machines.
         for m in ALL {
-            assert!(!m.source.contains("#include"), "module {} includes a header", m.name);
+            assert!(
+                !m.source.contains("#include"),
+                "module {} includes a header",
+                m.name
+            );
         }
     }
 }
