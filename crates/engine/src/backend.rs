@@ -41,6 +41,8 @@ pub mod cuda;
 #[path = "backend/cuda.rs"]
 pub mod cuda;
 pub mod fp8;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
 pub mod pages;
 
 use crate::quant::{GgmlType, QuantError, dequantize_ref, dot_ref};
@@ -71,6 +73,16 @@ pub enum DeviceError {
     /// No NVIDIA driver or GPU was found.
     #[error("no CUDA GPU found: {0}")]
     NoGpu(String),
+    /// A kernel module did not compile (NVRTC's log says why).
+    #[error("kernel module {module} does not compile for {arch}: {log}")]
+    Compile {
+        /// The module.
+        module: &'static str,
+        /// The virtual architecture (`compute_90`).
+        arch: &'static str,
+        /// The compiler's log, or what is missing from its output.
+        log: String,
+    },
     /// The device cannot run this op or weight type.
     #[error("{device} cannot run {what}")]
     Unsupported {

@@ -36,12 +36,6 @@ fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-#[expect(unsafe_code, reason = "cudarc's library probe is an unsafe fn")]
-fn nvrtc_present() -> bool {
-    // SAFETY: tries to dlopen NVRTC under each soname cudarc would use (no symbol is called).
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
-}
-
 impl Cuda {
     /// Finds GPU `ordinal`: the libraries, the driver, the device.
     pub fn probe(ordinal: usize) -> Result<Probe, DeviceError> {
@@ -51,12 +45,8 @@ impl Cuda {
                 hint: "install the NVIDIA driver, or run with --device cpu",
             });
         }
-        if !nvrtc_present() {
-            return Err(DeviceError::MissingLibrary {
-                library: "libnvrtc (the CUDA runtime compiler)",
-                hint: "install CUDA's NVRTC (e.g. the nvidia-cuda-nvrtc-cu12 wheel) on the loader path",
-            });
-        }
+        // The kernels are compiled at run time: no NVRTC, no kernels.
+        super::nvrtc::version()?;
         let found = catch_unwind(AssertUnwindSafe(|| {
             let ctx = cudarc::driver::CudaContext::new(ordinal)
                 .map_err(|e| format!("GPU {ordinal}: {e}"))?;
