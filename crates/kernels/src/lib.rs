@@ -35,8 +35,15 @@ pub const NORM: Module = Module {
     kernels: &["rmsnorm_f32"],
 };
 
+/// Activation quantization to 8-bit blocks of 32 (the matrix products' input).
+pub const QUANTIZE: Module = Module {
+    name: "quantize",
+    source: include_str!("../cuda/quantize.cu"),
+    kernels: &["quantize_q8_1"],
+};
+
 /// Every module, for the compile check and for tests that load the whole catalog on a GPU machine.
-pub const ALL: &[Module] = &[ELEMENTWISE, NORM];
+pub const ALL: &[Module] = &[ELEMENTWISE, NORM, QUANTIZE];
 
 #[cfg(test)]
 mod tests {
