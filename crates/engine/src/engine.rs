@@ -612,9 +612,9 @@ impl Engine {
         guide: Option<&mut Guide>,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, EngineError> {
-        self.check_request(req)?;
         let mut result = None;
         {
+            // The scheduler checks the request and reports a bad one through the sink.
             let mut sched = Scheduler::new(SchedulerConfig {
                 max_batch: 1,
                 step_tokens: PREFILL_CHUNK,

@@ -45,3 +45,16 @@ pub(crate) fn quantize_rows(ty: GgmlType, rows: usize, cols: usize, seed: u64) -
     }
     bytes
 }
+
+/// Deterministic pseudo-random numbers in `[-scale, scale)` (tests).
+pub(crate) fn noise(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale
+        })
+        .collect()
+}

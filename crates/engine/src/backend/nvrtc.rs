@@ -58,6 +58,8 @@ fn fnv1a(s: &str) -> u64 {
 #[derive(Debug, Default)]
 pub struct KernelCache {
     dir: Option<PathBuf>,
+    /// NVRTC's version, probed on first use.
+    nvrtc: Option<(i32, i32)>,
     compiled: usize,
     hits: usize,
 }
@@ -79,7 +81,10 @@ impl KernelCache {
     /// The PTX of `module` for `arch` (a virtual architecture: `compute_90`), from the cache or compiled;
     /// every kernel the module names is checked to be in it.
     pub fn ptx(&mut self, module: &Module, arch: &'static str) -> Result<String, DeviceError> {
-        let (major, minor) = version()?;
+        let (major, minor) = match self.nvrtc {
+            Some(v) => v,
+            None => *self.nvrtc.insert(version()?),
+        };
         let entry = format!(
             "{}-{arch}-{:016x}-nvrtc{major}.{minor}.ptx",
             module.name,
@@ -115,7 +120,8 @@ fn defines_all(ptx: &str, module: &Module) -> bool {
         ptx.lines().any(|l| {
             l.trim_start()
                 .strip_prefix(".visible .entry ")
-                .is_some_and(|r| r.starts_with(&format!("{k}(")))
+                .and_then(|r| r.strip_prefix(k))
+                .is_some_and(|r| r.starts_with('('))
         })
     })
 }

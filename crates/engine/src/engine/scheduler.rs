@@ -17,6 +17,7 @@ use super::step::{Pass, StepPlan};
 use super::{Engine, EngineError, Generation, Request, Timing};
 use crate::kv::{KvError, Logits, SeqKv};
 use crate::sample::guide::Guide;
+use crate::tokenizer::TokenId;
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -277,8 +278,6 @@ impl<'a> Scheduler<'a> {
         for ran in self.step.drain() {
             let (i, mut seq, n, want) = (ran.owner, ran.seq, ran.tokens, ran.want);
             let a = &mut self.running[i];
-            // The pass advanced it past its `n` tokens.
-            let start = seq.len() - n;
             let k = match want {
                 Logits::None => {
                     // A prefill chunk that ended where a hybrid model keeps a snapshot.
@@ -308,8 +307,10 @@ impl<'a> Scheduler<'a> {
                 let r = a
                     .dec
                     .advance_tree(logits, vocab, tokenizer, &mut |t| sink.text(t), spec);
-                // Keep the accepted path of the tree, stored after the pending tokens.
-                kv.keep_path(&mut seq, start + n - (k - 1), a.dec.accepted());
+                // Keep the accepted path of the tree, stored after the pending tokens (the last of which
+                // is the first of the `k` rows).
+                let from = seq.len() + 1 - k;
+                kv.keep_path(&mut seq, from, a.dec.accepted());
                 r
             } else {
                 a.dec.advance(logits, tokenizer, &mut |t| sink.text(t))
@@ -577,9 +578,7 @@ impl Engine {
     /// Checks a request against this engine (prompt present, tokens in the vocabulary, room to generate).
     pub fn check_request(&self, req: &Request) -> Result<(), EngineError> {
         let vocab = self.model.vocab();
-        if req.prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
+        self.check_prompt(&req.prompt)?;
         if let Some(&bad) = req
             .prompt
             .iter()
@@ -588,18 +587,26 @@ impl Engine {
         {
             return Err(EngineError::TokenOutOfVocab { token: bad, vocab });
         }
-        if req.prompt.len() >= self.context {
-            return Err(EngineError::PromptTooLong {
-                prompt: req.prompt.len(),
-                context: self.context,
-            });
-        }
         // Stop strings are matched against held-back text every token: bound their size here, where
         // that cost is spent.
         if req.stop.len() > super::MAX_STOPS
             || req.stop.iter().any(|s| s.len() > super::MAX_STOP_BYTES)
         {
             return Err(EngineError::Stops);
+        }
+        Ok(())
+    }
+
+    /// Checks that a prompt has tokens and leaves room in the context.
+    pub(crate) fn check_prompt(&self, prompt: &[TokenId]) -> Result<(), EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt.len() >= self.context {
+            return Err(EngineError::PromptTooLong {
+                prompt: prompt.len(),
+                context: self.context,
+            });
         }
         Ok(())
     }

@@ -45,15 +45,7 @@ impl Session<'_> {
     /// last position's logits in [`Session::logits`]. Returns how many prompt tokens came from the cache.
     pub fn prefill(&mut self, prompt: &[TokenId]) -> Result<usize, EngineError> {
         let e = &mut *self.engine;
-        if prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if prompt.len() >= e.context {
-            return Err(EngineError::PromptTooLong {
-                prompt: prompt.len(),
-                context: e.context,
-            });
-        }
+        e.check_prompt(prompt)?;
         if let Some(old) = self.seq.take() {
             e.kv.release(old, Some(&self.tokens));
         }

@@ -373,27 +373,13 @@ pub fn gated_norm(s: &Shape, o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
     }
 }
 
-/// Deterministic pseudo-random numbers in `[-scale, scale)` (tests).
-#[cfg(test)]
-pub(crate) fn test_noise(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Deterministic pseudo-random numbers in [-1, 1).
     fn noise(seed: u64, n: usize) -> Vec<f32> {
-        test_noise(seed, n, 1.0)
+        crate::testutil::noise(seed, n, 1.0)
     }
 
     fn run(s: &Shape, n: usize, chunk: bool, split: usize) -> (Vec<f32>, Vec<f32>) {

@@ -438,7 +438,7 @@ fn nvfp4_checkpoint_weights_are_dequantized() {
     assert!(max_diff(&got, &w) < 0.35 * amax, "a sane quantization");
 }
 
-use crate::backend::gdn::test_noise as noise;
+use crate::testutil::noise;
 
 /// The qwen35-tiny checkpoint plus a random MTP head, written as an HF checkpoint in a fresh directory.
 pub(crate) fn checkpoint_with_mtp(tag: &str) -> std::path::PathBuf {
