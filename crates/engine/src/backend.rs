@@ -41,6 +41,7 @@ pub mod cuda;
 #[path = "backend/cuda.rs"]
 pub mod cuda;
 pub mod fp8;
+pub mod launch;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod pages;

@@ -3,12 +3,14 @@
 //! The backend compiles these at run time with NVRTC (no nvcc on the build machines), lazily, one module at
 //! a time, and caches the loaded modules per device. This crate has no dependencies and no code that runs
 //! on the host: each kernel family is a `.cu` file under `kernels/cuda/`, exposed as a [`Module`] constant
-//! with its source (`include_str!`) and the names of the kernels it defines.
+//! with its source and the names of the kernels it defines. A module's source is the shared prelude
+//! (`cuda/common.cuh`: warp and block reductions, half conversions, GGUF field loads) followed by its own
+//! file, so each compiles alone, with no include path and no toolkit header.
 //!
-//! The catalog grows with the CUDA backend (issue 21). Every source is checked without a GPU: CI compiles
-//! each module to PTX with NVRTC and assembles it with ptxas for sm_90 (H100/H200) and Thor
-//! (`scripts/cuda-compile-check`); numerics are checked against the CPU's scalar references on a GPU
-//! machine.
+//! Every source is checked without a GPU, twice: CI compiles each module to PTX with NVRTC and assembles it
+//! with ptxas for sm_90 (H100/H200) and Thor (`scripts/cuda-compile-check`), and the engine's tests run
+//! every kernel on the CPU through `thorn-kernel-sim` against the CPU backend's scalar references. On a GPU
+//! machine the same tests run on the GPU.
 
 /// One CUDA source file and the kernels it defines.
 #[derive(Debug, Clone, Copy)]
@@ -21,29 +23,70 @@ pub struct Module {
     pub kernels: &'static [&'static str],
 }
 
+/// The prelude every module's source starts with.
+pub const PRELUDE: &str = include_str!("../cuda/common.cuh");
+
 /// Residual add and the SiLU-gated products.
 pub const ELEMENTWISE: Module = Module {
     name: "elementwise",
-    source: include_str!("../cuda/elementwise.cu"),
+    source: concat!(
+        include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/elementwise.cu")
+    ),
     kernels: &["add_f32", "silu_mul_f32", "swiglu_rows_f32"],
 };
 
 /// RMS norm over rows.
 pub const NORM: Module = Module {
     name: "norm",
-    source: include_str!("../cuda/norm.cu"),
+    source: concat!(
+        include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/norm.cu")
+    ),
     kernels: &["rmsnorm_f32"],
 };
 
 /// Activation quantization to 8-bit blocks of 32 (the matrix products' input).
 pub const QUANTIZE: Module = Module {
     name: "quantize",
-    source: include_str!("../cuda/quantize.cu"),
+    source: concat!(
+        include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/quantize.cu")
+    ),
     kernels: &["quantize_q8_1"],
 };
 
+/// Conversions between f32 and IEEE half.
+pub const CONVERT: Module = Module {
+    name: "convert",
+    source: concat!(
+        include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/convert.cu")
+    ),
+    kernels: &["f16_to_f32_n", "f32_to_f16_n"],
+};
+
+/// Matrix-vector products over GGUF block formats (and f32/f16 weights), up to 8 tokens at once.
+pub const MATVEC: Module = Module {
+    name: "matvec",
+    source: concat!(
+        include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/matvec.cu")
+    ),
+    kernels: &[
+        "matvec_q4_0",
+        "matvec_q4_1",
+        "matvec_q8_0",
+        "matvec_q4_k",
+        "matvec_q6_k",
+        "matvec_nvfp4",
+        "matvec_f32",
+        "matvec_f16",
+    ],
+};
+
 /// Every module, for the compile check and for tests that load the whole catalog on a GPU machine.
-pub const ALL: &[Module] = &[ELEMENTWISE, NORM, QUANTIZE];
+pub const ALL: &[Module] = &[ELEMENTWISE, NORM, QUANTIZE, CONVERT, MATVEC];
 
 #[cfg(test)]
 mod tests {
@@ -63,6 +106,11 @@ mod tests {
     fn the_catalog_names_exactly_the_kernels_each_source_defines() {
         let mut names = std::collections::HashSet::new();
         for m in ALL {
+            assert!(
+                m.source.starts_with(PRELUDE),
+                "module {} lacks the prelude",
+                m.name
+            );
             assert_eq!(defined(m.source), m.kernels, "module {}", m.name);
             for k in m.kernels {
                 assert!(names.insert(*k), "kernel {k} is defined twice");

@@ -1,0 +1,413 @@
+//! The CUDA kernels' launches, written once for any place that runs them: a CUDA stream, or the CPU
+//! simulator of the tests (`thorn-kernel-sim`, which compiles the same kernel sources as C++).
+//!
+//! Each op here checks its shapes, picks the launch shape its kernel's header comment asks for, and hands
+//! the kernel its arguments as the C types it declares. A [`Launcher`] only runs `(module, kernel, grid,
+//! block, shared memory, arguments)`; device memory is addressed by [`DevPtr`] (a device pointer on a GPU,
+//! a host address in the simulator). So the code that decides how a kernel is launched is the code the
+//! tests run, on every machine, against the CPU backend's scalar references.
+//!
+//! Ops take device addresses and sizes, never host slices: they queue work and return. Every size is
+//! checked here, before anything runs ([`DeviceError::Unsupported`] names what does not fit), because a
+//! kernel trusts the sizes it is given.
+
+use super::DeviceError;
+use crate::quant::GgmlType;
+use thorn_kernels::Module;
+
+/// A device address: a CUDA device pointer, or a host address in the simulator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DevPtr(pub u64);
+
+impl DevPtr {
+    /// The address `bytes` further on.
+    pub fn offset(self, bytes: usize) -> DevPtr {
+        DevPtr(self.0 + bytes as u64)
+    }
+}
+
+/// One kernel argument, as the C type the kernel declares (pointers, `int`, `float`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    /// A pointer.
+    Ptr(DevPtr),
+    /// An `int`.
+    I32(i32),
+    /// A `float`.
+    F32(f32),
+}
+
+/// The most arguments a kernel of the catalog takes.
+pub const MAX_ARGS: usize = 16;
+
+/// Arguments laid out as `cuLaunchKernel` reads them: one 8-byte slot per argument, each holding the
+/// value's bytes from its start (little-endian), so a pointer to slot `i` is a pointer to argument `i`.
+#[derive(Debug)]
+pub struct Params {
+    slots: [u64; MAX_ARGS],
+    len: usize,
+}
+
+impl Params {
+    /// The slots for `args`.
+    pub fn new(args: &[Arg]) -> Self {
+        assert!(
+            args.len() <= MAX_ARGS,
+            "a kernel takes at most {MAX_ARGS} arguments"
+        );
+        let mut slots = [0u64; MAX_ARGS];
+        for (s, a) in slots.iter_mut().zip(args) {
+            *s = match *a {
+                Arg::Ptr(p) => p.0,
+                Arg::I32(v) => u64::from(v as u32),
+                Arg::F32(v) => u64::from(v.to_bits()),
+            };
+        }
+        Params {
+            slots,
+            len: args.len(),
+        }
+    }
+
+    /// The pointer to each argument (`kernelParams`); valid while `self` is neither moved nor dropped.
+    pub fn pointers(&mut self) -> [*mut std::ffi::c_void; MAX_ARGS] {
+        let mut p = [std::ptr::null_mut(); MAX_ARGS];
+        for (ptr, slot) in p.iter_mut().zip(&mut self.slots[..self.len]) {
+            *ptr = std::ptr::from_mut(slot).cast();
+        }
+        p
+    }
+
+    /// How many arguments there are.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A launch's shape: `grid` blocks of `block` threads, with `shared` bytes of dynamic shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Blocks (x, y, z).
+    pub grid: [u32; 3],
+    /// Threads per block (x, y, z).
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, bytes.
+    pub shared: u32,
+}
+
+/// Runs kernels (in order, on one stream).
+pub trait Launcher {
+    /// Queues `kernel` of `module` with `shape` and `args`.
+    fn launch(
+        &self,
+        module: &Module,
+        kernel: &'static str,
+        shape: Shape,
+        args: &[Arg],
+    ) -> Result<(), DeviceError>;
+}
+
+/// The most tokens one matrix-vector launch takes (`MV_TOKENS` in `matvec.cu`); more are split.
+pub const MATVEC_TOKENS: usize = 8;
+/// Output rows per matrix-vector block (`MV_ROWS`).
+const MATVEC_ROWS: usize = 4;
+/// Threads per block of the element-wise kernels.
+const THREADS: u32 = 256;
+/// The most blocks an element-wise launch uses (its kernels loop over the rest).
+const MAX_BLOCKS: usize = 4096;
+
+fn unsupported(what: String) -> DeviceError {
+    DeviceError::Unsupported {
+        device: "the CUDA kernels",
+        what,
+    }
+}
+
+fn int(v: usize, what: &str) -> Result<i32, DeviceError> {
+    i32::try_from(v).map_err(|_| unsupported(format!("{what} of {v} (more than 2^31 - 1)")))
+}
+
+fn blocks(n: usize) -> [u32; 3] {
+    [
+        n.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32,
+        1,
+        1,
+    ]
+}
+
+fn elementwise(n: usize) -> Shape {
+    Shape {
+        grid: blocks(n),
+        block: [THREADS, 1, 1],
+        shared: 0,
+    }
+}
+
+/// `x[i] += y[i]` for `n` floats.
+pub fn add(l: &dyn Launcher, x: DevPtr, y: DevPtr, n: usize) -> Result<(), DeviceError> {
+    let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::I32(int(n, "a length")?)];
+    l.launch(
+        &thorn_kernels::ELEMENTWISE,
+        "add_f32",
+        elementwise(n),
+        &args,
+    )
+}
+
+/// `out[i] = silu(gate[i]) * up[i]` for `n` floats.
+pub fn silu_mul(
+    l: &dyn Launcher,
+    gate: DevPtr,
+    up: DevPtr,
+    out: DevPtr,
+    n: usize,
+) -> Result<(), DeviceError> {
+    let args = [
+        Arg::Ptr(gate),
+        Arg::Ptr(up),
+        Arg::Ptr(out),
+        Arg::I32(int(n, "a length")?),
+    ];
+    l.launch(
+        &thorn_kernels::ELEMENTWISE,
+        "silu_mul_f32",
+        elementwise(n),
+        &args,
+    )
+}
+
+/// The fused gate/up layout: row `t` of `gu` is `[gate (f) | up (f)]`, row `t` of `out` is
+/// `silu(gate) * up`.
+pub fn swiglu_rows(
+    l: &dyn Launcher,
+    gu: DevPtr,
+    out: DevPtr,
+    rows: usize,
+    f: usize,
+) -> Result<(), DeviceError> {
+    int(2 * rows * f, "an activation size")?;
+    let args = [
+        Arg::Ptr(gu),
+        Arg::Ptr(out),
+        Arg::I32(int(rows, "rows")?),
+        Arg::I32(int(f, "a width")?),
+    ];
+    l.launch(
+        &thorn_kernels::ELEMENTWISE,
+        "swiglu_rows_f32",
+        elementwise(rows * f),
+        &args,
+    )
+}
+
+/// RMS norm of `rows` rows of `d` floats of `x` with weight `w` (d floats) into `out`.
+pub fn rmsnorm(
+    l: &dyn Launcher,
+    x: DevPtr,
+    w: DevPtr,
+    out: DevPtr,
+    rows: usize,
+    d: usize,
+    eps: f32,
+) -> Result<(), DeviceError> {
+    if rows == 0 {
+        return Ok(());
+    }
+    // One block per row, up to 1024 threads in whole warps.
+    let threads = d.next_multiple_of(32).clamp(32, 1024) as u32;
+    let shape = Shape {
+        grid: [int(rows, "rows")? as u32, 1, 1],
+        block: [threads, 1, 1],
+        shared: 0,
+    };
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(w),
+        Arg::Ptr(out),
+        Arg::I32(int(d, "a width")?),
+        Arg::F32(eps),
+    ];
+    l.launch(&thorn_kernels::NORM, "rmsnorm_f32", shape, &args)
+}
+
+/// A matrix product's input: `tokens` rows of `cols` floats at `x`, and their quantized copy for the block
+/// formats (filled by [`quantize_q8_1`]): `q`, one int8 per value, and `ds`, per block of 32 the pair
+/// `(d, d * Σq)` as two floats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acts {
+    /// `tokens × cols` floats.
+    pub x: DevPtr,
+    /// `tokens × cols` int8.
+    pub q: DevPtr,
+    /// `tokens × cols / 32` float pairs.
+    pub ds: DevPtr,
+    /// Rows.
+    pub tokens: usize,
+    /// Values per row.
+    pub cols: usize,
+}
+
+impl Acts {
+    /// Bytes of `q` for `tokens` rows of `cols`.
+    pub fn q_bytes(tokens: usize, cols: usize) -> usize {
+        tokens * cols
+    }
+
+    /// Bytes of `ds` for `tokens` rows of `cols`.
+    pub fn ds_bytes(tokens: usize, cols: usize) -> usize {
+        8 * tokens * cols.div_ceil(32)
+    }
+}
+
+/// Quantizes the rows of `a.x` into `a.q` and `a.ds` (`a.cols` a multiple of 32).
+pub fn quantize_q8_1(l: &dyn Launcher, a: &Acts) -> Result<(), DeviceError> {
+    if !a.cols.is_multiple_of(32) {
+        return Err(unsupported(format!(
+            "activations of width {} (not a multiple of 32)",
+            a.cols
+        )));
+    }
+    let n = a.tokens * a.cols;
+    if n == 0 {
+        return Ok(());
+    }
+    // One thread per value, whole warps: n is a multiple of 32 and so is the block.
+    let shape = Shape {
+        grid: [int(n.div_ceil(THREADS as usize), "blocks")? as u32, 1, 1],
+        block: [THREADS, 1, 1],
+        shared: 0,
+    };
+    let args = [
+        Arg::Ptr(a.x),
+        Arg::Ptr(a.q),
+        Arg::Ptr(a.ds),
+        Arg::I32(int(n, "an activation size")?),
+    ];
+    l.launch(&thorn_kernels::QUANTIZE, "quantize_q8_1", shape, &args)
+}
+
+/// A weight matrix in device memory: `rows` rows of `cols` weights of type `ty`, as GGUF stores them (f32
+/// for `F32`, IEEE half bits for `F16`), times `scale` (NVFP4's tensor scale; 1 otherwise).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weights {
+    /// The bytes.
+    pub ptr: DevPtr,
+    /// Their type.
+    pub ty: GgmlType,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// The tensor scale.
+    pub scale: f32,
+}
+
+impl Weights {
+    /// The matrix-vector kernel for this type, and whether it reads quantized activations.
+    pub fn kernel(&self) -> Result<(&'static str, bool), DeviceError> {
+        Ok(match self.ty {
+            GgmlType::Q4_0 => ("matvec_q4_0", true),
+            GgmlType::Q4_1 => ("matvec_q4_1", true),
+            GgmlType::Q8_0 => ("matvec_q8_0", true),
+            GgmlType::Q4_K => ("matvec_q4_k", true),
+            GgmlType::Q6_K => ("matvec_q6_k", true),
+            GgmlType::NVFP4 => ("matvec_nvfp4", true),
+            GgmlType::F32 => ("matvec_f32", false),
+            GgmlType::F16 => ("matvec_f16", false),
+            ty => return Err(unsupported(format!("weights of type {ty}"))),
+        })
+    }
+
+    /// Checks that the kernels can take this matrix: a known type and whole blocks per row.
+    pub fn check(&self) -> Result<(), DeviceError> {
+        let (_, quantized) = self.kernel()?;
+        let block = if quantized {
+            self.ty.block_size().max(32)
+        } else {
+            1
+        };
+        if self.cols == 0 || !self.cols.is_multiple_of(block) {
+            return Err(unsupported(format!(
+                "rows of {} weights of type {} (blocks of {block})",
+                self.cols, self.ty
+            )));
+        }
+        int(self.rows, "rows")?;
+        int(self.cols, "a width")?;
+        if self.scale != 1.0 && !quantized {
+            return Err(unsupported(format!(
+                "a tensor scale on {} weights",
+                self.ty
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `out[t * w.rows + r] = scale * W[r] · x[t]` for the `a.tokens` rows of the input: its quantized copy
+/// for block types (see [`quantize_q8_1`]), its floats for f32 and f16 weights. Batches of more than
+/// [`MATVEC_TOKENS`] run as several launches.
+pub fn matvec(l: &dyn Launcher, w: &Weights, a: &Acts, out: DevPtr) -> Result<(), DeviceError> {
+    w.check()?;
+    let (kernel, quantized) = w.kernel()?;
+    if a.cols != w.cols {
+        return Err(unsupported(format!(
+            "an input of width {} for a matrix of width {}",
+            a.cols, w.cols
+        )));
+    }
+    let shape = Shape {
+        grid: [int(w.rows.div_ceil(MATVEC_ROWS), "blocks")? as u32, 1, 1],
+        block: [32, MATVEC_ROWS as u32, 1],
+        shared: 0,
+    };
+    let (rows, cols) = (int(w.rows, "rows")?, int(w.cols, "a width")?);
+    let mut t0 = 0;
+    while t0 < a.tokens {
+        let nt = (a.tokens - t0).min(MATVEC_TOKENS);
+        let o = Arg::Ptr(out.offset(4 * t0 * w.rows));
+        let (rows, cols, nt) = (Arg::I32(rows), Arg::I32(cols), Arg::I32(nt as i32));
+        if quantized {
+            let q = Arg::Ptr(a.q.offset(Acts::q_bytes(t0, w.cols)));
+            let ds = Arg::Ptr(a.ds.offset(Acts::ds_bytes(t0, w.cols)));
+            let args = [Arg::Ptr(w.ptr), q, ds, o, rows, cols, nt, Arg::F32(w.scale)];
+            l.launch(&thorn_kernels::MATVEC, kernel, shape, &args)?;
+        } else {
+            let x = Arg::Ptr(a.x.offset(4 * t0 * w.cols));
+            let args = [Arg::Ptr(w.ptr), x, o, rows, cols, nt];
+            l.launch(&thorn_kernels::MATVEC, kernel, shape, &args)?;
+        }
+        t0 += MATVEC_TOKENS;
+    }
+    Ok(())
+}
+
+/// `n` IEEE half values (their bits, at `h`) to f32 at `f`.
+pub fn f16_to_f32(l: &dyn Launcher, h: DevPtr, f: DevPtr, n: usize) -> Result<(), DeviceError> {
+    let args = [Arg::Ptr(h), Arg::Ptr(f), Arg::I32(int(n, "a length")?)];
+    l.launch(
+        &thorn_kernels::CONVERT,
+        "f16_to_f32_n",
+        elementwise(n),
+        &args,
+    )
+}
+
+/// `n` floats at `f` to IEEE half bits at `h` (round to nearest even).
+pub fn f32_to_f16(l: &dyn Launcher, f: DevPtr, h: DevPtr, n: usize) -> Result<(), DeviceError> {
+    let args = [Arg::Ptr(f), Arg::Ptr(h), Arg::I32(int(n, "a length")?)];
+    l.launch(
+        &thorn_kernels::CONVERT,
+        "f32_to_f16_n",
+        elementwise(n),
+        &args,
+    )
+}
+
+#[cfg(test)]
+mod tests;

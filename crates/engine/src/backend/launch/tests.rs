@@ -1,0 +1,444 @@
+//! Every kernel, launched by this module's ops, run in the CPU simulator and checked against the CPU
+//! backend's scalar references. Each test states its tolerance: exact where the kernel does the reference's
+//! IEEE operations in its order, a bound on float reassociation where it sums in another order.
+
+use super::*;
+use crate::backend::cpu::ops;
+use crate::backend::cpu::qmatmul::{QActs, quantize_ref};
+use crate::quant::dequantize_ref;
+use crate::testutil::{data, quantize_rows};
+
+/// The simulator as a launcher: device memory is host memory, a device pointer a host address.
+struct Sim;
+
+impl Launcher for Sim {
+    fn launch(
+        &self,
+        module: &Module,
+        kernel: &'static str,
+        shape: Shape,
+        args: &[Arg],
+    ) -> Result<(), DeviceError> {
+        let mut params = Params::new(args);
+        let n = params.len();
+        let mut ptrs = params.pointers();
+        #[expect(unsafe_code, reason = "runs a kernel on host buffers")]
+        // SAFETY: the pointers address `params`' slots, alive for the call, one per argument as the op
+        // built them for this kernel; the pointer arguments are `Mem` buffers the test keeps alive, sized
+        // by the op's own checks, and fenced by guard words that every test checks afterwards.
+        let r = unsafe {
+            thorn_kernel_sim::launch(
+                module.name,
+                kernel,
+                shape.grid.into(),
+                shape.block.into(),
+                shape.shared as usize,
+                &mut ptrs[..n],
+            )
+        };
+        r.map_err(|e| DeviceError::Unsupported {
+            device: "the kernel simulator",
+            what: e.to_string(),
+        })
+    }
+}
+
+const GUARD_WORDS: usize = 8;
+const GUARD: u64 = 0xa5a5_5a5a_c3c3_3c3c;
+
+/// A "device" buffer: 8-byte aligned host memory fenced by guard words on both sides, so a kernel that
+/// writes out of bounds fails the test instead of passing silently.
+struct Mem {
+    words: Vec<u64>,
+    bytes: usize,
+}
+
+impl Mem {
+    fn zeroed(bytes: usize) -> Self {
+        let mut words = vec![GUARD; 2 * GUARD_WORDS + bytes.div_ceil(8)];
+        let end = words.len() - GUARD_WORDS;
+        words[GUARD_WORDS..end].fill(0);
+        Mem { words, bytes }
+    }
+
+    fn from_bytes(b: &[u8]) -> Self {
+        let mut m = Mem::zeroed(b.len());
+        for (i, chunk) in b.chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            m.words[GUARD_WORDS + i] = u64::from_le_bytes(w);
+        }
+        m
+    }
+
+    fn from_f32(v: &[f32]) -> Self {
+        Mem::from_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
+    }
+
+    fn from_u16(v: &[u16]) -> Self {
+        Mem::from_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
+    }
+
+    fn ptr(&self) -> DevPtr {
+        DevPtr(self.words[GUARD_WORDS..].as_ptr() as u64)
+    }
+
+    /// The contents, after checking the guards.
+    fn bytes(&self) -> Vec<u8> {
+        let end = self.words.len() - GUARD_WORDS;
+        assert!(
+            self.words[..GUARD_WORDS].iter().all(|&w| w == GUARD)
+                && self.words[end..].iter().all(|&w| w == GUARD),
+            "a kernel wrote outside its buffer"
+        );
+        let mut b: Vec<u8> = self.words[GUARD_WORDS..end]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        b.truncate(self.bytes);
+        b
+    }
+
+    fn f32s(&self) -> Vec<f32> {
+        self.bytes()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    fn u16s(&self) -> Vec<u16> {
+        self.bytes()
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect()
+    }
+}
+
+/// `|got - want| <= rel * scale + abs` for each element, with the first failure named.
+#[track_caller]
+fn close(got: &[f32], want: &[f64], scale: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        let err = (f64::from(g) - w).abs();
+        assert!(
+            err <= rel * s + 1e-30,
+            "{what}[{i}]: got {g}, want {w} (error {err:e}, bound {:e})",
+            rel * s
+        );
+    }
+}
+
+#[test]
+fn half_to_float_is_exact_for_every_half() {
+    let all: Vec<u16> = (0..=u16::MAX).collect();
+    let (h, f) = (Mem::from_u16(&all), Mem::zeroed(4 * all.len()));
+    f16_to_f32(&Sim, h.ptr(), f.ptr(), all.len()).unwrap();
+    for (&bits, got) in all.iter().zip(f.f32s()) {
+        let want = half::f16::from_bits(bits).to_f32();
+        if want.is_nan() {
+            assert!(got.is_nan(), "{bits:#06x}: got {got}");
+        } else {
+            assert_eq!(got.to_bits(), want.to_bits(), "{bits:#06x}");
+        }
+    }
+}
+
+#[test]
+fn float_to_half_rounds_to_nearest_even_like_the_host() {
+    // Every half, the midpoints on both sides of each (the ties), a float either side of each midpoint,
+    // the overflow and underflow edges, and the specials.
+    let mut v = Vec::new();
+    for bits in (0..=u16::MAX).step_by(7) {
+        let x = half::f16::from_bits(bits).to_f32();
+        let next = half::f16::from_bits(bits.wrapping_add(1)).to_f32();
+        v.push(x);
+        if x.is_finite() && next.is_finite() && (bits & 0x7fff) != 0x7bff {
+            let mid = (f64::from(x) + f64::from(next)) / 2.0;
+            let m = mid as f32;
+            v.extend([
+                m,
+                f32::from_bits(m.to_bits() + 1),
+                f32::from_bits(m.to_bits() - 1),
+            ]);
+        }
+    }
+    v.extend([
+        65504.0,
+        65519.99,
+        65520.0,
+        1e9,
+        -1e9,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        2.0f32.powi(-25),
+        2.0f32.powi(-25) * 1.0001,
+        2.0f32.powi(-26),
+        -0.0,
+        f32::MIN_POSITIVE,
+    ]);
+    v.extend(data(20_000, 7).iter().map(|x| x * 1e-3));
+    let (f, h) = (Mem::from_f32(&v), Mem::zeroed(2 * v.len()));
+    f32_to_f16(&Sim, f.ptr(), h.ptr(), v.len()).unwrap();
+    for (&x, got) in v.iter().zip(h.u16s()) {
+        let want = half::f16::from_f32(x);
+        if want.is_nan() {
+            assert!(half::f16::from_bits(got).is_nan(), "{x:e}: got {got:#06x}");
+        } else {
+            assert_eq!(got, want.to_bits(), "{x:e} ({:#010x})", x.to_bits());
+        }
+    }
+}
+
+#[test]
+fn elementwise_kernels_match_the_references() {
+    // More values than one launch's blocks cover, so the grid-stride loops run.
+    let n = 256 * MAX_BLOCKS + 1000;
+    let (a, b) = (data(n, 1), data(n, 2));
+    let (x, y, out) = (Mem::from_f32(&a), Mem::from_f32(&b), Mem::zeroed(4 * n));
+    add(&Sim, x.ptr(), y.ptr(), n).unwrap();
+    let mut want = a.clone();
+    ops::add_ref(&mut want, &b);
+    assert_eq!(x.f32s(), want, "add: one IEEE add per element, exact");
+
+    silu_mul(&Sim, y.ptr(), x.ptr(), out.ptr(), n).unwrap();
+    let mut want = vec![0.0; n];
+    ops::silu_mul_ref(&b, &x.f32s(), &mut want);
+    // expf differs between libraries by an ulp or two.
+    let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+    let scale: Vec<f64> = w64.iter().map(|v| v.abs() + 1e-30).collect();
+    close(&out.f32s(), &w64, &scale, 1e-6, "silu_mul");
+
+    let (rows, f) = (37, 96);
+    let gu = data(rows * 2 * f, 3);
+    let (g, o) = (Mem::from_f32(&gu), Mem::zeroed(4 * rows * f));
+    swiglu_rows(&Sim, g.ptr(), o.ptr(), rows, f).unwrap();
+    let mut want = vec![0.0; rows * f];
+    for t in 0..rows {
+        let r = &gu[t * 2 * f..(t + 1) * 2 * f];
+        ops::silu_mul_ref(&r[..f], &r[f..], &mut want[t * f..(t + 1) * f]);
+    }
+    let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+    let scale: Vec<f64> = w64.iter().map(|v| v.abs() + 1e-30).collect();
+    close(&o.f32s(), &w64, &scale, 1e-6, "swiglu_rows");
+}
+
+#[test]
+fn rmsnorm_matches_the_reference() {
+    // Widths below, at and above one block of threads, and not multiples of 32.
+    for d in [8, 64, 576, 1000, 2048] {
+        let rows = 5;
+        let (xs, ws) = (data(rows * d, d as u64), data(d, 9));
+        let (x, w, out) = (
+            Mem::from_f32(&xs),
+            Mem::from_f32(&ws),
+            Mem::zeroed(4 * rows * d),
+        );
+        rmsnorm(&Sim, x.ptr(), w.ptr(), out.ptr(), rows, d, 1e-5).unwrap();
+        let mut want = vec![0.0; rows * d];
+        for r in 0..rows {
+            ops::rmsnorm_ref(
+                &xs[r * d..(r + 1) * d],
+                &ws,
+                1e-5,
+                &mut want[r * d..(r + 1) * d],
+            );
+        }
+        // The kernel sums squares in f32 (the reference in f64): a relative error of a few ulps per term.
+        let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        let scale: Vec<f64> = w64.iter().map(|v| v.abs()).collect();
+        close(&out.f32s(), &w64, &scale, 1e-5, &format!("rmsnorm d={d}"));
+    }
+}
+
+/// Runs quantize_q8_1 on `tokens` rows of `cols` floats.
+fn quantize_on_device(xs: &[f32], tokens: usize, cols: usize) -> (Mem, Mem, Mem) {
+    let x = Mem::from_f32(xs);
+    let q = Mem::zeroed(Acts::q_bytes(tokens, cols));
+    let ds = Mem::zeroed(Acts::ds_bytes(tokens, cols));
+    let a = Acts {
+        x: x.ptr(),
+        q: q.ptr(),
+        ds: ds.ptr(),
+        tokens,
+        cols,
+    };
+    quantize_q8_1(&Sim, &a).unwrap();
+    (x, q, ds)
+}
+
+#[test]
+fn activation_quantization_is_bit_exact() {
+    let (tokens, cols) = (3, 576);
+    let mut xs = data(tokens * cols, 4);
+    // An all-zero block and one of ties (x.5 after scaling) exercise d = 0 and round-half-even.
+    xs[32..64].fill(0.0);
+    for (j, v) in xs[64..96].iter_mut().enumerate() {
+        *v = (j as f32 - 16.0) + 0.5;
+    }
+    let (_x, q, ds) = quantize_on_device(&xs, tokens, cols);
+    let mut want = QActs::default();
+    quantize_ref(&xs, tokens, cols, &mut want);
+    let got_q: Vec<i8> = q.bytes().iter().map(|&b| b as i8).collect();
+    let got_ds = ds.f32s();
+    for t in 0..tokens {
+        for b in 0..cols / 32 {
+            let i = t * (cols / 32) + b;
+            let wi = t * want.blocks + b;
+            assert_eq!(
+                &got_q[t * cols + 32 * b..][..32],
+                &want.q[t * want.cols + 32 * b..][..32],
+                "token {t} block {b}"
+            );
+            assert_eq!(
+                got_ds[2 * i].to_bits(),
+                want.d[wi].to_bits(),
+                "d, token {t} block {b}"
+            );
+            assert_eq!(
+                got_ds[2 * i + 1].to_bits(),
+                want.s[wi].to_bits(),
+                "s, token {t} block {b}"
+            );
+        }
+    }
+    let bad = Acts {
+        cols: 40,
+        ..Acts {
+            x: DevPtr(0),
+            q: DevPtr(0),
+            ds: DevPtr(0),
+            tokens: 1,
+            cols: 0,
+        }
+    };
+    assert!(matches!(
+        quantize_q8_1(&Sim, &bad),
+        Err(DeviceError::Unsupported { .. })
+    ));
+}
+
+/// Weights of `ty` for the matvec tests, as GGUF bytes.
+fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    match ty {
+        GgmlType::F16 => data(rows * cols, seed)
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        _ => quantize_rows(ty, rows, cols, seed),
+    }
+}
+
+/// Checks matvec for `ty` over `tokens` tokens against the dequantized weights times the dequantized
+/// activations (the quantized ones for block formats), summed in f64.
+fn check_matvec(ty: GgmlType, rows: usize, cols: usize, tokens: usize, scale: f32) {
+    let bytes = weights(ty, rows, cols, 11 + cols as u64);
+    let xs = data(tokens * cols, 12);
+    let (x, q, ds) = quantize_on_device(&xs, tokens, cols);
+    let wmem = Mem::from_bytes(&bytes);
+    let out = Mem::zeroed(4 * tokens * rows);
+    let w = Weights {
+        ptr: wmem.ptr(),
+        ty,
+        rows,
+        cols,
+        scale,
+    };
+    let a = Acts {
+        x: x.ptr(),
+        q: q.ptr(),
+        ds: ds.ptr(),
+        tokens,
+        cols,
+    };
+    matvec(&Sim, &w, &a, out.ptr()).unwrap();
+    let (_, quantized) = w.kernel().unwrap();
+    // The activations the kernel sees: dx * q for block formats, the floats otherwise.
+    let mut qa = QActs::default();
+    quantize_ref(&xs, tokens, cols, &mut qa);
+    let xin: Vec<f64> = (0..tokens * cols)
+        .map(|i| {
+            let (t, c) = (i / cols, i % cols);
+            if quantized {
+                f64::from(qa.d[t * qa.blocks + c / 32]) * f64::from(qa.q[t * qa.cols + c])
+            } else {
+                f64::from(xs[i])
+            }
+        })
+        .collect();
+    let rb = ty.row_bytes(cols).unwrap();
+    let mut row = vec![0.0f32; cols];
+    let (mut want, mut bound) = (vec![0.0; tokens * rows], vec![0.0; tokens * rows]);
+    for r in 0..rows {
+        dequantize_ref(ty, &bytes[r * rb..(r + 1) * rb], &mut row).unwrap();
+        for t in 0..tokens {
+            let xr = &xin[t * cols..(t + 1) * cols];
+            let dot: f64 = row.iter().zip(xr).map(|(&w, &x)| f64::from(w) * x).sum();
+            let mag: f64 = row
+                .iter()
+                .zip(xr)
+                .map(|(&w, &x)| (f64::from(w) * x).abs())
+                .sum();
+            want[t * rows + r] = dot * f64::from(scale);
+            bound[t * rows + r] = mag * f64::from(scale.abs());
+        }
+    }
+    // Exact integer dot products; the float error is the reassociation of a few dozen partial sums.
+    close(
+        &out.f32s(),
+        &want,
+        &bound,
+        2e-5,
+        &format!("matvec {ty} {rows}x{cols}, {tokens} tokens"),
+    );
+}
+
+#[test]
+fn matvec_matches_dequantized_weights_for_every_format() {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::NVFP4,
+        GgmlType::F32,
+        GgmlType::F16,
+    ] {
+        // Rows not a multiple of the block's 4; 1, 3 and 11 tokens (11: two launches).
+        let cols = if ty.block_size() == 256 { 512 } else { 576 };
+        check_matvec(ty, 13, cols, 1, 1.0);
+        check_matvec(ty, 6, cols, 11, 1.0);
+    }
+    check_matvec(GgmlType::NVFP4, 9, 256, 3, 0.375);
+}
+
+#[test]
+fn matvec_rejects_what_its_kernels_cannot_take() {
+    let a = Acts {
+        x: DevPtr(0),
+        q: DevPtr(0),
+        ds: DevPtr(0),
+        tokens: 1,
+        cols: 288,
+    };
+    let w = |ty, cols, scale| Weights {
+        ptr: DevPtr(0),
+        ty,
+        rows: 4,
+        cols,
+        scale,
+    };
+    for (ty, cols, scale) in [
+        (GgmlType::Q4_K, 288, 1.0), // not whole super-blocks
+        (GgmlType::Q5_0, 288, 1.0), // no kernel
+        (GgmlType::F32, 288, 0.5),  // a tensor scale on floats
+        (GgmlType::Q4_0, 320, 1.0), // input width differs
+    ] {
+        let r = matvec(&Sim, &w(ty, cols, scale), &a, DevPtr(0));
+        assert!(
+            matches!(r, Err(DeviceError::Unsupported { .. })),
+            "{ty} {cols}: {r:?}"
+        );
+    }
+}

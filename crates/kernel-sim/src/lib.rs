@@ -1,0 +1,114 @@
+//! thorn's CUDA kernels, run on the CPU: the harness that lets their numerics be tested on machines
+//! without a GPU (every build machine of this project, and CI).
+//!
+//! The build compiles each module of the `thorn-kernels` catalog, the very text NVRTC compiles for a GPU,
+//! as C++ after a header (`sim/cuda_sim.hpp`) that maps the CUDA dialect the kernels use onto the CPU:
+//! every GPU thread is an OS thread, a block's threads run together and blocks one after another (so
+//! `__shared__` variables are function statics of the running block), `__syncthreads` is a barrier, and
+//! warp shuffles exchange values through a per-warp slot array. [`launch`] takes arguments the way
+//! `cuLaunchKernel` does (a pointer to each value), so the backend's launch code is the same for a GPU
+//! stream and for this harness; here the pointers are host addresses.
+//!
+//! What it proves: the kernels' arithmetic, indexing, launch shapes and reductions, against the CPU
+//! backend's scalar references. What it cannot: the GPU's memory model and alignment rules, timing, and
+//! the `__CUDA_ARCH__` branches (inline PTX conversions), which only a GPU runs. The simulator is strict
+//! where a GPU would be undefined: a shuffle or `__syncwarp` whose mask is not the whole warp, or that
+//! names a lane that has exited, aborts the process with a message. Launches are serialised.
+//!
+//! Tests only: it is slow by design (thousands of threads per launch), and it is never a device.
+
+/// A launch's grid or block shape.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dim3 {
+    /// Fastest-varying dimension.
+    pub x: u32,
+    /// Second.
+    pub y: u32,
+    /// Slowest.
+    pub z: u32,
+}
+
+impl From<[u32; 3]> for Dim3 {
+    fn from([x, y, z]: [u32; 3]) -> Self {
+        Dim3 { x, y, z }
+    }
+}
+
+/// Why a launch did not run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchError {
+    /// No kernel of that name in that module of the catalog.
+    UnknownKernel(String),
+    /// More than 1,024 threads per block, an empty grid, or more shared memory than a GPU has.
+    BadShape,
+}
+
+impl std::fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LaunchError::UnknownKernel(k) => write!(f, "no kernel {k} in the simulated catalog"),
+            LaunchError::BadShape => f.write_str("invalid launch shape"),
+        }
+    }
+}
+
+impl std::error::Error for LaunchError {}
+
+#[expect(unsafe_code, reason = "the simulator's C++ entry point")]
+mod ffi {
+    use super::Dim3;
+    use std::ffi::{c_char, c_int, c_void};
+
+    unsafe extern "C" {
+        pub fn thorn_sim_launch(
+            module: *const c_char,
+            kernel: *const c_char,
+            grid: Dim3,
+            block: Dim3,
+            shared: usize,
+            params: *mut *mut c_void,
+        ) -> c_int;
+    }
+}
+
+/// Runs `kernel` of catalog module `module` over `grid` blocks of `block` threads, with `shared` bytes of
+/// dynamic shared memory; `params[i]` points to the value of the kernel's argument `i`.
+///
+/// # Safety
+/// As for `cuLaunchKernel`: `params` must hold exactly one pointer per kernel parameter, each to a value
+/// of that parameter's C type, and every pointer argument must address host memory that is valid for
+/// everything the kernel reads and writes with this shape.
+#[expect(
+    unsafe_code,
+    reason = "calls a kernel through the simulator's C++ launcher"
+)]
+pub unsafe fn launch(
+    module: &str,
+    kernel: &str,
+    grid: Dim3,
+    block: Dim3,
+    shared: usize,
+    params: &mut [*mut std::ffi::c_void],
+) -> Result<(), LaunchError> {
+    let cstr =
+        |s: &str| std::ffi::CString::new(s).map_err(|_| LaunchError::UnknownKernel(s.into()));
+    let (m, k) = (cstr(module)?, cstr(kernel)?);
+    // SAFETY: the names are NUL-terminated strings that outlive the call; the caller guarantees the
+    // parameters (this function's contract).
+    let rc = unsafe {
+        ffi::thorn_sim_launch(
+            m.as_ptr(),
+            k.as_ptr(),
+            grid,
+            block,
+            shared,
+            params.as_mut_ptr(),
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        1 => Err(LaunchError::UnknownKernel(format!("{module}::{kernel}"))),
+        _ => Err(LaunchError::BadShape),
+    }
+}

@@ -1,0 +1,104 @@
+// The prelude of every kernel module. The catalog puts this text in front of each source, so NVRTC compiles
+// each module on its own with no include path (no toolkit headers), and the CPU simulator of the tests
+// compiles the same text. Only what several modules share lives here.
+
+#ifndef THORN_SIM
+// Dynamic shared memory (the simulator defines its own).
+#define THORN_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
+// Sum over the 32 lanes of a warp; every lane gets the total.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+// Maximum over the 32 lanes of a warp; every lane gets it.
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;
+}
+
+// A block-wide sum of each thread's `v`; every thread gets the total. blockDim a multiple of 32, at most
+// 1024, every thread of the block calling it.
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const int lane = t & 31;
+    const int warp = t >> 5;
+    v = warp_sum(v);
+    if (lane == 0) {
+        partial[warp] = v;
+    }
+    __syncthreads();
+    const int warps = (blockDim.x * blockDim.y * blockDim.z + 31) >> 5;
+    v = lane < warps ? partial[lane] : 0.0f;
+    v = warp_sum(v);
+    __syncthreads();
+    return v;
+}
+
+// IEEE half (as its bits) to float, exactly.
+__device__ __forceinline__ float f16_to_f32(unsigned short h) {
+#ifdef __CUDA_ARCH__
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    const unsigned sign = (unsigned)(h & 0x8000u) << 16;
+    const unsigned e = (h >> 10) & 0x1fu;
+    const unsigned m = h & 0x3ffu;
+    if (e == 0) {
+        // Zero or subnormal: m * 2^-24, exact in float.
+        const float v = (float)m * 5.9604644775390625e-8f;
+        return __uint_as_float(__float_as_uint(v) | sign);
+    }
+    if (e == 31) {
+        return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    }
+    return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
+#endif
+}
+
+// Float to IEEE half (as its bits), rounding to nearest, ties to even; overflow gives infinity.
+__device__ __forceinline__ unsigned short f32_to_f16(float f) {
+#ifdef __CUDA_ARCH__
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#else
+    const unsigned x = __float_as_uint(f);
+    const unsigned sign = (x >> 16) & 0x8000u;
+    const unsigned ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) {
+        return (unsigned short)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    }
+    if (ax >= 0x477ff000u) {
+        return (unsigned short)(sign | 0x7c00u);
+    }
+    if (ax < 0x38800000u) {
+        // Below the smallest normal half: the subnormal count of 2^-24, rounded to nearest even (1024 is
+        // the smallest normal's bit pattern, which is right).
+        return (unsigned short)(sign | (unsigned)__float2int_rn(__uint_as_float(ax) * 16777216.0f));
+    }
+    const unsigned r = ax + 0xfffu + ((ax >> 13) & 1u) - 0x38000000u;
+    return (unsigned short)(sign | (r >> 13));
+#endif
+}
+
+// Loads of GGUF block fields. Blocks of 18, 34 and 210 bytes leave their fields 2-byte aligned only, so a
+// 32-bit word is read as two halves there.
+__device__ __forceinline__ unsigned load_u32_a2(const unsigned char* p) {
+    const unsigned short* h = (const unsigned short*)p;
+    return (unsigned)h[0] | ((unsigned)h[1] << 16);
+}
+__device__ __forceinline__ unsigned load_u32_a4(const unsigned char* p) {
+    return *(const unsigned*)p;
+}
+__device__ __forceinline__ float load_f16(const unsigned char* p) {
+    return f16_to_f32(*(const unsigned short*)p);
+}

@@ -1,0 +1,272 @@
+// Quantized matrix-vector products over GGUF blocks as stored: decode, and batches of up to 8 tokens (draft
+// trees, small prefill chunks), out[t * rows + r] = scale * W[r] . x[t].
+//
+// Weights are the GGUF tensor's bytes, uploaded once: `rows` rows of `cols` weights. Activations are `nt`
+// tokens quantized by quantize_q8_1: `q` (nt x cols int8) and `ds` (nt x cols/32 pairs (d, d * sum q)).
+// `scale` is the tensor scale (NVFP4's second level; 1 for the others).
+//
+// One warp per output row, 4 rows per block: launch with block (32, 4) and grid ceil(rows / 4). Each lane
+// takes a quarter (8 values) of a 32-value activation block, so a warp covers 8 blocks per step; the
+// quarter's weights are unpacked to 8-bit integers and multiplied by dp4a, exactly. A quarter's weights are
+// w_j = d * (v_j - z) plus a per-block offset m, so its share of the dot product is
+// d * dx * (sum v_j q_j - z * sum q_j), and the block's m * (dx * sum q) is added once, by the first
+// quarter. This is the CPU backend's algebra (d * dx * isum + m * sx per block, see its qmatmul); only the
+// order of the float sums differs, so results agree to rounding, not bit for bit.
+
+#define MV_ROWS 4
+#define MV_TOKENS 8
+
+#define FMT_Q4_0 0
+#define FMT_Q4_1 1
+#define FMT_Q8_0 2
+#define FMT_Q4_K 3
+#define FMT_Q6_K 4
+#define FMT_NVFP4 5
+
+// Eight weights of one quarter as two words of four int8, and how to scale them.
+struct Quarter {
+    unsigned v0, v1;
+    float d;  // scale of the integers
+    float m;  // per-block offset, times the block's dx * sum q
+    int z;    // zero point subtracted from each integer
+};
+
+// Unsigned E4M3 block scale (NVFP4), decoded as ggml does: 0x00 and 0x7F are zero, the sign bit ignored.
+__device__ __forceinline__ float ue4m3_to_f32(unsigned x) {
+    if (x == 0 || x == 0x7f) {
+        return 0.0f;
+    }
+    const unsigned e = (x >> 3) & 0xf;
+    const unsigned m = x & 7;
+    if (e == 0) {
+        return (float)m * (1.0f / 512.0f);
+    }
+    return __uint_as_float(((e + 120) << 23) | (m << 20));
+}
+
+// Four E2M1 codes (one per byte, 0..15) to their doubled values {0, 1, 2, 3, 4, 6, 8, 12} with sign, as
+// int8: two byte-permute table lookups (the positive and the negative table) and a per-byte select.
+__device__ __forceinline__ unsigned e2m1x4_to_i8x4(unsigned codes) {
+    const unsigned c = codes & 0x07070707u;
+    const unsigned t = c | (c >> 4);
+    const unsigned sel = ((t & 0xffu) | ((t >> 8) & 0xff00u)) & 0x7777u;
+    const unsigned pos = __byte_perm(0x03020100u, 0x0c080604u, sel);
+    const unsigned neg = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, sel);
+    const unsigned sign = ((codes >> 3) & 0x01010101u) * 0xffu;
+    return (pos & ~sign) | (neg & sign);
+}
+
+// Quarter k (0..3) of 32-value block b of a row of format F.
+template <int F>
+__device__ __forceinline__ Quarter quarter(const unsigned char* row, int b, int k) {
+    Quarter w;
+    w.m = 0.0f;
+    w.z = 0;
+    if constexpr (F == FMT_Q4_0) {
+        // 18 bytes: d (f16), 16 bytes: element j in the low nibble of byte j, element 16 + j in the high.
+        const unsigned char* blk = row + 18 * b;
+        const unsigned char* qs = blk + 2 + 8 * (k & 1);
+        const int shift = 4 * (k >> 1);
+        w.v0 = (load_u32_a2(qs) >> shift) & 0x0f0f0f0fu;
+        w.v1 = (load_u32_a2(qs + 4) >> shift) & 0x0f0f0f0fu;
+        w.d = load_f16(blk);
+        w.m = -8.0f * w.d;
+    } else if constexpr (F == FMT_Q4_1) {
+        // 20 bytes: d, m (f16), nibbles as Q4_0.
+        const unsigned char* blk = row + 20 * b;
+        const unsigned char* qs = blk + 4 + 8 * (k & 1);
+        const int shift = 4 * (k >> 1);
+        w.v0 = (load_u32_a4(qs) >> shift) & 0x0f0f0f0fu;
+        w.v1 = (load_u32_a4(qs + 4) >> shift) & 0x0f0f0f0fu;
+        w.d = load_f16(blk);
+        w.m = load_f16(blk + 2);
+    } else if constexpr (F == FMT_Q8_0) {
+        // 34 bytes: d (f16), 32 signed bytes.
+        const unsigned char* blk = row + 34 * b;
+        w.v0 = load_u32_a2(blk + 2 + 8 * k);
+        w.v1 = load_u32_a2(blk + 6 + 8 * k);
+        w.d = load_f16(blk);
+    } else if constexpr (F == FMT_Q4_K) {
+        // 144 bytes per 256: d, dmin (f16), 12 bytes of 6-bit scales and minimums for 8 sub-blocks of 32,
+        // then 128 bytes: sub-blocks 2i and 2i + 1 in the low and high nibbles of bytes 32i..32i + 32.
+        const int sub = b & 7;
+        const unsigned char* blk = row + 144 * (b >> 3);
+        const unsigned char* sc = blk + 4;
+        unsigned s, mn;
+        if (sub < 4) {
+            s = sc[sub] & 63;
+            mn = sc[sub + 4] & 63;
+        } else {
+            s = (sc[sub + 4] & 0xf) | ((sc[sub - 4] >> 6) << 4);
+            mn = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+        }
+        const unsigned char* qs = blk + 16 + 32 * (sub >> 1) + 8 * k;
+        const int shift = 4 * (sub & 1);
+        w.v0 = (load_u32_a4(qs) >> shift) & 0x0f0f0f0fu;
+        w.v1 = (load_u32_a4(qs + 4) >> shift) & 0x0f0f0f0fu;
+        w.d = load_f16(blk) * (float)s;
+        w.m = -(load_f16(blk + 2) * (float)mn);
+    } else if constexpr (F == FMT_Q6_K) {
+        // 210 bytes per 256: ql (128), qh (64), 16 int8 scales (one per 16), d (f16). Each half of 128
+        // values has 4 groups of 32: group g's low 4 bits are nibble g / 2 of ql[64n + 32(g % 2) + l], its
+        // high 2 bits are bits 2g of qh[32n + l]; values are 6-bit with zero point 32.
+        const int sub = b & 7;
+        const int n = sub >> 2;
+        const int g = sub & 3;
+        const unsigned char* blk = row + 210 * (b >> 3);
+        const unsigned char* ql = blk + 64 * n + 32 * (g & 1) + 8 * k;
+        const unsigned char* qh = blk + 128 + 32 * n + 8 * k;
+        const int lo = 4 * (g >> 1);
+        const int hi = 2 * g;
+        w.v0 = ((load_u32_a2(ql) >> lo) & 0x0f0f0f0fu) | (((load_u32_a2(qh) >> hi) & 0x03030303u) << 4);
+        w.v1 = ((load_u32_a2(ql + 4) >> lo) & 0x0f0f0f0fu) | (((load_u32_a2(qh + 4) >> hi) & 0x03030303u) << 4);
+        w.d = load_f16(blk + 208) * (float)(signed char)blk[192 + 8 * n + 2 * g + (k >> 1)];
+        w.z = 32;
+    } else {
+        // NVFP4 as ggml stores it: 36 bytes per 64, four UE4M3 scales (one per 16), then 32 bytes: element
+        // 16s + j in the low nibble of byte 8s + j, element 16s + 8 + j in its high nibble. E2M1 values are
+        // doubled to integers, so the scale is halved.
+        const unsigned char* blk = row + 36 * (b >> 1);
+        const int s = 2 * (b & 1) + (k >> 1);
+        const unsigned char* qs = blk + 4 + 8 * s;
+        const int shift = 4 * (k & 1);
+        w.v0 = e2m1x4_to_i8x4((load_u32_a4(qs) >> shift) & 0x0f0f0f0fu);
+        w.v1 = e2m1x4_to_i8x4((load_u32_a4(qs + 4) >> shift) & 0x0f0f0f0fu);
+        w.d = 0.5f * ue4m3_to_f32(blk[s]);
+    }
+    return w;
+}
+
+// Bytes of one row of `cols` weights of format F.
+template <int F>
+__device__ __forceinline__ long row_bytes(int cols) {
+    if constexpr (F == FMT_Q4_0) {
+        return (long)(cols / 32) * 18;
+    } else if constexpr (F == FMT_Q4_1) {
+        return (long)(cols / 32) * 20;
+    } else if constexpr (F == FMT_Q8_0) {
+        return (long)(cols / 32) * 34;
+    } else if constexpr (F == FMT_Q4_K) {
+        return (long)(cols / 256) * 144;
+    } else if constexpr (F == FMT_Q6_K) {
+        return (long)(cols / 256) * 210;
+    } else {
+        return (long)(cols / 64) * 36;
+    }
+}
+
+template <int F>
+__device__ __forceinline__ void matvec(const unsigned char* __restrict__ w, const signed char* __restrict__ q,
+                                       const float2* __restrict__ ds, float* __restrict__ out, int rows,
+                                       int cols, int nt, float scale) {
+    const int r = blockIdx.x * MV_ROWS + threadIdx.y;
+    if (r >= rows) {
+        return;  // the whole warp: threadIdx.y is the warp's row
+    }
+    const unsigned char* row = w + (long)r * row_bytes<F>(cols);
+    const int nb = cols >> 5;
+    const int lane = threadIdx.x;
+    const int k = lane & 3;
+    float acc[MV_TOKENS];
+#pragma unroll
+    for (int t = 0; t < MV_TOKENS; t++) {
+        acc[t] = 0.0f;
+    }
+    for (int b = lane >> 2; b < nb; b += 8) {
+        const Quarter wq = quarter<F>(row, b, k);
+#pragma unroll
+        for (int t = 0; t < MV_TOKENS; t++) {
+            if (t < nt) {
+                const int* xq = (const int*)(q + (long)t * cols + 32 * b + 8 * k);
+                const int x0 = xq[0];
+                const int x1 = xq[1];
+                int isum = __dp4a((int)wq.v0, x0, __dp4a((int)wq.v1, x1, 0));
+                if (wq.z != 0) {
+                    isum -= wq.z * __dp4a(0x01010101, x0, __dp4a(0x01010101, x1, 0));
+                }
+                const float2 dx = ds[(long)t * nb + b];
+                acc[t] += wq.d * dx.x * (float)isum;
+                if (k == 0) {
+                    acc[t] += wq.m * dx.y;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MV_TOKENS; t++) {
+        if (t < nt) {
+            const float v = warp_sum(acc[t]);
+            if (lane == 0) {
+                out[(long)t * rows + r] = v * scale;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void matvec_q4_0(const unsigned char* w, const signed char* q, const float2* ds, float* out,
+                                       int rows, int cols, int nt, float scale) {
+    matvec<FMT_Q4_0>(w, q, ds, out, rows, cols, nt, scale);
+}
+extern "C" __global__ void matvec_q4_1(const unsigned char* w, const signed char* q, const float2* ds, float* out,
+                                       int rows, int cols, int nt, float scale) {
+    matvec<FMT_Q4_1>(w, q, ds, out, rows, cols, nt, scale);
+}
+extern "C" __global__ void matvec_q8_0(const unsigned char* w, const signed char* q, const float2* ds, float* out,
+                                       int rows, int cols, int nt, float scale) {
+    matvec<FMT_Q8_0>(w, q, ds, out, rows, cols, nt, scale);
+}
+extern "C" __global__ void matvec_q4_k(const unsigned char* w, const signed char* q, const float2* ds, float* out,
+                                       int rows, int cols, int nt, float scale) {
+    matvec<FMT_Q4_K>(w, q, ds, out, rows, cols, nt, scale);
+}
+extern "C" __global__ void matvec_q6_k(const unsigned char* w, const signed char* q, const float2* ds, float* out,
+                                       int rows, int cols, int nt, float scale) {
+    matvec<FMT_Q6_K>(w, q, ds, out, rows, cols, nt, scale);
+}
+extern "C" __global__ void matvec_nvfp4(const unsigned char* w, const signed char* q, const float2* ds, float* out,
+                                        int rows, int cols, int nt, float scale) {
+    matvec<FMT_NVFP4>(w, q, ds, out, rows, cols, nt, scale);
+}
+
+// Float weights (f32, or f16 as bits) times float activations x (nt x cols), for the matrices that are not
+// block-quantized. Same launch shape; lanes stride over the columns.
+template <bool HALF>
+__device__ __forceinline__ void matvec_float(const void* __restrict__ w, const float* __restrict__ x,
+                                             float* __restrict__ out, int rows, int cols, int nt) {
+    const int r = blockIdx.x * MV_ROWS + threadIdx.y;
+    if (r >= rows) {
+        return;
+    }
+    float acc[MV_TOKENS];
+#pragma unroll
+    for (int t = 0; t < MV_TOKENS; t++) {
+        acc[t] = 0.0f;
+    }
+    for (int c = threadIdx.x; c < cols; c += 32) {
+        const long i = (long)r * cols + c;
+        const float wv = HALF ? f16_to_f32(((const unsigned short*)w)[i]) : ((const float*)w)[i];
+#pragma unroll
+        for (int t = 0; t < MV_TOKENS; t++) {
+            if (t < nt) {
+                acc[t] += wv * x[(long)t * cols + c];
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MV_TOKENS; t++) {
+        if (t < nt) {
+            const float v = warp_sum(acc[t]);
+            if (threadIdx.x == 0) {
+                out[(long)t * rows + r] = v;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void matvec_f32(const float* w, const float* x, float* out, int rows, int cols, int nt) {
+    matvec_float<false>(w, x, out, rows, cols, nt);
+}
+extern "C" __global__ void matvec_f16(const unsigned short* w, const float* x, float* out, int rows, int cols,
+                                      int nt) {
+    matvec_float<true>(w, x, out, rows, cols, nt);
+}
