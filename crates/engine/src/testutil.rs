@@ -1,5 +1,6 @@
 //! Test data shared by the crate's unit tests.
 
+use crate::kv::{KvCache, SeqKv};
 use crate::quant::GgmlType;
 
 /// Deterministic pseudo-random floats with occasional outliers (like real activations).
@@ -57,4 +58,23 @@ pub(crate) fn noise(seed: u64, n: usize, scale: f32) -> Vec<f32> {
             ((x >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale
         })
         .collect()
+}
+
+/// Writes `n` positions of layer 0 for a sequence into freshly reserved pages (row `pos` is
+/// `data(seed + pos)`) and marks the first `done` as filled, as a forward pass about to run the rest sees it.
+pub(crate) fn fill_seq(kv: &mut KvCache, n: usize, done: usize, seed: u64) -> SeqKv {
+    let mut seq = kv.acquire(&[]);
+    kv.reserve(&mut seq, n).unwrap();
+    let (ps, w) = (
+        kv.pool().page_size(),
+        kv.pool().shape().n_kv_heads * kv.pool().shape().head_dim,
+    );
+    for pos in 0..n {
+        let page = seq.pages()[pos / ps];
+        let k = data(w, seed + pos as u64);
+        let v = data(w, seed + 5000 + pos as u64);
+        kv.pool_mut().write(page, pos % ps, 0, &k, &v);
+    }
+    seq.advance(done);
+    seq
 }

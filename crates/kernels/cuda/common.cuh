@@ -102,3 +102,31 @@ __device__ __forceinline__ unsigned load_u32_a4(const unsigned char* p) {
 __device__ __forceinline__ float load_f16(const unsigned char* p) {
     return f16_to_f32(*(const unsigned short*)p);
 }
+
+// Minus infinity (no math header here).
+#define NEG_INF __uint_as_float(0xff800000u)
+
+// A block-wide maximum of each thread's `v`, like block_sum.
+__device__ float block_max(float v) {
+    __shared__ float partial[32];
+    const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const int lane = t & 31;
+    const int warp = t >> 5;
+    v = warp_max(v);
+    if (lane == 0) {
+        partial[warp] = v;
+    }
+    __syncthreads();
+    const int warps = (blockDim.x * blockDim.y * blockDim.z + 31) >> 5;
+    v = lane < warps ? partial[lane] : NEG_INF;
+    v = warp_max(v);
+    __syncthreads();
+    return v;
+}
+
+// FP8 E4M3 (OCP E4M3FN) to float, exactly: the magnitude bits moved up 7 places are the f16 with the same
+// mantissa and an exponent 8 lower, so the value is that f16 times 256. 0x7F and 0xFF (NaN) decode as 480;
+// the KV cache never stores them.
+__device__ __forceinline__ float e4m3_to_f32(unsigned b) {
+    return f16_to_f32((unsigned short)(((b & 0x80u) << 8) | ((b & 0x7fu) << 7))) * 256.0f;
+}

@@ -85,8 +85,52 @@ pub const MATVEC: Module = Module {
     ],
 };
 
+/// Rotary position embedding from a (cos, sin) table.
+pub const ROPE: Module = Module {
+    name: "rope",
+    source: concat!(
+        include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/rope.cu")
+    ),
+    kernels: &["rope_f32"],
+};
+
+/// Paged attention over f32, f16 and FP8 pages (split into partials, then merged).
+pub const ATTENTION: Module = Module {
+    name: "attention",
+    source: concat!(
+        include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/attention.cu")
+    ),
+    kernels: &[
+        "attention_f32",
+        "attention_f16",
+        "attention_fp8",
+        "attention_merge",
+    ],
+};
+
+/// New KV rows into their pages, converted to the cache's type.
+pub const KV_WRITE: Module = Module {
+    name: "kvwrite",
+    source: concat!(
+        include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/kvwrite.cu")
+    ),
+    kernels: &["kv_write_f32", "kv_write_f16", "kv_write_fp8"],
+};
+
 /// Every module, for the compile check and for tests that load the whole catalog on a GPU machine.
-pub const ALL: &[Module] = &[ELEMENTWISE, NORM, QUANTIZE, CONVERT, MATVEC];
+pub const ALL: &[Module] = &[
+    ELEMENTWISE,
+    NORM,
+    QUANTIZE,
+    CONVERT,
+    MATVEC,
+    ROPE,
+    ATTENTION,
+    KV_WRITE,
+];
 
 #[cfg(test)]
 mod tests {

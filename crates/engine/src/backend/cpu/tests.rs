@@ -5,7 +5,7 @@ use super::*;
 use crate::kv::{Batch, KvCache, KvConfig, KvDtype, KvShape, KvSlice, SeqKv};
 use crate::quant::GgmlType;
 
-use crate::testutil::{data, quantize_rows};
+use crate::testutil::{data, fill_seq, quantize_rows};
 
 #[test]
 fn repacked_matrices_dequantize_like_the_reference() {
@@ -129,25 +129,6 @@ fn quantized_matmul_tracks_the_float_product() {
             got[r]
         );
     }
-}
-
-/// Writes `n` positions of layer 0 for a sequence into freshly reserved pages (row `pos` is
-/// `data(seed + pos)`) and marks the first `done` as filled, as a forward pass about to run the rest sees it.
-fn fill_seq(kv: &mut KvCache, n: usize, done: usize, seed: u64) -> SeqKv {
-    let mut seq = kv.acquire(&[]);
-    kv.reserve(&mut seq, n).unwrap();
-    let (ps, w) = (
-        kv.pool().page_size(),
-        kv.pool().shape().n_kv_heads * kv.pool().shape().head_dim,
-    );
-    for pos in 0..n {
-        let page = seq.pages()[pos / ps];
-        let k = data(w, seed + pos as u64);
-        let v = data(w, seed + 5000 + pos as u64);
-        kv.pool_mut().write(page, pos % ps, 0, &k, &v);
-    }
-    seq.advance(done);
-    seq
 }
 
 #[test]

@@ -5,6 +5,7 @@
 use super::*;
 use crate::backend::cpu::ops;
 use crate::backend::cpu::qmatmul::{QActs, quantize_ref};
+use crate::backend::pages::{KvDtype, KvShape};
 use crate::quant::dequantize_ref;
 use crate::testutil::{data, quantize_rows};
 
@@ -439,6 +440,333 @@ fn matvec_rejects_what_its_kernels_cannot_take() {
         assert!(
             matches!(r, Err(DeviceError::Unsupported { .. })),
             "{ty} {cols}: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation() {
+    let (heads, hd) = (3, 64);
+    let positions = [0usize, 7, 100, 3, 4095];
+    for (kind, n_angles) in [
+        (crate::backend::Rope::Normal, 32),
+        (crate::backend::Rope::Neox, 16),
+    ] {
+        let mut table = Vec::new();
+        for p in 0..=4095 {
+            ops::rope_angles(2 * n_angles, p, 10000.0, &mut table);
+        }
+        let flat: Vec<f32> = table.iter().flat_map(|&(c, s)| [c, s]).collect();
+        let xs = data(positions.len() * heads * hd, 21);
+        let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+        let x = Mem::from_f32(&xs);
+        let (pm, tm) = (
+            Mem::from_bytes(&pos.iter().flat_map(|p| p.to_le_bytes()).collect::<Vec<_>>()),
+            Mem::from_f32(&flat),
+        );
+        rope(
+            &Sim,
+            kind,
+            x.ptr(),
+            pm.ptr(),
+            tm.ptr(),
+            positions.len(),
+            heads,
+            hd,
+            n_angles,
+        )
+        .unwrap();
+        let mut want = xs.clone();
+        for (t, &p) in positions.iter().enumerate() {
+            let angles = &table[p * n_angles..(p + 1) * n_angles];
+            let row = &mut want[t * heads * hd..(t + 1) * heads * hd];
+            match kind {
+                crate::backend::Rope::Normal => ops::rope_table(row, hd, angles),
+                crate::backend::Rope::Neox => row
+                    .chunks_exact_mut(hd)
+                    .for_each(|h| ops::rope_neox(h, angles)),
+            }
+        }
+        // Two products and a sum per element: the GPU may fuse them, so a bound of a few ulps.
+        let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        let scale: Vec<f64> = xs.iter().map(|v| 2.0 * f64::from(v.abs()) + 1e-6).collect();
+        let scale: Vec<f64> = (0..xs.len())
+            .map(|i| {
+                scale[i]
+                    .max(scale[i ^ 1])
+                    .max(scale[(i + hd / 2) % xs.len()])
+            })
+            .collect();
+        close(&x.f32s(), &w64, &scale, 1e-6, &format!("{kind:?}"));
+    }
+}
+
+use crate::backend::batch::NO_PARENT;
+use crate::backend::pages::{KvSlice, PagePool};
+use crate::kv::{Batch, KvCache, KvConfig, Logits, SeqKv};
+use crate::testutil::fill_seq;
+
+/// A page pool's contents as the device stores them (see [`KvStore`]).
+struct DevPool {
+    k: Mem,
+    v: Mem,
+    ks: Mem,
+    vs: Mem,
+}
+
+impl DevPool {
+    fn upload(pool: &PagePool) -> Self {
+        let s = pool.shape();
+        let (mut k, mut v, mut ks, mut vs) = (vec![], vec![], vec![], vec![]);
+        for page in 0..pool.total() as u32 {
+            for layer in 0..s.n_layers {
+                for h in 0..s.n_kv_heads {
+                    for (bytes, scales, slice) in [
+                        (&mut k, &mut ks, pool.keys(page, layer, h)),
+                        (&mut v, &mut vs, pool.values(page, layer, h)),
+                    ] {
+                        match slice {
+                            KvSlice::F32(d) => bytes.extend(d.iter().flat_map(|x| x.to_le_bytes())),
+                            KvSlice::F16(d) => bytes.extend(d.iter().flat_map(|x| x.to_le_bytes())),
+                            KvSlice::Fp8 { data, scale } => {
+                                bytes.extend_from_slice(data);
+                                scales.push(scale);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let scales = |v: &[f32]| Mem::from_f32(if v.is_empty() { &[0.0] } else { v });
+        DevPool {
+            k: Mem::from_bytes(&k),
+            v: Mem::from_bytes(&v),
+            ks: scales(&ks),
+            vs: scales(&vs),
+        }
+    }
+
+    fn store(&self, pool: &PagePool) -> KvStore {
+        KvStore {
+            k: self.k.ptr(),
+            v: self.v.ptr(),
+            kscale: self.ks.ptr(),
+            vscale: self.vs.ptr(),
+            dtype: pool.dtype(),
+            shape: pool.shape(),
+            page_size: pool.page_size(),
+        }
+    }
+}
+
+/// A batch's metadata in "device" memory.
+struct DevMeta {
+    _bufs: Vec<Mem>,
+    b: DevBatch,
+}
+
+fn upload_batch(batch: &Batch, page_size: usize) -> DevMeta {
+    let mut m = BatchMeta::default();
+    m.build(batch, page_size).unwrap();
+    let ints = |v: &[i32]| {
+        let v = if v.is_empty() { &[0][..] } else { v };
+        Mem::from_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
+    };
+    let bufs = vec![
+        ints(&m.table),
+        ints(&m.meta),
+        ints(&m.seen),
+        ints(&m.dst),
+        ints(&m.seqs),
+    ];
+    let b = DevBatch {
+        table: bufs[0].ptr(),
+        meta: bufs[1].ptr(),
+        seen: bufs[2].ptr(),
+        dst: bufs[3].ptr(),
+        seqs: bufs[4].ptr(),
+        tokens: batch.len(),
+        n_seqs: batch.seqs.len(),
+        splits: m.splits,
+        attend_from: m.attend_from,
+    };
+    DevMeta { _bufs: bufs, b }
+}
+
+fn cache(shape: KvShape, dtype: KvDtype, page_size: usize) -> KvCache {
+    KvCache::new(
+        shape,
+        KvConfig {
+            dtype,
+            page_size,
+            memory: 1 << 22,
+            cache_output: false,
+            ..KvConfig::default()
+        },
+    )
+}
+
+#[test]
+fn kv_rows_are_written_like_the_page_pool_writes_them() {
+    let shape = KvShape {
+        n_layers: 2,
+        n_kv_heads: 2,
+        head_dim: 64,
+        recurrent: 0,
+    };
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Fp8] {
+        let mut kv = cache(shape, dtype, 7);
+        // Two sequences of new rows across several pages; the rows grow, so FP8 pages rescale.
+        let lens = [(5usize, 12usize), (0, 9)];
+        let mut batch = Batch::default();
+        // (Layer 0 is filled; layer 1 is written here.)
+        let seqs: Vec<SeqKv> = lens
+            .iter()
+            .map(|&(prev, new)| fill_seq(&mut kv, prev + new, prev, 3))
+            .collect();
+        for (s, &(_, new)) in seqs.iter().zip(&lens) {
+            batch.push(s, &vec![0; new], Logits::Last);
+        }
+        let dev = DevPool::upload(kv.pool());
+        let w = shape.n_kv_heads * shape.head_dim;
+        let grow = |t: usize, seed| -> Vec<f32> {
+            data(w, seed).iter().map(|x| x * (1.0 + t as f32)).collect()
+        };
+        let (k, v): (Vec<f32>, Vec<f32>) = (
+            (0..batch.len())
+                .flat_map(|t| grow(t, 40 + t as u64))
+                .collect(),
+            (0..batch.len())
+                .flat_map(|t| grow(t, 90 + t as u64))
+                .collect(),
+        );
+        let meta = upload_batch(&batch, 7);
+        let (km, vm) = (Mem::from_f32(&k), Mem::from_f32(&v));
+        write_kv(&Sim, &dev.store(kv.pool()), &meta.b, 1, km.ptr(), vm.ptr()).unwrap();
+        for t in 0..batch.len() {
+            let (span, slot) = batch.locate(t);
+            let page = batch.pages(span)[slot / 7];
+            kv.pool_mut().write(
+                page,
+                slot % 7,
+                1,
+                &k[t * w..(t + 1) * w],
+                &v[t * w..(t + 1) * w],
+            );
+        }
+        let want = DevPool::upload(kv.pool());
+        assert!(dev.k.bytes() == want.k.bytes(), "{dtype:?}: keys differ");
+        assert!(dev.v.bytes() == want.v.bytes(), "{dtype:?}: values differ");
+        assert_eq!(dev.ks.f32s(), want.ks.f32s(), "{dtype:?}: key scales");
+        assert_eq!(dev.vs.f32s(), want.vs.f32s(), "{dtype:?}: value scales");
+        for s in seqs {
+            kv.release(s, None);
+        }
+    }
+}
+
+/// GPU attention against the CPU backend's on the same pool and batch: chunks, decode, and a draft tree
+/// whose nodes are not all in place.
+fn attention_case(heads: usize, kv_heads: usize, hd: usize) {
+    let shape = KvShape {
+        n_layers: 1,
+        n_kv_heads: kv_heads,
+        head_dim: hd,
+        recurrent: 0,
+    };
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Fp8] {
+        for page_size in [32, 7] {
+            let mut kv = cache(shape, dtype, page_size);
+            let lens = [(300usize, 3usize), (137, 1), (40, 5)];
+            let seqs: Vec<SeqKv> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &(prev, new))| fill_seq(&mut kv, prev + new, prev, 100 * i as u64))
+                .collect();
+            let mut batch = Batch::default();
+            batch.push(&seqs[0], &[0; 3], Logits::All);
+            batch.push(&seqs[1], &[0], Logits::Last);
+            // Node 2's parent is 0, so it and its child 4 see ancestors stored away from their positions.
+            batch.push_tree(&seqs[2], &[0; 5], &[NO_PARENT, 0, 0, 1, 2], Logits::All);
+            let n = batch.len();
+            let q = data(n * heads * hd, 77);
+            let mut want = vec![0f32; n * heads * hd];
+            crate::backend::cpu::Cpu::new(1).attention(
+                kv.pool(),
+                0,
+                &batch,
+                &q,
+                heads,
+                kv_heads,
+                hd,
+                &mut want,
+                &mut Vec::new(),
+            );
+            let dev = DevPool::upload(kv.pool());
+            let meta = upload_batch(&batch, page_size);
+            let (qm, out) = (Mem::from_f32(&q), Mem::zeroed(4 * n * heads * hd));
+            let parts = Mem::zeroed(4 * meta.b.partial_floats(kv_heads, heads / kv_heads, hd));
+            let store = dev.store(kv.pool());
+            attention(
+                &Sim,
+                &store,
+                &meta.b,
+                0,
+                qm.ptr(),
+                heads,
+                out.ptr(),
+                parts.ptr(),
+            )
+            .unwrap();
+            let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+            let scale: Vec<f64> = w64.iter().map(|v| 1.0 + v.abs()).collect();
+            let what = format!("{dtype:?}, pages of {page_size}, {heads}/{kv_heads} heads of {hd}");
+            close(&out.f32s(), &w64, &scale, 1e-5, &what);
+            for s in seqs {
+                kv.release(s, None);
+            }
+        }
+    }
+}
+
+#[test]
+fn paged_attention_matches_the_cpu_backend() {
+    attention_case(6, 2, 64);
+    attention_case(16, 1, 128);
+}
+
+#[test]
+fn attention_rejects_shapes_outside_its_kernels() {
+    let store = KvStore {
+        k: DevPtr(0),
+        v: DevPtr(0),
+        kscale: DevPtr(0),
+        vscale: DevPtr(0),
+        dtype: KvDtype::F16,
+        shape: KvShape {
+            n_layers: 1,
+            n_kv_heads: 2,
+            head_dim: 64,
+            recurrent: 0,
+        },
+        page_size: 16,
+    };
+    let b = DevBatch {
+        table: DevPtr(0),
+        meta: DevPtr(0),
+        seen: DevPtr(0),
+        dst: DevPtr(0),
+        seqs: DevPtr(0),
+        tokens: 1,
+        n_seqs: 1,
+        splits: 1,
+        attend_from: 0,
+    };
+    for heads in [3, 34] {
+        let r = attention(&Sim, &store, &b, 0, DevPtr(0), heads, DevPtr(0), DevPtr(0));
+        assert!(
+            matches!(r, Err(DeviceError::Unsupported { .. })),
+            "{heads}: {r:?}"
         );
     }
 }

@@ -1,0 +1,199 @@
+// Paged attention for decode, prefill chunks and draft trees (flash-decoding): every new token's query heads
+// against the KV rows its position sees, over the page pool the CPU backend uses, in the same layout:
+// element (page, layer, kv head, slot, d) at (((page * n_layers + layer) * n_kv_heads + head) * page_size
+// + slot) * head_dim + d, f32, f16 (bits) or FP8 E4M3 bytes with one scale per (page, layer, kv head).
+//
+// Work is split as the CPU splits it: an item is (token, kv head) with its `group` query heads (GQA), and
+// its positions are cut into splits of ATTN_SPLIT (256) at fixed offsets, so a token's result never depends
+// on what it was batched with. attention_* writes one partial per (item, split): per query head the running
+// max m, the sum l of exp(score - m), and the unnormalised output o, laid out [m (group) | l (group) |
+// o (group x head_dim)] like the CPU's partials; attention_merge combines the splits. Launch attention_*
+// with grid (tokens x kv heads, splits) and 128 threads; attention_merge with grid (tokens x kv heads) and
+// head_dim threads.
+//
+// Token metadata, 4 ints per token: [page table offset, positions seen (its position + 1), first position
+// not in place (`direct`: a draft-tree node's ancestors from there on sit at other slots), offset of those
+// ancestors' slots in `seen`]. A position p < direct is at slot p; slot_of(p) = seen[off + p - direct]
+// otherwise. Positions before `attend_from` are not seen.
+
+#define ATTN_SPLIT 256
+#define ATTN_THREADS 128
+#define ATTN_MAX_GROUP 16
+#define ATTN_MAX_HEAD_DIM 256
+
+#define KV_F32 0
+#define KV_F16 1
+#define KV_FP8 2
+
+// Element i of a KV store of type KV (FP8 without its scale).
+template <int KV>
+__device__ __forceinline__ float kv_load(const void* store, long i) {
+    if constexpr (KV == KV_F32) {
+        return ((const float*)store)[i];
+    } else if constexpr (KV == KV_F16) {
+        return f16_to_f32(((const unsigned short*)store)[i]);
+    } else {
+        return e4m3_to_f32(((const unsigned char*)store)[i]);
+    }
+}
+
+template <int KV>
+__device__ __forceinline__ void attention(const float* __restrict__ q, const void* __restrict__ kstore,
+                                          const void* __restrict__ vstore, const float* __restrict__ kscale,
+                                          const float* __restrict__ vscale, const int* __restrict__ table,
+                                          const int* __restrict__ meta, const int* __restrict__ seen,
+                                          float* __restrict__ partials, int n_heads, int n_kv_heads,
+                                          int head_dim, int page_size, int n_layers, int layer,
+                                          int attend_from, float scale) {
+    __shared__ float qs[ATTN_MAX_GROUP * ATTN_MAX_HEAD_DIM];
+    __shared__ float es[ATTN_MAX_GROUP * ATTN_SPLIT];
+    __shared__ long rows[ATTN_SPLIT];
+    __shared__ float ksc[ATTN_SPLIT];
+    __shared__ float vsc[ATTN_SPLIT];
+    const int item = blockIdx.x;
+    const int split = blockIdx.y;
+    const int splits = gridDim.y;
+    const int t = item / n_kv_heads;
+    const int kvh = item % n_kv_heads;
+    const int group = n_heads / n_kv_heads;
+    const int hd = head_dim;
+    const int* m4 = meta + 4 * t;
+    const int npos = m4[1];
+    const int direct = m4[2];
+    const int start = max(split * ATTN_SPLIT, attend_from);
+    const int end = min((split + 1) * ATTN_SPLIT, npos);
+    const int len = max(end - start, 0);
+    float* part = partials + ((long)item * splits + split) * group * (hd + 2);
+
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
+        qs[i] = q[((long)t * n_heads + (long)kvh * group) * hd + i];
+    }
+    // Where each position's row starts (the same offset in the key and the value store).
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        const int p = start + j;
+        const int slot = p < direct ? p : seen[m4[3] + p - direct];
+        const long page = table[m4[0] + slot / page_size];
+        const long head = (page * n_layers + layer) * n_kv_heads + kvh;
+        rows[j] = (head * page_size + slot % page_size) * hd;
+        if constexpr (KV == KV_FP8) {
+            ksc[j] = kscale[head];
+            vsc[j] = vscale[head];
+        }
+    }
+    __syncthreads();
+
+    // Scores: a warp per position, lanes across the head's dimensions.
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    for (int j = warp; j < len; j += ATTN_THREADS / 32) {
+        float kr[ATTN_MAX_HEAD_DIM / 32];
+        const float ks = KV == KV_FP8 ? ksc[j] : 1.0f;
+#pragma unroll
+        for (int c = 0; c < ATTN_MAX_HEAD_DIM / 32; c++) {
+            const int d = lane + 32 * c;
+            kr[c] = d < hd ? kv_load<KV>(kstore, rows[j] + d) * ks : 0.0f;
+        }
+        for (int h = 0; h < group; h++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int c = 0; c < ATTN_MAX_HEAD_DIM / 32; c++) {
+                const int d = lane + 32 * c;
+                if (d < hd) {
+                    s += qs[h * hd + d] * kr[c];
+                }
+            }
+            s = warp_sum(s);
+            if (lane == 0) {
+                es[h * ATTN_SPLIT + j] = s * scale;
+            }
+        }
+    }
+    __syncthreads();
+
+    // Softmax statistics per query head; the scores become exp(score - m).
+    for (int h = 0; h < group; h++) {
+        float mx = NEG_INF;
+        for (int j = threadIdx.x; j < len; j += blockDim.x) {
+            mx = fmaxf(mx, es[h * ATTN_SPLIT + j]);
+        }
+        mx = block_max(mx);
+        float l = 0.0f;
+        for (int j = threadIdx.x; j < len; j += blockDim.x) {
+            const float e = expf(es[h * ATTN_SPLIT + j] - mx);
+            es[h * ATTN_SPLIT + j] = e;
+            l += e;
+        }
+        l = block_sum(l);
+        if (threadIdx.x == 0) {
+            part[h] = len > 0 ? mx : NEG_INF;
+            part[group + h] = len > 0 ? l : 0.0f;
+        }
+    }
+    __syncthreads();
+
+    // Outputs: threads across the dimensions, each accumulating every query head of the group.
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc[ATTN_MAX_GROUP];
+#pragma unroll
+        for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+            acc[h] = 0.0f;
+        }
+        for (int j = 0; j < len; j++) {
+            const float v = kv_load<KV>(vstore, rows[j] + d) * (KV == KV_FP8 ? vsc[j] : 1.0f);
+#pragma unroll
+            for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                if (h < group) {
+                    acc[h] += es[h * ATTN_SPLIT + j] * v;
+                }
+            }
+        }
+        for (int h = 0; h < group; h++) {
+            part[2 * group + h * hd + d] = acc[h];
+        }
+    }
+}
+
+#define ATTENTION_ARGS                                                                                      \
+    const float *q, const void *kstore, const void *vstore, const float *kscale, const float *vscale,      \
+        const int *table, const int *meta, const int *seen, float *partials, int n_heads, int n_kv_heads, \
+        int head_dim, int page_size, int n_layers, int layer, int attend_from, float scale
+#define ATTENTION_CALL                                                                                     \
+    q, kstore, vstore, kscale, vscale, table, meta, seen, partials, n_heads, n_kv_heads, head_dim, page_size, \
+        n_layers, layer, attend_from, scale
+
+extern "C" __global__ void attention_f32(ATTENTION_ARGS) { attention<KV_F32>(ATTENTION_CALL); }
+extern "C" __global__ void attention_f16(ATTENTION_ARGS) { attention<KV_F16>(ATTENTION_CALL); }
+extern "C" __global__ void attention_fp8(ATTENTION_ARGS) { attention<KV_FP8>(ATTENTION_CALL); }
+
+// Combines an item's splits (as the CPU's merge_partials): per query head, the outputs weighted by
+// exp(m_split - max m), over the total of l weighted the same way; splits with nothing seen are skipped.
+// out: n_tokens x n_heads x head_dim. Grid (tokens x kv heads), head_dim threads.
+extern "C" __global__ void attention_merge(const float* __restrict__ partials, float* __restrict__ out,
+                                           int splits, int n_heads, int n_kv_heads, int head_dim) {
+    const int item = blockIdx.x;
+    const int t = item / n_kv_heads;
+    const int kvh = item % n_kv_heads;
+    const int group = n_heads / n_kv_heads;
+    const int stride = group * (head_dim + 2);
+    const float* parts = partials + (long)item * splits * stride;
+    for (int h = 0; h < group; h++) {
+        float mx = NEG_INF;
+        for (int p = 0; p < splits; p++) {
+            mx = fmaxf(mx, parts[p * stride + h]);
+        }
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+            float total = 0.0f;
+            float o = 0.0f;
+            for (int p = 0; p < splits; p++) {
+                const float l = parts[p * stride + group + h];
+                if (l == 0.0f) {
+                    continue;
+                }
+                const float w = expf(parts[p * stride + h] - mx);
+                total += l * w;
+                o += w * parts[p * stride + 2 * group + h * head_dim + d];
+            }
+            out[((long)t * n_heads + kvh * group + h) * head_dim + d] = total > 0.0f ? o * (1.0f / total) : 0.0f;
+        }
+    }
+}

@@ -1,0 +1,155 @@
+// Writing a layer's new KV rows into their pages (the layout of attention.cu), converted to the cache's type
+// exactly as the CPU's page pool converts them: f32 as is, f16 rounded to nearest even, FP8 E4M3 with the
+// page's power-of-two scale per (page, layer, kv head).
+//
+// k, v: n_tokens x n_kv_heads x head_dim floats; dst: per token, its [page, slot].
+
+// Element offset of (page, layer, head, slot).
+__device__ __forceinline__ long kv_row(int page, int layer, int head, int slot, int n_layers, int n_kv_heads,
+                                       int page_size, int head_dim) {
+    return ((((long)page * n_layers + layer) * n_kv_heads + head) * page_size + slot) * head_dim;
+}
+
+// f32 and f16 pages: one thread per element, grid-stride, 256 threads a block.
+template <bool HALF>
+__device__ __forceinline__ void kv_write(const float* __restrict__ k, const float* __restrict__ v,
+                                         void* __restrict__ kstore, void* __restrict__ vstore,
+                                         const int* __restrict__ dst, int n_tokens, int n_kv_heads, int head_dim,
+                                         int page_size, int n_layers, int layer) {
+    const long n = (long)n_tokens * n_kv_heads * head_dim;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        const int d = (int)(i % head_dim);
+        const long th = i / head_dim;
+        const int h = (int)(th % n_kv_heads);
+        const int t = (int)(th / n_kv_heads);
+        const long o = kv_row(dst[2 * t], layer, h, dst[2 * t + 1], n_layers, n_kv_heads, page_size, head_dim) + d;
+        if (HALF) {
+            ((unsigned short*)kstore)[o] = f32_to_f16(k[i]);
+            ((unsigned short*)vstore)[o] = f32_to_f16(v[i]);
+        } else {
+            ((float*)kstore)[o] = k[i];
+            ((float*)vstore)[o] = v[i];
+        }
+    }
+}
+
+extern "C" __global__ void kv_write_f32(const float* k, const float* v, float* kstore, float* vstore,
+                                        const int* dst, int n_tokens, int n_kv_heads, int head_dim, int page_size,
+                                        int n_layers, int layer) {
+    kv_write<false>(k, v, kstore, vstore, dst, n_tokens, n_kv_heads, head_dim, page_size, n_layers, layer);
+}
+extern "C" __global__ void kv_write_f16(const float* k, const float* v, unsigned short* kstore,
+                                        unsigned short* vstore, const int* dst, int n_tokens, int n_kv_heads,
+                                        int head_dim, int page_size, int n_layers, int layer) {
+    kv_write<true>(k, v, kstore, vstore, dst, n_tokens, n_kv_heads, head_dim, page_size, n_layers, layer);
+}
+
+// Float to E4M3, as the CPU's f32_to_fp8_e4m3: round to nearest even, saturating to +-448, NaN to 0x7F.
+__device__ __forceinline__ unsigned f32_to_e4m3(float x) {
+    const unsigned bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return 0x7f;
+    }
+    const unsigned sign = (bits >> 24) & 0x80u;
+    const float a = fabsf(x);
+    if (a >= 448.0f) {
+        return sign | 0x7e;
+    }
+    if (a < 1.0f / 64.0f) {
+        // Subnormal: q * 2^-9 (q == 8 is the smallest normal, whose code is also 8).
+        return sign | (unsigned)__float2int_rn(a * 512.0f);
+    }
+    const unsigned ab = __float_as_uint(a);
+    int e = (int)((ab >> 23) & 0xff) - 127 + 7;
+    unsigned keep = (ab & 0x7fffffu) >> 20;
+    const unsigned rem = ab & 0xfffffu;
+    if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) {
+        keep++;
+        if (keep == 8) {
+            keep = 0;
+            e++;
+        }
+    }
+    if (e > 15 || (e == 15 && keep == 7)) {
+        return sign | 0x7e;
+    }
+    return sign | ((unsigned)e << 3) | keep;
+}
+
+// The smallest power of two s with amax / s <= 448 (0 for 0 or non-finite), as the CPU's e4m3_scale.
+__device__ __forceinline__ float e4m3_scale(float amax) {
+    if (!(amax > 0.0f) || amax > 3.4028235e38f) {
+        return 0.0f;
+    }
+    const float x = amax / 448.0f;
+    const unsigned xb = __float_as_uint(x);
+    float s;
+    if ((xb >> 23) == 0) {
+        // Below the smallest normal float: the next power of two up, by doubling.
+        s = 1.17549435e-38f;
+        while (s * 0.5f >= x && s * 0.5f > 0.0f) {
+            s *= 0.5f;
+        }
+    } else {
+        s = (xb & 0x7fffffu) == 0 ? x : __uint_as_float(((xb >> 23) + 1) << 23);
+    }
+    return amax / s > 448.0f ? s * 2.0f : s;
+}
+
+// FP8 pages. A row whose largest magnitude does not fit its page's scale raises the scale and re-encodes
+// the page's rows already written, so rows sharing a (page, layer, head) are written in token order: one
+// block per (kv head, sequence) walks the sequence's tokens. seqs: per sequence [first token, tokens].
+// 128 threads a block.
+__device__ __forceinline__ void fp8_row(const float* __restrict__ src, unsigned char* __restrict__ store,
+                                        float* __restrict__ scales, long head, long row, int page_size,
+                                        int head_dim) {
+    float amax = 0.0f;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        amax = fmaxf(amax, fabsf(src[d]));
+    }
+    amax = block_max(amax);
+    const float old = scales[head];
+    const float need = e4m3_scale(amax);
+    float scale = old;
+    if (need > old) {
+        if (old > 0.0f) {
+            // Shift the page's rows to the larger scale (exact for normal numbers).
+            const float f = old / need;
+            unsigned char* blk = store + head * page_size * head_dim;
+            for (int i = threadIdx.x; i < page_size * head_dim; i += blockDim.x) {
+                blk[i] = (unsigned char)f32_to_e4m3(e4m3_to_f32(blk[i]) * f);
+            }
+        }
+        scale = need;
+    }
+    // The rescale above and the row below touch the same bytes from different threads.
+    __syncthreads();
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        store[row + d] = (unsigned char)f32_to_e4m3(src[d] * inv);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        scales[head] = scale;
+    }
+    __syncthreads();
+}
+
+extern "C" __global__ void kv_write_fp8(const float* __restrict__ k, const float* __restrict__ v,
+                                        unsigned char* __restrict__ kstore, unsigned char* __restrict__ vstore,
+                                        float* __restrict__ kscale, float* __restrict__ vscale,
+                                        const int* __restrict__ dst, const int* __restrict__ seqs,
+                                        int n_kv_heads, int head_dim, int page_size, int n_layers, int layer) {
+    const int h = blockIdx.x;
+    const int first = seqs[2 * blockIdx.y];
+    const int count = seqs[2 * blockIdx.y + 1];
+    for (int t = first; t < first + count; t++) {
+        const int page = dst[2 * t];
+        const int slot = dst[2 * t + 1];
+        const long head = ((long)page * n_layers + layer) * n_kv_heads + h;
+        const long row = (head * page_size + slot) * head_dim;
+        const long src = ((long)t * n_kv_heads + h) * head_dim;
+        fp8_row(k + src, kstore, kscale, head, row, page_size, head_dim);
+        fp8_row(v + src, vstore, vscale, head, row, page_size, head_dim);
+    }
+}
