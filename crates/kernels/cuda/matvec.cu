@@ -270,3 +270,84 @@ extern "C" __global__ void matvec_f16(const unsigned short* w, const float* x, f
                                       int nt) {
     matvec_float<true>(w, x, out, rows, cols, nt);
 }
+
+// Embedding rows: out[t] = row tokens[t] of a table of `d` columns of format F, dequantized exactly as the
+// CPU's dequantize_ref does (d * (q - 8), d * q + m, d * q: each format's own expression). One thread per
+// quarter block (8 values), grid-stride, 256 threads a block.
+template <int F>
+__device__ __forceinline__ void embed(const unsigned char* __restrict__ table, const int* __restrict__ tokens,
+                                      float* __restrict__ out, int n, int d) {
+    const int quarters = d / 8;
+    const long total = (long)n * quarters;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
+        const int t = (int)(i / quarters);
+        const int qi = (int)(i % quarters);
+        const unsigned char* row = table + (long)tokens[t] * row_bytes<F>(d);
+        float* o = out + (long)t * d + 8 * qi;
+        if constexpr (F == FMT_NVFP4) {
+            // E2M1 value times its block scale, as the reference (code 8 is minus zero).
+            const int b = qi >> 2;
+            const int k = qi & 3;
+            const unsigned char* blk = row + 36 * (b >> 1);
+            const int s = 2 * (b & 1) + (k >> 1);
+            const float scale = ue4m3_to_f32(blk[s]);
+            for (int j = 0; j < 8; j++) {
+                const unsigned code = (blk[4 + 8 * s + j] >> (4 * (k & 1))) & 0xf;
+                const unsigned mag = __byte_perm(0x03020100u, 0x0c080604u, code & 7) & 0xff;
+                const float v = __uint_as_float(__float_as_uint(0.5f * (float)mag) | ((code & 8u) << 28));
+                o[j] = v * scale;
+            }
+            continue;
+        }
+        const Quarter w = quarter<F>(row, qi >> 2, qi & 3);
+        for (int j = 0; j < 8; j++) {
+            const unsigned word = j < 4 ? w.v0 : w.v1;
+            const int v = (int)(signed char)(word >> (8 * (j & 3))) - w.z;
+            // The reference's own expression per format (signed zeros included).
+            if constexpr (F == FMT_Q4_0) {
+                o[j] = w.d * (float)(v - 8);
+            } else if constexpr (F == FMT_Q4_1 || F == FMT_Q4_K) {
+                o[j] = w.d * (float)v + w.m;
+            } else {
+                o[j] = w.d * (float)v;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void embed_q4_0(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    embed<FMT_Q4_0>(table, tokens, out, n, d);
+}
+extern "C" __global__ void embed_q4_1(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    embed<FMT_Q4_1>(table, tokens, out, n, d);
+}
+extern "C" __global__ void embed_q8_0(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    embed<FMT_Q8_0>(table, tokens, out, n, d);
+}
+extern "C" __global__ void embed_q4_k(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    embed<FMT_Q4_K>(table, tokens, out, n, d);
+}
+extern "C" __global__ void embed_q6_k(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    embed<FMT_Q6_K>(table, tokens, out, n, d);
+}
+extern "C" __global__ void embed_nvfp4(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    embed<FMT_NVFP4>(table, tokens, out, n, d);
+}
+
+// Float tables: f32 copied, f16 converted.
+template <bool HALF>
+__device__ __forceinline__ void embed_float(const void* __restrict__ table, const int* __restrict__ tokens,
+                                            float* __restrict__ out, int n, int d) {
+    const long total = (long)n * d;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
+        const long src = (long)tokens[i / d] * d + i % d;
+        out[i] = HALF ? f16_to_f32(((const unsigned short*)table)[src]) : ((const float*)table)[src];
+    }
+}
+
+extern "C" __global__ void embed_f32(const float* table, const int* tokens, float* out, int n, int d) {
+    embed_float<false>(table, tokens, out, n, d);
+}
+extern "C" __global__ void embed_f16(const unsigned short* table, const int* tokens, float* out, int n, int d) {
+    embed_float<true>(table, tokens, out, n, d);
+}

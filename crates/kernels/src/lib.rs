@@ -66,7 +66,8 @@ pub const CONVERT: Module = Module {
     kernels: &["f16_to_f32_n", "f32_to_f16_n"],
 };
 
-/// Matrix-vector products over GGUF block formats (and f32/f16 weights), up to 8 tokens at once.
+/// Matrix-vector products over GGUF block formats (and f32/f16 weights), up to 8 tokens at once, and
+/// embedding rows dequantized from the same formats.
 pub const MATVEC: Module = Module {
     name: "matvec",
     source: concat!(
@@ -82,6 +83,14 @@ pub const MATVEC: Module = Module {
         "matvec_nvfp4",
         "matvec_f32",
         "matvec_f16",
+        "embed_q4_0",
+        "embed_q4_1",
+        "embed_q8_0",
+        "embed_q4_k",
+        "embed_q6_k",
+        "embed_nvfp4",
+        "embed_f32",
+        "embed_f16",
     ],
 };
 
@@ -120,6 +129,28 @@ pub const KV_WRITE: Module = Module {
     kernels: &["kv_write_f32", "kv_write_f16", "kv_write_fp8"],
 };
 
+/// Gated DeltaNet: convolution, q/k norm, gates, the delta-rule recurrence, the gated output norm; and the
+/// sigmoid output gate of gated attention.
+pub const GDN: Module = Module {
+    name: "gdn",
+    source: concat!(include_str!("../cuda/common.cuh"), include_str!("../cuda/gdn.cu")),
+    kernels: &[
+        "gdn_conv",
+        "gdn_normalize_qk",
+        "gdn_gates",
+        "gdn_recurrence",
+        "gdn_gated_norm",
+        "sigmoid_gate",
+    ],
+};
+
+/// Reductions over logits rows: the k best of each row (k = 1 is greedy).
+pub const LOGITS: Module = Module {
+    name: "logits",
+    source: concat!(include_str!("../cuda/common.cuh"), include_str!("../cuda/logits.cu")),
+    kernels: &["topk_rows"],
+};
+
 /// Every module, for the compile check and for tests that load the whole catalog on a GPU machine.
 pub const ALL: &[Module] = &[
     ELEMENTWISE,
@@ -130,6 +161,8 @@ pub const ALL: &[Module] = &[
     ROPE,
     ATTENTION,
     KV_WRITE,
+    GDN,
+    LOGITS,
 ];
 
 #[cfg(test)]

@@ -7,13 +7,24 @@
 //! [`DeviceError::NoGpu`]. Every call into cudarc runs under `catch_unwind`, so a missing symbol in an old
 //! driver is an error too, never a panic.
 //!
-//! Its kernels (NVRTC-compiled from `thorn-kernels`, device weights and KV pages, CUDA graphs) land with
-//! the rest of the backend; until then no device is handed out: on a machine with a usable GPU,
-//! [`Cuda::new`] names the GPU and says that this build has no kernels for it rather than pretending to
+//! [`Gpu`] is the kernel runtime: one context and one stream, device memory ([`DevBuf`]), and a
+//! [`Launcher`] that compiles each catalog module with NVRTC on first use (through the on-disk
+//! [`KernelCache`]) and launches its kernels with `cuLaunchKernel`. The launches themselves, and every
+//! kernel's test, are in [`super::launch`], the same code the CPU simulator runs.
+//!
+//! The forward pass on the GPU (device-resident activations through the model, KV pages in device memory,
+//! CUDA graphs) lands with the rest of the backend; until then no [`Device::Cuda`](super::Device) is handed
+//! out: on a machine with a usable GPU, [`Cuda::new`] names the GPU and says so rather than pretending to
 //! run.
 
 use super::DeviceError;
+use super::launch::{Arg, DevPtr, Launcher, Params, Shape};
+use super::nvrtc::KernelCache;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result};
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
+use thorn_kernels::Module;
 
 /// A CUDA device (not constructed until the backend's kernels land).
 #[derive(Debug)]
@@ -70,7 +81,8 @@ impl Cuda {
         Err(DeviceError::Unsupported {
             device: "this build's CUDA backend",
             what: format!(
-                "GPU {ordinal} ({}, sm_{}{}): its kernels are not built yet ({} kernel modules)",
+                "GPU {ordinal} ({}, sm_{}{}): the forward pass on the GPU is not built yet (its {} kernel \
+                 modules are, and `cargo test -p thorn-engine --features cuda` runs them there)",
                 p.name,
                 p.capability.0,
                 p.capability.1,
@@ -87,6 +99,228 @@ impl Cuda {
     /// Proof that no value exists: lets every op's CUDA arm type-check without a body.
     pub fn never(&self) -> ! {
         match self.never {}
+    }
+}
+
+fn driver(what: &str) -> impl Fn(result::DriverError) -> DeviceError + '_ {
+    move |e| DeviceError::NoGpu(format!("{what}: {e}"))
+}
+
+/// The virtual architecture NVRTC compiles for on a GPU of compute capability `(major, minor)`.
+fn arch(capability: (i32, i32)) -> &'static str {
+    match capability {
+        (9, 0) => "compute_90",
+        (10, 0) => "compute_100",
+        (10, 1) => "compute_101",
+        (11, 0) => "compute_110",
+        (12, 0) => "compute_120",
+        (8, 9) => "compute_89",
+        (8, 7) => "compute_87",
+        (8, 6) => "compute_86",
+        (8, 0) => "compute_80",
+        (major, minor) => Box::leak(format!("compute_{major}{minor}").into_boxed_str()),
+    }
+}
+
+/// A loaded module and its kernels.
+struct Loaded {
+    _module: Arc<CudaModule>,
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+/// One GPU's kernel runtime: its context, one stream, the modules loaded so far.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: &'static str,
+    name: String,
+    modules: Mutex<HashMap<&'static str, Loaded>>,
+    cache: Mutex<KernelCache>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Device memory from [`Gpu::alloc`], freed when dropped.
+#[derive(Debug)]
+pub struct DevBuf {
+    ptr: DevPtr,
+    bytes: usize,
+}
+
+impl DevBuf {
+    /// Its address.
+    pub fn ptr(&self) -> DevPtr {
+        self.ptr
+    }
+
+    /// Its size.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DevBuf {
+    #[expect(unsafe_code, reason = "frees device memory")]
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from malloc_sync and is freed once; the owner synchronised the stream
+        // before dropping a buffer a kernel may still use (the tests do, and Gpu::download does).
+        let _ = unsafe { result::free_sync(self.ptr.0) };
+    }
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal` with its kernels compiled into `cache_dir` (`None`: compiled every time).
+    pub fn open(ordinal: usize, cache_dir: Option<std::path::PathBuf>) -> Result<Self, DeviceError> {
+        let probe = Cuda::probe(ordinal)?;
+        let opened = catch_unwind(AssertUnwindSafe(|| {
+            let ctx = CudaContext::new(ordinal).map_err(driver("opening the GPU"))?;
+            #[expect(unsafe_code, reason = "one stream: no cross-stream events needed")]
+            // SAFETY: every buffer and kernel of this runtime uses its one stream, so no slice is shared
+            // across streams (the condition for turning event tracking off).
+            unsafe {
+                ctx.disable_event_tracking();
+            }
+            let stream = ctx.default_stream();
+            Ok::<_, DeviceError>((ctx, stream))
+        }));
+        let (ctx, stream) = opened.map_err(|_| {
+            DeviceError::NoGpu("the CUDA driver failed while opening the device".into())
+        })??;
+        Ok(Gpu {
+            ctx,
+            stream,
+            arch: arch(probe.capability),
+            name: probe.name,
+            modules: Mutex::new(HashMap::new()),
+            cache: Mutex::new(KernelCache::new(cache_dir)),
+        })
+    }
+
+    /// The GPU's name and the architecture its kernels are compiled for.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.name, self.arch)
+    }
+
+    /// Kernel modules compiled and read from the PTX cache so far.
+    pub fn cache_stats(&self) -> (usize, usize) {
+        self.cache.lock().map(|c| c.stats()).unwrap_or((0, 0))
+    }
+
+    /// `bytes` of zeroed device memory.
+    #[expect(unsafe_code, reason = "raw device allocation")]
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf, DeviceError> {
+        self.ctx.bind_to_thread().map_err(driver("binding the context"))?;
+        let n = bytes.max(1);
+        // SAFETY: a fresh allocation of n bytes, zeroed before anything reads it.
+        let ptr = unsafe { result::malloc_sync(n) }.map_err(driver("allocating device memory"))?;
+        let buf = DevBuf {
+            ptr: DevPtr(ptr),
+            bytes,
+        };
+        // SAFETY: the range is the allocation just made.
+        unsafe { result::memset_d8_sync(ptr, 0, n) }.map_err(driver("zeroing device memory"))?;
+        Ok(buf)
+    }
+
+    /// Copies `src` to device address `dst` (after the stream's queued work).
+    #[expect(unsafe_code, reason = "raw device copies")]
+    pub fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
+        self.ctx.bind_to_thread().map_err(driver("binding the context"))?;
+        self.stream.synchronize().map_err(driver("waiting for the GPU"))?;
+        // SAFETY: the caller's `dst` addresses at least `src.len()` bytes of one allocation (DevBuf
+        // ranges); the copy is synchronous, so `src` outlives it.
+        unsafe { result::memcpy_htod_sync(dst.0, src) }.map_err(driver("copying to the GPU"))
+    }
+
+    /// Copies `dst.len()` bytes from device address `src`, after the stream's queued work.
+    #[expect(unsafe_code, reason = "raw device copies")]
+    pub fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<(), DeviceError> {
+        self.ctx.bind_to_thread().map_err(driver("binding the context"))?;
+        self.stream.synchronize().map_err(driver("waiting for the GPU"))?;
+        // SAFETY: as upload, the other way.
+        unsafe { result::memcpy_dtoh_sync(dst, src.0) }.map_err(driver("copying from the GPU"))
+    }
+
+    /// Waits for everything queued.
+    pub fn synchronize(&self) -> Result<(), DeviceError> {
+        self.stream.synchronize().map_err(driver("waiting for the GPU"))
+    }
+
+    /// The function `kernel` of `module`, compiling and loading the module on first use.
+    fn function(&self, module: &Module, kernel: &'static str) -> Result<CudaFunction, DeviceError> {
+        let mut modules = self
+            .modules
+            .lock()
+            .map_err(|_| DeviceError::NoGpu("a kernel launch panicked earlier".into()))?;
+        if !modules.contains_key(module.name) {
+            let ptx = self
+                .cache
+                .lock()
+                .map_err(|_| DeviceError::NoGpu("a kernel compile panicked earlier".into()))?
+                .ptx(module, self.arch)?;
+            let m = self
+                .ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .map_err(driver("loading a kernel module"))?;
+            let mut functions = HashMap::new();
+            for &k in module.kernels {
+                let f = m.load_function(k).map_err(driver("finding a kernel"))?;
+                functions.insert(k, f);
+            }
+            modules.insert(
+                module.name,
+                Loaded {
+                    _module: m,
+                    functions,
+                },
+            );
+        }
+        modules[module.name]
+            .functions
+            .get(kernel)
+            .cloned()
+            .ok_or_else(|| DeviceError::Unsupported {
+                device: "the CUDA backend",
+                what: format!("kernel {kernel}: not in module {}", module.name),
+            })
+    }
+}
+
+impl Launcher for Gpu {
+    #[expect(unsafe_code, reason = "cuLaunchKernel with raw parameters")]
+    fn launch(
+        &self,
+        module: &Module,
+        kernel: &'static str,
+        shape: Shape,
+        args: &[Arg],
+    ) -> Result<(), DeviceError> {
+        let f = self.function(module, kernel)?;
+        let mut params = Params::new(args);
+        let n = params.len();
+        let mut ptrs = params.pointers();
+        let [gx, gy, gz] = shape.grid;
+        let [bx, by, bz] = shape.block;
+        // SAFETY: one pointer per kernel parameter, each to a slot holding that parameter's C type, built
+        // by the op in `launch` that checked the sizes; `params` outlives the call, which copies them.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                (gx, gy, gz),
+                (bx, by, bz),
+                shape.shared,
+                self.stream.cu_stream(),
+                &mut ptrs[..n],
+            )
+        }
+        .map_err(|e| DeviceError::NoGpu(format!("launching {kernel}: {e}")))
     }
 }
 

@@ -1,5 +1,5 @@
-//! Every kernel, launched by this module's ops, run in the CPU simulator and checked against the CPU
-//! backend's scalar references. Each test states its tolerance: exact where the kernel does the reference's
+//! Every kernel, launched by this module's ops, run in the CPU simulator (and, in a CUDA build on a machine
+//! with a GPU, on the GPU too) and checked against the CPU backend's scalar references. Each test states its tolerance: exact where the kernel does the reference's
 //! IEEE operations in its order, a bound on float reassociation where it sums in another order.
 
 use super::*;
@@ -26,7 +26,7 @@ impl Launcher for Sim {
         #[expect(unsafe_code, reason = "runs a kernel on host buffers")]
         // SAFETY: the pointers address `params`' slots, alive for the call, one per argument as the op
         // built them for this kernel; the pointer arguments are `Mem` buffers the test keeps alive, sized
-        // by the op's own checks, and fenced by guard words that every test checks afterwards.
+        // by the op's own checks, and fenced by guard bytes that every read-back checks.
         let r = unsafe {
             thorn_kernel_sim::launch(
                 module.name,
@@ -44,60 +44,141 @@ impl Launcher for Sim {
     }
 }
 
-const GUARD_WORDS: usize = 8;
-const GUARD: u64 = 0xa5a5_5a5a_c3c3_3c3c;
+/// Memory a test device holds for a [`Mem`].
+enum Backing {
+    /// Host words (8-byte aligned).
+    Host(Vec<u64>),
+    /// GPU memory.
+    #[cfg(feature = "cuda")]
+    Gpu(crate::backend::cuda::DevBuf),
+}
 
-/// A "device" buffer: 8-byte aligned host memory fenced by guard words on both sides, so a kernel that
-/// writes out of bounds fails the test instead of passing silently.
-struct Mem {
-    words: Vec<u64>,
+/// Where the kernel tests run: the launcher and its memory.
+trait TestDev: Launcher + Sync {
+    /// Memory holding `bytes`, and its address.
+    fn put(&self, bytes: &[u8]) -> (Backing, DevPtr);
+    /// The bytes of a [`Backing`], after the work queued so far.
+    fn get(&self, b: &Backing, len: usize) -> Vec<u8>;
+}
+
+impl TestDev for Sim {
+    fn put(&self, bytes: &[u8]) -> (Backing, DevPtr) {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        for (w, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            *w = u64::from_le_bytes(b);
+        }
+        let ptr = DevPtr(words.as_ptr() as u64);
+        (Backing::Host(words), ptr)
+    }
+
+    fn get(&self, b: &Backing, len: usize) -> Vec<u8> {
+        match b {
+            Backing::Host(words) => {
+                let mut v: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                v.truncate(len);
+                v
+            }
+            #[cfg(feature = "cuda")]
+            Backing::Gpu(_) => unreachable!("simulator memory is host memory"),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl TestDev for crate::backend::cuda::Gpu {
+    fn put(&self, bytes: &[u8]) -> (Backing, DevPtr) {
+        let buf = self.alloc(bytes.len()).expect("GPU memory");
+        self.upload(buf.ptr(), bytes).expect("copy to the GPU");
+        let ptr = buf.ptr();
+        (Backing::Gpu(buf), ptr)
+    }
+
+    fn get(&self, b: &Backing, len: usize) -> Vec<u8> {
+        match b {
+            Backing::Gpu(buf) => {
+                let mut v = vec![0u8; len];
+                self.download(buf.ptr(), &mut v).expect("copy from the GPU");
+                v
+            }
+            Backing::Host(_) => unreachable!("GPU memory is device memory"),
+        }
+    }
+}
+
+/// Runs a test body on the simulator, then on GPU 0 when this build has CUDA and the machine a GPU (else a
+/// line says the GPU run is skipped, and why).
+fn on_every_device(body: fn(&dyn TestDev)) {
+    body(&Sim);
+    #[cfg(feature = "cuda")]
+    {
+        static GPU: std::sync::OnceLock<Result<crate::backend::cuda::Gpu, String>> =
+            std::sync::OnceLock::new();
+        match GPU.get_or_init(|| crate::backend::cuda::Gpu::open(0, None).map_err(|e| e.to_string())) {
+            Ok(gpu) => {
+                body(gpu);
+                gpu.synchronize().expect("the GPU finished");
+            }
+            Err(e) => eprintln!("skip: the GPU run ({e})"),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    eprintln!("skip: the GPU run (this build has no CUDA backend)");
+}
+
+/// Guard bytes on each side of a buffer.
+const GUARD_BYTES: usize = 64;
+const GUARD: u8 = 0xa5;
+
+/// A test buffer in a device's memory, fenced by guard bytes on both sides, so a kernel that writes out of
+/// bounds fails the test instead of passing silently.
+struct Mem<'d> {
+    dev: &'d dyn TestDev,
+    backing: Backing,
+    base: DevPtr,
     bytes: usize,
 }
 
-impl Mem {
-    fn zeroed(bytes: usize) -> Self {
-        let mut words = vec![GUARD; 2 * GUARD_WORDS + bytes.div_ceil(8)];
-        let end = words.len() - GUARD_WORDS;
-        words[GUARD_WORDS..end].fill(0);
-        Mem { words, bytes }
-    }
-
-    fn from_bytes(b: &[u8]) -> Self {
-        let mut m = Mem::zeroed(b.len());
-        for (i, chunk) in b.chunks(8).enumerate() {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            m.words[GUARD_WORDS + i] = u64::from_le_bytes(w);
+impl<'d> Mem<'d> {
+    fn from_bytes(dev: &'d dyn TestDev, b: &[u8]) -> Self {
+        let mut all = vec![GUARD; 2 * GUARD_BYTES + b.len().next_multiple_of(8)];
+        all[GUARD_BYTES..GUARD_BYTES + b.len()].copy_from_slice(b);
+        let (backing, base) = dev.put(&all);
+        Mem {
+            dev,
+            backing,
+            base,
+            bytes: b.len(),
         }
-        m
     }
 
-    fn from_f32(v: &[f32]) -> Self {
-        Mem::from_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
+    fn zeroed(dev: &'d dyn TestDev, bytes: usize) -> Self {
+        Mem::from_bytes(dev, &vec![0; bytes])
     }
 
-    fn from_u16(v: &[u16]) -> Self {
-        Mem::from_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
+    fn from_f32(dev: &'d dyn TestDev, v: &[f32]) -> Self {
+        Mem::from_bytes(dev, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
+    }
+
+    fn from_u16(dev: &'d dyn TestDev, v: &[u16]) -> Self {
+        Mem::from_bytes(dev, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
     }
 
     fn ptr(&self) -> DevPtr {
-        DevPtr(self.words[GUARD_WORDS..].as_ptr() as u64)
+        self.base.offset(GUARD_BYTES)
     }
 
     /// The contents, after checking the guards.
     fn bytes(&self) -> Vec<u8> {
-        let end = self.words.len() - GUARD_WORDS;
+        let total = 2 * GUARD_BYTES + self.bytes.next_multiple_of(8);
+        let all = self.dev.get(&self.backing, total);
+        let end = GUARD_BYTES + self.bytes.next_multiple_of(8);
         assert!(
-            self.words[..GUARD_WORDS].iter().all(|&w| w == GUARD)
-                && self.words[end..].iter().all(|&w| w == GUARD),
+            all[..GUARD_BYTES].iter().chain(&all[end..]).all(|&b| b == GUARD),
             "a kernel wrote outside its buffer"
         );
-        let mut b: Vec<u8> = self.words[GUARD_WORDS..end]
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect();
-        b.truncate(self.bytes);
-        b
+        all[GUARD_BYTES..GUARD_BYTES + self.bytes].to_vec()
     }
 
     fn f32s(&self) -> Vec<f32> {
@@ -131,9 +212,13 @@ fn close(got: &[f32], want: &[f64], scale: &[f64], rel: f64, what: &str) {
 
 #[test]
 fn half_to_float_is_exact_for_every_half() {
+    on_every_device(half_to_float_is_exact_for_every_half_on);
+}
+
+fn half_to_float_is_exact_for_every_half_on(d: &dyn TestDev) {
     let all: Vec<u16> = (0..=u16::MAX).collect();
-    let (h, f) = (Mem::from_u16(&all), Mem::zeroed(4 * all.len()));
-    f16_to_f32(&Sim, h.ptr(), f.ptr(), all.len()).unwrap();
+    let (h, f) = (Mem::from_u16(d, &all), Mem::zeroed(d, 4 * all.len()));
+    f16_to_f32(d, h.ptr(), f.ptr(), all.len()).unwrap();
     for (&bits, got) in all.iter().zip(f.f32s()) {
         let want = half::f16::from_bits(bits).to_f32();
         if want.is_nan() {
@@ -146,6 +231,10 @@ fn half_to_float_is_exact_for_every_half() {
 
 #[test]
 fn float_to_half_rounds_to_nearest_even_like_the_host() {
+    on_every_device(float_to_half_rounds_to_nearest_even_like_the_host_on);
+}
+
+fn float_to_half_rounds_to_nearest_even_like_the_host_on(d: &dyn TestDev) {
     // Every half, the midpoints on both sides of each (the ties), a float either side of each midpoint,
     // the overflow and underflow edges, and the specials.
     let mut v = Vec::new();
@@ -179,8 +268,8 @@ fn float_to_half_rounds_to_nearest_even_like_the_host() {
         f32::MIN_POSITIVE,
     ]);
     v.extend(data(20_000, 7).iter().map(|x| x * 1e-3));
-    let (f, h) = (Mem::from_f32(&v), Mem::zeroed(2 * v.len()));
-    f32_to_f16(&Sim, f.ptr(), h.ptr(), v.len()).unwrap();
+    let (f, h) = (Mem::from_f32(d, &v), Mem::zeroed(d, 2 * v.len()));
+    f32_to_f16(d, f.ptr(), h.ptr(), v.len()).unwrap();
     for (&x, got) in v.iter().zip(h.u16s()) {
         let want = half::f16::from_f32(x);
         if want.is_nan() {
@@ -193,16 +282,20 @@ fn float_to_half_rounds_to_nearest_even_like_the_host() {
 
 #[test]
 fn elementwise_kernels_match_the_references() {
+    on_every_device(elementwise_kernels_match_the_references_on);
+}
+
+fn elementwise_kernels_match_the_references_on(d: &dyn TestDev) {
     // More values than one launch's blocks cover, so the grid-stride loops run.
     let n = 256 * MAX_BLOCKS + 1000;
     let (a, b) = (data(n, 1), data(n, 2));
-    let (x, y, out) = (Mem::from_f32(&a), Mem::from_f32(&b), Mem::zeroed(4 * n));
-    add(&Sim, x.ptr(), y.ptr(), n).unwrap();
+    let (x, y, out) = (Mem::from_f32(d, &a), Mem::from_f32(d, &b), Mem::zeroed(d, 4 * n));
+    add(d, x.ptr(), y.ptr(), n).unwrap();
     let mut want = a.clone();
     ops::add_ref(&mut want, &b);
     assert_eq!(x.f32s(), want, "add: one IEEE add per element, exact");
 
-    silu_mul(&Sim, y.ptr(), x.ptr(), out.ptr(), n).unwrap();
+    silu_mul(d, y.ptr(), x.ptr(), out.ptr(), n).unwrap();
     let mut want = vec![0.0; n];
     ops::silu_mul_ref(&b, &x.f32s(), &mut want);
     // expf differs between libraries by an ulp or two.
@@ -212,8 +305,8 @@ fn elementwise_kernels_match_the_references() {
 
     let (rows, f) = (37, 96);
     let gu = data(rows * 2 * f, 3);
-    let (g, o) = (Mem::from_f32(&gu), Mem::zeroed(4 * rows * f));
-    swiglu_rows(&Sim, g.ptr(), o.ptr(), rows, f).unwrap();
+    let (g, o) = (Mem::from_f32(d, &gu), Mem::zeroed(d, 4 * rows * f));
+    swiglu_rows(d, g.ptr(), o.ptr(), rows, f).unwrap();
     let mut want = vec![0.0; rows * f];
     for t in 0..rows {
         let r = &gu[t * 2 * f..(t + 1) * 2 * f];
@@ -226,16 +319,20 @@ fn elementwise_kernels_match_the_references() {
 
 #[test]
 fn rmsnorm_matches_the_reference() {
+    on_every_device(rmsnorm_matches_the_reference_on);
+}
+
+fn rmsnorm_matches_the_reference_on(dev: &dyn TestDev) {
     // Widths below, at and above one block of threads, and not multiples of 32.
     for d in [8, 64, 576, 1000, 2048] {
         let rows = 5;
         let (xs, ws) = (data(rows * d, d as u64), data(d, 9));
         let (x, w, out) = (
-            Mem::from_f32(&xs),
-            Mem::from_f32(&ws),
-            Mem::zeroed(4 * rows * d),
+            Mem::from_f32(dev, &xs),
+            Mem::from_f32(dev, &ws),
+            Mem::zeroed(dev, 4 * rows * d),
         );
-        rmsnorm(&Sim, x.ptr(), w.ptr(), out.ptr(), rows, d, 1e-5).unwrap();
+        rmsnorm(dev, x.ptr(), w.ptr(), out.ptr(), rows, d, 1e-5).unwrap();
         let mut want = vec![0.0; rows * d];
         for r in 0..rows {
             ops::rmsnorm_ref(
@@ -253,10 +350,15 @@ fn rmsnorm_matches_the_reference() {
 }
 
 /// Runs quantize_q8_1 on `tokens` rows of `cols` floats.
-fn quantize_on_device(xs: &[f32], tokens: usize, cols: usize) -> (Mem, Mem, Mem) {
-    let x = Mem::from_f32(xs);
-    let q = Mem::zeroed(Acts::q_bytes(tokens, cols));
-    let ds = Mem::zeroed(Acts::ds_bytes(tokens, cols));
+fn quantize_on_device<'d>(
+    d: &'d dyn TestDev,
+    xs: &[f32],
+    tokens: usize,
+    cols: usize,
+) -> (Mem<'d>, Mem<'d>, Mem<'d>) {
+    let x = Mem::from_f32(d, xs);
+    let q = Mem::zeroed(d, Acts::q_bytes(tokens, cols));
+    let ds = Mem::zeroed(d, Acts::ds_bytes(tokens, cols));
     let a = Acts {
         x: x.ptr(),
         q: q.ptr(),
@@ -264,12 +366,16 @@ fn quantize_on_device(xs: &[f32], tokens: usize, cols: usize) -> (Mem, Mem, Mem)
         tokens,
         cols,
     };
-    quantize_q8_1(&Sim, &a).unwrap();
+    quantize_q8_1(d, &a).unwrap();
     (x, q, ds)
 }
 
 #[test]
 fn activation_quantization_is_bit_exact() {
+    on_every_device(activation_quantization_is_bit_exact_on);
+}
+
+fn activation_quantization_is_bit_exact_on(d: &dyn TestDev) {
     let (tokens, cols) = (3, 576);
     let mut xs = data(tokens * cols, 4);
     // An all-zero block and one of ties (x.5 after scaling) exercise d = 0 and round-half-even.
@@ -277,7 +383,7 @@ fn activation_quantization_is_bit_exact() {
     for (j, v) in xs[64..96].iter_mut().enumerate() {
         *v = (j as f32 - 16.0) + 0.5;
     }
-    let (_x, q, ds) = quantize_on_device(&xs, tokens, cols);
+    let (_x, q, ds) = quantize_on_device(d, &xs, tokens, cols);
     let mut want = QActs::default();
     quantize_ref(&xs, tokens, cols, &mut want);
     let got_q: Vec<i8> = q.bytes().iter().map(|&b| b as i8).collect();
@@ -314,7 +420,7 @@ fn activation_quantization_is_bit_exact() {
         }
     };
     assert!(matches!(
-        quantize_q8_1(&Sim, &bad),
+        quantize_q8_1(d, &bad),
         Err(DeviceError::Unsupported { .. })
     ));
 }
@@ -332,12 +438,12 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
 
 /// Checks matvec for `ty` over `tokens` tokens against the dequantized weights times the dequantized
 /// activations (the quantized ones for block formats), summed in f64.
-fn check_matvec(ty: GgmlType, rows: usize, cols: usize, tokens: usize, scale: f32) {
+fn check_matvec(d: &dyn TestDev, ty: GgmlType, rows: usize, cols: usize, tokens: usize, scale: f32) {
     let bytes = weights(ty, rows, cols, 11 + cols as u64);
     let xs = data(tokens * cols, 12);
-    let (x, q, ds) = quantize_on_device(&xs, tokens, cols);
-    let wmem = Mem::from_bytes(&bytes);
-    let out = Mem::zeroed(4 * tokens * rows);
+    let (x, q, ds) = quantize_on_device(d, &xs, tokens, cols);
+    let wmem = Mem::from_bytes(d, &bytes);
+    let out = Mem::zeroed(d, 4 * tokens * rows);
     let w = Weights {
         ptr: wmem.ptr(),
         ty,
@@ -352,7 +458,7 @@ fn check_matvec(ty: GgmlType, rows: usize, cols: usize, tokens: usize, scale: f3
         tokens,
         cols,
     };
-    matvec(&Sim, &w, &a, out.ptr()).unwrap();
+    matvec(d, &w, &a, out.ptr()).unwrap();
     let (_, quantized) = w.kernel().unwrap();
     // The activations the kernel sees: dx * q for block formats, the floats otherwise.
     let mut qa = QActs::default();
@@ -396,6 +502,10 @@ fn check_matvec(ty: GgmlType, rows: usize, cols: usize, tokens: usize, scale: f3
 
 #[test]
 fn matvec_matches_dequantized_weights_for_every_format() {
+    on_every_device(matvec_matches_dequantized_weights_for_every_format_on);
+}
+
+fn matvec_matches_dequantized_weights_for_every_format_on(d: &dyn TestDev) {
     for ty in [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
@@ -408,14 +518,18 @@ fn matvec_matches_dequantized_weights_for_every_format() {
     ] {
         // Rows not a multiple of the block's 4; 1, 3 and 11 tokens (11: two launches).
         let cols = if ty.block_size() == 256 { 512 } else { 576 };
-        check_matvec(ty, 13, cols, 1, 1.0);
-        check_matvec(ty, 6, cols, 11, 1.0);
+        check_matvec(d, ty, 13, cols, 1, 1.0);
+        check_matvec(d, ty, 6, cols, 11, 1.0);
     }
-    check_matvec(GgmlType::NVFP4, 9, 256, 3, 0.375);
+    check_matvec(d, GgmlType::NVFP4, 9, 256, 3, 0.375);
 }
 
 #[test]
 fn matvec_rejects_what_its_kernels_cannot_take() {
+    on_every_device(matvec_rejects_what_its_kernels_cannot_take_on);
+}
+
+fn matvec_rejects_what_its_kernels_cannot_take_on(d: &dyn TestDev) {
     let a = Acts {
         x: DevPtr(0),
         q: DevPtr(0),
@@ -436,7 +550,7 @@ fn matvec_rejects_what_its_kernels_cannot_take() {
         (GgmlType::F32, 288, 0.5),  // a tensor scale on floats
         (GgmlType::Q4_0, 320, 1.0), // input width differs
     ] {
-        let r = matvec(&Sim, &w(ty, cols, scale), &a, DevPtr(0));
+        let r = matvec(d, &w(ty, cols, scale), &a, DevPtr(0));
         assert!(
             matches!(r, Err(DeviceError::Unsupported { .. })),
             "{ty} {cols}: {r:?}"
@@ -446,6 +560,10 @@ fn matvec_rejects_what_its_kernels_cannot_take() {
 
 #[test]
 fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation() {
+    on_every_device(rope_matches_the_cpu_for_both_layouts_and_partial_rotation_on);
+}
+
+fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation_on(d: &dyn TestDev) {
     let (heads, hd) = (3, 64);
     let positions = [0usize, 7, 100, 3, 4095];
     for (kind, n_angles) in [
@@ -459,13 +577,13 @@ fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation() {
         let flat: Vec<f32> = table.iter().flat_map(|&(c, s)| [c, s]).collect();
         let xs = data(positions.len() * heads * hd, 21);
         let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
-        let x = Mem::from_f32(&xs);
+        let x = Mem::from_f32(d, &xs);
         let (pm, tm) = (
-            Mem::from_bytes(&pos.iter().flat_map(|p| p.to_le_bytes()).collect::<Vec<_>>()),
-            Mem::from_f32(&flat),
+            Mem::from_bytes(d, &pos.iter().flat_map(|p| p.to_le_bytes()).collect::<Vec<_>>()),
+            Mem::from_f32(d, &flat),
         );
         rope(
-            &Sim,
+            d,
             kind,
             x.ptr(),
             pm.ptr(),
@@ -507,15 +625,15 @@ use crate::kv::{Batch, KvCache, KvConfig, Logits, SeqKv};
 use crate::testutil::fill_seq;
 
 /// A page pool's contents as the device stores them (see [`KvStore`]).
-struct DevPool {
-    k: Mem,
-    v: Mem,
-    ks: Mem,
-    vs: Mem,
+struct DevPool<'d> {
+    k: Mem<'d>,
+    v: Mem<'d>,
+    ks: Mem<'d>,
+    vs: Mem<'d>,
 }
 
-impl DevPool {
-    fn upload(pool: &PagePool) -> Self {
+impl<'d> DevPool<'d> {
+    fn upload(d: &'d dyn TestDev, pool: &PagePool) -> Self {
         let s = pool.shape();
         let (mut k, mut v, mut ks, mut vs) = (vec![], vec![], vec![], vec![]);
         for page in 0..pool.total() as u32 {
@@ -537,10 +655,10 @@ impl DevPool {
                 }
             }
         }
-        let scales = |v: &[f32]| Mem::from_f32(if v.is_empty() { &[0.0] } else { v });
+        let scales = |v: &[f32]| Mem::from_f32(d, if v.is_empty() { &[0.0] } else { v });
         DevPool {
-            k: Mem::from_bytes(&k),
-            v: Mem::from_bytes(&v),
+            k: Mem::from_bytes(d, &k),
+            v: Mem::from_bytes(d, &v),
             ks: scales(&ks),
             vs: scales(&vs),
         }
@@ -560,17 +678,17 @@ impl DevPool {
 }
 
 /// A batch's metadata in "device" memory.
-struct DevMeta {
-    _bufs: Vec<Mem>,
+struct DevMeta<'d> {
+    _bufs: Vec<Mem<'d>>,
     b: DevBatch,
 }
 
-fn upload_batch(batch: &Batch, page_size: usize) -> DevMeta {
+fn upload_batch<'d>(d: &'d dyn TestDev, batch: &Batch, page_size: usize) -> DevMeta<'d> {
     let mut m = BatchMeta::default();
     m.build(batch, page_size).unwrap();
     let ints = |v: &[i32]| {
         let v = if v.is_empty() { &[0][..] } else { v };
-        Mem::from_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
+        Mem::from_bytes(d, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
     };
     let bufs = vec![
         ints(&m.table),
@@ -608,6 +726,10 @@ fn cache(shape: KvShape, dtype: KvDtype, page_size: usize) -> KvCache {
 
 #[test]
 fn kv_rows_are_written_like_the_page_pool_writes_them() {
+    on_every_device(kv_rows_are_written_like_the_page_pool_writes_them_on);
+}
+
+fn kv_rows_are_written_like_the_page_pool_writes_them_on(d: &dyn TestDev) {
     let shape = KvShape {
         n_layers: 2,
         n_kv_heads: 2,
@@ -627,7 +749,7 @@ fn kv_rows_are_written_like_the_page_pool_writes_them() {
         for (s, &(_, new)) in seqs.iter().zip(&lens) {
             batch.push(s, &vec![0; new], Logits::Last);
         }
-        let dev = DevPool::upload(kv.pool());
+        let dev = DevPool::upload(d, kv.pool());
         let w = shape.n_kv_heads * shape.head_dim;
         let grow = |t: usize, seed| -> Vec<f32> {
             data(w, seed).iter().map(|x| x * (1.0 + t as f32)).collect()
@@ -640,9 +762,9 @@ fn kv_rows_are_written_like_the_page_pool_writes_them() {
                 .flat_map(|t| grow(t, 90 + t as u64))
                 .collect(),
         );
-        let meta = upload_batch(&batch, 7);
-        let (km, vm) = (Mem::from_f32(&k), Mem::from_f32(&v));
-        write_kv(&Sim, &dev.store(kv.pool()), &meta.b, 1, km.ptr(), vm.ptr()).unwrap();
+        let meta = upload_batch(d, &batch, 7);
+        let (km, vm) = (Mem::from_f32(d, &k), Mem::from_f32(d, &v));
+        write_kv(d, &dev.store(kv.pool()), &meta.b, 1, km.ptr(), vm.ptr()).unwrap();
         for t in 0..batch.len() {
             let (span, slot) = batch.locate(t);
             let page = batch.pages(span)[slot / 7];
@@ -654,7 +776,7 @@ fn kv_rows_are_written_like_the_page_pool_writes_them() {
                 &v[t * w..(t + 1) * w],
             );
         }
-        let want = DevPool::upload(kv.pool());
+        let want = DevPool::upload(d, kv.pool());
         assert!(dev.k.bytes() == want.k.bytes(), "{dtype:?}: keys differ");
         assert!(dev.v.bytes() == want.v.bytes(), "{dtype:?}: values differ");
         assert_eq!(dev.ks.f32s(), want.ks.f32s(), "{dtype:?}: key scales");
@@ -667,7 +789,7 @@ fn kv_rows_are_written_like_the_page_pool_writes_them() {
 
 /// GPU attention against the CPU backend's on the same pool and batch: chunks, decode, and a draft tree
 /// whose nodes are not all in place.
-fn attention_case(heads: usize, kv_heads: usize, hd: usize) {
+fn attention_case(d: &dyn TestDev, heads: usize, kv_heads: usize, hd: usize) {
     let shape = KvShape {
         n_layers: 1,
         n_kv_heads: kv_heads,
@@ -702,13 +824,13 @@ fn attention_case(heads: usize, kv_heads: usize, hd: usize) {
                 &mut want,
                 &mut Vec::new(),
             );
-            let dev = DevPool::upload(kv.pool());
-            let meta = upload_batch(&batch, page_size);
-            let (qm, out) = (Mem::from_f32(&q), Mem::zeroed(4 * n * heads * hd));
-            let parts = Mem::zeroed(4 * meta.b.partial_floats(kv_heads, heads / kv_heads, hd));
+            let dev = DevPool::upload(d, kv.pool());
+            let meta = upload_batch(d, &batch, page_size);
+            let (qm, out) = (Mem::from_f32(d, &q), Mem::zeroed(d, 4 * n * heads * hd));
+            let parts = Mem::zeroed(d, 4 * meta.b.partial_floats(kv_heads, heads / kv_heads, hd));
             let store = dev.store(kv.pool());
             attention(
-                &Sim,
+                d,
                 &store,
                 &meta.b,
                 0,
@@ -731,12 +853,20 @@ fn attention_case(heads: usize, kv_heads: usize, hd: usize) {
 
 #[test]
 fn paged_attention_matches_the_cpu_backend() {
-    attention_case(6, 2, 64);
-    attention_case(16, 1, 128);
+    on_every_device(paged_attention_matches_the_cpu_backend_on);
+}
+
+fn paged_attention_matches_the_cpu_backend_on(d: &dyn TestDev) {
+    attention_case(d, 6, 2, 64);
+    attention_case(d, 16, 1, 128);
 }
 
 #[test]
 fn attention_rejects_shapes_outside_its_kernels() {
+    on_every_device(attention_rejects_shapes_outside_its_kernels_on);
+}
+
+fn attention_rejects_shapes_outside_its_kernels_on(d: &dyn TestDev) {
     let store = KvStore {
         k: DevPtr(0),
         v: DevPtr(0),
@@ -763,10 +893,233 @@ fn attention_rejects_shapes_outside_its_kernels() {
         attend_from: 0,
     };
     for heads in [3, 34] {
-        let r = attention(&Sim, &store, &b, 0, DevPtr(0), heads, DevPtr(0), DevPtr(0));
+        let r = attention(d, &store, &b, 0, DevPtr(0), heads, DevPtr(0), DevPtr(0));
         assert!(
             matches!(r, Err(DeviceError::Unsupported { .. })),
             "{heads}: {r:?}"
         );
     }
+}
+
+#[test]
+fn gated_deltanet_kernels_match_the_cpu() {
+    on_every_device(gated_deltanet_kernels_match_the_cpu_on);
+}
+
+fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
+    use crate::backend::gdn::{self, HeadRun, Shape as G, Steps};
+    // dv = 48: one partial block of columns; three steps kept (verification of a short draft).
+    let s = G {
+        kh: 2,
+        vh: 4,
+        dk: 32,
+        dv: 48,
+        kernel: 4,
+    };
+    let (n, count) = (7, 3);
+    let cd = s.conv_dim();
+    let w = s.kernel - 1;
+    let stride = s.floats();
+    let taps = data(cd * s.kernel, 31);
+    let window0 = data(cd * w, 32);
+    let x = data(n * cd, 33);
+
+    // Convolution, with the window after each of the last three tokens kept at the window's offset.
+    let (mut window, mut y) = (window0.clone(), vec![0.0; n * cd]);
+    let mut steps = vec![0.0; count * stride];
+    gdn::conv(
+        &s,
+        &taps,
+        &mut window,
+        &x,
+        n,
+        &mut y,
+        Some(&mut Steps {
+            buf: &mut steps,
+            stride,
+            offset: s.matrix_floats(),
+            count,
+        }),
+    );
+    let (tm, wm, xm, ym) = (
+        Mem::from_f32(d, &taps),
+        Mem::from_f32(d, &window0),
+        Mem::from_f32(d, &x),
+        Mem::zeroed(d, 4 * n * cd),
+    );
+    let sm = Mem::zeroed(d, 4 * count * stride);
+    let dsteps = |offset| DevSteps {
+        buf: sm.ptr(),
+        stride,
+        offset,
+        count,
+    };
+    gdn_conv(d, &s, tm.ptr(), wm.ptr(), xm.ptr(), n, ym.ptr(), Some(dsteps(s.matrix_floats())))
+        .unwrap();
+    let exact = |got: &[f32], want: &[f32], what: &str| {
+        let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        let scale: Vec<f64> = w64.iter().map(|v| v.abs() + 1e-6).collect();
+        close(got, &w64, &scale, 1e-5, what);
+    };
+    exact(&ym.f32s(), &y, "conv output");
+    exact(&wm.f32s(), &window, "conv window");
+
+    // Normalisation and gates.
+    gdn::normalize_qk(&s, &mut y, n);
+    let ym = Mem::from_f32(d, &ym.f32s());
+    gdn_normalize_qk(d, &s, ym.ptr(), n).unwrap();
+    exact(&ym.f32s(), &y, "normalised q and k");
+    let (a, dt) = (data(s.vh, 34), data(s.vh, 35));
+    let (mut g, mut beta) = (data(n * s.vh, 36), data(n * s.vh, 37));
+    let (am, dm, gm, bm) = (
+        Mem::from_f32(d, &a),
+        Mem::from_f32(d, &dt),
+        Mem::from_f32(d, &g),
+        Mem::from_f32(d, &beta),
+    );
+    gdn::gates(&a, &dt, &mut g, &mut beta);
+    gdn_gates(d, am.ptr(), dm.ptr(), gm.ptr(), bm.ptr(), n, s.vh).unwrap();
+    exact(&gm.f32s(), &g, "log decay");
+    exact(&bm.f32s(), &beta, "beta");
+
+    // The recurrence over every head, with the state after each of the last three tokens.
+    let state0: Vec<f32> = data(s.matrix_floats(), 38).iter().map(|v| v * 0.1).collect();
+    let mut state = state0.clone();
+    let mut o = vec![0.0; n * s.vh * s.dv];
+    let run_y = ym.f32s();
+    for h in 0..s.vh {
+        let hs = s.dk * s.dv;
+        let run = HeadRun {
+            y: &run_y,
+            g: &g,
+            beta: &beta,
+            n,
+            head: h,
+        };
+        gdn::recurrence(
+            &s,
+            &run,
+            &mut state[h * hs..(h + 1) * hs],
+            &mut o,
+            Some(&mut Steps {
+                buf: &mut steps,
+                stride,
+                offset: h * hs,
+                count,
+            }),
+        );
+    }
+    let (stm, om) = (Mem::from_f32(d, &state0), Mem::zeroed(d, 4 * n * s.vh * s.dv));
+    gdn_recurrence(d, &s, ym.ptr(), gm.ptr(), bm.ptr(), stm.ptr(), om.ptr(), n, Some(dsteps(0)))
+        .unwrap();
+    exact(&om.f32s(), &o, "recurrence output");
+    exact(&stm.f32s(), &state, "recurrence state");
+    exact(&sm.f32s(), &steps, "kept steps (matrices and windows)");
+
+    // The gated output norm and the sigmoid gate.
+    let (z, wt) = (data(n * s.vh * s.dv, 39), data(s.dv, 40));
+    let (zm, wtm) = (Mem::from_f32(d, &z), Mem::from_f32(d, &wt));
+    gdn::gated_norm(&s, &mut o, &z, &wt, 1e-6);
+    gdn_gated_norm(d, om.ptr(), zm.ptr(), wtm.ptr(), n * s.vh, s.dv, 1e-6).unwrap();
+    exact(&om.f32s(), &o, "gated norm");
+    let mut xs = data(1000, 41);
+    let gate = data(1000, 42);
+    let (xm, gm2) = (Mem::from_f32(d, &xs), Mem::from_f32(d, &gate));
+    for (v, &g) in xs.iter_mut().zip(&gate) {
+        *v *= gdn::sigmoid(g);
+    }
+    sigmoid_gate(d, xm.ptr(), gm2.ptr(), 1000).unwrap();
+    exact(&xm.f32s(), &xs, "sigmoid gate");
+}
+
+#[test]
+fn embedding_rows_dequantize_exactly() {
+    on_every_device(embedding_rows_dequantize_exactly_on);
+}
+
+fn embedding_rows_dequantize_exactly_on(dev: &dyn TestDev) {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::NVFP4,
+        GgmlType::F32,
+        GgmlType::F16,
+    ] {
+        let (rows, d) = (17, 512);
+        let mut bytes = weights(ty, rows, d, 5);
+        // Negative scales in every other block: the products' signed zeros must match too.
+        let scale_at = match ty {
+            GgmlType::Q6_K => Some(209),
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4_K => Some(1),
+            _ => None,
+        };
+        if let Some(at) = scale_at {
+            for blk in bytes.chunks_exact_mut(ty.type_size()).step_by(2) {
+                blk[at] |= 0x80;
+            }
+        }
+        let tokens: Vec<i32> = vec![3, 0, 16, 3, 9];
+        let (tm, km, om) = (
+            Mem::from_bytes(dev, &bytes),
+            Mem::from_bytes(dev, &tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>()),
+            Mem::zeroed(dev, 4 * tokens.len() * d),
+        );
+        embed(dev, ty, tm.ptr(), d, km.ptr(), tokens.len(), om.ptr()).unwrap();
+        let rb = ty.row_bytes(d).unwrap();
+        let mut want = vec![0f32; tokens.len() * d];
+        for (t, &tok) in tokens.iter().enumerate() {
+            let r = tok as usize;
+            dequantize_ref(ty, &bytes[r * rb..(r + 1) * rb], &mut want[t * d..(t + 1) * d]).unwrap();
+        }
+        let got = om.f32s();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{ty} value {i}: {g} vs {w}");
+        }
+    }
+}
+
+#[test]
+fn topk_rows_match_a_sort() {
+    on_every_device(topk_rows_match_a_sort_on);
+}
+
+fn topk_rows_match_a_sort_on(d: &dyn TestDev) {
+    let (rows, vocab) = (4, 3001);
+    let mut x = data(rows * vocab, 51);
+    // Ties (the lower index wins), a NaN (never chosen) and a row of all minus infinity but two numbers.
+    x[10] = 99.0;
+    x[2000] = 99.0;
+    x[17] = f32::NAN;
+    let r3 = 3 * vocab;
+    x[r3..r3 + vocab].fill(f32::NEG_INFINITY);
+    x[r3 + 5] = 1.0;
+    x[r3 + 7] = 2.0;
+    for k in [1, 2, 8] {
+        let (lm, im, vm) = (
+            Mem::from_f32(d, &x),
+            Mem::zeroed(d, 4 * rows * k),
+            Mem::zeroed(d, 4 * rows * k),
+        );
+        topk_rows(d, lm.ptr(), rows, vocab, k, im.ptr(), vm.ptr()).unwrap();
+        let idx: Vec<i32> = im
+            .bytes()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let val = vm.f32s();
+        for r in 0..rows {
+            let row = &x[r * vocab..(r + 1) * vocab];
+            let mut order: Vec<usize> = (0..vocab).filter(|&c| !row[c].is_nan()).collect();
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            for j in 0..k {
+                assert_eq!(idx[r * k + j], order[j] as i32, "row {r}, k {k}, rank {j}");
+                assert_eq!(val[r * k + j].to_bits(), row[order[j]].to_bits());
+            }
+        }
+        assert_eq!(idx[0], 10, "ties go to the lower index");
+    }
+    assert!(topk_rows(d, DevPtr(0), 1, 10, 9, DevPtr(0), DevPtr(0)).is_err());
 }
