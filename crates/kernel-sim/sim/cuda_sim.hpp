@@ -1,11 +1,12 @@
 // The CUDA C dialect of thorn's kernels, as plain C++ on the CPU (tests only).
 //
-// Each kernel module is compiled by the host's C++ compiler after this header. Every GPU thread is an OS
-// thread; a block's threads run together and blocks run one after another, so `__shared__` variables
-// (function statics here) are the running block's. `__syncthreads` is a barrier over the block, warp
-// shuffles exchange through a per-warp slot array between two warp barriers, and a shuffle whose mask
-// names a lane that exited, or that is not the whole warp, aborts with a message: on a GPU that is
-// undefined behaviour, here it is a failed test.
+// Each kernel module is compiled by the host's C++ compiler after this header. A block's warps are OS
+// threads and a warp's lanes are fibers on its thread (runtime.cpp); blocks run one after another, so
+// `__shared__` variables (function statics here) are the running block's. Warp shuffles exchange through
+// per-warp slots, `__syncthreads` is a barrier of the block's warps. What a GPU leaves undefined aborts
+// with a message here: a shuffle whose mask is not the whole warp or names an exited lane, and lanes of
+// one warp stopping at different synchronisation points. `__device__` means `static`, so it is for free
+// functions and variables only (no member functions).
 #pragma once
 
 #include <math.h>

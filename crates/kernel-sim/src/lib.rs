@@ -2,20 +2,23 @@
 //! without a GPU (every build machine of this project, and CI).
 //!
 //! The build compiles each module of the `thorn-kernels` catalog, the very text NVRTC compiles for a GPU,
-//! as C++ after a header (`sim/cuda_sim.hpp`) that maps the CUDA dialect the kernels use onto the CPU:
-//! every GPU thread is an OS thread, a block's threads run together and blocks one after another (so
-//! `__shared__` variables are function statics of the running block), `__syncthreads` is a barrier, and
-//! warp shuffles exchange values through a per-warp slot array. [`launch`] takes arguments the way
+//! as C++ after a header (`sim/cuda_sim.hpp`) that maps the CUDA dialect the kernels use onto the CPU: a
+//! block's warps are OS threads and each warp's 32 lanes are fibers on its thread, run from one
+//! synchronisation point to the next (a shuffle, `__syncwarp`, `__syncthreads`); blocks run one after
+//! another, so `__shared__` variables are function statics of the running block. [`launch`] takes arguments the way
 //! `cuLaunchKernel` does (a pointer to each value), so the backend's launch code is the same for a GPU
 //! stream and for this harness; here the pointers are host addresses.
 //!
 //! What it proves: the kernels' arithmetic, indexing, launch shapes and reductions, against the CPU
 //! backend's scalar references. What it cannot: the GPU's memory model and alignment rules, timing, and
 //! the `__CUDA_ARCH__` branches (inline PTX conversions), which only a GPU runs. The simulator is strict
-//! where a GPU would be undefined: a shuffle or `__syncwarp` whose mask is not the whole warp, or that
-//! names a lane that has exited, aborts the process with a message. Launches are serialised.
+//! where a GPU would be undefined: a shuffle or `__syncwarp` whose mask is not the whole warp or names a
+//! lane that has exited, or lanes of one warp stopping at different synchronisation points, abort the
+//! process with a message. Races between warps are real races here (their threads run concurrently);
+//! within a warp the lanes' order between synchronisation points is one valid interleaving. Launches are
+//! serialised.
 //!
-//! Tests only: it is slow by design (thousands of threads per launch), and it is never a device.
+//! Tests only: it is slow (a fiber switch per lane per shuffle), and it is never a device.
 
 /// A launch's grid or block shape.
 #[repr(C)]
