@@ -133,7 +133,10 @@ pub const KV_WRITE: Module = Module {
 /// sigmoid output gate of gated attention.
 pub const GDN: Module = Module {
     name: "gdn",
-    source: concat!(include_str!("../cuda/common.cuh"), include_str!("../cuda/gdn.cu")),
+    source: concat!(
+        include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/gdn.cu")
+    ),
     kernels: &[
         "gdn_conv",
         "gdn_normalize_qk",
@@ -147,7 +150,10 @@ pub const GDN: Module = Module {
 /// Reductions over logits rows: the k best of each row (k = 1 is greedy).
 pub const LOGITS: Module = Module {
     name: "logits",
-    source: concat!(include_str!("../cuda/common.cuh"), include_str!("../cuda/logits.cu")),
+    source: concat!(
+        include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/logits.cu")
+    ),
     kernels: &["topk_rows"],
 };
 

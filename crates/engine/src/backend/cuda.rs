@@ -177,7 +177,10 @@ impl Drop for DevBuf {
 
 impl Gpu {
     /// Opens GPU `ordinal` with its kernels compiled into `cache_dir` (`None`: compiled every time).
-    pub fn open(ordinal: usize, cache_dir: Option<std::path::PathBuf>) -> Result<Self, DeviceError> {
+    pub fn open(
+        ordinal: usize,
+        cache_dir: Option<std::path::PathBuf>,
+    ) -> Result<Self, DeviceError> {
         let probe = Cuda::probe(ordinal)?;
         let opened = catch_unwind(AssertUnwindSafe(|| {
             let ctx = CudaContext::new(ordinal).map_err(driver("opening the GPU"))?;
@@ -216,7 +219,9 @@ impl Gpu {
     /// `bytes` of zeroed device memory.
     #[expect(unsafe_code, reason = "raw device allocation")]
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf, DeviceError> {
-        self.ctx.bind_to_thread().map_err(driver("binding the context"))?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
         let n = bytes.max(1);
         // SAFETY: a fresh allocation of n bytes, zeroed before anything reads it.
         let ptr = unsafe { result::malloc_sync(n) }.map_err(driver("allocating device memory"))?;
@@ -232,8 +237,12 @@ impl Gpu {
     /// Copies `src` to device address `dst` (after the stream's queued work).
     #[expect(unsafe_code, reason = "raw device copies")]
     pub fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
-        self.ctx.bind_to_thread().map_err(driver("binding the context"))?;
-        self.stream.synchronize().map_err(driver("waiting for the GPU"))?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver("waiting for the GPU"))?;
         // SAFETY: the caller's `dst` addresses at least `src.len()` bytes of one allocation (DevBuf
         // ranges); the copy is synchronous, so `src` outlives it.
         unsafe { result::memcpy_htod_sync(dst.0, src) }.map_err(driver("copying to the GPU"))
@@ -242,15 +251,21 @@ impl Gpu {
     /// Copies `dst.len()` bytes from device address `src`, after the stream's queued work.
     #[expect(unsafe_code, reason = "raw device copies")]
     pub fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<(), DeviceError> {
-        self.ctx.bind_to_thread().map_err(driver("binding the context"))?;
-        self.stream.synchronize().map_err(driver("waiting for the GPU"))?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver("waiting for the GPU"))?;
         // SAFETY: as upload, the other way.
         unsafe { result::memcpy_dtoh_sync(dst, src.0) }.map_err(driver("copying from the GPU"))
     }
 
     /// Waits for everything queued.
     pub fn synchronize(&self) -> Result<(), DeviceError> {
-        self.stream.synchronize().map_err(driver("waiting for the GPU"))
+        self.stream
+            .synchronize()
+            .map_err(driver("waiting for the GPU"))
     }
 
     /// The function `kernel` of `module`, compiling and loading the module on first use.

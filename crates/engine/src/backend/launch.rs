@@ -444,7 +444,9 @@ pub fn topk_rows(
     val: DevPtr,
 ) -> Result<(), DeviceError> {
     if k == 0 || k > TOPK_MAX {
-        return Err(unsupported(format!("the top {k} of a row (1 to {TOPK_MAX})")));
+        return Err(unsupported(format!(
+            "the top {k} of a row (1 to {TOPK_MAX})"
+        )));
     }
     if rows == 0 {
         return Ok(());
@@ -832,7 +834,10 @@ fn steps_args(steps: Option<DevSteps>, n: usize) -> Result<[Arg; 4], DeviceError
 
 /// Gated DeltaNet's causal convolution of `n` tokens' `[q | k | v]` at `x` with `taps` (`conv_dim ×
 /// kernel`), continuing from `window` (updated in place), into `y`.
-#[expect(clippy::too_many_arguments, reason = "the convolution's state and its outputs")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the convolution's state and its outputs"
+)]
 pub fn gdn_conv(
     l: &dyn Launcher,
     shape: &super::gdn::Shape,
@@ -844,7 +849,10 @@ pub fn gdn_conv(
     steps: Option<DevSteps>,
 ) -> Result<(), DeviceError> {
     if shape.kernel < 2 || shape.kernel > super::gdn::MAX_KERNEL {
-        return Err(unsupported(format!("a convolution of {} taps", shape.kernel)));
+        return Err(unsupported(format!(
+            "a convolution of {} taps",
+            shape.kernel
+        )));
     }
     let cd = shape.conv_dim();
     let [sb, ss, so, sc] = steps_args(steps, n)?;
@@ -875,7 +883,11 @@ pub fn gdn_normalize_qk(
         return Ok(());
     }
     let shape_ = Shape {
-        grid: [int(n, "tokens")? as u32, int(2 * shape.kh, "heads")? as u32, 1],
+        grid: [
+            int(n, "tokens")? as u32,
+            int(2 * shape.kh, "heads")? as u32,
+            1,
+        ],
         block: [32, 1, 1],
         shared: 0,
     };
@@ -913,7 +925,10 @@ pub fn gdn_gates(
 /// The delta-rule recurrence of every value head over `n` tokens: `y` the normalised convolution output,
 /// `g` and `beta` the gates (`n × vh`), `state` the heads' `[dk][dv]` matrices (updated), `o` the outputs
 /// (`n × vh × dv`).
-#[expect(clippy::too_many_arguments, reason = "the recurrence's inputs, state and outputs")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the recurrence's inputs, state and outputs"
+)]
 pub fn gdn_recurrence(
     l: &dyn Launcher,
     shape: &super::gdn::Shape,
@@ -989,7 +1004,12 @@ pub fn gdn_gated_norm(
 }
 
 /// `x[i] *= sigmoid(gate[i])` for `n` floats.
-pub fn sigmoid_gate(l: &dyn Launcher, x: DevPtr, gate: DevPtr, n: usize) -> Result<(), DeviceError> {
+pub fn sigmoid_gate(
+    l: &dyn Launcher,
+    x: DevPtr,
+    gate: DevPtr,
+    n: usize,
+) -> Result<(), DeviceError> {
     let args = [Arg::Ptr(x), Arg::Ptr(gate), Arg::I32(int(n, "a length")?)];
     l.launch(&thorn_kernels::GDN, "sigmoid_gate", elementwise(n), &args)
 }

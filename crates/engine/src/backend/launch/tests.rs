@@ -115,7 +115,9 @@ fn on_every_device(body: fn(&dyn TestDev)) {
     {
         static GPU: std::sync::OnceLock<Result<crate::backend::cuda::Gpu, String>> =
             std::sync::OnceLock::new();
-        match GPU.get_or_init(|| crate::backend::cuda::Gpu::open(0, None).map_err(|e| e.to_string())) {
+        match GPU
+            .get_or_init(|| crate::backend::cuda::Gpu::open(0, None).map_err(|e| e.to_string()))
+        {
             Ok(gpu) => {
                 body(gpu);
                 gpu.synchronize().expect("the GPU finished");
@@ -158,11 +160,17 @@ impl<'d> Mem<'d> {
     }
 
     fn from_f32(dev: &'d dyn TestDev, v: &[f32]) -> Self {
-        Mem::from_bytes(dev, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
+        Mem::from_bytes(
+            dev,
+            &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+        )
     }
 
     fn from_u16(dev: &'d dyn TestDev, v: &[u16]) -> Self {
-        Mem::from_bytes(dev, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
+        Mem::from_bytes(
+            dev,
+            &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+        )
     }
 
     fn ptr(&self) -> DevPtr {
@@ -175,7 +183,10 @@ impl<'d> Mem<'d> {
         let all = self.dev.get(&self.backing, total);
         let end = GUARD_BYTES + self.bytes.next_multiple_of(8);
         assert!(
-            all[..GUARD_BYTES].iter().chain(&all[end..]).all(|&b| b == GUARD),
+            all[..GUARD_BYTES]
+                .iter()
+                .chain(&all[end..])
+                .all(|&b| b == GUARD),
             "a kernel wrote outside its buffer"
         );
         all[GUARD_BYTES..GUARD_BYTES + self.bytes].to_vec()
@@ -289,7 +300,11 @@ fn elementwise_kernels_match_the_references_on(d: &dyn TestDev) {
     // More values than one launch's blocks cover, so the grid-stride loops run.
     let n = 256 * MAX_BLOCKS + 1000;
     let (a, b) = (data(n, 1), data(n, 2));
-    let (x, y, out) = (Mem::from_f32(d, &a), Mem::from_f32(d, &b), Mem::zeroed(d, 4 * n));
+    let (x, y, out) = (
+        Mem::from_f32(d, &a),
+        Mem::from_f32(d, &b),
+        Mem::zeroed(d, 4 * n),
+    );
     add(d, x.ptr(), y.ptr(), n).unwrap();
     let mut want = a.clone();
     ops::add_ref(&mut want, &b);
@@ -438,7 +453,14 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
 
 /// Checks matvec for `ty` over `tokens` tokens against the dequantized weights times the dequantized
 /// activations (the quantized ones for block formats), summed in f64.
-fn check_matvec(d: &dyn TestDev, ty: GgmlType, rows: usize, cols: usize, tokens: usize, scale: f32) {
+fn check_matvec(
+    d: &dyn TestDev,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    scale: f32,
+) {
     let bytes = weights(ty, rows, cols, 11 + cols as u64);
     let xs = data(tokens * cols, 12);
     let (x, q, ds) = quantize_on_device(d, &xs, tokens, cols);
@@ -579,7 +601,10 @@ fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation_on(d: &dyn TestDev
         let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
         let x = Mem::from_f32(d, &xs);
         let (pm, tm) = (
-            Mem::from_bytes(d, &pos.iter().flat_map(|p| p.to_le_bytes()).collect::<Vec<_>>()),
+            Mem::from_bytes(
+                d,
+                &pos.iter().flat_map(|p| p.to_le_bytes()).collect::<Vec<_>>(),
+            ),
             Mem::from_f32(d, &flat),
         );
         rope(
@@ -688,7 +713,10 @@ fn upload_batch<'d>(d: &'d dyn TestDev, batch: &Batch, page_size: usize) -> DevM
     m.build(batch, page_size).unwrap();
     let ints = |v: &[i32]| {
         let v = if v.is_empty() { &[0][..] } else { v };
-        Mem::from_bytes(d, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())
+        Mem::from_bytes(
+            d,
+            &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+        )
     };
     let bufs = vec![
         ints(&m.table),
@@ -954,8 +982,17 @@ fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
         offset,
         count,
     };
-    gdn_conv(d, &s, tm.ptr(), wm.ptr(), xm.ptr(), n, ym.ptr(), Some(dsteps(s.matrix_floats())))
-        .unwrap();
+    gdn_conv(
+        d,
+        &s,
+        tm.ptr(),
+        wm.ptr(),
+        xm.ptr(),
+        n,
+        ym.ptr(),
+        Some(dsteps(s.matrix_floats())),
+    )
+    .unwrap();
     let exact = |got: &[f32], want: &[f32], what: &str| {
         let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
         let scale: Vec<f64> = w64.iter().map(|v| v.abs() + 1e-6).collect();
@@ -983,7 +1020,10 @@ fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
     exact(&bm.f32s(), &beta, "beta");
 
     // The recurrence over every head, with the state after each of the last three tokens.
-    let state0: Vec<f32> = data(s.matrix_floats(), 38).iter().map(|v| v * 0.1).collect();
+    let state0: Vec<f32> = data(s.matrix_floats(), 38)
+        .iter()
+        .map(|v| v * 0.1)
+        .collect();
     let mut state = state0.clone();
     let mut o = vec![0.0; n * s.vh * s.dv];
     let run_y = ym.f32s();
@@ -1009,9 +1049,22 @@ fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
             }),
         );
     }
-    let (stm, om) = (Mem::from_f32(d, &state0), Mem::zeroed(d, 4 * n * s.vh * s.dv));
-    gdn_recurrence(d, &s, ym.ptr(), gm.ptr(), bm.ptr(), stm.ptr(), om.ptr(), n, Some(dsteps(0)))
-        .unwrap();
+    let (stm, om) = (
+        Mem::from_f32(d, &state0),
+        Mem::zeroed(d, 4 * n * s.vh * s.dv),
+    );
+    gdn_recurrence(
+        d,
+        &s,
+        ym.ptr(),
+        gm.ptr(),
+        bm.ptr(),
+        stm.ptr(),
+        om.ptr(),
+        n,
+        Some(dsteps(0)),
+    )
+    .unwrap();
     exact(&om.f32s(), &o, "recurrence output");
     exact(&stm.f32s(), &state, "recurrence state");
     exact(&sm.f32s(), &steps, "kept steps (matrices and windows)");
@@ -1064,7 +1117,13 @@ fn embedding_rows_dequantize_exactly_on(dev: &dyn TestDev) {
         let tokens: Vec<i32> = vec![3, 0, 16, 3, 9];
         let (tm, km, om) = (
             Mem::from_bytes(dev, &bytes),
-            Mem::from_bytes(dev, &tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>()),
+            Mem::from_bytes(
+                dev,
+                &tokens
+                    .iter()
+                    .flat_map(|t| t.to_le_bytes())
+                    .collect::<Vec<_>>(),
+            ),
             Mem::zeroed(dev, 4 * tokens.len() * d),
         );
         embed(dev, ty, tm.ptr(), d, km.ptr(), tokens.len(), om.ptr()).unwrap();
@@ -1072,7 +1131,12 @@ fn embedding_rows_dequantize_exactly_on(dev: &dyn TestDev) {
         let mut want = vec![0f32; tokens.len() * d];
         for (t, &tok) in tokens.iter().enumerate() {
             let r = tok as usize;
-            dequantize_ref(ty, &bytes[r * rb..(r + 1) * rb], &mut want[t * d..(t + 1) * d]).unwrap();
+            dequantize_ref(
+                ty,
+                &bytes[r * rb..(r + 1) * rb],
+                &mut want[t * d..(t + 1) * d],
+            )
+            .unwrap();
         }
         let got = om.f32s();
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
