@@ -30,14 +30,14 @@ fn main() {
         );
         writeln!(
             unit,
-            "extern \"C\" thorn_sim::Entry thorn_sim_find_{}(const char* k) {{",
+            "extern \"C\" thorn_sim::Entry thorn_sim_find_{}(const char* k, int* arity) {{",
             m.name
         )
         .unwrap();
         for k in m.kernels {
             writeln!(
                 unit,
-                "    if (strcmp(k, \"{k}\") == 0) return [](void** p) {{ thorn_sim::call(&{k}, p); }};"
+                "    if (strcmp(k, \"{k}\") == 0) {{ *arity = thorn_sim::arity(&{k}); return [](void** p) {{ thorn_sim::call(&{k}, p); }}; }}"
             )
             .unwrap();
         }
@@ -47,20 +47,20 @@ fn main() {
         build.file(&path);
         writeln!(
             find,
-            "extern \"C\" thorn_sim::Entry thorn_sim_find_{}(const char*);",
+            "extern \"C\" thorn_sim::Entry thorn_sim_find_{}(const char*, int*);",
             m.name
         )
         .unwrap();
         writeln!(
             arms,
-            "    if (strcmp(module, \"{0}\") == 0) return thorn_sim_find_{0}(kernel);",
+            "    if (strcmp(module, \"{0}\") == 0) return thorn_sim_find_{0}(kernel, arity);",
             m.name
         )
         .unwrap();
     }
     write!(
         find,
-        "extern \"C\" thorn_sim::Entry thorn_sim_find(const char* module, const char* kernel) {{\n{arms}    return nullptr;\n}}\n"
+        "extern \"C\" thorn_sim::Entry thorn_sim_find(const char* module, const char* kernel, int* arity) {{\n{arms}    return nullptr;\n}}\n"
     )
     .unwrap();
     let path = out.join("find.cpp");

@@ -149,4 +149,9 @@ template <class... A>
 static inline void call(void (*f)(A...), void** params) {
     call_with(f, params, std::index_sequence_for<A...>{});
 }
+// How many parameters kernel `f` takes.
+template <class... A>
+static constexpr int arity(void (*)(A...)) {
+    return (int)sizeof...(A);
+}
 }  // namespace thorn_sim

@@ -200,16 +200,19 @@ uint64_t exchange(uint64_t bits, int src, unsigned mask, const char* what) {
 }  // namespace thorn_sim
 
 using Entry = void (*)(void**);
-extern "C" Entry thorn_sim_find(const char* module, const char* kernel);
+extern "C" Entry thorn_sim_find(const char* module, const char* kernel, int* arity);
 
 // Runs `kernel` of `module` over `grid` x `block` threads with `shared` bytes of dynamic shared memory;
-// `params` points to each argument, as cuLaunchKernel's kernelParams. Returns 0, or 1 if the kernel is unknown
-// and 2 if the launch shape is invalid (a kernel that misbehaves aborts the process with a message).
+// `params` points to each of its `n_params` arguments, as cuLaunchKernel's kernelParams. Returns 0, or 1 if the
+// kernel is unknown, 2 if the launch shape is invalid, 3 if the kernel takes another number of parameters
+// (a kernel that misbehaves aborts the process with a message).
 extern "C" int thorn_sim_launch(const char* module, const char* kernel, dim3 grid, dim3 block, size_t shared,
-                                void** params) {
+                                void** params, int n_params) {
     static std::mutex one_at_a_time;
-    const Entry entry = thorn_sim_find(module, kernel);
+    int arity = -1;
+    const Entry entry = thorn_sim_find(module, kernel, &arity);
     if (entry == nullptr) return 1;
+    if (arity != n_params) return 3;
     const long n = (long)block.x * block.y * block.z;
     if (n <= 0 || n > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || shared > 232448) return 2;
     std::lock_guard<std::mutex> lock(one_at_a_time);

@@ -45,6 +45,8 @@ pub enum LaunchError {
     UnknownKernel(String),
     /// More than 1,024 threads per block, an empty grid, or more shared memory than a GPU has.
     BadShape,
+    /// The kernel takes another number of parameters than were given.
+    Arity,
 }
 
 impl std::fmt::Display for LaunchError {
@@ -52,6 +54,7 @@ impl std::fmt::Display for LaunchError {
         match self {
             LaunchError::UnknownKernel(k) => write!(f, "no kernel {k} in the simulated catalog"),
             LaunchError::BadShape => f.write_str("invalid launch shape"),
+            LaunchError::Arity => f.write_str("the kernel takes another number of parameters"),
         }
     }
 }
@@ -71,12 +74,14 @@ mod ffi {
             block: Dim3,
             shared: usize,
             params: *mut *mut c_void,
+            n_params: c_int,
         ) -> c_int;
     }
 }
 
 /// Runs `kernel` of catalog module `module` over `grid` blocks of `block` threads, with `shared` bytes of
-/// dynamic shared memory; `params[i]` points to the value of the kernel's argument `i`.
+/// dynamic shared memory; `params[i]` points to the value of the kernel's argument `i`. A kernel that takes
+/// another number of parameters is [`LaunchError::Arity`], checked before anything runs.
 ///
 /// # Safety
 /// As for `cuLaunchKernel`: `params` must hold exactly one pointer per kernel parameter, each to a value
@@ -97,8 +102,10 @@ pub unsafe fn launch(
     let cstr =
         |s: &str| std::ffi::CString::new(s).map_err(|_| LaunchError::UnknownKernel(s.into()));
     let (m, k) = (cstr(module)?, cstr(kernel)?);
-    // SAFETY: the names are NUL-terminated strings that outlive the call; the caller guarantees the
-    // parameters (this function's contract).
+    let n = std::ffi::c_int::try_from(params.len()).map_err(|_| LaunchError::Arity)?;
+    // SAFETY: the names are NUL-terminated strings that outlive the call, `n` is the length of `params`
+    // (the launcher checks it against the kernel's parameter count first); the caller guarantees the
+    // parameters themselves (this function's contract).
     let rc = unsafe {
         ffi::thorn_sim_launch(
             m.as_ptr(),
@@ -107,11 +114,46 @@ pub unsafe fn launch(
             block,
             shared,
             params.as_mut_ptr(),
+            n,
         )
     };
     match rc {
         0 => Ok(()),
         1 => Err(LaunchError::UnknownKernel(format!("{module}::{kernel}"))),
+        3 => Err(LaunchError::Arity),
         _ => Err(LaunchError::BadShape),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[expect(unsafe_code, reason = "launches the simulator with bad requests")]
+    fn bad_launches_are_errors_before_anything_runs() {
+        let one = Dim3 { x: 1, y: 1, z: 1 };
+        let mut none: [*mut std::ffi::c_void; 0] = [];
+        // SAFETY: none of these launches runs a kernel: each is refused first.
+        unsafe {
+            assert_eq!(
+                launch("elementwise", "add_f32", one, one, 0, &mut none),
+                Err(LaunchError::Arity)
+            );
+            assert!(matches!(
+                launch("elementwise", "nope", one, one, 0, &mut none),
+                Err(LaunchError::UnknownKernel(_))
+            ));
+            let huge = Dim3 {
+                x: 2048,
+                y: 1,
+                z: 1,
+            };
+            let mut three = [std::ptr::null_mut(); 3];
+            assert_eq!(
+                launch("elementwise", "add_f32", one, huge, 0, &mut three),
+                Err(LaunchError::BadShape)
+            );
+        }
     }
 }

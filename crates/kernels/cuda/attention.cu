@@ -3,6 +3,8 @@
 // element (page, layer, kv head, slot, d) at (((page * n_layers + layer) * n_kv_heads + head) * page_size
 // + slot) * head_dim + d, f32, f16 (bits) or FP8 E4M3 bytes with one scale per (page, layer, kv head).
 //
+// q: each token's n_heads x head_dim query, token rows `q_stride` floats apart (a fused QKV row's Q part).
+//
 // Work is split as the CPU splits it: an item is (token, kv head) with its `group` query heads (GQA), and
 // its positions are cut into splits of ATTN_SPLIT (256) at fixed offsets, so a token's result never depends
 // on what it was batched with. attention_* writes one partial per (item, split): per query head the running
@@ -44,7 +46,7 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
                                           const int* __restrict__ meta, const int* __restrict__ seen,
                                           float* __restrict__ partials, int n_heads, int n_kv_heads,
                                           int head_dim, int page_size, int n_layers, int layer,
-                                          int attend_from, float scale) {
+                                          int attend_from, float scale, int q_stride) {
     __shared__ float qs[ATTN_MAX_GROUP * ATTN_MAX_HEAD_DIM];
     __shared__ float es[ATTN_MAX_GROUP * ATTN_SPLIT];
     __shared__ long rows[ATTN_SPLIT];
@@ -66,7 +68,7 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
     float* part = partials + ((long)item * splits + split) * group * (hd + 2);
 
     for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
-        qs[i] = q[((long)t * n_heads + (long)kvh * group) * hd + i];
+        qs[i] = q[(long)t * q_stride + (long)kvh * group * hd + i];
     }
     // Where each position's row starts (the same offset in the key and the value store).
     for (int j = threadIdx.x; j < len; j += blockDim.x) {
@@ -156,10 +158,10 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
 #define ATTENTION_ARGS                                                                                      \
     const float *q, const void *kstore, const void *vstore, const float *kscale, const float *vscale,      \
         const int *table, const int *meta, const int *seen, float *partials, int n_heads, int n_kv_heads, \
-        int head_dim, int page_size, int n_layers, int layer, int attend_from, float scale
+        int head_dim, int page_size, int n_layers, int layer, int attend_from, float scale, int q_stride
 #define ATTENTION_CALL                                                                                     \
     q, kstore, vstore, kscale, vscale, table, meta, seen, partials, n_heads, n_kv_heads, head_dim, page_size, \
-        n_layers, layer, attend_from, scale
+        n_layers, layer, attend_from, scale, q_stride
 
 extern "C" __global__ void attention_f32(ATTENTION_ARGS) { attention<KV_F32>(ATTENTION_CALL); }
 extern "C" __global__ void attention_f16(ATTENTION_ARGS) { attention<KV_F16>(ATTENTION_CALL); }

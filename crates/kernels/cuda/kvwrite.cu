@@ -2,7 +2,8 @@
 // exactly as the CPU's page pool converts them: f32 as is, f16 rounded to nearest even, FP8 E4M3 with the
 // page's power-of-two scale per (page, layer, kv head).
 //
-// k, v: n_tokens x n_kv_heads x head_dim floats; dst: per token, its [page, slot].
+// k, v: each token's n_kv_heads x head_dim floats, token rows `src_stride` floats apart (the K and V parts
+// of fused QKV rows); dst: per token, its [page, slot].
 
 // Element offset of (page, layer, head, slot).
 __device__ __forceinline__ long kv_row(int page, int layer, int head, int slot, int n_layers, int n_kv_heads,
@@ -15,7 +16,7 @@ template <bool HALF>
 __device__ __forceinline__ void kv_write(const float* __restrict__ k, const float* __restrict__ v,
                                          void* __restrict__ kstore, void* __restrict__ vstore,
                                          const int* __restrict__ dst, int n_tokens, int n_kv_heads, int head_dim,
-                                         int page_size, int n_layers, int layer) {
+                                         int page_size, int n_layers, int layer, int src_stride) {
     const long n = (long)n_tokens * n_kv_heads * head_dim;
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
         const int d = (int)(i % head_dim);
@@ -23,25 +24,28 @@ __device__ __forceinline__ void kv_write(const float* __restrict__ k, const floa
         const int h = (int)(th % n_kv_heads);
         const int t = (int)(th / n_kv_heads);
         const long o = kv_row(dst[2 * t], layer, h, dst[2 * t + 1], n_layers, n_kv_heads, page_size, head_dim) + d;
+        const long src = (long)t * src_stride + (long)h * head_dim + d;
         if (HALF) {
-            ((unsigned short*)kstore)[o] = f32_to_f16(k[i]);
-            ((unsigned short*)vstore)[o] = f32_to_f16(v[i]);
+            ((unsigned short*)kstore)[o] = f32_to_f16(k[src]);
+            ((unsigned short*)vstore)[o] = f32_to_f16(v[src]);
         } else {
-            ((float*)kstore)[o] = k[i];
-            ((float*)vstore)[o] = v[i];
+            ((float*)kstore)[o] = k[src];
+            ((float*)vstore)[o] = v[src];
         }
     }
 }
 
 extern "C" __global__ void kv_write_f32(const float* k, const float* v, float* kstore, float* vstore,
                                         const int* dst, int n_tokens, int n_kv_heads, int head_dim, int page_size,
-                                        int n_layers, int layer) {
-    kv_write<false>(k, v, kstore, vstore, dst, n_tokens, n_kv_heads, head_dim, page_size, n_layers, layer);
+                                        int n_layers, int layer, int src_stride) {
+    kv_write<false>(k, v, kstore, vstore, dst, n_tokens, n_kv_heads, head_dim, page_size, n_layers, layer,
+                    src_stride);
 }
 extern "C" __global__ void kv_write_f16(const float* k, const float* v, unsigned short* kstore,
                                         unsigned short* vstore, const int* dst, int n_tokens, int n_kv_heads,
-                                        int head_dim, int page_size, int n_layers, int layer) {
-    kv_write<true>(k, v, kstore, vstore, dst, n_tokens, n_kv_heads, head_dim, page_size, n_layers, layer);
+                                        int head_dim, int page_size, int n_layers, int layer, int src_stride) {
+    kv_write<true>(k, v, kstore, vstore, dst, n_tokens, n_kv_heads, head_dim, page_size, n_layers, layer,
+                   src_stride);
 }
 
 // Float to E4M3, as the CPU's f32_to_fp8_e4m3: round to nearest even, saturating to +-448, NaN to 0x7F.
@@ -139,7 +143,8 @@ extern "C" __global__ void kv_write_fp8(const float* __restrict__ k, const float
                                         unsigned char* __restrict__ kstore, unsigned char* __restrict__ vstore,
                                         float* __restrict__ kscale, float* __restrict__ vscale,
                                         const int* __restrict__ dst, const int* __restrict__ seqs,
-                                        int n_kv_heads, int head_dim, int page_size, int n_layers, int layer) {
+                                        int n_kv_heads, int head_dim, int page_size, int n_layers, int layer,
+                                        int src_stride) {
     const int h = blockIdx.x;
     const int first = seqs[2 * blockIdx.y];
     const int count = seqs[2 * blockIdx.y + 1];
@@ -148,7 +153,7 @@ extern "C" __global__ void kv_write_fp8(const float* __restrict__ k, const float
         const int slot = dst[2 * t + 1];
         const long head = ((long)page * n_layers + layer) * n_kv_heads + h;
         const long row = (head * page_size + slot) * head_dim;
-        const long src = ((long)t * n_kv_heads + h) * head_dim;
+        const long src = (long)t * src_stride + (long)h * head_dim;
         fp8_row(k + src, kstore, kscale, head, row, page_size, head_dim);
         fp8_row(v + src, vstore, vscale, head, row, page_size, head_dim);
     }

@@ -122,10 +122,10 @@ fn arch(capability: (i32, i32)) -> &'static str {
     }
 }
 
-/// A loaded module and its kernels.
+/// A loaded module and its kernels, each with its parameter count.
 struct Loaded {
     _module: Arc<CudaModule>,
-    functions: HashMap<&'static str, CudaFunction>,
+    functions: HashMap<&'static str, (CudaFunction, usize)>,
 }
 
 /// One GPU's kernel runtime: its context, one stream, the modules loaded so far.
@@ -268,8 +268,13 @@ impl Gpu {
             .map_err(driver("waiting for the GPU"))
     }
 
-    /// The function `kernel` of `module`, compiling and loading the module on first use.
-    fn function(&self, module: &Module, kernel: &'static str) -> Result<CudaFunction, DeviceError> {
+    /// The function `kernel` of `module` and its parameter count, compiling and loading the module on
+    /// first use.
+    fn function(
+        &self,
+        module: &Module,
+        kernel: &'static str,
+    ) -> Result<(CudaFunction, usize), DeviceError> {
         let mut modules = self
             .modules
             .lock()
@@ -280,14 +285,19 @@ impl Gpu {
                 .lock()
                 .map_err(|_| DeviceError::NoGpu("a kernel compile panicked earlier".into()))?
                 .ptx(module, self.arch)?;
+            let arity: Vec<Option<usize>> = module
+                .kernels
+                .iter()
+                .map(|k| super::nvrtc::ptx_arity(&ptx, k))
+                .collect();
             let m = self
                 .ctx
                 .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
                 .map_err(driver("loading a kernel module"))?;
             let mut functions = HashMap::new();
-            for &k in module.kernels {
+            for (&k, n) in module.kernels.iter().zip(arity) {
                 let f = m.load_function(k).map_err(driver("finding a kernel"))?;
-                functions.insert(k, f);
+                functions.insert(k, (f, n.unwrap_or(0)));
             }
             modules.insert(
                 module.name,
@@ -317,7 +327,16 @@ impl Launcher for Gpu {
         shape: Shape,
         args: &[Arg],
     ) -> Result<(), DeviceError> {
-        let f = self.function(module, kernel)?;
+        let (f, arity) = self.function(module, kernel)?;
+        if args.len() != arity {
+            return Err(DeviceError::Unsupported {
+                device: "the CUDA backend",
+                what: format!(
+                    "kernel {kernel} takes {arity} parameters, not {}",
+                    args.len()
+                ),
+            });
+        }
         let mut params = Params::new(args);
         let n = params.len();
         let mut ptrs = params.pointers();

@@ -488,7 +488,8 @@ pub fn f32_to_f16(l: &dyn Launcher, f: DevPtr, h: DevPtr, n: usize) -> Result<()
     )
 }
 
-/// Rotary embedding of `tokens` rows of `heads` heads of `head_dim` floats at `x`, in place: `pos` holds
+/// Rotary embedding of the first `heads` heads of `head_dim` floats of `tokens` rows at `x`, `stride` floats
+/// apart, in place (a fused QKV row rotates its Q and K heads at once): `pos` holds
 /// each token's position (i32), `table` the `(cos, sin)` pairs (two f32) of `n_angles` pairs per position
 /// (the CPU's `rope_angles`); `Rope::Neox` rotates `(i, i + n_angles)`, `Rope::Normal` `(2i, 2i + 1)`.
 #[expect(clippy::too_many_arguments, reason = "a kernel's shape")]
@@ -499,10 +500,16 @@ pub fn rope(
     pos: DevPtr,
     table: DevPtr,
     tokens: usize,
+    stride: usize,
     heads: usize,
     head_dim: usize,
     n_angles: usize,
 ) -> Result<(), DeviceError> {
+    if stride < heads * head_dim {
+        return Err(unsupported(format!(
+            "rows of {stride} floats holding {heads} heads of {head_dim}"
+        )));
+    }
     if 2 * n_angles > head_dim || n_angles == 0 {
         return Err(unsupported(format!(
             "RoPE of {n_angles} pairs on heads of {head_dim}"
@@ -521,6 +528,7 @@ pub fn rope(
         Arg::I32(int(head_dim, "a head width")?),
         Arg::I32(int(n_angles, "pairs")?),
         Arg::I32(i32::from(kind == super::Rope::Neox)),
+        Arg::I32(int(stride, "a row stride")?),
     ];
     l.launch(&thorn_kernels::ROPE, "rope_f32", elementwise(pairs), &args)
 }
@@ -656,7 +664,8 @@ fn kv_args(kv: &KvStore) -> Result<[Arg; 4], DeviceError> {
     ])
 }
 
-/// Writes the batch's new rows of `layer` (`k`, `v`: tokens × KV heads × head_dim floats) into their pages.
+/// Writes the batch's new rows of `layer` into their pages: token `t`'s keys (KV heads × head_dim floats)
+/// at `k + 4 · t · stride`, its values likewise at `v` (the K and V parts of fused QKV rows).
 pub fn write_kv(
     l: &dyn Launcher,
     kv: &KvStore,
@@ -664,10 +673,15 @@ pub fn write_kv(
     layer: usize,
     k: DevPtr,
     v: DevPtr,
+    stride: usize,
 ) -> Result<(), DeviceError> {
     if b.tokens == 0 {
         return Ok(());
     }
+    if stride < kv.shape.n_kv_heads * kv.shape.head_dim {
+        return Err(unsupported(format!("KV rows {stride} floats apart")));
+    }
+    let src_stride = Arg::I32(int(stride, "a row stride")?);
     let [heads, hd, ps, layers] = kv_args(kv)?;
     let layer = Arg::I32(int(layer, "a layer")?);
     let (k, v) = (Arg::Ptr(k), Arg::Ptr(v));
@@ -698,6 +712,7 @@ pub fn write_kv(
             ps,
             layers,
             layer,
+            src_stride,
         ];
         return l.launch(m, "kv_write_fp8", shape, &args);
     }
@@ -715,6 +730,7 @@ pub fn write_kv(
         ps,
         layers,
         layer,
+        src_stride,
     ];
     let kernel = match kv.dtype {
         KvDtype::F16 => "kv_write_f16",
@@ -723,8 +739,9 @@ pub fn write_kv(
     l.launch(m, kernel, elementwise(n), &args)
 }
 
-/// Attention of the batch's queries (`q`: tokens × `n_heads` × head_dim) over `layer` of the pool into
-/// `out` (same shape), with `partials` ([`DevBatch::partial_floats`] floats) as the splits' scratch.
+/// Attention of the batch's queries (token `t`'s `n_heads` × head_dim at `q + 4 · t · q_stride`) over
+/// `layer` of the pool into `out` (tokens × `n_heads` × head_dim), with `partials`
+/// ([`DevBatch::partial_floats`] floats) as the splits' scratch.
 #[expect(clippy::too_many_arguments, reason = "a kernel's shape")]
 pub fn attention(
     l: &dyn Launcher,
@@ -732,11 +749,15 @@ pub fn attention(
     b: &DevBatch,
     layer: usize,
     q: DevPtr,
+    q_stride: usize,
     n_heads: usize,
     out: DevPtr,
     partials: DevPtr,
 ) -> Result<(), DeviceError> {
     let (kvh, hd) = (kv.shape.n_kv_heads, kv.shape.head_dim);
+    if q_stride < n_heads * hd {
+        return Err(unsupported(format!("queries {q_stride} floats apart")));
+    }
     if kvh == 0 || !n_heads.is_multiple_of(kvh) {
         return Err(unsupported(format!(
             "{n_heads} query heads over {kvh} KV heads"
@@ -776,6 +797,7 @@ pub fn attention(
         Arg::I32(int(layer, "a layer")?),
         Arg::I32(int(b.attend_from, "a position")?),
         Arg::F32(1.0 / (hd as f32).sqrt()),
+        Arg::I32(int(q_stride, "a row stride")?),
     ];
     let kernel = match kv.dtype {
         KvDtype::F32 => "attention_f32",

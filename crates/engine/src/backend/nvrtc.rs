@@ -126,6 +126,15 @@ fn defines_all(ptx: &str, module: &Module) -> bool {
     })
 }
 
+/// How many parameters `kernel` takes, read off its `.entry` in `ptx` (`None` when it is not there): the
+/// launcher checks every launch's argument count against it, since `cuLaunchKernel` cannot.
+pub fn ptx_arity(ptx: &str, kernel: &str) -> Option<usize> {
+    let head = format!(".entry {kernel}(");
+    let start = ptx.find(&head)? + head.len();
+    let end = start + ptx[start..].find(')')?;
+    Some(ptx[start..end].matches(".param").count())
+}
+
 fn compile(module: &Module, arch: &'static str) -> Result<String, DeviceError> {
     let opts = cudarc::nvrtc::CompileOptions {
         arch: Some(arch),
@@ -191,10 +200,15 @@ mod tests {
                     let ptx = cache.ptx(m, arch).unwrap();
                     for k in m.kernels {
                         assert!(
-                            ptx.contains(&format!(".entry {k}(")),
+                            ptx_arity(&ptx, k).is_some_and(|n| n > 0),
                             "{} {arch}: {k}",
                             m.name
                         );
+                    }
+                    if m.name == "elementwise" {
+                        // add_f32(float* x, const float* y, int n)
+                        assert_eq!(ptx_arity(&ptx, "add_f32"), Some(3));
+                        assert_eq!(ptx_arity(&ptx, "swiglu_rows_f32"), Some(4));
                     }
                     assert!(
                         ptx.contains(&format!(".target sm_{}", &arch[8..])),

@@ -597,7 +597,9 @@ fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation_on(d: &dyn TestDev
             ops::rope_angles(2 * n_angles, p, 10000.0, &mut table);
         }
         let flat: Vec<f32> = table.iter().flat_map(|&(c, s)| [c, s]).collect();
-        let xs = data(positions.len() * heads * hd, 21);
+        // Rows of a fused QKV layout: the rotated heads, then 40 floats that must stay as they are.
+        let stride = heads * hd + 40;
+        let xs = data(positions.len() * stride, 21);
         let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
         let x = Mem::from_f32(d, &xs);
         let (pm, tm) = (
@@ -614,6 +616,7 @@ fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation_on(d: &dyn TestDev
             pm.ptr(),
             tm.ptr(),
             positions.len(),
+            stride,
             heads,
             hd,
             n_angles,
@@ -622,7 +625,7 @@ fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation_on(d: &dyn TestDev
         let mut want = xs.clone();
         for (t, &p) in positions.iter().enumerate() {
             let angles = &table[p * n_angles..(p + 1) * n_angles];
-            let row = &mut want[t * heads * hd..(t + 1) * heads * hd];
+            let row = &mut want[t * stride..t * stride + heads * hd];
             match kind {
                 crate::backend::Rope::Normal => ops::rope_table(row, hd, angles),
                 crate::backend::Rope::Neox => row
@@ -632,12 +635,11 @@ fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation_on(d: &dyn TestDev
         }
         // Two products and a sum per element: the GPU may fuse them, so a bound of a few ulps.
         let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
-        let scale: Vec<f64> = xs.iter().map(|v| 2.0 * f64::from(v.abs()) + 1e-6).collect();
+        // Per row: twice its largest magnitude (a rotated value is a sum of two products of them).
         let scale: Vec<f64> = (0..xs.len())
             .map(|i| {
-                scale[i]
-                    .max(scale[i ^ 1])
-                    .max(scale[(i + hd / 2) % xs.len()])
+                let r = &xs[i / stride * stride..][..stride];
+                2.0 * r.iter().fold(0f64, |m, v| m.max(f64::from(v.abs()))) + 1e-6
             })
             .collect();
         close(&x.f32s(), &w64, &scale, 1e-6, &format!("{kind:?}"));
@@ -791,8 +793,28 @@ fn kv_rows_are_written_like_the_page_pool_writes_them_on(d: &dyn TestDev) {
                 .collect(),
         );
         let meta = upload_batch(d, &batch, 7);
-        let (km, vm) = (Mem::from_f32(d, &k), Mem::from_f32(d, &v));
-        write_kv(d, &dev.store(kv.pool()), &meta.b, 1, km.ptr(), vm.ptr()).unwrap();
+        // Fused rows [k | v | 8 more], as a QKV projection leaves them.
+        let stride = 2 * w + 8;
+        let rows: Vec<f32> = (0..batch.len())
+            .flat_map(|t| {
+                let mut r = k[t * w..(t + 1) * w].to_vec();
+                r.extend_from_slice(&v[t * w..(t + 1) * w]);
+                r.extend([0.0; 8]);
+                r
+            })
+            .collect();
+        let rm = Mem::from_f32(d, &rows);
+        let store = dev.store(kv.pool());
+        write_kv(
+            d,
+            &store,
+            &meta.b,
+            1,
+            rm.ptr(),
+            rm.ptr().offset(4 * w),
+            stride,
+        )
+        .unwrap();
         for t in 0..batch.len() {
             let (span, slot) = batch.locate(t);
             let page = batch.pages(span)[slot / 7];
@@ -854,20 +876,20 @@ fn attention_case(d: &dyn TestDev, heads: usize, kv_heads: usize, hd: usize) {
             );
             let dev = DevPool::upload(d, kv.pool());
             let meta = upload_batch(d, &batch, page_size);
-            let (qm, out) = (Mem::from_f32(d, &q), Mem::zeroed(d, 4 * n * heads * hd));
+            // The queries inside wider rows (a fused QKV row's Q part).
+            let q_stride = heads * hd + 2 * kv_heads * hd;
+            let qrows: Vec<f32> = (0..n)
+                .flat_map(|t| {
+                    let mut r = q[t * heads * hd..(t + 1) * heads * hd].to_vec();
+                    r.resize(q_stride, 7.0);
+                    r
+                })
+                .collect();
+            let (qm, out) = (Mem::from_f32(d, &qrows), Mem::zeroed(d, 4 * n * heads * hd));
             let parts = Mem::zeroed(d, 4 * meta.b.partial_floats(kv_heads, heads / kv_heads, hd));
             let store = dev.store(kv.pool());
-            attention(
-                d,
-                &store,
-                &meta.b,
-                0,
-                qm.ptr(),
-                heads,
-                out.ptr(),
-                parts.ptr(),
-            )
-            .unwrap();
+            let (qp, o, pp) = (qm.ptr(), out.ptr(), parts.ptr());
+            attention(d, &store, &meta.b, 0, qp, q_stride, heads, o, pp).unwrap();
             let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
             let scale: Vec<f64> = w64.iter().map(|v| 1.0 + v.abs()).collect();
             let what = format!("{dtype:?}, pages of {page_size}, {heads}/{kv_heads} heads of {hd}");
@@ -921,7 +943,17 @@ fn attention_rejects_shapes_outside_its_kernels_on(d: &dyn TestDev) {
         attend_from: 0,
     };
     for heads in [3, 34] {
-        let r = attention(d, &store, &b, 0, DevPtr(0), heads, DevPtr(0), DevPtr(0));
+        let r = attention(
+            d,
+            &store,
+            &b,
+            0,
+            DevPtr(0),
+            64 * heads,
+            heads,
+            DevPtr(0),
+            DevPtr(0),
+        );
         assert!(
             matches!(r, Err(DeviceError::Unsupported { .. })),
             "{heads}: {r:?}"
