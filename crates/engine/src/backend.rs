@@ -460,6 +460,62 @@ impl Device {
         }
     }
 
+    /// RoPE of `rows` rows `stride` floats apart, each over its first `width` floats (whole heads of
+    /// `head_dim`; a fused QKV row's Q and K heads), row `t` at position `positions[t]` of `table` (`n_angles`
+    /// `(cos, sin)` pairs per position, the layout `rope_angles` appends).
+    #[expect(clippy::too_many_arguments, reason = "a strided batch of rows")]
+    pub fn rope_rows(
+        &self,
+        kind: Rope,
+        x: &mut [f32],
+        rows: usize,
+        stride: usize,
+        width: usize,
+        head_dim: usize,
+        positions: &[u32],
+        table: &[(f32, f32)],
+        n_angles: usize,
+    ) {
+        for (t, &p) in positions[..rows].iter().enumerate() {
+            let p = p as usize;
+            let angles = &table[p * n_angles..(p + 1) * n_angles];
+            self.rope(
+                kind,
+                &mut x[t * stride..t * stride + width],
+                head_dim,
+                angles,
+            );
+        }
+    }
+
+    /// Every token's keys and values of `layer` into its KV page slot: token `t`'s keys are
+    /// `rows[t * stride + k_at..]` and its values `rows[t * stride + v_at..]` (`n_kv_heads × head_dim` each;
+    /// the K and V parts of fused QKV rows).
+    #[expect(clippy::too_many_arguments, reason = "a strided batch of rows")]
+    pub fn write_kv_rows(
+        &self,
+        pool: &mut PagePool,
+        batch: &Batch,
+        layer: usize,
+        rows: &[f32],
+        stride: usize,
+        k_at: usize,
+        v_at: usize,
+    ) {
+        let w = pool.shape().n_kv_heads * pool.shape().head_dim;
+        for t in 0..batch.len() {
+            let row = &rows[t * stride..];
+            self.write_kv(
+                pool,
+                batch,
+                t,
+                layer,
+                &row[k_at..k_at + w],
+                &row[v_at..v_at + w],
+            );
+        }
+    }
+
     /// Writes one token's keys `k` and values `v` (every KV head) into `layer` of its page slot.
     pub fn write_kv(
         &self,
@@ -479,7 +535,8 @@ impl Device {
     }
 
     /// Causal attention for every token of `batch` in `layer`, reading the KV pages (which must already
-    /// hold the batch's own tokens). `q` and `out` are `tokens × n_heads × head_dim`.
+    /// hold the batch's own tokens). Token `t`'s query heads (`n_heads × head_dim`) are at
+    /// `q[t * q_stride..]` (a fused QKV row is read in place); `out` is `tokens × n_heads × head_dim`.
     #[expect(
         clippy::too_many_arguments,
         reason = "attention needs its shape spelled out"
@@ -490,6 +547,7 @@ impl Device {
         layer: usize,
         batch: &Batch,
         q: &[f32],
+        q_stride: usize,
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
@@ -502,6 +560,7 @@ impl Device {
                 layer,
                 batch,
                 q,
+                q_stride,
                 n_heads,
                 n_kv_heads,
                 head_dim,

@@ -31,3 +31,78 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, signed cha
         ds[i / 32] = make_float2(d, d * (float)sum);
     }
 }
+
+// The same quantization fused behind the two ops that feed most matrix products, so neither leaves its
+// float result in memory only to be read back: each computes its values exactly as the unfused kernel does
+// (the same operations in the same order), so fused and unfused results are identical.
+
+// RMS norm then quantization of each row (rmsnorm_f32's arithmetic, then quantize_q8_1's): x rows of d
+// (a multiple of 32); q, ds as quantize_q8_1 writes them; `out`, when not null, gets the normed floats too
+// (for float matrices). One block per row with blockDim as rmsnorm_f32 takes it (d rounded up to 32, at
+// most 1024), so the sum of squares is reduced in the same order.
+extern "C" __global__ void rmsnorm_quantize_q8_1(const float* __restrict__ x, const float* __restrict__ w,
+                                                 signed char* __restrict__ q, float2* __restrict__ ds,
+                                                 float* __restrict__ out, int d, float eps) {
+    const long r = blockIdx.x;
+    const float* xr = x + r * d;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = xr[i];
+        ss += v * v;
+    }
+    const float scale = rsqrtf(block_sum(ss) / (float)d + eps);
+    const int lane = threadIdx.x & 31;
+    const int warps = blockDim.x >> 5;
+    for (int b = threadIdx.x >> 5; b < d / 32; b += warps) {
+        const int i = 32 * b + lane;
+        const float v = xr[i] * scale * w[i];
+        if (out != nullptr) {
+            out[r * d + i] = v;
+        }
+        float amax = fabsf(v);
+        for (int o = 16; o > 0; o >>= 1) {
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        }
+        const float dq = amax / 127.0f;
+        const float id = dq != 0.0f ? 1.0f / dq : 0.0f;
+        const int qi = __float2int_rn(v * id);
+        q[r * d + i] = (signed char)qi;
+        int sum = qi;
+        for (int o = 16; o > 0; o >>= 1) {
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        }
+        if (lane == 0) {
+            ds[(r * d + i) / 32] = make_float2(dq, dq * (float)sum);
+        }
+    }
+}
+
+// SwiGLU of fused gate/up rows ([gate (f) | up (f)], swiglu_rows_f32's arithmetic) then quantization of the
+// result (rows x f, f a multiple of 32): the down projection's input. One thread per output value, whole
+// warps per block of 32; 256 threads a block, one per value (no grid-stride: the grid covers rows x f).
+extern "C" __global__ void swiglu_quantize_q8_1(const float* __restrict__ gu, signed char* __restrict__ q,
+                                                float2* __restrict__ ds, int rows, int f) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)rows * f) {
+        return;
+    }
+    const long t = i / f;
+    const long j = i - t * f;
+    const float g = gu[t * 2 * f + j];
+    const float v = g / (1.0f + expf(-g)) * gu[t * 2 * f + f + j];
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    }
+    const float dq = amax / 127.0f;
+    const float id = dq != 0.0f ? 1.0f / dq : 0.0f;
+    const int qi = __float2int_rn(v * id);
+    q[i] = (signed char)qi;
+    int sum = qi;
+    for (int o = 16; o > 0; o >>= 1) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        ds[i / 32] = make_float2(dq, dq * (float)sum);
+    }
+}

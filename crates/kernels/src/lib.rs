@@ -46,14 +46,19 @@ pub const NORM: Module = Module {
     kernels: &["rmsnorm_f32"],
 };
 
-/// Activation quantization to 8-bit blocks of 32 (the matrix products' input).
+/// Activation quantization to 8-bit blocks of 32 (the matrix products' input), alone and fused behind the
+/// RMS norm and behind SwiGLU.
 pub const QUANTIZE: Module = Module {
     name: "quantize",
     source: concat!(
         include_str!("../cuda/common.cuh"),
         include_str!("../cuda/quantize.cu")
     ),
-    kernels: &["quantize_q8_1"],
+    kernels: &[
+        "quantize_q8_1",
+        "rmsnorm_quantize_q8_1",
+        "swiglu_quantize_q8_1",
+    ],
 };
 
 /// Conversions between f32 and IEEE half.
@@ -94,14 +99,14 @@ pub const MATVEC: Module = Module {
     ],
 };
 
-/// Rotary position embedding from a (cos, sin) table.
+/// Rotary position embedding from a (cos, sin) table, alone and fused with the KV write.
 pub const ROPE: Module = Module {
     name: "rope",
     source: concat!(
         include_str!("../cuda/common.cuh"),
         include_str!("../cuda/rope.cu")
     ),
-    kernels: &["rope_f32"],
+    kernels: &["rope_f32", "rope_kv_write_f32", "rope_kv_write_f16"],
 };
 
 /// Paged attention over f32, f16 and FP8 pages (split into partials, then merged).

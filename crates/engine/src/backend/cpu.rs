@@ -102,6 +102,7 @@ impl Cpu {
         layer: usize,
         batch: &Batch,
         q: &[f32],
+        q_stride: usize,
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
@@ -154,8 +155,7 @@ impl Cpu {
                 m.fill(f32::NEG_INFINITY);
                 l.fill(0.0);
                 o.fill(0.0);
-                let qg = &q[(t * n_heads + kvh * group) * head_dim
-                    ..(t * n_heads + (kvh + 1) * group) * head_dim];
+                let qg = &q[t * q_stride + kvh * group * head_dim..][..group * head_dim];
                 let mut at = range.start;
                 while at < range.end {
                     let base = at / ps * ps;

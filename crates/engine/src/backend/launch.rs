@@ -293,6 +293,81 @@ pub fn quantize_q8_1(l: &dyn Launcher, a: &Acts) -> Result<(), DeviceError> {
     l.launch(&thorn_kernels::QUANTIZE, "quantize_q8_1", shape, &args)
 }
 
+/// RMS norm of the `a.tokens` rows of `d = a.cols` floats at `x` (weight `w`) quantized straight into
+/// `a.q` and `a.ds`, the normed floats also written to `out` when given: one launch instead of
+/// [`rmsnorm`] then [`quantize_q8_1`], with the same bits.
+pub fn rmsnorm_quantize(
+    l: &dyn Launcher,
+    x: DevPtr,
+    w: DevPtr,
+    a: &Acts,
+    out: Option<DevPtr>,
+    eps: f32,
+) -> Result<(), DeviceError> {
+    if !a.cols.is_multiple_of(32) {
+        return Err(unsupported(format!(
+            "activations of width {} (not a multiple of 32)",
+            a.cols
+        )));
+    }
+    if a.tokens == 0 {
+        return Ok(());
+    }
+    let shape = Shape {
+        grid: [int(a.tokens, "rows")? as u32, 1, 1],
+        block: [a.cols.clamp(32, 1024) as u32, 1, 1],
+        shared: 0,
+    };
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(w),
+        Arg::Ptr(a.q),
+        Arg::Ptr(a.ds),
+        Arg::Ptr(out.unwrap_or(DevPtr(0))),
+        Arg::I32(int(a.cols, "a width")?),
+        Arg::F32(eps),
+    ];
+    l.launch(
+        &thorn_kernels::QUANTIZE,
+        "rmsnorm_quantize_q8_1",
+        shape,
+        &args,
+    )
+}
+
+/// SwiGLU of `a.tokens` fused gate/up rows at `gu` (`[gate (f) | up (f)]`, `f = a.cols`) quantized straight
+/// into `a.q` and `a.ds`: [`swiglu_rows`] then [`quantize_q8_1`] in one launch, with the same bits.
+pub fn swiglu_quantize(l: &dyn Launcher, gu: DevPtr, a: &Acts) -> Result<(), DeviceError> {
+    if !a.cols.is_multiple_of(32) {
+        return Err(unsupported(format!(
+            "activations of width {} (not a multiple of 32)",
+            a.cols
+        )));
+    }
+    let n = a.tokens * a.cols;
+    if n == 0 {
+        return Ok(());
+    }
+    let shape = Shape {
+        grid: [int(n.div_ceil(THREADS as usize), "blocks")? as u32, 1, 1],
+        block: [THREADS, 1, 1],
+        shared: 0,
+    };
+    let args = [
+        Arg::Ptr(gu),
+        Arg::Ptr(a.q),
+        Arg::Ptr(a.ds),
+        Arg::I32(int(a.tokens, "rows")?),
+        Arg::I32(int(a.cols, "a width")?),
+    ];
+    l.launch(
+        &thorn_kernels::QUANTIZE,
+        "swiglu_quantize_q8_1",
+        shape,
+        &args,
+    )
+}
+
 /// A weight matrix in device memory: `rows` rows of `cols` weights of type `ty`, as GGUF stores them (f32
 /// for `F32`, IEEE half bits for `F16`), times `scale` (NVFP4's tensor scale; 1 otherwise).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -820,6 +895,63 @@ pub fn attention(
         hd_arg,
     ];
     l.launch(m, "attention_merge", merge, &args)
+}
+
+/// Normal RoPE of fused QKV rows with the KV write in one launch, for f32 and f16 pages: token `t`'s row at
+/// `rows + 4 · t · stride` holds `[Q (n_heads) | K | V (KV heads each)]` heads of head_dim; Q and K are
+/// rotated in place (`pos`, `table`, `n_angles` as [`rope`]), K and V written to their page slots, with
+/// the same bits as [`rope`] then [`write_kv`]. FP8 pages (which rescale in token order) take those two.
+#[expect(clippy::too_many_arguments, reason = "a kernel's shape")]
+pub fn rope_kv_write(
+    l: &dyn Launcher,
+    kv: &KvStore,
+    b: &DevBatch,
+    layer: usize,
+    rows: DevPtr,
+    stride: usize,
+    n_heads: usize,
+    pos: DevPtr,
+    table: DevPtr,
+    n_angles: usize,
+) -> Result<(), DeviceError> {
+    let (kvh, hd) = (kv.shape.n_kv_heads, kv.shape.head_dim);
+    let kernel = match kv.dtype {
+        KvDtype::F32 => "rope_kv_write_f32",
+        KvDtype::F16 => "rope_kv_write_f16",
+        KvDtype::Fp8 => {
+            return Err(unsupported(
+                "the fused RoPE and KV write on FP8 pages".into(),
+            ));
+        }
+    };
+    if stride < (n_heads + 2 * kvh) * hd || 2 * n_angles > hd || n_angles == 0 || hd % 2 != 0 {
+        return Err(unsupported(format!(
+            "fused rows of {stride} floats for {n_heads} + 2 x {kvh} heads of {hd}, {n_angles} pairs"
+        )));
+    }
+    if b.tokens == 0 {
+        return Ok(());
+    }
+    let [heads, hd_arg, ps, layers] = kv_args(kv)?;
+    let args = [
+        Arg::Ptr(rows),
+        Arg::Ptr(pos),
+        Arg::Ptr(table),
+        Arg::Ptr(kv.k),
+        Arg::Ptr(kv.v),
+        Arg::Ptr(b.dst),
+        Arg::I32(int(b.tokens, "tokens")?),
+        Arg::I32(int(n_heads, "heads")?),
+        heads,
+        hd_arg,
+        Arg::I32(int(n_angles, "pairs")?),
+        Arg::I32(int(stride, "a row stride")?),
+        ps,
+        layers,
+        Arg::I32(int(layer, "a layer")?),
+    ];
+    let pairs = b.tokens * (n_heads + 2 * kvh) * (hd / 2);
+    l.launch(&thorn_kernels::ROPE, kernel, elementwise(pairs), &args)
 }
 
 /// Where a Gated DeltaNet kernel keeps the state after each of the last `count` tokens of a run (as the CPU's

@@ -135,7 +135,6 @@ pub struct Scratch {
     x: Vec<f32>,
     xb: Vec<f32>,
     qkv: Vec<f32>,
-    q: Vec<f32>,
     att: Vec<f32>,
     proj: Vec<f32>,
     mlp: MlpScratch,
@@ -290,7 +289,6 @@ impl Llama {
         grow(&mut s.x, n * d);
         grow(&mut s.xb, n * d);
         grow(&mut s.qkv, n * qkv_w);
-        grow(&mut s.q, n * d);
         grow(&mut s.att, n * d);
         grow(&mut s.proj, n * d);
 
@@ -322,23 +320,28 @@ impl Llama {
             l.qkv
                 .apply(&run, &s.xb[..n * d], n, &mut s.ws, &mut s.qkv)?;
             mark(&mut s.profile, Stage::Qkv);
-            for t in 0..n {
-                let row = &mut s.qkv[t * qkv_w..(t + 1) * qkv_w];
-                let pos = batch.position(t);
-                let angles = &s.rope[pos * (hd / 2)..(pos + 1) * (hd / 2)];
-                // Q and K heads are adjacent in the fused row: one rotation covers both.
-                dev.rope(Rope::Normal, &mut row[..d + kvd], hd, angles);
-                let (q, kv) = row.split_at(d);
-                let (k, v) = kv.split_at(kvd);
-                dev.write_kv(pool, batch, t, li, k, v);
-                s.q[t * d..(t + 1) * d].copy_from_slice(q);
-            }
+            // Q and K heads are adjacent in the fused row: one rotation covers both. Attention reads Q
+            // from the fused rows in place.
+            let rows = &mut s.qkv[..n * qkv_w];
+            dev.rope_rows(
+                Rope::Normal,
+                rows,
+                n,
+                qkv_w,
+                d + kvd,
+                hd,
+                &batch.pos,
+                &s.rope,
+                hd / 2,
+            );
+            dev.write_kv_rows(pool, batch, li, rows, qkv_w, d, d + kvd);
             mark(&mut s.profile, Stage::Other);
             dev.attention(
                 pool,
                 li,
                 batch,
-                &s.q[..n * d],
+                &s.qkv[..n * qkv_w],
+                qkv_w,
                 c.n_heads,
                 c.n_kv_heads,
                 hd,

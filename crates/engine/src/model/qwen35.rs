@@ -750,6 +750,7 @@ impl Qwen35 {
             a.kv_layer,
             batch,
             &s.q[..n * nh * hd],
+            nh * hd,
             nh,
             c.n_kv_heads,
             hd,

@@ -182,6 +182,7 @@ fn attention_case(heads: usize, kv_heads: usize) {
                         0,
                         &batch,
                         &q,
+                        heads * hd,
                         heads,
                         kv_heads,
                         hd,

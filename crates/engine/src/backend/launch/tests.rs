@@ -3,6 +3,7 @@
 //! IEEE operations in its order, a bound on float reassociation where it sums in another order.
 
 use super::*;
+use crate::backend::Rope;
 use crate::backend::cpu::ops;
 use crate::backend::cpu::qmatmul::{QActs, quantize_ref};
 use crate::backend::pages::{KvDtype, KvShape};
@@ -588,10 +589,7 @@ fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation() {
 fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation_on(d: &dyn TestDev) {
     let (heads, hd) = (3, 64);
     let positions = [0usize, 7, 100, 3, 4095];
-    for (kind, n_angles) in [
-        (crate::backend::Rope::Normal, 32),
-        (crate::backend::Rope::Neox, 16),
-    ] {
+    for (kind, n_angles) in [(Rope::Normal, 32), (Rope::Neox, 16)] {
         let mut table = Vec::new();
         for p in 0..=4095 {
             ops::rope_angles(2 * n_angles, p, 10000.0, &mut table);
@@ -627,8 +625,8 @@ fn rope_matches_the_cpu_for_both_layouts_and_partial_rotation_on(d: &dyn TestDev
             let angles = &table[p * n_angles..(p + 1) * n_angles];
             let row = &mut want[t * stride..t * stride + heads * hd];
             match kind {
-                crate::backend::Rope::Normal => ops::rope_table(row, hd, angles),
-                crate::backend::Rope::Neox => row
+                Rope::Normal => ops::rope_table(row, hd, angles),
+                Rope::Neox => row
                     .chunks_exact_mut(hd)
                     .for_each(|h| ops::rope_neox(h, angles)),
             }
@@ -868,6 +866,7 @@ fn attention_case(d: &dyn TestDev, heads: usize, kv_heads: usize, hd: usize) {
                 0,
                 &batch,
                 &q,
+                heads * hd,
                 heads,
                 kv_heads,
                 hd,
@@ -1218,4 +1217,164 @@ fn topk_rows_match_a_sort_on(d: &dyn TestDev) {
         assert_eq!(idx[0], 10, "ties go to the lower index");
     }
     assert!(topk_rows(d, DevPtr(0), 1, 10, 9, DevPtr(0), DevPtr(0)).is_err());
+}
+
+#[test]
+fn fused_norm_and_swiglu_quantization_equal_the_unfused_kernels() {
+    on_every_device(fused_quantization_on);
+}
+
+fn fused_quantization_on(dev: &dyn TestDev) {
+    let rows = 3;
+    for width in [64, 576, 2048] {
+        let (xs, ws) = (data(rows * width, width as u64), data(width, 8));
+        let (x, w) = (Mem::from_f32(dev, &xs), Mem::from_f32(dev, &ws));
+        let acts = |x: DevPtr, q: &Mem<'_>, ds: &Mem<'_>| Acts {
+            x,
+            q: q.ptr(),
+            ds: ds.ptr(),
+            tokens: rows,
+            cols: width,
+        };
+        // Unfused: the norm's floats, then their quantization.
+        let normed = Mem::zeroed(dev, 4 * rows * width);
+        rmsnorm(dev, x.ptr(), w.ptr(), normed.ptr(), rows, width, 1e-5).unwrap();
+        let (q0, ds0) = (
+            Mem::zeroed(dev, Acts::q_bytes(rows, width)),
+            Mem::zeroed(dev, Acts::ds_bytes(rows, width)),
+        );
+        quantize_q8_1(dev, &acts(normed.ptr(), &q0, &ds0)).unwrap();
+        // Fused.
+        let (q1, ds1, out) = (
+            Mem::zeroed(dev, Acts::q_bytes(rows, width)),
+            Mem::zeroed(dev, Acts::ds_bytes(rows, width)),
+            Mem::zeroed(dev, 4 * rows * width),
+        );
+        let a = acts(x.ptr(), &q1, &ds1);
+        rmsnorm_quantize(dev, x.ptr(), w.ptr(), &a, Some(out.ptr()), 1e-5).unwrap();
+        assert_eq!(q1.bytes(), q0.bytes(), "norm+quantize q, width {width}");
+        assert_eq!(
+            ds1.bytes(),
+            ds0.bytes(),
+            "norm+quantize scales, width {width}"
+        );
+        assert_eq!(
+            out.bytes(),
+            normed.bytes(),
+            "norm+quantize floats, width {width}"
+        );
+
+        // SwiGLU of fused gate/up rows, then quantization; and fused.
+        let gu = Mem::from_f32(dev, &data(rows * 2 * width, 9 + width as u64));
+        let act = Mem::zeroed(dev, 4 * rows * width);
+        swiglu_rows(dev, gu.ptr(), act.ptr(), rows, width).unwrap();
+        quantize_q8_1(dev, &acts(act.ptr(), &q0, &ds0)).unwrap();
+        swiglu_quantize(dev, gu.ptr(), &acts(DevPtr(0), &q1, &ds1)).unwrap();
+        assert_eq!(q1.bytes(), q0.bytes(), "swiglu+quantize q, width {width}");
+        assert_eq!(
+            ds1.bytes(),
+            ds0.bytes(),
+            "swiglu+quantize scales, width {width}"
+        );
+    }
+}
+
+#[test]
+fn fused_rope_and_kv_write_equal_the_unfused_kernels() {
+    on_every_device(fused_rope_kv_on);
+}
+
+fn fused_rope_kv_on(d: &dyn TestDev) {
+    let (heads, kvh, hd) = (6, 2, 64);
+    let shape = KvShape {
+        n_layers: 2,
+        n_kv_heads: kvh,
+        head_dim: hd,
+        recurrent: 0,
+    };
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let mut kv = cache(shape, dtype, 7);
+        let seqs: Vec<SeqKv> = [(5usize, 4usize), (0, 9)]
+            .iter()
+            .map(|&(prev, new)| fill_seq(&mut kv, prev + new, prev, 3))
+            .collect();
+        let mut batch = Batch::default();
+        batch.push(&seqs[0], &[0; 4], Logits::Last);
+        batch.push(&seqs[1], &[0; 9], Logits::Last);
+        let n = batch.len();
+        let stride = (heads + 2 * kvh) * hd + 8;
+        let rows = data(n * stride, 61);
+        let n_angles = hd / 2;
+        let mut table = Vec::new();
+        for p in 0..16 {
+            ops::rope_angles(hd, p, 10000.0, &mut table);
+        }
+        let flat: Vec<f32> = table.iter().flat_map(|&(c, s)| [c, s]).collect();
+        let meta = upload_batch(d, &batch, 7);
+        let mut bm = BatchMeta::default();
+        bm.build(&batch, 7).unwrap();
+        let pos = Mem::from_bytes(
+            d,
+            &bm.pos
+                .iter()
+                .flat_map(|p| p.to_le_bytes())
+                .collect::<Vec<_>>(),
+        );
+        let tab = Mem::from_f32(d, &flat);
+
+        // Unfused: rotate Q and K in the rows, then write K and V.
+        let (r0, pool0) = (Mem::from_f32(d, &rows), DevPool::upload(d, kv.pool()));
+        let st0 = pool0.store(kv.pool());
+        rope(
+            d,
+            Rope::Normal,
+            r0.ptr(),
+            pos.ptr(),
+            tab.ptr(),
+            n,
+            stride,
+            heads + kvh,
+            hd,
+            n_angles,
+        )
+        .unwrap();
+        let (k, v) = (
+            r0.ptr().offset(4 * heads * hd),
+            r0.ptr().offset(4 * (heads + kvh) * hd),
+        );
+        write_kv(d, &st0, &meta.b, 1, k, v, stride).unwrap();
+        // Fused.
+        let (r1, pool1) = (Mem::from_f32(d, &rows), DevPool::upload(d, kv.pool()));
+        let st1 = pool1.store(kv.pool());
+        let (rp, pp, tp) = (r1.ptr(), pos.ptr(), tab.ptr());
+        rope_kv_write(d, &st1, &meta.b, 1, rp, stride, heads, pp, tp, n_angles).unwrap();
+        assert_eq!(r1.bytes(), r0.bytes(), "{dtype:?}: rotated rows");
+        assert_eq!(pool1.k.bytes(), pool0.k.bytes(), "{dtype:?}: keys");
+        assert_eq!(pool1.v.bytes(), pool0.v.bytes(), "{dtype:?}: values");
+        for s in seqs {
+            kv.release(s, None);
+        }
+    }
+    // FP8 pages take the unfused pair.
+    let mut kv = cache(shape, KvDtype::Fp8, 7);
+    let pool = DevPool::upload(d, kv.pool());
+    let st = pool.store(kv.pool());
+    let s = fill_seq(&mut kv, 1, 0, 3);
+    let mut batch = Batch::default();
+    batch.push(&s, &[0], Logits::Last);
+    let meta = upload_batch(d, &batch, 7);
+    let r = rope_kv_write(
+        d,
+        &st,
+        &meta.b,
+        0,
+        DevPtr(0),
+        640,
+        heads,
+        DevPtr(0),
+        DevPtr(0),
+        32,
+    );
+    assert!(matches!(r, Err(DeviceError::Unsupported { .. })), "{r:?}");
+    kv.release(s, None);
 }
