@@ -41,10 +41,13 @@ pub mod cuda;
 #[path = "backend/cuda.rs"]
 pub mod cuda;
 pub mod fp8;
+pub mod gpu;
 pub mod launch;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod pages;
+#[cfg(test)]
+pub(crate) mod sim;
 
 use crate::quant::{GgmlType, QuantError, dequantize_ref, dot_ref};
 use batch::Batch;
@@ -102,8 +105,8 @@ pub enum DeviceError {
 pub enum Device {
     /// The CPU backend.
     Cpu(Cpu),
-    /// A CUDA GPU.
-    Cuda(cuda::Cuda),
+    /// A CUDA GPU (or, in the tests, the kernel simulator standing in for one).
+    Cuda(gpu::GpuDevice),
 }
 
 /// Reductions over a row of logits where sampling runs, on the host: the best kernels this CPU has (the
@@ -179,23 +182,52 @@ impl std::str::FromStr for DeviceKind {
 /// A weight matrix in its device's layout (`rows` outputs of `cols` inputs).
 #[derive(Debug)]
 pub struct Matrix {
-    q: QMatrix,
+    m: MatrixKind,
+}
+
+#[derive(Debug)]
+enum MatrixKind {
+    Cpu(QMatrix),
+    Gpu(gpu::GpuMatrix),
 }
 
 impl Matrix {
     /// Output features.
     pub fn rows(&self) -> usize {
-        self.q.rows
+        match &self.m {
+            MatrixKind::Cpu(q) => q.rows,
+            MatrixKind::Gpu(g) => g.rows(),
+        }
     }
 
     /// Input features.
     pub fn cols(&self) -> usize {
-        self.q.cols
+        match &self.m {
+            MatrixKind::Cpu(q) => q.cols,
+            MatrixKind::Gpu(g) => g.cols(),
+        }
     }
 
     /// Bytes a matrix-vector product reads.
     pub fn bytes(&self) -> usize {
-        self.q.bytes()
+        match &self.m {
+            MatrixKind::Cpu(q) => q.bytes(),
+            MatrixKind::Gpu(g) => g.bytes(),
+        }
+    }
+
+    fn cpu(&self) -> &QMatrix {
+        match &self.m {
+            MatrixKind::Cpu(q) => q,
+            MatrixKind::Gpu(_) => panic!("a GPU matrix given to the CPU device"),
+        }
+    }
+
+    fn gpu(&self) -> &gpu::GpuMatrix {
+        match &self.m {
+            MatrixKind::Gpu(g) => g,
+            MatrixKind::Cpu(_) => panic!("a CPU matrix given to the GPU device"),
+        }
     }
 }
 
@@ -204,15 +236,18 @@ impl Matrix {
 pub struct Workspace {
     qa: QActs,
     partials: Vec<f32>,
+    gpu: gpu::Scratch,
 }
 
-/// Activations prepared as a matmul input: `n` rows of `cols` floats (and, on the CPU, their 8-bit blocks).
+/// Activations prepared as a matmul input: `n` rows of `cols` floats (and their 8-bit blocks: the CPU's, or
+/// the GPU's quantized copy).
 #[derive(Debug)]
 pub struct Input<'a> {
     x: &'a [f32],
     n: usize,
     cols: usize,
     qa: &'a QActs,
+    acts: Option<launch::Acts>,
 }
 
 /// A rotary-embedding layout.
@@ -240,14 +275,19 @@ impl Device {
 
     /// GPU `ordinal`, or why there is none.
     pub fn cuda(ordinal: usize) -> Result<Self, DeviceError> {
-        cuda::Cuda::new(ordinal).map(Device::Cuda)
+        cuda::open(ordinal).map(Device::Cuda)
+    }
+
+    /// A GPU device over `rt` (a CUDA GPU's runtime; in the tests, the kernel simulator).
+    pub fn gpu(rt: std::sync::Arc<dyn gpu::GpuRuntime>) -> Self {
+        Device::Cuda(gpu::GpuDevice::new(rt))
     }
 
     /// The device's name for reports (`cpu/avx512vnni`, ...).
     pub fn name(&self) -> String {
         match self {
             Device::Cpu(c) => format!("cpu/{:?}", c.isa()).to_lowercase(),
-            Device::Cuda(g) => g.never(),
+            Device::Cuda(g) => g.name(),
         }
     }
 
@@ -255,7 +295,7 @@ impl Device {
     pub fn threads(&self) -> usize {
         match self {
             Device::Cpu(c) => c.threads(),
-            Device::Cuda(g) => g.never(),
+            Device::Cuda(_) => 1,
         }
     }
 
@@ -269,20 +309,22 @@ impl Device {
     ) -> Result<Matrix, DeviceError> {
         match self {
             Device::Cpu(_) => Ok(Matrix {
-                q: QMatrix::from_ggml(ty, rows, cols, data)?,
+                m: MatrixKind::Cpu(QMatrix::from_ggml(ty, rows, cols, data)?),
             }),
-            Device::Cuda(g) => g.never(),
+            Device::Cuda(g) => Ok(Matrix {
+                m: MatrixKind::Gpu(g.matrix(ty, rows, cols, data)?),
+            }),
         }
     }
 
     /// A matrix of f32 rows (`f` is `rows × cols`, row-major).
-    pub fn matrix_f32(&self, rows: usize, cols: usize, f: Vec<f32>) -> Matrix {
-        match self {
-            Device::Cpu(_) => Matrix {
-                q: QMatrix::from_f32(rows, cols, f),
+    pub fn matrix_f32(&self, rows: usize, cols: usize, f: Vec<f32>) -> Result<Matrix, DeviceError> {
+        Ok(Matrix {
+            m: match self {
+                Device::Cpu(_) => MatrixKind::Cpu(QMatrix::from_f32(rows, cols, f)),
+                Device::Cuda(g) => MatrixKind::Gpu(g.matrix_f32(rows, cols, &f)?),
             },
-            Device::Cuda(g) => g.never(),
-        }
+        })
     }
 
     /// Matrices with the same input size and layout stacked along the output dimension (fused QKV, gate/up);
@@ -291,8 +333,32 @@ impl Device {
         if parts.len() == 1 {
             return parts.into_iter().next();
         }
-        let qs: Vec<QMatrix> = parts.into_iter().map(|m| m.q).collect();
-        QMatrix::concat(&qs).map(|q| Matrix { q })
+        match self {
+            Device::Cpu(_) => {
+                let qs: Vec<QMatrix> = parts
+                    .into_iter()
+                    .filter_map(|m| match m.m {
+                        MatrixKind::Cpu(q) => Some(q),
+                        MatrixKind::Gpu(_) => None,
+                    })
+                    .collect();
+                QMatrix::concat(&qs).map(|q| Matrix {
+                    m: MatrixKind::Cpu(q),
+                })
+            }
+            Device::Cuda(g) => {
+                let gs: Vec<gpu::GpuMatrix> = parts
+                    .into_iter()
+                    .filter_map(|m| match m.m {
+                        MatrixKind::Gpu(g) => Some(g),
+                        MatrixKind::Cpu(_) => None,
+                    })
+                    .collect();
+                g.concat(&gs).map(|m| Matrix {
+                    m: MatrixKind::Gpu(m),
+                })
+            }
+        }
     }
 
     /// Prepares `n` rows of `cols` activations of `x` as the input of one or more [`Device::matmul`]s (the
@@ -304,25 +370,29 @@ impl Device {
         cols: usize,
         ws: &'a mut Workspace,
     ) -> Input<'a> {
-        match self {
-            Device::Cpu(c) => c.quantize(x, n, cols, &mut ws.qa),
-            Device::Cuda(g) => g.never(),
-        }
+        let acts = match self {
+            Device::Cpu(c) => {
+                c.quantize(x, n, cols, &mut ws.qa);
+                None
+            }
+            Device::Cuda(g) => g.input(&x[..n * cols], n, cols, &mut ws.gpu),
+        };
         Input {
             x: &x[..n * cols],
             n,
             cols,
             qa: &ws.qa,
+            acts,
         }
     }
 
     /// `out[t * w.rows + r] = W[r] · x[t]` for every row of `x` (`out` grows to fit).
     pub fn matmul(&self, w: &Matrix, x: &Input<'_>, out: &mut Vec<f32>) {
-        debug_assert_eq!(x.cols, w.q.cols, "matmul input width");
-        grow(out, x.n * w.q.rows);
+        debug_assert_eq!(x.cols, w.cols(), "matmul input width");
+        grow(out, x.n * w.rows());
         match self {
-            Device::Cpu(c) => c.matmul(&w.q, x.qa, x.x, out),
-            Device::Cuda(g) => g.never(),
+            Device::Cpu(c) => c.matmul(w.cpu(), x.qa, x.x, out),
+            Device::Cuda(g) => g.matmul(w.gpu(), x.x, x.n, x.acts, &mut out[..x.n * w.rows()]),
         }
     }
 
@@ -352,16 +422,24 @@ impl Device {
             device: "the reference path",
             what: format!("rows of {cols} weights of type {ty}"),
         })?;
+        let dot = |r: usize, t: usize| {
+            dot_ref(
+                ty,
+                &data[r * rb..(r + 1) * rb],
+                &x[t * cols..(t + 1) * cols],
+            )
+            .unwrap_or(f32::NAN)
+        };
         match self {
-            Device::Cpu(c) => c.map_rows(rows, n, stride, row0, out, &|r, t| {
-                dot_ref(
-                    ty,
-                    &data[r * rb..(r + 1) * rb],
-                    &x[t * cols..(t + 1) * cols],
-                )
-                .unwrap_or(f32::NAN)
-            }),
-            Device::Cuda(g) => g.never(),
+            Device::Cpu(c) => c.map_rows(rows, n, stride, row0, out, &dot),
+            // The check path runs on the host for every device.
+            Device::Cuda(_) => {
+                for t in 0..n {
+                    for r in 0..rows {
+                        out[t * stride + row0 + r] = dot(r, t);
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -380,20 +458,16 @@ impl Device {
             device: "embed",
             what: format!("rows of {d} values of type {ty}"),
         })?;
-        match self {
-            Device::Cpu(_) => {
-                for (t, &tok) in tokens.iter().enumerate() {
-                    let r = tok as usize;
-                    dequantize_ref(
-                        ty,
-                        &table[r * rb..(r + 1) * rb],
-                        &mut out[t * d..(t + 1) * d],
-                    )?;
-                }
-                Ok(())
-            }
-            Device::Cuda(g) => g.never(),
+        // A few rows of exact dequantization: on the host for every device (the table is host memory).
+        for (t, &tok) in tokens.iter().enumerate() {
+            let r = tok as usize;
+            dequantize_ref(
+                ty,
+                &table[r * rb..(r + 1) * rb],
+                &mut out[t * d..(t + 1) * d],
+            )?;
         }
+        Ok(())
     }
 
     /// RMSNorm of `n` rows of `d` floats of `x` with weight `w` into `out`.
@@ -412,7 +486,7 @@ impl Device {
                     cpu::simd::rmsnorm(xr, w, eps, o);
                 }
             }
-            Device::Cuda(g) => g.never(),
+            Device::Cuda(g) => g.rmsnorm_rows(&x[..n * d], &w[..d], eps, n, d, &mut out[..n * d]),
         }
     }
 
@@ -456,7 +530,7 @@ impl Device {
                     }
                 }
             },
-            Device::Cuda(g) => g.never(),
+            Device::Cuda(g) => g.rope(kind, x, head_dim, angles),
         }
     }
 
@@ -476,6 +550,10 @@ impl Device {
         table: &[(f32, f32)],
         n_angles: usize,
     ) {
+        if let Device::Cuda(g) = self {
+            let (x, p) = (&mut x[..rows * stride], &positions[..rows]);
+            return g.rope_rows(kind, x, rows, stride, width, head_dim, p, table, n_angles);
+        }
         for (t, &p) in positions[..rows].iter().enumerate() {
             let p = p as usize;
             let angles = &table[p * n_angles..(p + 1) * n_angles];
@@ -502,6 +580,9 @@ impl Device {
         k_at: usize,
         v_at: usize,
     ) {
+        if let Device::Cuda(g) = self {
+            return g.write_kv_rows(pool, batch, layer, rows, stride, k_at, v_at);
+        }
         let w = pool.shape().n_kv_heads * pool.shape().head_dim;
         for t in 0..batch.len() {
             let row = &rows[t * stride..];
@@ -528,10 +609,8 @@ impl Device {
     ) {
         let ps = pool.page_size();
         let (span, slot) = batch.locate(token);
-        match self {
-            Device::Cpu(_) => pool.write(batch.pages(span)[slot / ps], slot % ps, layer, k, v),
-            Device::Cuda(g) => g.never(),
-        }
+        // One row per call: on the host for every device (batches take write_kv_rows).
+        pool.write(batch.pages(span)[slot / ps], slot % ps, layer, k, v);
     }
 
     /// Causal attention for every token of `batch` in `layer`, reading the KV pages (which must already
@@ -567,7 +646,10 @@ impl Device {
                 out,
                 &mut ws.partials,
             ),
-            Device::Cuda(g) => g.never(),
+            Device::Cuda(g) => {
+                let out = &mut out[..batch.len() * n_heads * head_dim];
+                g.attention(pool, layer, batch, q, q_stride, n_heads, out);
+            }
         }
     }
 
@@ -575,7 +657,7 @@ impl Device {
     pub fn add(&self, x: &mut [f32], y: &[f32]) {
         match self {
             Device::Cpu(_) => cpu::simd::add(x, y),
-            Device::Cuda(g) => g.never(),
+            Device::Cuda(g) => g.add(x, &y[..x.len()]),
         }
     }
 
@@ -583,15 +665,15 @@ impl Device {
     pub fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
         match self {
             Device::Cpu(_) => cpu::simd::silu_mul(gate, up, out),
-            Device::Cuda(g) => g.never(),
+            Device::Cuda(g) => g.silu_mul(&gate[..out.len()], &up[..out.len()], out),
         }
     }
 
     /// `gate = silu(gate) * up`, in place.
     pub fn silu_mul_inplace(&self, gate: &mut [f32], up: &[f32]) {
         match self {
-            Device::Cpu(_) => cpu::simd::silu_mul_inplace(gate, up),
-            Device::Cuda(g) => g.never(),
+            // In place on the host for every device (the kernel's inputs and output do not alias).
+            Device::Cpu(_) | Device::Cuda(_) => cpu::simd::silu_mul_inplace(gate, up),
         }
     }
 
@@ -603,7 +685,7 @@ impl Device {
                     *v *= gdn::sigmoid(g);
                 }
             }
-            Device::Cuda(g) => g.never(),
+            Device::Cuda(g) => g.sigmoid_gate(x, &gate[..x.len()]),
         }
     }
 
@@ -624,24 +706,24 @@ impl Device {
         steps: Option<&mut Steps<'_>>,
     ) {
         match self {
-            Device::Cpu(_) => gdn::conv(shape, taps, window, x, n, y, steps),
-            Device::Cuda(g) => g.never(),
+            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
+            Device::Cpu(_) | Device::Cuda(_) => gdn::conv(shape, taps, window, x, n, y, steps),
         }
     }
 
     /// Gated DeltaNet: L2-normalises the q and k heads of `n` tokens of `y` (q also scaled).
     pub fn gdn_normalize_qk(&self, shape: &GdnShape, y: &mut [f32], n: usize) {
         match self {
-            Device::Cpu(_) => gdn::normalize_qk(shape, y, n),
-            Device::Cuda(g) => g.never(),
+            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
+            Device::Cpu(_) | Device::Cuda(_) => gdn::normalize_qk(shape, y, n),
         }
     }
 
     /// Gated DeltaNet: the decay `alpha` and write strength `beta` gates from their projections.
     pub fn gdn_gates(&self, a: &[f32], dt_bias: &[f32], alpha: &mut [f32], beta: &mut [f32]) {
         match self {
-            Device::Cpu(_) => gdn::gates(a, dt_bias, alpha, beta),
-            Device::Cuda(g) => g.never(),
+            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
+            Device::Cpu(_) | Device::Cuda(_) => gdn::gates(a, dt_bias, alpha, beta),
         }
     }
 
@@ -656,8 +738,8 @@ impl Device {
         steps: Option<&mut Steps<'_>>,
     ) {
         match self {
-            Device::Cpu(_) => gdn::recurrence(shape, run, state, out, steps),
-            Device::Cuda(g) => g.never(),
+            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
+            Device::Cpu(_) | Device::Cuda(_) => gdn::recurrence(shape, run, state, out, steps),
         }
     }
 
@@ -670,21 +752,24 @@ impl Device {
         out: &mut [f32],
     ) {
         match self {
-            Device::Cpu(_) => gdn::chunked(shape, run, state, out),
-            Device::Cuda(g) => g.never(),
+            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
+            Device::Cpu(_) | Device::Cuda(_) => gdn::chunked(shape, run, state, out),
         }
     }
 
     /// Gated DeltaNet: the output's gated RMSNorm per value head, `o = norm(o) * silu(z)`.
     pub fn gdn_gated_norm(&self, shape: &GdnShape, o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
         match self {
-            Device::Cpu(_) => gdn::gated_norm(shape, o, z, w, eps),
-            Device::Cuda(g) => g.never(),
+            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
+            Device::Cpu(_) | Device::Cuda(_) => gdn::gated_norm(shape, o, z, w, eps),
         }
     }
 
     /// SwiGLU of `n` rows laid out `[gate (f) | up (f)]` (a fused gate/up projection) into `out` (`n × f`).
     pub fn swiglu_rows(&self, gu: &[f32], n: usize, f: usize, out: &mut [f32]) {
+        if let Device::Cuda(g) = self {
+            return g.swiglu_rows(&gu[..n * 2 * f], n, f, &mut out[..n * f]);
+        }
         for t in 0..n {
             let row = &gu[t * 2 * f..(t + 1) * 2 * f];
             self.silu_mul(&row[..f], &row[f..], &mut out[t * f..(t + 1) * f]);

@@ -12,12 +12,12 @@
 //! [`KernelCache`]) and launches its kernels with `cuLaunchKernel`. The launches themselves, and every
 //! kernel's test, are in [`super::launch`], the same code the CPU simulator runs.
 //!
-//! The forward pass on the GPU (device-resident activations through the model, KV pages in device memory,
-//! CUDA graphs) lands with the rest of the backend; until then no [`Device::Cuda`](super::Device) is handed
-//! out: on a machine with a usable GPU, [`Cuda::new`] names the GPU and says so rather than pretending to
-//! run.
+//! [`open`] hands out a [`GpuDevice`] over it when the GPU can read pageable host memory (Jetson Thor's
+//! unified memory, HMM or ATS), which the device's first form needs (see [`super::gpu`]); a GPU that
+//! cannot is a typed error naming it, until the device-resident form lands.
 
 use super::DeviceError;
+use super::gpu::{DevMem, GpuDevice, GpuRuntime};
 use super::launch::{Arg, DevPtr, Launcher, Params, Shape};
 use super::nvrtc::KernelCache;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result};
@@ -26,11 +26,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 use thorn_kernels::Module;
 
-/// A CUDA device (not constructed until the backend's kernels land).
+/// The driver's probes (a namespace: nothing to construct).
 #[derive(Debug)]
-pub struct Cuda {
-    never: std::convert::Infallible,
-}
+pub struct Cuda;
 
 /// What a probe found on this machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,32 +72,42 @@ impl Cuda {
             )),
         }
     }
+}
 
-    /// Opens GPU `ordinal`.
-    pub fn new(ordinal: usize) -> Result<Self, DeviceError> {
-        let p = Self::probe(ordinal)?;
-        Err(DeviceError::Unsupported {
+/// Whether a CUDA driver is present.
+pub fn is_available() -> bool {
+    driver_present()
+}
+
+/// Opens GPU `ordinal` as a device, kernels compiled into thorn's cache directory.
+pub fn open(ordinal: usize) -> Result<GpuDevice, DeviceError> {
+    let gpu = Gpu::open(ordinal, kernel_cache_dir())?;
+    if !gpu.reads_host_memory()? {
+        return Err(DeviceError::Unsupported {
             device: "this build's CUDA backend",
             what: format!(
-                "GPU {ordinal} ({}, sm_{}{}): the forward pass on the GPU is not built yet (its {} kernel \
-                 modules are, and `cargo test -p thorn-engine --features cuda` runs them there)",
-                p.name,
-                p.capability.0,
-                p.capability.1,
+                "GPU {ordinal} ({}): it cannot read pageable host memory (no HMM or ATS), which the GPU \
+                 device needs until its device-resident form lands (its {} kernel modules are built: \
+                 `cargo test -p thorn-engine --features cuda` runs them there)",
+                gpu.describe(),
                 thorn_kernels::ALL.len()
             ),
+        });
+    }
+    Ok(GpuDevice::new(Arc::new(gpu)))
+}
+
+/// `$THORN_CACHE_DIR/kernels`, else `$XDG_CACHE_HOME/thorn/kernels`, else `~/.cache/thorn/kernels`.
+fn kernel_cache_dir() -> Option<std::path::PathBuf> {
+    let base = std::env::var_os("THORN_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME").map(|x| std::path::PathBuf::from(x).join("thorn"))
         })
-    }
-
-    /// Whether the driver library can be loaded.
-    pub fn is_available() -> bool {
-        driver_present()
-    }
-
-    /// Proof that no value exists: lets every op's CUDA arm type-check without a body.
-    pub fn never(&self) -> ! {
-        match self.never {}
-    }
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/thorn"))
+        })?;
+    Some(base.join("kernels"))
 }
 
 fn driver(what: &str) -> impl Fn(result::DriverError) -> DeviceError + '_ {
@@ -211,6 +219,17 @@ impl Gpu {
         format!("{} ({})", self.name, self.arch)
     }
 
+    /// Whether kernels can read and write pageable host memory (HMM, ATS, or unified memory).
+    pub fn reads_host_memory(&self) -> Result<bool, DeviceError> {
+        let v = self
+            .ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+            )
+            .map_err(driver("reading the GPU's attributes"))?;
+        Ok(v != 0)
+    }
+
     /// Kernel modules compiled and read from the PTX cache so far.
     pub fn cache_stats(&self) -> (usize, usize) {
         self.cache.lock().map(|c| c.stats()).unwrap_or((0, 0))
@@ -318,6 +337,39 @@ impl Gpu {
     }
 }
 
+impl GpuRuntime for Gpu {
+    fn describe(&self) -> String {
+        Gpu::describe(self)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError> {
+        let buf = Gpu::alloc(self, bytes)?;
+        Ok(DevMem::new(buf.ptr(), bytes, Box::new(buf)))
+    }
+
+    fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
+        Gpu::upload(self, dst, src)
+    }
+
+    #[expect(unsafe_code, reason = "a raw device-to-device copy")]
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), DeviceError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver("waiting for the GPU"))?;
+        // SAFETY: both ranges are `bytes` long inside DevMem allocations of this context (the GPU device's
+        // concat copies whole matrices into an allocation of their total size).
+        unsafe { result::memcpy_dtod_sync(dst.0, src.0, bytes) }
+            .map_err(driver("copying on the GPU"))
+    }
+
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        Gpu::synchronize(self)
+    }
+}
+
 impl Launcher for Gpu {
     #[expect(unsafe_code, reason = "cuLaunchKernel with raw parameters")]
     fn launch(
@@ -364,13 +416,14 @@ mod tests {
 
     #[test]
     fn without_a_gpu_opening_one_is_a_typed_error() {
-        match Cuda::new(0) {
+        match open(0) {
+            Ok(dev) => println!("found {}", dev.name()),
             Err(DeviceError::MissingLibrary { library, .. }) => {
-                assert!(library.starts_with("libcuda") != Cuda::is_available());
+                assert!(library.starts_with("libcuda") != is_available());
             }
-            Err(DeviceError::NoGpu(why)) => assert!(Cuda::is_available(), "{why}"),
+            Err(DeviceError::NoGpu(why)) => assert!(is_available(), "{why}"),
             Err(DeviceError::Unsupported { what, .. }) => {
-                assert!(what.contains("sm_"), "{what}");
+                assert!(what.contains("compute_"), "{what}");
                 println!("found {what}");
             }
             other => panic!("unexpected: {other:?}"),

@@ -134,18 +134,12 @@ fn int(v: usize, what: &str) -> Result<i32, DeviceError> {
     i32::try_from(v).map_err(|_| unsupported(format!("{what} of {v} (more than 2^31 - 1)")))
 }
 
-fn blocks(n: usize) -> [u32; 3] {
-    [
-        n.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32,
-        1,
-        1,
-    ]
-}
-
+/// A grid-stride launch over `n` elements: blocks of 256 threads (fewer, in whole warps, for small `n`).
 fn elementwise(n: usize) -> Shape {
+    let threads = n.next_multiple_of(32).clamp(32, THREADS as usize);
     Shape {
-        grid: blocks(n),
-        block: [THREADS, 1, 1],
+        grid: [n.div_ceil(threads).clamp(1, MAX_BLOCKS) as u32, 1, 1],
+        block: [threads as u32, 1, 1],
         shared: 0,
     }
 }

@@ -219,6 +219,34 @@ impl PagePool {
         2 * heads * page_size * shape.head_dim * dtype.element_bytes() + scales
     }
 
+    /// The addresses of the key and value stores and of their FP8 scales (0 for other types), for a device
+    /// that reads host memory (the GPU device's kernels take the pool where it is).
+    pub fn raw_parts(&self) -> (u64, u64, u64, u64) {
+        fn parts(s: &Store) -> (u64, u64) {
+            match s {
+                Store::F32(d) => (d.as_ptr() as u64, 0),
+                Store::F16(d) => (d.as_ptr() as u64, 0),
+                Store::Fp8(d, sc) => (d.as_ptr() as u64, sc.as_ptr() as u64),
+            }
+        }
+        let ((k, ks), (v, vs)) = (parts(&self.k), parts(&self.v));
+        (k, v, ks, vs)
+    }
+
+    /// [`PagePool::raw_parts`], for writing through.
+    pub fn raw_parts_mut(&mut self) -> (u64, u64, u64, u64) {
+        fn parts(s: &mut Store) -> (u64, u64) {
+            match s {
+                Store::F32(d) => (d.as_mut_ptr() as u64, 0),
+                Store::F16(d) => (d.as_mut_ptr() as u64, 0),
+                Store::Fp8(d, sc) => (d.as_mut_ptr() as u64, sc.as_mut_ptr() as u64),
+            }
+        }
+        let (k, ks) = parts(&mut self.k);
+        let (v, vs) = parts(&mut self.v);
+        (k, v, ks, vs)
+    }
+
     /// Positions per page.
     pub fn page_size(&self) -> usize {
         self.page_size

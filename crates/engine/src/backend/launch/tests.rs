@@ -7,43 +7,9 @@ use crate::backend::Rope;
 use crate::backend::cpu::ops;
 use crate::backend::cpu::qmatmul::{QActs, quantize_ref};
 use crate::backend::pages::{KvDtype, KvShape};
+use crate::backend::sim::Sim;
 use crate::quant::dequantize_ref;
 use crate::testutil::{data, quantize_rows};
-
-/// The simulator as a launcher: device memory is host memory, a device pointer a host address.
-struct Sim;
-
-impl Launcher for Sim {
-    fn launch(
-        &self,
-        module: &Module,
-        kernel: &'static str,
-        shape: Shape,
-        args: &[Arg],
-    ) -> Result<(), DeviceError> {
-        let mut params = Params::new(args);
-        let n = params.len();
-        let mut ptrs = params.pointers();
-        #[expect(unsafe_code, reason = "runs a kernel on host buffers")]
-        // SAFETY: the pointers address `params`' slots, alive for the call, one per argument as the op
-        // built them for this kernel; the pointer arguments are `Mem` buffers the test keeps alive, sized
-        // by the op's own checks, and fenced by guard bytes that every read-back checks.
-        let r = unsafe {
-            thorn_kernel_sim::launch(
-                module.name,
-                kernel,
-                shape.grid.into(),
-                shape.block.into(),
-                shape.shared as usize,
-                &mut ptrs[..n],
-            )
-        };
-        r.map_err(|e| DeviceError::Unsupported {
-            device: "the kernel simulator",
-            what: e.to_string(),
-        })
-    }
-}
 
 /// Memory a test device holds for a [`Mem`].
 enum Backing {

@@ -42,7 +42,7 @@ pub trait Weights {
         rows: usize,
         cols: usize,
     ) -> Result<Matrix, ModelError> {
-        Ok(dev.matrix_f32(rows, cols, self.matrix_f32(name, rows, cols)?))
+        Ok(dev.matrix_f32(rows, cols, self.matrix_f32(name, rows, cols)?)?)
     }
 }
 

@@ -185,10 +185,15 @@ struct Runner {
 
 impl Runner {
     fn new(model: Qwen35) -> Self {
+        Runner::on(model, Device::cpu(2))
+    }
+
+    /// A runner on `dev` (which must be the device the model was loaded for).
+    fn on(model: Qwen35, dev: Device) -> Self {
         let shape = model.config().kv_shape();
         Runner {
             model,
-            dev: Device::cpu(2),
+            dev,
             kv: KvCache::new(
                 shape,
                 KvConfig {
@@ -251,6 +256,39 @@ fn forward_matches_the_goldens_from_gguf_and_hf_prefilled_and_chunked() {
             r.kv.release(seq, None);
         }
     }
+}
+
+/// The whole forward pass on the GPU device, run by the CUDA kernels in the simulator: every golden
+/// sequence prefilled, then one decoded token by token after a prefill, against the goldens within the
+/// fixture's tolerance (the kernels sum in other orders than the CPU; attention, projections, norms, RoPE
+/// and the MLP run as kernels, the DeltaNet ops on the host; see `backend::gpu`).
+#[test]
+fn the_forward_pass_on_the_gpu_device_matches_the_goldens() {
+    let gold = golden();
+    let dev = Device::gpu(std::sync::Arc::new(crate::backend::sim::Sim));
+    let model = Qwen35::from_gguf(&gguf(), &dev).unwrap();
+    assert!(dev.name().starts_with("cuda/"), "{}", dev.name());
+    let mut r = Runner::on(model, dev);
+    for s in gold["sequences"].as_array().unwrap() {
+        let ids = ids_of(s);
+        let mut seq = r.seq();
+        let got = r.run(&mut seq, &ids, Logits::All);
+        let what = format!("GPU device, sequence {}", s["name"]);
+        assert_close(&got, &golden_rows(s), &what);
+        eprintln!("{what}: max diff {:e}", max_diff(&got, &golden_rows(s)));
+        r.kv.release(seq, None);
+    }
+    let c = &gold["sequences"][2];
+    let ids = ids_of(c);
+    let want = golden_tensor("continuation.C.logits");
+    let mut seq = r.seq();
+    r.run(&mut seq, &ids[..70], Logits::None);
+    for (i, &t) in ids[70..].iter().enumerate() {
+        let got = r.run(&mut seq, &[t], Logits::Last);
+        let what = format!("GPU device, decode at {}", 70 + i);
+        assert_close(&got, &want[i * 256..(i + 1) * 256], &what);
+    }
+    r.kv.release(seq, None);
 }
 
 #[test]

@@ -1,0 +1,78 @@
+//! The kernel simulator as a GPU runtime (tests only): kernels run on the CPU through `thorn-kernel-sim`,
+//! device memory is host memory and a device pointer a host address. The launch tests and the GPU device's
+//! tests (a whole forward pass on [`super::gpu::GpuDevice`]) run on it.
+
+use super::DeviceError;
+use super::gpu::{DevMem, GpuRuntime};
+use super::launch::{Arg, DevPtr, Launcher, Params, Shape};
+use thorn_kernels::Module;
+
+/// The simulator as a launcher: device memory is host memory, a device pointer a host address.
+#[derive(Debug)]
+pub(crate) struct Sim;
+
+impl Launcher for Sim {
+    fn launch(
+        &self,
+        module: &Module,
+        kernel: &'static str,
+        shape: Shape,
+        args: &[Arg],
+    ) -> Result<(), DeviceError> {
+        let mut params = Params::new(args);
+        let n = params.len();
+        let mut ptrs = params.pointers();
+        #[expect(unsafe_code, reason = "runs a kernel on host buffers")]
+        // SAFETY: the pointers address `params`' slots, alive for the call, one per argument as the op in
+        // `launch` built them for this kernel (the simulator checks their count); the pointer arguments are
+        // host memory that outlives the call, sized by that op's checks: the launch tests' fenced `Mem`
+        // buffers, or the GPU device's host slices and DevMem allocations.
+        let r = unsafe {
+            thorn_kernel_sim::launch(
+                module.name,
+                kernel,
+                shape.grid.into(),
+                shape.block.into(),
+                shape.shared as usize,
+                &mut ptrs[..n],
+            )
+        };
+        r.map_err(|e| DeviceError::Unsupported {
+            device: "the kernel simulator",
+            what: e.to_string(),
+        })
+    }
+}
+
+impl GpuRuntime for Sim {
+    fn describe(&self) -> String {
+        "the kernel simulator".into()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError> {
+        let words = vec![0u64; bytes.div_ceil(8).max(1)];
+        let ptr = DevPtr(words.as_ptr() as u64);
+        Ok(DevMem::new(ptr, bytes, Box::new(words)))
+    }
+
+    #[expect(unsafe_code, reason = "a copy to a simulated device address")]
+    fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
+        // SAFETY: `dst` is the address of a live DevMem allocation (a host Vec) of at least `src.len()`
+        // bytes, as the GPU device's callers pass it; the ranges are distinct allocations.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.0 as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    #[expect(unsafe_code, reason = "a copy between simulated device addresses")]
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), DeviceError> {
+        // SAFETY: both are addresses inside live DevMem allocations with `bytes` available, distinct
+        // allocations (the GPU device's concat copies each part into a new one).
+        unsafe { std::ptr::copy_nonoverlapping(src.0 as *const u8, dst.0 as *mut u8, bytes) };
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        // Simulated launches finish before they return.
+        Ok(())
+    }
+}
