@@ -42,6 +42,32 @@ __device__ float block_sum(float v) {
     return v;
 }
 
+// The same two reductions in f64 (the RMS norms sum exact squares in f64, as the CPU does, so both devices
+// get the same scale, and the same 8-bit activations after it, but at the rare rounding boundary).
+__device__ __forceinline__ double warp_sum_f64(double v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+__device__ double block_sum_f64(double v) {
+    __shared__ double partial[32];
+    const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const int lane = t & 31;
+    const int warp = t >> 5;
+    v = warp_sum_f64(v);
+    if (lane == 0) {
+        partial[warp] = v;
+    }
+    __syncthreads();
+    const int warps = (blockDim.x * blockDim.y * blockDim.z + 31) >> 5;
+    v = lane < warps ? partial[lane] : 0.0;
+    v = warp_sum_f64(v);
+    __syncthreads();
+    return v;
+}
+
 // IEEE half (as its bits) to float, exactly.
 __device__ __forceinline__ float f16_to_f32(unsigned short h) {
 #ifdef __CUDA_ARCH__

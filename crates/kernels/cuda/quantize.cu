@@ -45,12 +45,12 @@ extern "C" __global__ void rmsnorm_quantize_q8_1(const float* __restrict__ x, co
                                                  float* __restrict__ out, int d, float eps) {
     const long r = blockIdx.x;
     const float* xr = x + r * d;
-    float ss = 0.0f;
+    double ss = 0.0;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        const float v = xr[i];
+        const double v = xr[i];
         ss += v * v;
     }
-    const float scale = rsqrtf(block_sum(ss) / (float)d + eps);
+    const float scale = (float)(1.0 / sqrt(block_sum_f64(ss) / (double)d + (double)eps));
     const int lane = threadIdx.x & 31;
     const int warps = blockDim.x >> 5;
     for (int b = threadIdx.x >> 5; b < d / 32; b += warps) {
