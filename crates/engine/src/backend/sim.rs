@@ -76,3 +76,14 @@ impl GpuRuntime for Sim {
         Ok(())
     }
 }
+
+/// The GPU devices a test runs on: the simulator always, and GPU 0 when this build has CUDA and the
+/// machine a GPU the device can use (else a line says why it is skipped).
+pub(crate) fn gpu_devices() -> Vec<super::Device> {
+    let mut v = vec![super::Device::gpu(std::sync::Arc::new(Sim))];
+    match super::Device::cuda(0) {
+        Ok(d) => v.push(d),
+        Err(e) => eprintln!("skip: the GPU run ({e})"),
+    }
+    v
+}

@@ -450,7 +450,21 @@ mod tests {
         };
         let g = Arc::new(Gguf::open(&path).unwrap());
         let tokens = [1u32, 504, 3458, 282, 4237, 314];
-        let sim = Device::gpu(Arc::new(crate::backend::sim::Sim));
+        let cpu2 = run(&Device::cpu(2), &g, &tokens, 2);
+        let cpu30 = run(&Device::cpu(2), &g, &tokens, 30);
+        for dev in crate::backend::sim::gpu_devices() {
+            check_against_cpu(&dev, &g, &tokens, &cpu2, &cpu30);
+        }
+    }
+
+    fn check_against_cpu(
+        dev: &Device,
+        g: &Arc<Gguf>,
+        tokens: &[u32],
+        cpu2: &[Vec<f32>],
+        cpu30: &[Vec<f32>],
+    ) {
+        let name = dev.name();
         let argmax = |v: &[f32]| {
             v.iter()
                 .enumerate()
@@ -462,21 +476,19 @@ mod tests {
             let lse = m + v.iter().map(|&x| (x - m).exp()).sum::<f32>().ln();
             v.iter().map(|&x| x - lse).collect::<Vec<f32>>()
         };
-        let cpu = run(&Device::cpu(2), &g, &tokens, 2);
-        let gpu = run(&sim, &g, &tokens, 2);
-        for (step, (c, q)) in cpu.iter().zip(&gpu).enumerate() {
+        for (step, (c, q)) in cpu2.iter().zip(&run(dev, g, tokens, 2)).enumerate() {
             let scale = c.iter().fold(0f32, |m, v| m.max(v.abs()));
             let diff = c.iter().zip(q).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            println!("2 layers, step {step}: max |logit difference| {diff:e} (largest {scale})");
+            println!(
+                "{name}, 2 layers, step {step}: max |logit difference| {diff:e} (largest {scale})"
+            );
             assert!(
                 diff <= 1e-3 * scale,
-                "2 layers, step {step}: {diff} of {scale}"
+                "{name}, 2 layers, step {step}: {diff} of {scale}"
             );
         }
-        let cpu = run(&Device::cpu(2), &g, &tokens, 30);
-        let gpu = run(&sim, &g, &tokens, 30);
-        for (step, (c, q)) in cpu.iter().zip(&gpu).enumerate() {
-            assert_eq!(argmax(c), argmax(q), "step {step}: greedy token");
+        for (step, (c, q)) in cpu30.iter().zip(&run(dev, g, tokens, 30)).enumerate() {
+            assert_eq!(argmax(c), argmax(q), "{name}, step {step}: greedy token");
             let (lc, lq) = (log_softmax(c), log_softmax(q));
             let mut top: Vec<usize> = (0..c.len()).collect();
             top.sort_by(|&a, &b| c[b].total_cmp(&c[a]));
@@ -484,10 +496,10 @@ mod tests {
                 .iter()
                 .map(|&i| (lc[i] - lq[i]).abs())
                 .fold(0f32, f32::max);
-            println!("30 layers, step {step}: top-20 |Δlogprob| {d:.3}");
+            println!("{name}, 30 layers, step {step}: top-20 |Δlogprob| {d:.3}");
             assert!(
                 d < 0.4,
-                "30 layers, step {step}: top-20 logprob difference {d}"
+                "{name}, 30 layers, step {step}: top-20 logprob difference {d}"
             );
         }
     }

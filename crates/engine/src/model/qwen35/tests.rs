@@ -264,8 +264,13 @@ fn forward_matches_the_goldens_from_gguf_and_hf_prefilled_and_chunked() {
 /// and the MLP run as kernels, the DeltaNet ops on the host; see `backend::gpu`).
 #[test]
 fn the_forward_pass_on_the_gpu_device_matches_the_goldens() {
+    for dev in crate::backend::sim::gpu_devices() {
+        gpu_forward_matches_the_goldens(dev);
+    }
+}
+
+fn gpu_forward_matches_the_goldens(dev: Device) {
     let gold = golden();
-    let dev = Device::gpu(std::sync::Arc::new(crate::backend::sim::Sim));
     let model = Qwen35::from_gguf(&gguf(), &dev).unwrap();
     assert!(dev.name().starts_with("cuda/"), "{}", dev.name());
     let mut r = Runner::on(model, dev);
