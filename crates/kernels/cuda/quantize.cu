@@ -7,14 +7,11 @@
 // multiple of 32 (rows x cols, cols a multiple of 32) and blockDim.x a multiple of 32, so every warp is
 // either wholly in range or wholly out. Self-contained (float2 is an NVRTC built-in type).
 
-// x: n floats; q: n int8; ds: n / 32 pairs (d, s).
-extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, signed char* __restrict__ q,
-                                         float2* __restrict__ ds, int n) {
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) {
-        return;
-    }
-    const float v = x[i];
+// Value `v` at index `i` quantized with the 31 other lanes of its warp, which hold the rest of its block of
+// 32 (indices i & ~31 .. i | 31): the block's scale d = max|v| / 127, q = round-half-even(v * (1 / d)), and
+// lane 0 writes (d, d * sum q). Every lane of the warp calls it.
+__device__ __forceinline__ void quantize_lane(float v, long i, signed char* __restrict__ q,
+                                              float2* __restrict__ ds) {
     float amax = fabsf(v);
     for (int o = 16; o > 0; o >>= 1) {
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -27,9 +24,19 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, signed cha
     for (int o = 16; o > 0; o >>= 1) {
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
     }
-    if ((threadIdx.x & 31) == 0) {
+    if ((i & 31) == 0) {
         ds[i / 32] = make_float2(d, d * (float)sum);
     }
+}
+
+// x: n floats; q: n int8; ds: n / 32 pairs (d, s).
+extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, signed char* __restrict__ q,
+                                         float2* __restrict__ ds, int n) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    quantize_lane(x[i], i, q, ds);
 }
 
 // The same quantization fused behind the two ops that feed most matrix products, so neither leaves its
@@ -59,21 +66,7 @@ extern "C" __global__ void rmsnorm_quantize_q8_1(const float* __restrict__ x, co
         if (out != nullptr) {
             out[r * d + i] = v;
         }
-        float amax = fabsf(v);
-        for (int o = 16; o > 0; o >>= 1) {
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        }
-        const float dq = amax / 127.0f;
-        const float id = dq != 0.0f ? 1.0f / dq : 0.0f;
-        const int qi = __float2int_rn(v * id);
-        q[r * d + i] = (signed char)qi;
-        int sum = qi;
-        for (int o = 16; o > 0; o >>= 1) {
-            sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        }
-        if (lane == 0) {
-            ds[(r * d + i) / 32] = make_float2(dq, dq * (float)sum);
-        }
+        quantize_lane(v, r * d + i, q, ds);
     }
 }
 
@@ -89,20 +82,5 @@ extern "C" __global__ void swiglu_quantize_q8_1(const float* __restrict__ gu, si
     const long t = i / f;
     const long j = i - t * f;
     const float g = gu[t * 2 * f + j];
-    const float v = g / (1.0f + expf(-g)) * gu[t * 2 * f + f + j];
-    float amax = fabsf(v);
-    for (int o = 16; o > 0; o >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    }
-    const float dq = amax / 127.0f;
-    const float id = dq != 0.0f ? 1.0f / dq : 0.0f;
-    const int qi = __float2int_rn(v * id);
-    q[i] = (signed char)qi;
-    int sum = qi;
-    for (int o = 16; o > 0; o >>= 1) {
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        ds[i / 32] = make_float2(dq, dq * (float)sum);
-    }
+    quantize_lane(g / (1.0f + expf(-g)) * gu[t * 2 * f + f + j], i, q, ds);
 }

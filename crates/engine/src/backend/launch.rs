@@ -260,8 +260,9 @@ impl Acts {
     }
 }
 
-/// Quantizes the rows of `a.x` into `a.q` and `a.ds` (`a.cols` a multiple of 32).
-pub fn quantize_q8_1(l: &dyn Launcher, a: &Acts) -> Result<(), DeviceError> {
+/// The launch of a quantizer that takes one thread per value of `a` and a warp per block of 32 (`None`:
+/// nothing to quantize); the width must be whole blocks.
+fn one_thread_per_value(a: &Acts) -> Result<Option<(Shape, usize)>, DeviceError> {
     if !a.cols.is_multiple_of(32) {
         return Err(unsupported(format!(
             "activations of width {} (not a multiple of 32)",
@@ -270,13 +271,21 @@ pub fn quantize_q8_1(l: &dyn Launcher, a: &Acts) -> Result<(), DeviceError> {
     }
     let n = a.tokens * a.cols;
     if n == 0 {
-        return Ok(());
+        return Ok(None);
     }
-    // One thread per value, whole warps: n is a multiple of 32 and so is the block.
+    // Whole warps: n is a multiple of 32 and so is the block.
     let shape = Shape {
         grid: [int(n.div_ceil(THREADS as usize), "blocks")? as u32, 1, 1],
         block: [THREADS, 1, 1],
         shared: 0,
+    };
+    Ok(Some((shape, n)))
+}
+
+/// Quantizes the rows of `a.x` into `a.q` and `a.ds` (`a.cols` a multiple of 32).
+pub fn quantize_q8_1(l: &dyn Launcher, a: &Acts) -> Result<(), DeviceError> {
+    let Some((shape, n)) = one_thread_per_value(a)? else {
+        return Ok(());
     };
     let args = [
         Arg::Ptr(a.x),
@@ -332,20 +341,8 @@ pub fn rmsnorm_quantize(
 /// SwiGLU of `a.tokens` fused gate/up rows at `gu` (`[gate (f) | up (f)]`, `f = a.cols`) quantized straight
 /// into `a.q` and `a.ds`: [`swiglu_rows`] then [`quantize_q8_1`] in one launch, with the same bits.
 pub fn swiglu_quantize(l: &dyn Launcher, gu: DevPtr, a: &Acts) -> Result<(), DeviceError> {
-    if !a.cols.is_multiple_of(32) {
-        return Err(unsupported(format!(
-            "activations of width {} (not a multiple of 32)",
-            a.cols
-        )));
-    }
-    let n = a.tokens * a.cols;
-    if n == 0 {
+    let Some((shape, _)) = one_thread_per_value(a)? else {
         return Ok(());
-    }
-    let shape = Shape {
-        grid: [int(n.div_ceil(THREADS as usize), "blocks")? as u32, 1, 1],
-        block: [THREADS, 1, 1],
-        shared: 0,
     };
     let args = [
         Arg::Ptr(gu),
