@@ -5,8 +5,10 @@
 //! stay in host memory and the kernels address them there, which a GPU can do when it reads pageable host
 //! memory (Jetson Thor's coherent unified memory; HMM or ATS elsewhere): [`super::cuda::open`] refuses a
 //! GPU that cannot. Weight matrices are uploaded to device memory once. Each op waits for its kernels
-//! before it returns, because the caller may read what they wrote. What has no kernel yet runs on the host
-//! (single-token KV writes, the in-place SiLU product, the Gated DeltaNet ops, the f64 reference matmul).
+//! before it returns, because the caller may read what they wrote. On the host still: embedding rows (a few
+//! rows of exact dequantization from the mapped file), single-token KV writes, the in-place SiLU product,
+//! the Gated DeltaNet ops (their kernels are in `launch`, not yet behind this API) and the f64 reference
+//! matmul.
 //! The device-resident form (activations and KV pages in device memory, no per-op wait, CUDA graphs)
 //! builds on the same launches.
 
