@@ -151,15 +151,8 @@ fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -
 
 /// The cache directory: `flag`, else `$THORN_CACHE_DIR`, else `$XDG_CACHE_HOME/thorn`, else `~/.cache/thorn`.
 pub fn cache_dir(flag: Option<&Path>) -> PathBuf {
-    let env = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
     flag.map(Path::to_owned)
-        .or_else(|| env("THORN_CACHE_DIR"))
-        .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("thorn")))
-        .or_else(|| env("HOME").map(|p| p.join(".cache").join("thorn")))
+        .or_else(thorn_engine::cache_dir)
         .unwrap_or_else(|| PathBuf::from(".thorn-cache"))
 }
 

@@ -236,7 +236,7 @@ impl Matrix {
 pub struct Workspace {
     qa: QActs,
     partials: Vec<f32>,
-    gpu: gpu::Scratch,
+    gpu: gpu::Quantized,
 }
 
 /// Activations prepared as a matmul input: `n` rows of `cols` floats (and their 8-bit blocks: the CPU's, or

@@ -38,3 +38,17 @@ pub mod tokenizer;
 mod testutil;
 
 pub use engine::{Engine, EngineConfig, EngineError, FinishReason, Generation, Request};
+
+/// thorn's cache directory (models, data, compiled kernels): `$THORN_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/thorn`, else `~/.cache/thorn` (empty variables count as unset); `None` without any.
+/// The host's `--cache-dir` flag overrides it there.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    };
+    env("THORN_CACHE_DIR")
+        .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("thorn")))
+        .or_else(|| env("HOME").map(|p| p.join(".cache").join("thorn")))
+}

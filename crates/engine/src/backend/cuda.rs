@@ -97,17 +97,9 @@ pub fn open(ordinal: usize) -> Result<GpuDevice, DeviceError> {
     Ok(GpuDevice::new(Arc::new(gpu)))
 }
 
-/// `$THORN_CACHE_DIR/kernels`, else `$XDG_CACHE_HOME/thorn/kernels`, else `~/.cache/thorn/kernels`.
+/// `kernels/` in thorn's cache directory.
 fn kernel_cache_dir() -> Option<std::path::PathBuf> {
-    let base = std::env::var_os("THORN_CACHE_DIR")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME").map(|x| std::path::PathBuf::from(x).join("thorn"))
-        })
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/thorn"))
-        })?;
-    Some(base.join("kernels"))
+    crate::cache_dir().map(|d| d.join("kernels"))
 }
 
 fn driver(what: &str) -> impl Fn(result::DriverError) -> DeviceError + '_ {
@@ -253,15 +245,18 @@ impl Gpu {
         Ok(buf)
     }
 
-    /// Copies `src` to device address `dst` (after the stream's queued work).
-    #[expect(unsafe_code, reason = "raw device copies")]
-    pub fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
+    /// Binds the context to this thread and waits for the stream's queued work (before a host copy).
+    fn settle(&self) -> Result<(), DeviceError> {
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
-        self.stream
-            .synchronize()
-            .map_err(driver("waiting for the GPU"))?;
+        self.synchronize()
+    }
+
+    /// Copies `src` to device address `dst` (after the stream's queued work).
+    #[expect(unsafe_code, reason = "raw device copies")]
+    pub fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
+        self.settle()?;
         // SAFETY: the caller's `dst` addresses at least `src.len()` bytes of one allocation (DevBuf
         // ranges); the copy is synchronous, so `src` outlives it.
         unsafe { result::memcpy_htod_sync(dst.0, src) }.map_err(driver("copying to the GPU"))
@@ -270,12 +265,7 @@ impl Gpu {
     /// Copies `dst.len()` bytes from device address `src`, after the stream's queued work.
     #[expect(unsafe_code, reason = "raw device copies")]
     pub fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<(), DeviceError> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver("binding the context"))?;
-        self.stream
-            .synchronize()
-            .map_err(driver("waiting for the GPU"))?;
+        self.settle()?;
         // SAFETY: as upload, the other way.
         unsafe { result::memcpy_dtoh_sync(dst, src.0) }.map_err(driver("copying from the GPU"))
     }
@@ -353,12 +343,7 @@ impl GpuRuntime for Gpu {
 
     #[expect(unsafe_code, reason = "a raw device-to-device copy")]
     fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), DeviceError> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver("binding the context"))?;
-        self.stream
-            .synchronize()
-            .map_err(driver("waiting for the GPU"))?;
+        self.settle()?;
         // SAFETY: both ranges are `bytes` long inside DevMem allocations of this context (the GPU device's
         // concat copies whole matrices into an allocation of their total size).
         unsafe { result::memcpy_dtod_sync(dst.0, src.0, bytes) }

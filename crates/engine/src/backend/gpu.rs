@@ -89,11 +89,18 @@ impl GpuMatrix {
     }
 }
 
-/// The GPU device's per-forward buffers (host memory the kernels address), reused across calls.
+/// A matmul input's 8-bit copy (host memory the kernels address), kept in the caller's workspace because
+/// an [`super::Input`] borrows it; reused across calls.
 #[derive(Debug, Default)]
-pub struct Scratch {
+pub struct Quantized {
     q: Vec<i8>,
     ds: Vec<f32>,
+}
+
+/// The device's own per-op staging (RoPE tables and positions, batch metadata, attention partials),
+/// reused across calls.
+#[derive(Debug, Default)]
+struct Staging {
     partials: Vec<f32>,
     meta: BatchMeta,
     table: Vec<f32>,
@@ -129,8 +136,8 @@ fn dev_batch(m: &BatchMeta, batch: &Batch) -> DevBatch {
 #[derive(Debug)]
 pub struct GpuDevice {
     rt: Arc<dyn GpuRuntime>,
-    /// Per-op staging (RoPE tables, batch metadata, attention partials); ops run one at a time.
-    staging: Box<Mutex<Scratch>>,
+    /// Per-op staging; ops run one at a time.
+    staging: Box<Mutex<Staging>>,
 }
 
 impl GpuDevice {
@@ -138,11 +145,11 @@ impl GpuDevice {
     pub fn new(rt: Arc<dyn GpuRuntime>) -> Self {
         GpuDevice {
             rt,
-            staging: Box::new(Mutex::new(Scratch::default())),
+            staging: Box::new(Mutex::new(Staging::default())),
         }
     }
 
-    fn staging(&self) -> std::sync::MutexGuard<'_, Scratch> {
+    fn staging(&self) -> std::sync::MutexGuard<'_, Staging> {
         self.staging
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -247,7 +254,7 @@ impl GpuDevice {
 
     /// Quantizes `n` rows of `cols` floats of `x` for the matrix products (when `cols` allows it; float
     /// matrices read `x` itself). Returns the quantized input's addresses.
-    pub fn input(&self, x: &[f32], n: usize, cols: usize, s: &mut Scratch) -> Option<Acts> {
+    pub fn input(&self, x: &[f32], n: usize, cols: usize, s: &mut Quantized) -> Option<Acts> {
         if !cols.is_multiple_of(32) {
             return None;
         }
@@ -273,12 +280,8 @@ impl GpuDevice {
             tokens: n,
             cols: w.w.cols,
         });
-        let (_, quantized) = w.w.kernel().expect("a checked matrix has a kernel");
-        if quantized && a.q == DevPtr(0) {
-            panic!(
-                "GPU matmul: block weights need activations of a width that is a multiple of 32"
-            );
-        }
+        // Block weights have whole blocks of 32 per row, so `input` quantized their activations.
+        debug_assert!(q.is_some() || !w.w.kernel().is_ok_and(|(_, quantized)| quantized));
         let o = at_mut(out);
         self.run("matmul", |l| launch::matvec(l, &w.w, &a, o));
     }

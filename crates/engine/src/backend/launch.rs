@@ -102,6 +102,23 @@ pub struct Shape {
     pub shared: u32,
 }
 
+impl Shape {
+    /// A one-dimensional launch: `blocks` blocks of `threads` threads, no dynamic shared memory.
+    fn line(blocks: usize, threads: u32) -> Result<Shape, DeviceError> {
+        Ok(Shape {
+            grid: [int(blocks, "blocks")? as u32, 1, 1],
+            block: [threads, 1, 1],
+            shared: 0,
+        })
+    }
+
+    /// One block per row of `d` values with up to 1,024 threads in whole warps: the RMS norms' shape,
+    /// shared by the plain and the fused kernel so that both reduce in the same order (the same bits).
+    fn per_row(rows: usize, d: usize) -> Result<Shape, DeviceError> {
+        Shape::line(rows, d.next_multiple_of(32).clamp(32, 1024) as u32)
+    }
+}
+
 /// Runs kernels (in order, on one stream).
 pub trait Launcher {
     /// Queues `kernel` of `module` with `shape` and `args`.
@@ -214,13 +231,7 @@ pub fn rmsnorm(
     if rows == 0 {
         return Ok(());
     }
-    // One block per row, up to 1024 threads in whole warps.
-    let threads = d.next_multiple_of(32).clamp(32, 1024) as u32;
-    let shape = Shape {
-        grid: [int(rows, "rows")? as u32, 1, 1],
-        block: [threads, 1, 1],
-        shared: 0,
-    };
+    let shape = Shape::per_row(rows, d)?;
     let args = [
         Arg::Ptr(x),
         Arg::Ptr(w),
@@ -274,11 +285,7 @@ fn one_thread_per_value(a: &Acts) -> Result<Option<(Shape, usize)>, DeviceError>
         return Ok(None);
     }
     // Whole warps: n is a multiple of 32 and so is the block.
-    let shape = Shape {
-        grid: [int(n.div_ceil(THREADS as usize), "blocks")? as u32, 1, 1],
-        block: [THREADS, 1, 1],
-        shared: 0,
-    };
+    let shape = Shape::line(n.div_ceil(THREADS as usize), THREADS)?;
     Ok(Some((shape, n)))
 }
 
@@ -316,11 +323,7 @@ pub fn rmsnorm_quantize(
     if a.tokens == 0 {
         return Ok(());
     }
-    let shape = Shape {
-        grid: [int(a.tokens, "rows")? as u32, 1, 1],
-        block: [a.cols.clamp(32, 1024) as u32, 1, 1],
-        shared: 0,
-    };
+    let shape = Shape::per_row(a.tokens, a.cols)?;
     let args = [
         Arg::Ptr(x),
         Arg::Ptr(w),
@@ -517,11 +520,7 @@ pub fn topk_rows(
     if rows == 0 {
         return Ok(());
     }
-    let shape = Shape {
-        grid: [int(rows, "rows")? as u32, 1, 1],
-        block: [256, 1, 1],
-        shared: 0,
-    };
+    let shape = Shape::line(rows, 256)?;
     let args = [
         Arg::Ptr(logits),
         Arg::I32(int(vocab, "a vocabulary")?),
@@ -1133,11 +1132,7 @@ pub fn gdn_gated_norm(
     if rows == 0 {
         return Ok(());
     }
-    let shape = Shape {
-        grid: [int(rows, "rows")? as u32, 1, 1],
-        block: [32, 1, 1],
-        shared: 0,
-    };
+    let shape = Shape::line(rows, 32)?;
     let args = [
         Arg::Ptr(o),
         Arg::Ptr(z),

@@ -381,16 +381,7 @@ mod tests {
 
     /// The default model where `thorn model pull` puts it, if it is there.
     fn default_model() -> Option<std::path::PathBuf> {
-        let base = std::env::var_os("THORN_CACHE_DIR")
-            .map(std::path::PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("XDG_CACHE_HOME")
-                    .map(|x| std::path::PathBuf::from(x).join("thorn"))
-            })
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/thorn"))
-            })?;
-        let p = base.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let p = crate::cache_dir()?.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
         p.exists().then_some(p)
     }
 
