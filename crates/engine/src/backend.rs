@@ -24,7 +24,7 @@
 //! | [`Device::input`] + [`Device::matmul`] | `W·x` over quantized weights; the CPU quantizes the activations to 8 bits per 32 once per input, inside |
 //! | [`Device::matmul_reference`] | the f64-accumulated check path over the stored GGUF rows |
 //! | [`Device::rope`] | rotary embedding, llama.cpp's normal (adjacent pairs) or NeoX (halves, partial) |
-//! | [`Device::write_kv`] | one token's keys and values into its KV page slot |
+//! | [`Device::write_kv_rows`] | the batch's keys and values into their KV page slots |
 //! | [`Device::attention`] | paged attention over a [`Batch`], draft-tree rows included |
 //! | [`Device::swiglu_rows`], [`Device::silu_mul`], [`Device::add`] | the MLP's activation and the residual |
 //!
@@ -33,6 +33,7 @@
 //! [`Workspace`] the caller keeps, so a pass allocates nothing once it has grown.
 
 pub mod batch;
+pub mod buf;
 pub mod cpu;
 #[cfg(not(feature = "cuda"))]
 #[path = "backend/no_cuda.rs"]
@@ -51,6 +52,7 @@ pub(crate) mod sim;
 
 use crate::quant::{GgmlType, QuantError, dequantize_ref, dot_ref};
 use batch::Batch;
+pub use buf::{Buf, Edit, View, ViewMut};
 use cpu::Cpu;
 pub use cpu::gdn;
 pub use cpu::ops::rope_angles;
@@ -243,7 +245,7 @@ pub struct Workspace {
 /// the GPU's quantized copy).
 #[derive(Debug)]
 pub struct Input<'a> {
-    x: &'a [f32],
+    x: View<'a>,
     n: usize,
     cols: usize,
     qa: &'a QActs,
@@ -296,6 +298,38 @@ impl Device {
         match self {
             Device::Cpu(c) => c.threads(),
             Device::Cuda(_) => 1,
+        }
+    }
+
+    /// `b` with room for at least `n` floats in this device's memory (the buffers of a pass only grow,
+    /// so a warm pass allocates nothing).
+    pub fn grow(&self, b: &mut Buf, n: usize) -> Result<(), DeviceError> {
+        match (self, &mut b.mem) {
+            (Device::Cpu(_), buf::Mem::Host(v)) => {
+                grow(v, n);
+                Ok(())
+            }
+            (Device::Cpu(_), buf::Mem::Gpu(_)) => Err(DeviceError::Unsupported {
+                device: "the CPU",
+                what: "a GPU buffer".into(),
+            }),
+            (Device::Cuda(g), _) => g.grow(b, n),
+        }
+    }
+
+    /// `v` as a buffer of this device (norm weights, and other constants the ops read).
+    pub fn buf(&self, v: Vec<f32>) -> Result<Buf, DeviceError> {
+        match self {
+            Device::Cpu(_) => Ok(Buf::from(v)),
+            Device::Cuda(g) => g.buf(v),
+        }
+    }
+
+    /// Waits for the queued ops (a GPU queues them; the CPU runs each before it returns). A forward pass
+    /// ends with it: the host reads the KV pages next.
+    pub fn finish(&self) {
+        if let Device::Cuda(g) = self {
+            g.finish();
         }
     }
 
@@ -365,20 +399,21 @@ impl Device {
     /// CPU quantizes them to 8 bits per block of 32 here, once for every matrix that reads them).
     pub fn input<'a>(
         &self,
-        x: &'a [f32],
+        x: impl Into<View<'a>>,
         n: usize,
         cols: usize,
         ws: &'a mut Workspace,
     ) -> Input<'a> {
+        let x = x.into().slice(..n * cols);
         let acts = match self {
             Device::Cpu(c) => {
-                c.quantize(x, n, cols, &mut ws.qa);
+                c.quantize(x.host(), n, cols, &mut ws.qa);
                 None
             }
-            Device::Cuda(g) => g.input(&x[..n * cols], n, cols, &mut ws.gpu),
+            Device::Cuda(g) => g.input(x, n, cols, &mut ws.gpu),
         };
         Input {
-            x: &x[..n * cols],
+            x,
             n,
             cols,
             qa: &ws.qa,
@@ -387,12 +422,15 @@ impl Device {
     }
 
     /// `out[t * w.rows + r] = W[r] · x[t]` for every row of `x` (`out` grows to fit).
-    pub fn matmul(&self, w: &Matrix, x: &Input<'_>, out: &mut Vec<f32>) {
+    pub fn matmul(&self, w: &Matrix, x: &Input<'_>, out: &mut Buf) {
         debug_assert_eq!(x.cols, w.cols(), "matmul input width");
-        grow(out, x.n * w.rows());
+        let n = x.n * w.rows();
+        if let Err(e) = self.grow(out, n) {
+            panic!("matmul output: {e}");
+        }
         match self {
-            Device::Cpu(c) => c.matmul(w.cpu(), x.qa, x.x, out),
-            Device::Cuda(g) => g.matmul(w.gpu(), x.x, x.n, x.acts, &mut out[..x.n * w.rows()]),
+            Device::Cpu(c) => c.matmul(w.cpu(), x.qa, x.x.host(), out.at_mut(..).host()),
+            Device::Cuda(g) => g.matmul(w.gpu(), x.x, x.n, x.acts, out.at_mut(..n)),
         }
     }
 
@@ -400,18 +438,19 @@ impl Device {
     /// stored rows of type `ty` dotted with f32 `x` (`n` tokens of `cols`), accumulated in f64 by the scalar
     /// reference kernel. Slow by design; the fast path is [`Device::matmul`].
     #[expect(clippy::too_many_arguments, reason = "a strided block of the output")]
-    pub fn matmul_reference(
+    pub fn matmul_reference<'v>(
         &self,
         ty: GgmlType,
         data: &[u8],
         rows: usize,
-        x: &[f32],
+        x: impl Into<View<'v>>,
         n: usize,
         cols: usize,
-        out: &mut [f32],
+        out: impl Into<ViewMut<'v>>,
         stride: usize,
         row0: usize,
     ) -> Result<(), DeviceError> {
+        let (x, mut out) = (x.into(), out.into());
         if !ty.has_reference_kernel() {
             return Err(DeviceError::Unsupported {
                 device: "the reference path",
@@ -422,7 +461,7 @@ impl Device {
             device: "the reference path",
             what: format!("rows of {cols} weights of type {ty}"),
         })?;
-        let dot = |r: usize, t: usize| {
+        let dot = |x: &[f32], r: usize, t: usize| {
             dot_ref(
                 ty,
                 &data[r * rb..(r + 1) * rb],
@@ -431,14 +470,19 @@ impl Device {
             .unwrap_or(f32::NAN)
         };
         match self {
-            Device::Cpu(c) => c.map_rows(rows, n, stride, row0, out, &dot),
-            // The check path runs on the host for every device.
-            Device::Cuda(_) => {
+            Device::Cpu(c) => {
+                let x = x.host();
+                c.map_rows(rows, n, stride, row0, out.host(), &|r, t| dot(x, r, t));
+            }
+            // The check path runs on the host for every device: the GPU's buffers make the trip.
+            Device::Cuda(g) => {
+                let (x, mut o) = (g.download(x), g.download(out.as_view()));
                 for t in 0..n {
                     for r in 0..rows {
-                        out[t * stride + row0 + r] = dot(r, t);
+                        o[t * stride + row0 + r] = dot(&x, r, t);
                     }
                 }
+                g.upload(&out.slice(..), &o);
             }
         }
         Ok(())
@@ -446,71 +490,83 @@ impl Device {
 
     /// Rows `tokens` of an embedding table of type `ty` (`d` values per row, `table` its bytes), dequantized
     /// exactly into `out` (`tokens.len() × d`).
-    pub fn embed(
+    pub fn embed<'v>(
         &self,
         ty: GgmlType,
         table: &[u8],
         d: usize,
         tokens: &[u32],
-        out: &mut [f32],
+        out: impl Into<ViewMut<'v>>,
     ) -> Result<(), DeviceError> {
         let rb = ty.row_bytes(d).ok_or_else(|| DeviceError::Unsupported {
             device: "embed",
             what: format!("rows of {d} values of type {ty}"),
         })?;
         // A few rows of exact dequantization: on the host for every device (the table is host memory).
-        for (t, &tok) in tokens.iter().enumerate() {
-            let r = tok as usize;
-            dequantize_ref(
-                ty,
-                &table[r * rb..(r + 1) * rb],
-                &mut out[t * d..(t + 1) * d],
-            )?;
+        let row = |t: usize, out: &mut [f32]| {
+            let r = tokens[t] as usize;
+            dequantize_ref(ty, &table[r * rb..(r + 1) * rb], out).map_err(DeviceError::from)
+        };
+        let out = out.into();
+        match self {
+            Device::Cpu(_) => {
+                let out = out.host();
+                for t in 0..tokens.len() {
+                    row(t, &mut out[t * d..(t + 1) * d])?;
+                }
+                Ok(())
+            }
+            Device::Cuda(g) => g.embed(tokens.len(), d, row, out),
         }
-        Ok(())
     }
 
     /// RMSNorm of `n` rows of `d` floats of `x` with weight `w` into `out`.
-    pub fn rmsnorm_rows(
+    pub fn rmsnorm_rows<'v>(
         &self,
-        x: &[f32],
-        w: &[f32],
+        x: impl Into<View<'v>>,
+        w: impl Into<View<'v>>,
         eps: f32,
         n: usize,
         d: usize,
-        out: &mut [f32],
+        out: impl Into<ViewMut<'v>>,
     ) {
+        let (x, w, out) = (x.into(), w.into(), out.into());
         match self {
             Device::Cpu(_) => {
-                for (xr, o) in x[..n * d].chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+                let (x, w) = (x.host(), w.host());
+                for (xr, o) in x[..n * d]
+                    .chunks_exact(d)
+                    .zip(out.host().chunks_exact_mut(d))
+                {
                     cpu::simd::rmsnorm(xr, w, eps, o);
                 }
             }
-            Device::Cuda(g) => g.rmsnorm_rows(&x[..n * d], &w[..d], eps, n, d, &mut out[..n * d]),
+            Device::Cuda(g) => g.rmsnorm_rows(x, w, eps, n, d, out),
         }
     }
 
     /// The rows of `x` (`d` floats per token of `batch`) whose logits the batch asks for, in batch order,
     /// RMS-normed with `w` into `out`: the LM head's input. Returns how many rows were written.
-    pub fn norm_logit_rows(
+    pub fn norm_logit_rows<'v>(
         &self,
-        x: &[f32],
+        x: impl Into<View<'v>>,
         batch: &Batch,
-        w: &[f32],
+        w: impl Into<View<'v>>,
         eps: f32,
         d: usize,
-        out: &mut [f32],
+        out: impl Into<ViewMut<'v>>,
     ) -> usize {
+        let (x, w, mut out) = (x.into(), w.into(), out.into());
         let mut m = 0;
         for i in 0..batch.seqs.len() {
             for t in batch.logit_range(i) {
                 self.rmsnorm_rows(
-                    &x[t * d..(t + 1) * d],
+                    x.slice(t * d..(t + 1) * d),
                     w,
                     eps,
                     1,
                     d,
-                    &mut out[m * d..(m + 1) * d],
+                    out.slice(m * d..(m + 1) * d),
                 );
                 m += 1;
             }
@@ -520,11 +576,18 @@ impl Device {
 
     /// Rotates every head of `x` (heads of `head_dim` floats, back to back) by `angles` (`(cos, sin)` per
     /// pair, one position's table).
-    pub fn rope(&self, kind: Rope, x: &mut [f32], head_dim: usize, angles: &[(f32, f32)]) {
+    pub fn rope<'v>(
+        &self,
+        kind: Rope,
+        x: impl Into<ViewMut<'v>>,
+        head_dim: usize,
+        angles: &[(f32, f32)],
+    ) {
+        let x = x.into();
         match self {
-            Device::Cpu(_) => match kind {
-                Rope::Normal => cpu::ops::rope_table(x, head_dim, angles),
-                Rope::Neox => {
+            Device::Cpu(_) => match (kind, x.host()) {
+                (Rope::Normal, x) => cpu::ops::rope_table(x, head_dim, angles),
+                (Rope::Neox, x) => {
                     for head in x.chunks_exact_mut(head_dim) {
                         cpu::ops::rope_neox(head, angles);
                     }
@@ -538,10 +601,10 @@ impl Device {
     /// `head_dim`; a fused QKV row's Q and K heads), row `t` at position `positions[t]` of `table` (`n_angles`
     /// `(cos, sin)` pairs per position, the layout `rope_angles` appends).
     #[expect(clippy::too_many_arguments, reason = "a strided batch of rows")]
-    pub fn rope_rows(
+    pub fn rope_rows<'v>(
         &self,
         kind: Rope,
-        x: &mut [f32],
+        x: impl Into<ViewMut<'v>>,
         rows: usize,
         stride: usize,
         width: usize,
@@ -550,8 +613,9 @@ impl Device {
         table: &[(f32, f32)],
         n_angles: usize,
     ) {
+        let mut x = x.into();
         if let Device::Cuda(g) = self {
-            let (x, p) = (&mut x[..rows * stride], &positions[..rows]);
+            let p = &positions[..rows];
             return g.rope_rows(kind, x, rows, stride, width, head_dim, p, table, n_angles);
         }
         for (t, &p) in positions[..rows].iter().enumerate() {
@@ -559,7 +623,7 @@ impl Device {
             let angles = &table[p * n_angles..(p + 1) * n_angles];
             self.rope(
                 kind,
-                &mut x[t * stride..t * stride + width],
+                x.slice(t * stride..t * stride + width),
                 head_dim,
                 angles,
             );
@@ -567,50 +631,34 @@ impl Device {
     }
 
     /// Every token's keys and values of `layer` into its KV page slot: token `t`'s keys are
-    /// `rows[t * stride + k_at..]` and its values `rows[t * stride + v_at..]` (`n_kv_heads × head_dim` each;
-    /// the K and V parts of fused QKV rows).
-    #[expect(clippy::too_many_arguments, reason = "a strided batch of rows")]
-    pub fn write_kv_rows(
+    /// `k[t * stride..]` and its values `v[t * stride..]` (`n_kv_heads × head_dim` each; the K and V parts
+    /// of fused QKV rows, or rows of their own).
+    pub fn write_kv_rows<'v>(
         &self,
         pool: &mut PagePool,
         batch: &Batch,
         layer: usize,
-        rows: &[f32],
+        k: impl Into<View<'v>>,
+        v: impl Into<View<'v>>,
         stride: usize,
-        k_at: usize,
-        v_at: usize,
     ) {
-        if let Device::Cuda(g) = self {
-            return g.write_kv_rows(pool, batch, layer, rows, stride, k_at, v_at);
+        let (k, v) = (k.into(), v.into());
+        match self {
+            Device::Cpu(_) => {
+                let (k, v) = (k.host(), v.host());
+                let w = pool.shape().n_kv_heads * pool.shape().head_dim;
+                let ps = pool.page_size();
+                for t in 0..batch.len() {
+                    let (span, slot) = batch.locate(t);
+                    let (k, v) = (
+                        &k[t * stride..t * stride + w],
+                        &v[t * stride..t * stride + w],
+                    );
+                    pool.write(batch.pages(span)[slot / ps], slot % ps, layer, k, v);
+                }
+            }
+            Device::Cuda(g) => g.write_kv_rows(pool, batch, layer, k, v, stride),
         }
-        let w = pool.shape().n_kv_heads * pool.shape().head_dim;
-        for t in 0..batch.len() {
-            let row = &rows[t * stride..];
-            self.write_kv(
-                pool,
-                batch,
-                t,
-                layer,
-                &row[k_at..k_at + w],
-                &row[v_at..v_at + w],
-            );
-        }
-    }
-
-    /// Writes one token's keys `k` and values `v` (every KV head) into `layer` of its page slot.
-    pub fn write_kv(
-        &self,
-        pool: &mut PagePool,
-        batch: &Batch,
-        token: usize,
-        layer: usize,
-        k: &[f32],
-        v: &[f32],
-    ) {
-        let ps = pool.page_size();
-        let (span, slot) = batch.locate(token);
-        // One row per call: on the host for every device (batches take write_kv_rows).
-        pool.write(batch.pages(span)[slot / ps], slot % ps, layer, k, v);
     }
 
     /// Causal attention for every token of `batch` in `layer`, reading the KV pages (which must already
@@ -620,72 +668,70 @@ impl Device {
         clippy::too_many_arguments,
         reason = "attention needs its shape spelled out"
     )]
-    pub fn attention(
+    pub fn attention<'v>(
         &self,
         pool: &PagePool,
         layer: usize,
         batch: &Batch,
-        q: &[f32],
+        q: impl Into<View<'v>>,
         q_stride: usize,
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
-        out: &mut [f32],
+        out: impl Into<ViewMut<'v>>,
         ws: &mut Workspace,
     ) {
+        let (q, out) = (q.into(), out.into());
         match self {
             Device::Cpu(c) => c.attention(
                 pool,
                 layer,
                 batch,
-                q,
+                q.host(),
                 q_stride,
                 n_heads,
                 n_kv_heads,
                 head_dim,
-                out,
+                out.host(),
                 &mut ws.partials,
             ),
-            Device::Cuda(g) => {
-                let out = &mut out[..batch.len() * n_heads * head_dim];
-                g.attention(pool, layer, batch, q, q_stride, n_heads, out);
-            }
+            Device::Cuda(g) => g.attention(pool, layer, batch, q, q_stride, n_heads, out),
         }
     }
 
     /// `x += y`.
-    pub fn add(&self, x: &mut [f32], y: &[f32]) {
+    pub fn add<'v>(&self, x: impl Into<ViewMut<'v>>, y: impl Into<View<'v>>) {
+        let (x, y) = (x.into(), y.into());
         match self {
-            Device::Cpu(_) => cpu::simd::add(x, y),
-            Device::Cuda(g) => g.add(x, &y[..x.len()]),
+            Device::Cpu(_) => cpu::simd::add(x.host(), y.host()),
+            Device::Cuda(g) => g.add(x, y),
         }
     }
 
     /// `out = silu(gate) * up`, element-wise.
-    pub fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    pub fn silu_mul<'v>(
+        &self,
+        gate: impl Into<View<'v>>,
+        up: impl Into<View<'v>>,
+        out: impl Into<ViewMut<'v>>,
+    ) {
+        let (gate, up, out) = (gate.into(), up.into(), out.into());
         match self {
-            Device::Cpu(_) => cpu::simd::silu_mul(gate, up, out),
-            Device::Cuda(g) => g.silu_mul(&gate[..out.len()], &up[..out.len()], out),
-        }
-    }
-
-    /// `gate = silu(gate) * up`, in place.
-    pub fn silu_mul_inplace(&self, gate: &mut [f32], up: &[f32]) {
-        match self {
-            // In place on the host for every device (the kernel's inputs and output do not alias).
-            Device::Cpu(_) | Device::Cuda(_) => cpu::simd::silu_mul_inplace(gate, up),
+            Device::Cpu(_) => cpu::simd::silu_mul(gate.host(), up.host(), out.host()),
+            Device::Cuda(g) => g.silu_mul(gate, up, out),
         }
     }
 
     /// `x *= sigmoid(gate)`, element-wise (gated attention's output gate).
-    pub fn sigmoid_gate(&self, x: &mut [f32], gate: &[f32]) {
+    pub fn sigmoid_gate<'v>(&self, x: impl Into<ViewMut<'v>>, gate: impl Into<View<'v>>) {
+        let (x, gate) = (x.into(), gate.into());
         match self {
             Device::Cpu(_) => {
-                for (v, &g) in x.iter_mut().zip(gate) {
+                for (v, &g) in x.host().iter_mut().zip(gate.host()) {
                     *v *= gdn::sigmoid(g);
                 }
             }
-            Device::Cuda(g) => g.sigmoid_gate(x, &gate[..x.len()]),
+            Device::Cuda(g) => g.sigmoid_gate(x, gate),
         }
     }
 
@@ -766,13 +812,24 @@ impl Device {
     }
 
     /// SwiGLU of `n` rows laid out `[gate (f) | up (f)]` (a fused gate/up projection) into `out` (`n × f`).
-    pub fn swiglu_rows(&self, gu: &[f32], n: usize, f: usize, out: &mut [f32]) {
+    pub fn swiglu_rows<'v>(
+        &self,
+        gu: impl Into<View<'v>>,
+        n: usize,
+        f: usize,
+        out: impl Into<ViewMut<'v>>,
+    ) {
+        let (gu, mut out) = (gu.into(), out.into());
         if let Device::Cuda(g) = self {
-            return g.swiglu_rows(&gu[..n * 2 * f], n, f, &mut out[..n * f]);
+            return g.swiglu_rows(gu, n, f, out);
         }
         for t in 0..n {
-            let row = &gu[t * 2 * f..(t + 1) * 2 * f];
-            self.silu_mul(&row[..f], &row[f..], &mut out[t * f..(t + 1) * f]);
+            let row = gu.slice(t * 2 * f..(t + 1) * 2 * f);
+            self.silu_mul(
+                row.slice(..f),
+                row.slice(f..),
+                out.slice(t * f..(t + 1) * f),
+            );
         }
     }
 }

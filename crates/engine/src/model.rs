@@ -106,10 +106,13 @@ impl Model {
         states: &[Recurrent],
         s: &'s mut Scratch,
     ) -> Result<&'s mut [f32], ModelError> {
-        match self {
-            Model::Llama(_) => Ok(&mut []),
+        let r = match self {
+            Model::Llama(_) => Ok(&mut [][..]),
             Model::Qwen35(m) => m.mtp_draft(dev, pool, batch, states, &mut s.qwen35),
-        }
+        };
+        // The host reads the KV pages next: nothing may still be queued.
+        dev.finish();
+        r
     }
 
     /// Runs `batch`; `states` holds one recurrent state per sequence for hybrids (ignored otherwise).
@@ -121,10 +124,13 @@ impl Model {
         states: &mut [Recurrent],
         s: &'s mut Scratch,
     ) -> Result<&'s mut [f32], ModelError> {
-        match self {
+        let r = match self {
             Model::Llama(m) => m.forward(dev, pool, batch, &mut s.llama),
             Model::Qwen35(m) => m.forward(dev, pool, batch, states, &mut s.qwen35),
-        }
+        };
+        // The host reads the KV pages next: nothing may still be queued.
+        dev.finish();
+        r
     }
 }
 

@@ -13,8 +13,8 @@
 //! kernel's test, are in [`super::launch`], the same code the CPU simulator runs.
 //!
 //! [`open`] hands out a [`GpuDevice`] over it when the GPU can read pageable host memory (Jetson Thor's
-//! unified memory, HMM or ATS), which the device's first form needs (see [`super::gpu`]); a GPU that
-//! cannot is a typed error naming it, until the device-resident form lands.
+//! unified memory, HMM or ATS), which the KV page pool needs while it is host memory (see [`super::gpu`]);
+//! a GPU that cannot is a typed error naming it.
 
 use super::DeviceError;
 use super::gpu::{DevMem, GpuDevice, GpuRuntime};
@@ -87,7 +87,7 @@ pub fn open(ordinal: usize) -> Result<GpuDevice, DeviceError> {
             device: "this build's CUDA backend",
             what: format!(
                 "GPU {ordinal} ({}): it cannot read pageable host memory (no HMM or ATS), which the GPU \
-                 device needs until its device-resident form lands (its {} kernel modules are built: \
+                 device needs while the KV pages are host memory (its {} kernel modules are built: \
                  `cargo test -p thorn-engine --features cuda` runs them there)",
                 gpu.describe(),
                 thorn_kernels::ALL.len()
@@ -147,11 +147,13 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
-/// Device memory from [`Gpu::alloc`], freed when dropped.
+/// Device memory from [`Gpu::alloc`], freed when dropped (once the stream's queued work, which may still
+/// use it, is done).
 #[derive(Debug)]
 pub struct DevBuf {
     ptr: DevPtr,
     bytes: usize,
+    stream: Arc<CudaStream>,
 }
 
 impl DevBuf {
@@ -169,8 +171,9 @@ impl DevBuf {
 impl Drop for DevBuf {
     #[expect(unsafe_code, reason = "frees device memory")]
     fn drop(&mut self) {
-        // SAFETY: the pointer came from malloc_sync and is freed once; the owner synchronised the stream
-        // before dropping a buffer a kernel may still use (the tests do, and Gpu::download does).
+        // Every use of the memory is queued on this stream: once it is idle, none is left.
+        let _ = self.stream.synchronize();
+        // SAFETY: the pointer came from malloc_sync and is freed once, after its last use (above).
         let _ = unsafe { result::free_sync(self.ptr.0) };
     }
 }
@@ -239,6 +242,7 @@ impl Gpu {
         let buf = DevBuf {
             ptr: DevPtr(ptr),
             bytes,
+            stream: Arc::clone(&self.stream),
         };
         // SAFETY: the range is the allocation just made.
         unsafe { result::memset_d8_sync(ptr, 0, n) }.map_err(driver("zeroing device memory"))?;
@@ -253,24 +257,29 @@ impl Gpu {
         self.synchronize()
     }
 
-    /// Copies `src` to device address `dst` (after the stream's queued work).
+    /// Queues a copy of `src` to device address `dst` (after the stream's queued work); `src` may be reused
+    /// when this returns.
     #[expect(unsafe_code, reason = "raw device copies")]
     pub fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
-        self.settle()?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
         // SAFETY: the caller's `dst` addresses at least `src.len()` bytes of one allocation (DevBuf
-        // ranges); the copy is synchronous, so `src` outlives it.
-        unsafe { result::memcpy_htod_sync(dst.0, src) }.map_err(driver("copying to the GPU"))
+        // ranges) of this context. The copy is queued on the one stream, after the work queued before it;
+        // from pageable memory, as `src` is, the driver stages the bytes before the call returns, so `src`
+        // may be reused or freed once it has.
+        unsafe { result::memcpy_htod_async(dst.0, src, self.stream.cu_stream()) }
+            .map_err(driver("copying to the GPU"))
     }
 
-    /// Copies `dst.len()` bytes from device address `src`, after the stream's queued work.
     #[expect(unsafe_code, reason = "raw device copies")]
     pub fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<(), DeviceError> {
         self.settle()?;
-        // SAFETY: as upload, the other way.
+        // SAFETY: `src` addresses at least `dst.len()` bytes of one allocation of this context; the queued
+        // work is done (settle), and the copy is synchronous.
         unsafe { result::memcpy_dtoh_sync(dst, src.0) }.map_err(driver("copying from the GPU"))
     }
 
-    /// Waits for everything queued.
     pub fn synchronize(&self) -> Result<(), DeviceError> {
         self.stream
             .synchronize()
@@ -341,12 +350,19 @@ impl GpuRuntime for Gpu {
         Gpu::upload(self, dst, src)
     }
 
+    fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<(), DeviceError> {
+        Gpu::download(self, src, dst)
+    }
+
     #[expect(unsafe_code, reason = "a raw device-to-device copy")]
     fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), DeviceError> {
-        self.settle()?;
-        // SAFETY: both ranges are `bytes` long inside DevMem allocations of this context (the GPU device's
-        // concat copies whole matrices into an allocation of their total size).
-        unsafe { result::memcpy_dtod_sync(dst.0, src.0, bytes) }
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        // SAFETY: both ranges are `bytes` long inside distinct DevMem allocations of this context (the GPU
+        // device's concat copies whole matrices into an allocation of their total size, a growing buffer
+        // its contents into its new memory); the copy is queued on the one stream, in order.
+        unsafe { result::memcpy_dtod_async(dst.0, src.0, bytes, self.stream.cu_stream()) }
             .map_err(driver("copying on the GPU"))
     }
 

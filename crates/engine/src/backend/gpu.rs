@@ -1,35 +1,43 @@
 //! The GPU device: every [`Device`](super::Device) op run by the CUDA kernels through [`super::launch`], on
 //! any [`GpuRuntime`] (a CUDA GPU, or the kernel simulator in the tests).
 //!
-//! This first form keeps the device API's host slices: activations, the KV page pool and the norm weights
-//! stay in host memory and the kernels address them there, which a GPU can do when it reads pageable host
-//! memory (Jetson Thor's coherent unified memory; HMM or ATS elsewhere): [`super::cuda::open`] refuses a
-//! GPU that cannot. Weight matrices are uploaded to device memory once. Each op waits for its kernels
-//! before it returns, because the caller may read what they wrote. On the host still: embedding rows (a few
-//! rows of exact dequantization from the mapped file), single-token KV writes, the in-place SiLU product,
-//! the Gated DeltaNet ops (their kernels are in `launch`, not yet behind this API) and the f64 reference
-//! matmul.
-//! The device-resident form (activations and KV pages in device memory, no per-op wait, CUDA graphs)
-//! builds on the same launches.
+//! Its memory is device memory: weights (uploaded once), the model's [`super::Buf`]s ([`GpuBuf`]), and the
+//! device's own staging (batch metadata, RoPE rows, attention partials, quantized activations:
+//! [`DevVec`]s). An op queues its kernels on the runtime's one stream and returns; nothing waits until the
+//! host needs a result ([`super::Buf::read_back`], [`super::Buf::edit`], [`GpuDevice::finish`] at the end
+//! of a pass). Host data an op needs (batch metadata, RoPE rows, embedding rows) is uploaded in stream
+//! order, so a queued kernel still sees what it was given, and staging that already holds the same bytes
+//! is not uploaded again: a decode step uploads its batch metadata once for all its layers.
+//!
+//! The KV page pool is still host memory, which the attention and KV-write kernels address directly: the
+//! GPU must read pageable host memory (Jetson Thor's coherent unified memory; HMM or ATS elsewhere), which
+//! [`super::cuda::open`] checks. On the host still: embedding rows (a few rows of exact dequantization from
+//! the mapped file, then uploaded), the Gated DeltaNet ops (their kernels are in
+//! `launch`, not yet behind this API; the hybrid model reaches its buffers through `edit`) and the f64
+//! reference matmul.
 
 use super::batch::Batch;
+use super::buf::{Buf, Mem, View, ViewMut};
 use super::launch::{self, Acts, BatchMeta, DevBatch, DevPtr, KvStore, Launcher, Weights};
 use super::pages::PagePool;
 use super::{DeviceError, Rope};
 use crate::quant::{GgmlType, dequantize_ref};
 use std::sync::{Arc, Mutex};
 
-/// Where the GPU device's kernels run and its memory lives.
+/// Where the GPU device's kernels run and its memory lives. Kernels, uploads and copies run in the order
+/// they are queued.
 pub trait GpuRuntime: Launcher + Send + Sync + std::fmt::Debug {
     /// The GPU, for reports.
     fn describe(&self) -> String;
     /// `bytes` of zeroed device memory.
     fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError>;
-    /// Copies `src` to device address `dst`.
+    /// Queues a copy of `src` to device address `dst`; `src` may be reused when this returns.
     fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError>;
-    /// Copies `bytes` between device addresses.
+    /// Waits for the queued work, then copies `dst.len()` bytes from device address `src`.
+    fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<(), DeviceError>;
+    /// Queues a copy of `bytes` between device addresses.
     fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), DeviceError>;
-    /// Waits for every queued kernel.
+    /// Waits for the queued work.
     fn synchronize(&self) -> Result<(), DeviceError>;
 }
 
@@ -65,6 +73,127 @@ impl DevMem {
     }
 }
 
+/// A failure of the runtime inside an op: a bug or a lost device, reported as a panic with the driver's
+/// words, which the engine turns into a failed request.
+fn fail(what: &str, e: DeviceError) -> ! {
+    panic!("GPU {what}: {e}")
+}
+
+/// A [`Buf`]'s device memory, and the host copy [`Buf::read_back`] and [`Buf::edit`] hand out.
+#[derive(Debug)]
+pub struct GpuBuf {
+    mem: DevMem,
+    len: usize,
+    host: Vec<f32>,
+    rt: Arc<dyn GpuRuntime>,
+}
+
+impl GpuBuf {
+    /// Floats it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its address.
+    pub fn ptr(&self) -> DevPtr {
+        self.mem.ptr()
+    }
+
+    /// Its first `n` values, after the queued work (see [`Buf::read_back`]).
+    pub(super) fn read_back(&mut self, n: usize) -> &mut [f32] {
+        self.host.resize(self.len, 0.0);
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.host[..n]);
+        if let Err(e) = self.rt.download(self.mem.ptr(), bytes) {
+            fail("read-back", e);
+        }
+        &mut self.host[..n]
+    }
+
+    /// Its contents for the host to change, and where they go back (see [`Buf::edit`]).
+    pub(super) fn edit(&mut self) -> (&mut [f32], WriteBack) {
+        let back = WriteBack {
+            rt: Arc::clone(&self.rt),
+            ptr: self.mem.ptr(),
+        };
+        let n = self.len;
+        (self.read_back(n), back)
+    }
+}
+
+impl Drop for GpuBuf {
+    fn drop(&mut self) {
+        // A queued kernel may still use the memory.
+        let _ = self.rt.synchronize();
+    }
+}
+
+/// Where an [`super::buf::Edit`] of a GPU buffer writes its changes back.
+#[derive(Debug)]
+pub struct WriteBack {
+    rt: Arc<dyn GpuRuntime>,
+    ptr: DevPtr,
+}
+
+impl WriteBack {
+    /// Queues the upload of `host` (the whole buffer).
+    pub(super) fn write(self, host: &[f32]) {
+        if let Err(e) = self.rt.upload(self.ptr, bytemuck::cast_slice(host)) {
+            fail("write-back", e);
+        }
+    }
+}
+
+/// Device staging that only grows, and remembers what it was last given (so identical host data is not
+/// uploaded again).
+#[derive(Debug, Default)]
+pub struct DevVec {
+    mem: Option<DevMem>,
+    last: Vec<u8>,
+}
+
+impl DevVec {
+    /// At least `bytes` of device memory; growing replaces it once the queued work that may read it is done.
+    fn reserve(&mut self, rt: &dyn GpuRuntime, bytes: usize) -> Result<DevPtr, DeviceError> {
+        match &self.mem {
+            Some(m) if m.bytes >= bytes => Ok(m.ptr()),
+            _ => {
+                rt.synchronize()?;
+                let m = rt.alloc(bytes.next_power_of_two().max(256))?;
+                let p = m.ptr();
+                self.mem = Some(m);
+                self.last.clear();
+                Ok(p)
+            }
+        }
+    }
+
+    /// `data` in device memory: queued for upload unless the staging holds exactly it already.
+    fn put(&mut self, rt: &dyn GpuRuntime, data: &[u8]) -> Result<DevPtr, DeviceError> {
+        if let Some(m) = &self.mem
+            && self.last == data
+        {
+            return Ok(m.ptr());
+        }
+        let p = self.reserve(rt, data.len())?;
+        rt.upload(p, data)?;
+        self.last.clear();
+        self.last.extend_from_slice(data);
+        Ok(p)
+    }
+
+    /// Device scratch of `bytes` that kernels write (forgets what was last uploaded).
+    fn scratch(&mut self, rt: &dyn GpuRuntime, bytes: usize) -> Result<DevPtr, DeviceError> {
+        let p = self.reserve(rt, bytes)?;
+        self.last.clear();
+        Ok(p)
+    }
+}
+
 /// A weight matrix in device memory.
 #[derive(Debug)]
 pub struct GpuMatrix {
@@ -89,46 +218,67 @@ impl GpuMatrix {
     }
 }
 
-/// A matmul input's 8-bit copy (host memory the kernels address), kept in the caller's workspace because
-/// an [`super::Input`] borrows it; reused across calls.
+/// A matmul input's 8-bit copy (device scratch), kept in the caller's workspace because an
+/// [`super::Input`] refers to it; reused across calls.
 #[derive(Debug, Default)]
 pub struct Quantized {
-    q: Vec<i8>,
-    ds: Vec<f32>,
+    q: DevVec,
+    ds: DevVec,
 }
 
-/// The device's own per-op staging (RoPE tables and positions, batch metadata, attention partials),
-/// reused across calls.
+/// The batch metadata in device memory, one staging per array.
+#[derive(Debug, Default)]
+struct MetaBufs {
+    table: DevVec,
+    meta: DevVec,
+    seen: DevVec,
+    dst: DevVec,
+    seqs: DevVec,
+}
+
+/// The device's own staging (RoPE rows and positions, batch metadata, attention partials, embedding
+/// rows), reused across calls.
 #[derive(Debug, Default)]
 struct Staging {
-    partials: Vec<f32>,
     meta: BatchMeta,
+    dev_meta: MetaBufs,
+    partials: DevVec,
     table: Vec<f32>,
+    dev_table: DevVec,
     pos: Vec<i32>,
+    dev_pos: DevVec,
+    rows: Vec<f32>,
 }
 
-/// The address of a host slice, as the kernels take it (the device reads host memory here).
-fn at<T>(s: &[T]) -> DevPtr {
-    DevPtr(s.as_ptr() as u64)
-}
+impl Staging {
+    /// `batch`'s metadata in device memory (uploaded only where it changed since the last op).
+    fn batch(
+        &mut self,
+        rt: &dyn GpuRuntime,
+        batch: &Batch,
+        page_size: usize,
+    ) -> Result<DevBatch, DeviceError> {
+        self.meta.build(batch, page_size)?;
+        let (m, d) = (&self.meta, &mut self.dev_meta);
+        Ok(DevBatch {
+            table: d.table.put(rt, bytemuck::cast_slice(&m.table))?,
+            meta: d.meta.put(rt, bytemuck::cast_slice(&m.meta))?,
+            seen: d.seen.put(rt, bytemuck::cast_slice(&m.seen))?,
+            dst: d.dst.put(rt, bytemuck::cast_slice(&m.dst))?,
+            seqs: d.seqs.put(rt, bytemuck::cast_slice(&m.seqs))?,
+            tokens: batch.len(),
+            n_seqs: batch.seqs.len(),
+            splits: m.splits,
+            attend_from: m.attend_from,
+        })
+    }
 
-/// The address of a host slice the kernels write.
-fn at_mut<T>(s: &mut [T]) -> DevPtr {
-    DevPtr(s.as_mut_ptr() as u64)
-}
-
-/// The batch metadata's buffers, as [`DevBatch`].
-fn dev_batch(m: &BatchMeta, batch: &Batch) -> DevBatch {
-    DevBatch {
-        table: at(&m.table),
-        meta: at(&m.meta),
-        seen: at(&m.seen),
-        dst: at(&m.dst),
-        seqs: at(&m.seqs),
-        tokens: batch.len(),
-        n_seqs: batch.seqs.len(),
-        splits: m.splits,
-        attend_from: m.attend_from,
+    /// The RoPE rows and positions built in `table` and `pos`, in device memory.
+    fn rope(&mut self, rt: &dyn GpuRuntime) -> Result<(DevPtr, DevPtr), DeviceError> {
+        Ok((
+            self.dev_pos.put(rt, bytemuck::cast_slice(&self.pos))?,
+            self.dev_table.put(rt, bytemuck::cast_slice(&self.table))?,
+        ))
     }
 }
 
@@ -160,13 +310,63 @@ impl GpuDevice {
         format!("cuda/{}", self.rt.describe())
     }
 
-    /// Runs `f`'s launches and waits for them (the caller may read their results next); a failure is a
-    /// bug or a lost device, reported as a panic with the driver's words, which the engine turns into a
-    /// failed request.
+    /// Queues `f`'s launches (see [`fail`] for what a failure is).
     fn run(&self, what: &str, f: impl FnOnce(&dyn Launcher) -> Result<(), DeviceError>) {
-        let r = f(&*self.rt).and_then(|()| self.rt.synchronize());
-        if let Err(e) = r {
-            panic!("GPU {what}: {e}");
+        if let Err(e) = f(&*self.rt) {
+            fail(what, e);
+        }
+    }
+
+    /// Waits for every queued op (the end of a forward pass: the host reads the KV pages and the logits
+    /// next).
+    pub fn finish(&self) {
+        if let Err(e) = self.rt.synchronize() {
+            fail("pass", e);
+        }
+    }
+
+    /// `b` with room for at least `n` floats in device memory (a host buffer moves there, its contents
+    /// with it; a smaller one is replaced, its contents copied, once the queued work is done).
+    pub fn grow(&self, b: &mut Buf, n: usize) -> Result<(), DeviceError> {
+        if matches!(&b.mem, Mem::Gpu(g) if g.len() >= n) {
+            return Ok(());
+        }
+        let len = n.max(b.len());
+        let mem = self.rt.alloc(4 * len)?;
+        match &b.mem {
+            Mem::Host(v) => self.rt.upload(mem.ptr(), bytemuck::cast_slice(v))?,
+            Mem::Gpu(g) => self.rt.copy(mem.ptr(), g.ptr(), 4 * g.len())?,
+        }
+        b.mem = Mem::Gpu(GpuBuf {
+            mem,
+            len,
+            host: Vec::new(),
+            rt: Arc::clone(&self.rt),
+        });
+        Ok(())
+    }
+
+    /// `v` as a buffer in device memory.
+    pub fn buf(&self, v: Vec<f32>) -> Result<Buf, DeviceError> {
+        let mut b = Buf::from(v);
+        self.grow(&mut b, 0)?;
+        Ok(b)
+    }
+
+    /// `x`'s contents on the host (after the queued work), for the host-side ops.
+    pub fn download(&self, x: View<'_>) -> Vec<f32> {
+        let mut v = vec![0f32; x.len()];
+        if let Err(e) = self.rt.download(x.ptr(), bytemuck::cast_slice_mut(&mut v)) {
+            fail("download", e);
+        }
+        v
+    }
+
+    /// Queues the upload of host values into `out`.
+    pub fn upload(&self, out: &ViewMut<'_>, v: &[f32]) {
+        assert!(v.len() <= out.len(), "an upload past its buffer");
+        if let Err(e) = self.rt.upload(out.ptr(), bytemuck::cast_slice(v)) {
+            fail("upload", e);
         }
     }
 
@@ -197,7 +397,7 @@ impl GpuDevice {
             }
             return self.matrix_f32(rows, cols, &f);
         }
-        self.upload(w, data)
+        self.upload_weights(w, data)
     }
 
     /// `rows × cols` f32 weights (row-major), in device memory.
@@ -207,7 +407,6 @@ impl GpuDevice {
         cols: usize,
         f: &[f32],
     ) -> Result<GpuMatrix, DeviceError> {
-        let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
         let w = Weights {
             ptr: DevPtr(0),
             ty: GgmlType::F32,
@@ -215,10 +414,10 @@ impl GpuDevice {
             cols,
             scale: 1.0,
         };
-        self.upload(w, &bytes)
+        self.upload_weights(w, bytemuck::cast_slice(f))
     }
 
-    fn upload(&self, mut w: Weights, data: &[u8]) -> Result<GpuMatrix, DeviceError> {
+    fn upload_weights(&self, mut w: Weights, data: &[u8]) -> Result<GpuMatrix, DeviceError> {
         w.check()?;
         let mem = self.rt.alloc(data.len())?;
         self.rt.upload(mem.ptr(), data)?;
@@ -254,16 +453,21 @@ impl GpuDevice {
 
     /// Quantizes `n` rows of `cols` floats of `x` for the matrix products (when `cols` allows it; float
     /// matrices read `x` itself). Returns the quantized input's addresses.
-    pub fn input(&self, x: &[f32], n: usize, cols: usize, s: &mut Quantized) -> Option<Acts> {
+    pub fn input(&self, x: View<'_>, n: usize, cols: usize, s: &mut Quantized) -> Option<Acts> {
         if !cols.is_multiple_of(32) {
             return None;
         }
-        s.q.resize(n * cols, 0);
-        s.ds.resize(2 * n * cols / 32, 0.0);
+        let rt = &*self.rt;
+        let q =
+            s.q.scratch(rt, n * cols)
+                .unwrap_or_else(|e| fail("quantize", e));
+        let ds =
+            s.ds.scratch(rt, 4 * 2 * n * cols / 32)
+                .unwrap_or_else(|e| fail("quantize", e));
         let a = Acts {
-            x: at(x),
-            q: at_mut(&mut s.q),
-            ds: at_mut(&mut s.ds),
+            x: x.ptr(),
+            q,
+            ds,
             tokens: n,
             cols,
         };
@@ -272,9 +476,9 @@ impl GpuDevice {
     }
 
     /// `out[t * w.rows + r] = W[r] · x[t]` for the `n` rows of `x` (`q`: their quantized copy).
-    pub fn matmul(&self, w: &GpuMatrix, x: &[f32], n: usize, q: Option<Acts>, out: &mut [f32]) {
+    pub fn matmul(&self, w: &GpuMatrix, x: View<'_>, n: usize, q: Option<Acts>, out: ViewMut<'_>) {
         let a = q.unwrap_or(Acts {
-            x: at(x),
+            x: x.ptr(),
             q: DevPtr(0),
             ds: DevPtr(0),
             tokens: n,
@@ -282,34 +486,57 @@ impl GpuDevice {
         });
         // Block weights have whole blocks of 32 per row, so `input` quantized their activations.
         debug_assert!(q.is_some() || !w.w.kernel().is_ok_and(|(_, quantized)| quantized));
-        let o = at_mut(out);
+        assert!(out.len() >= n * w.w.rows, "matmul output too small");
+        let o = out.ptr();
         self.run("matmul", |l| launch::matvec(l, &w.w, &a, o));
+    }
+
+    /// `n` embedding rows of `d` floats, dequantized on the host by `row` (row index, its floats) and
+    /// uploaded into `out`.
+    pub fn embed(
+        &self,
+        n: usize,
+        d: usize,
+        row: impl Fn(usize, &mut [f32]) -> Result<(), DeviceError>,
+        out: ViewMut<'_>,
+    ) -> Result<(), DeviceError> {
+        let s = &mut *self.staging();
+        s.rows.resize(n * d, 0.0);
+        for (t, r) in s.rows.chunks_exact_mut(d).enumerate() {
+            row(t, r)?;
+        }
+        self.upload(&out, &s.rows);
+        Ok(())
     }
 
     /// RMS norm of `n` rows of `d`.
     pub fn rmsnorm_rows(
         &self,
-        x: &[f32],
-        w: &[f32],
+        x: View<'_>,
+        w: View<'_>,
         eps: f32,
         n: usize,
         d: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) {
-        let (xp, wp, op) = (at(x), at(w), at_mut(out));
+        assert!(
+            x.len() >= n * d && out.len() >= n * d && w.len() >= d,
+            "rmsnorm sizes"
+        );
+        let (xp, wp, op) = (x.ptr(), w.ptr(), out.ptr());
         self.run("rmsnorm", |l| launch::rmsnorm(l, xp, wp, op, n, d, eps));
     }
 
     /// RoPE of every head of `x` (one token) by `angles`.
-    pub fn rope(&self, kind: Rope, x: &mut [f32], head_dim: usize, angles: &[(f32, f32)]) {
+    pub fn rope(&self, kind: Rope, x: ViewMut<'_>, head_dim: usize, angles: &[(f32, f32)]) {
         let s = &mut *self.staging();
         let heads = x.len() / head_dim;
         s.table.clear();
         s.table.extend(angles.iter().flat_map(|&(c, si)| [c, si]));
         s.pos.clear();
         s.pos.push(0);
-        let (xp, pp, tp, w) = (at_mut(x), at(&s.pos), at(&s.table), heads * head_dim);
-        let n = angles.len();
+        let (pp, tp) = s.rope(&*self.rt).unwrap_or_else(|e| fail("rope", e));
+        let (xp, w, n) = (x.ptr(), heads * head_dim, angles.len());
         self.run("rope", |l| {
             launch::rope(l, kind, xp, pp, tp, 1, w, heads, head_dim, n)
         });
@@ -320,7 +547,7 @@ impl GpuDevice {
     pub fn rope_rows(
         &self,
         kind: Rope,
-        x: &mut [f32],
+        x: ViewMut<'_>,
         rows: usize,
         stride: usize,
         width: usize,
@@ -329,6 +556,10 @@ impl GpuDevice {
         table: &[(f32, f32)],
         n_angles: usize,
     ) {
+        assert!(
+            x.len() >= rows.saturating_sub(1) * stride + width,
+            "rope rows"
+        );
         let s = &mut *self.staging();
         // The rows' own angles, as a table the kernel reads at positions 0..rows.
         s.table.clear();
@@ -342,7 +573,8 @@ impl GpuDevice {
             );
             s.pos.push(t as i32);
         }
-        let (xp, pp, tp) = (at_mut(x), at(&s.pos), at(&s.table));
+        let (pp, tp) = s.rope(&*self.rt).unwrap_or_else(|e| fail("rope", e));
+        let xp = x.ptr();
         self.run("rope", |l| {
             launch::rope(
                 l,
@@ -384,24 +616,27 @@ impl GpuDevice {
 
     /// Every token's keys and values of `layer` into its page slot (see
     /// [`super::Device::write_kv_rows`]).
-    #[expect(clippy::too_many_arguments, reason = "a strided batch of rows")]
     pub fn write_kv_rows(
         &self,
         pool: &mut PagePool,
         batch: &Batch,
         layer: usize,
-        rows: &[f32],
+        k: View<'_>,
+        v: View<'_>,
         stride: usize,
-        k_at: usize,
-        v_at: usize,
     ) {
+        let w = pool.shape().n_kv_heads * pool.shape().head_dim;
+        let n = batch.len();
+        assert!(
+            n == 0 || (k.len().min(v.len()) >= (n - 1) * stride + w),
+            "KV rows"
+        );
         let s = &mut *self.staging();
-        if let Err(e) = s.meta.build(batch, pool.page_size()) {
-            panic!("GPU KV write: {e}");
-        }
-        let b = dev_batch(&s.meta, batch);
+        let b = s
+            .batch(&*self.rt, batch, pool.page_size())
+            .unwrap_or_else(|e| fail("KV write", e));
         let store = Self::store_mut(pool);
-        let (k, v) = (at(&rows[k_at..]), at(&rows[v_at..]));
+        let (k, v) = (k.ptr(), v.ptr());
         self.run("KV write", |l| {
             launch::write_kv(l, &store, &b, layer, k, v, stride)
         });
@@ -417,50 +652,151 @@ impl GpuDevice {
         pool: &PagePool,
         layer: usize,
         batch: &Batch,
-        q: &[f32],
+        q: View<'_>,
         q_stride: usize,
         n_heads: usize,
-        out: &mut [f32],
+        out: ViewMut<'_>,
     ) {
-        let s = &mut *self.staging();
-        if let Err(e) = s.meta.build(batch, pool.page_size()) {
-            panic!("GPU attention: {e}");
-        }
-        let b = dev_batch(&s.meta, batch);
         let shape = pool.shape();
-        let group = n_heads / shape.n_kv_heads.max(1);
-        s.partials.resize(
-            b.partial_floats(shape.n_kv_heads, group, shape.head_dim),
-            0.0,
+        let n = batch.len();
+        assert!(
+            n == 0 || q.len() >= (n - 1) * q_stride + n_heads * shape.head_dim,
+            "attention queries"
         );
+        assert!(
+            out.len() >= n * n_heads * shape.head_dim,
+            "attention output"
+        );
+        let s = &mut *self.staging();
+        let rt = &*self.rt;
+        let b = s
+            .batch(rt, batch, pool.page_size())
+            .unwrap_or_else(|e| fail("attention", e));
+        let group = n_heads / shape.n_kv_heads.max(1);
+        let floats = b.partial_floats(shape.n_kv_heads, group, shape.head_dim);
+        let pp = s
+            .partials
+            .scratch(rt, 4 * floats)
+            .unwrap_or_else(|e| fail("attention", e));
         let store = Self::store(pool);
-        let (qp, op, pp) = (at(q), at_mut(out), at_mut(&mut s.partials));
+        let (qp, op) = (q.ptr(), out.ptr());
         self.run("attention", |l| {
             launch::attention(l, &store, &b, layer, qp, q_stride, n_heads, op, pp)
         });
     }
 
     /// `x += y`.
-    pub fn add(&self, x: &mut [f32], y: &[f32]) {
-        let (n, xp, yp) = (x.len(), at_mut(x), at(y));
+    pub fn add(&self, x: ViewMut<'_>, y: View<'_>) {
+        assert!(y.len() >= x.len(), "add sizes");
+        let (n, xp, yp) = (x.len(), x.ptr(), y.ptr());
         self.run("add", |l| launch::add(l, xp, yp, n));
     }
 
     /// `out = silu(gate) * up`.
-    pub fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        let (n, g, u, o) = (out.len(), at(gate), at(up), at_mut(out));
+    pub fn silu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) {
+        assert!(
+            gate.len() >= out.len() && up.len() >= out.len(),
+            "silu_mul sizes"
+        );
+        let (n, g, u, o) = (out.len(), gate.ptr(), up.ptr(), out.ptr());
         self.run("silu_mul", |l| launch::silu_mul(l, g, u, o, n));
     }
 
     /// SwiGLU of `n` fused `[gate | up]` rows of `2 f` into `out`.
-    pub fn swiglu_rows(&self, gu: &[f32], n: usize, f: usize, out: &mut [f32]) {
-        let (g, o) = (at(gu), at_mut(out));
+    pub fn swiglu_rows(&self, gu: View<'_>, n: usize, f: usize, out: ViewMut<'_>) {
+        assert!(gu.len() >= n * 2 * f && out.len() >= n * f, "swiglu sizes");
+        let (g, o) = (gu.ptr(), out.ptr());
         self.run("swiglu", |l| launch::swiglu_rows(l, g, o, n, f));
     }
 
     /// `x *= sigmoid(gate)`.
-    pub fn sigmoid_gate(&self, x: &mut [f32], gate: &[f32]) {
-        let (n, xp, g) = (x.len(), at_mut(x), at(gate));
+    pub fn sigmoid_gate(&self, x: ViewMut<'_>, gate: View<'_>) {
+        assert!(gate.len() >= x.len(), "sigmoid gate sizes");
+        let (n, xp, g) = (x.len(), x.ptr(), gate.ptr());
         self.run("sigmoid gate", |l| launch::sigmoid_gate(l, xp, g, n));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::sim::Counting;
+    use crate::backend::{Device, Workspace};
+    use crate::kv::{Batch, KvCache, KvConfig, KvDtype, KvShape, Logits};
+    use crate::testutil::data;
+    use std::sync::Arc;
+
+    /// A pass's layers share its batch: the metadata the KV writes and attention read is uploaded by the
+    /// first layer's op and only read by the others, and nothing waits. The next step (new positions,
+    /// slots) uploads what changed.
+    #[test]
+    fn the_batch_metadata_is_uploaded_once_per_pass_and_nothing_waits() {
+        let rt = Arc::new(Counting::default());
+        let dev = Device::gpu(Arc::clone(&rt) as _);
+        let (layers, kv_heads, heads, hd) = (4, 2, 4, 64);
+        let shape = KvShape {
+            n_layers: layers,
+            n_kv_heads: kv_heads,
+            head_dim: hd,
+            recurrent: 0,
+        };
+        let mut kv = KvCache::new(
+            shape,
+            KvConfig {
+                dtype: KvDtype::F16,
+                page_size: 16,
+                memory: 1 << 22,
+                cache_output: false,
+                ..KvConfig::default()
+            },
+        );
+        let mut seq = kv.acquire(&[]);
+        let w = kv_heads * hd;
+        let mut out = Default::default();
+        let mut ws = Workspace::default();
+        let mut batch = Batch::default();
+        for (step, new) in [(0, 5), (1, 1), (2, 1)] {
+            let want = seq.len() + new;
+            kv.reserve(&mut seq, want).unwrap();
+            batch.clear();
+            batch.push(&seq, &vec![0; new], Logits::Last);
+            let k = dev.buf(data(new * w, step)).unwrap();
+            let q = dev.buf(data(new * heads * hd, 10 + step)).unwrap();
+            dev.grow(&mut out, new * heads * hd).unwrap();
+            rt.take();
+            for layer in 0..layers {
+                dev.write_kv_rows(kv.pool_mut(), &batch, layer, &k, &k, w);
+                let pool = kv.pool();
+                dev.attention(
+                    pool,
+                    layer,
+                    &batch,
+                    &q,
+                    heads * hd,
+                    heads,
+                    kv_heads,
+                    hd,
+                    &mut out,
+                    &mut ws,
+                );
+            }
+            let c = rt.take();
+            assert!(c.launches >= 2 * layers, "step {step}: {c:?}");
+            // Five metadata arrays at most, uploaded by the first layer's op.
+            assert!(c.uploads <= 5, "step {step}: {c:?}");
+            assert_eq!(c.downloads, 0, "step {step}: {c:?}");
+            // The first step sizes the staging (growing it waits for the queued work); after that
+            // nothing waits.
+            if step > 0 {
+                assert_eq!(c.waits, 0, "step {step}: {c:?}");
+            }
+            dev.finish();
+            assert!(
+                out.read_back(new * heads * hd)
+                    .iter()
+                    .all(|v| v.is_finite())
+            );
+            seq.advance(new);
+        }
+        kv.release(seq, None);
     }
 }

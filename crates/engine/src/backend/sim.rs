@@ -57,22 +57,105 @@ impl GpuRuntime for Sim {
 
     #[expect(unsafe_code, reason = "a copy to a simulated device address")]
     fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
-        // SAFETY: `dst` is the address of a live DevMem allocation (a host Vec) of at least `src.len()`
-        // bytes, as the GPU device's callers pass it; the ranges are distinct allocations.
+        // SAFETY: `dst` is an address inside a live DevMem allocation (a host Vec) with at least
+        // `src.len()` bytes from there, as the GPU device's callers pass it (weights, staging, buffer
+        // ranges); `src` is a distinct host buffer.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.0 as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    #[expect(unsafe_code, reason = "a copy from a simulated device address")]
+    fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<(), DeviceError> {
+        // SAFETY: `src` is an address inside a live DevMem allocation (a host Vec) with `dst.len()` bytes
+        // from there, as the GPU device's buffers pass it; `dst` is a distinct host buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src.0 as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
     #[expect(unsafe_code, reason = "a copy between simulated device addresses")]
     fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), DeviceError> {
         // SAFETY: both are addresses inside live DevMem allocations with `bytes` available, distinct
-        // allocations (the GPU device's concat copies each part into a new one).
+        // allocations (the GPU device's concat copies each part into a new one, and a growing buffer its
+        // contents into its new memory).
         unsafe { std::ptr::copy_nonoverlapping(src.0 as *const u8, dst.0 as *mut u8, bytes) };
         Ok(())
     }
 
     fn synchronize(&self) -> Result<(), DeviceError> {
         // Simulated launches finish before they return.
+        Ok(())
+    }
+}
+
+/// What a [`Counting`] runtime was asked to do.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Kernel launches.
+    pub launches: usize,
+    /// Host-to-device copies.
+    pub uploads: usize,
+    /// Device-to-host copies (each waits for the queued work).
+    pub downloads: usize,
+    /// Waits for the queued work.
+    pub waits: usize,
+}
+
+/// The simulator, counting what the GPU device asks of it: the tests of what an op queues and when it
+/// waits.
+#[derive(Debug, Default)]
+pub(crate) struct Counting {
+    counts: std::sync::Mutex<Counts>,
+}
+
+impl Counting {
+    /// The counts since the last call (and starts again from zero).
+    pub fn take(&self) -> Counts {
+        std::mem::take(&mut *self.counts.lock().unwrap())
+    }
+
+    fn count(&self, f: impl FnOnce(&mut Counts)) {
+        f(&mut self.counts.lock().unwrap());
+    }
+}
+
+impl Launcher for Counting {
+    fn launch(
+        &self,
+        module: &Module,
+        kernel: &'static str,
+        shape: Shape,
+        args: &[Arg],
+    ) -> Result<(), DeviceError> {
+        self.count(|c| c.launches += 1);
+        Sim.launch(module, kernel, shape, args)
+    }
+}
+
+impl GpuRuntime for Counting {
+    fn describe(&self) -> String {
+        "the kernel simulator (counting)".into()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError> {
+        Sim.alloc(bytes)
+    }
+
+    fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
+        self.count(|c| c.uploads += 1);
+        Sim.upload(dst, src)
+    }
+
+    fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<(), DeviceError> {
+        self.count(|c| c.downloads += 1);
+        Sim.download(src, dst)
+    }
+
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), DeviceError> {
+        Sim.copy(dst, src, bytes)
+    }
+
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        self.count(|c| c.waits += 1);
         Ok(())
     }
 }

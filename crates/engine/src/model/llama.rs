@@ -17,7 +17,7 @@
 use super::ModelError;
 use super::layers::{HeadScratch, Linear, LmHead, Mlp, MlpScratch, Run, mark};
 pub use super::layers::{Profile, Stage};
-use crate::backend::{Device, MAX_GROUP, MAX_HEAD_DIM, Rope, Workspace, grow, rope_angles};
+use crate::backend::{Buf, Device, MAX_GROUP, MAX_HEAD_DIM, Rope, Workspace, rope_angles};
 use crate::gguf::{Gguf, TensorInfo};
 pub use crate::kv::Logits;
 use crate::kv::{Batch, KvShape, PagePool};
@@ -111,7 +111,7 @@ pub enum Precision {
 
 #[derive(Debug)]
 struct Layer {
-    attn_norm: Vec<f32>,
+    attn_norm: Buf,
     qkv: Linear,
     wo: Linear,
     mlp: Mlp,
@@ -132,11 +132,11 @@ pub struct Llama {
 /// Per-forward buffers, reused across calls (nothing is allocated per token once they have grown).
 #[derive(Debug, Default)]
 pub struct Scratch {
-    x: Vec<f32>,
-    xb: Vec<f32>,
-    qkv: Vec<f32>,
-    att: Vec<f32>,
-    proj: Vec<f32>,
+    x: Buf,
+    xb: Buf,
+    qkv: Buf,
+    att: Buf,
+    proj: Buf,
     mlp: MlpScratch,
     head: HeadScratch,
     ws: Workspace,
@@ -163,11 +163,11 @@ impl Llama {
             }
             Ok(t)
         };
-        let vector = |name: &str, n: usize| -> Result<Vec<f32>, ModelError> {
+        let vector = |name: &str, n: usize| -> Result<Buf, ModelError> {
             let t = tensor(name, &[n])?;
             let mut v = vec![0f32; n];
             dequantize_ref(t.ty, g.tensor_data(&t), &mut v)?;
-            Ok(v)
+            Ok(dev.buf(v)?)
         };
         let weight = |parts: Vec<TensorInfo>| -> Result<Linear, ModelError> {
             Linear::from_gguf(dev, g, parts)?
@@ -286,11 +286,11 @@ impl Llama {
             .unwrap_or(0);
         let (d, kvd, hd) = (c.d_model, c.kv_dim(), c.head_dim);
         let qkv_w = d + 2 * kvd;
-        grow(&mut s.x, n * d);
-        grow(&mut s.xb, n * d);
-        grow(&mut s.qkv, n * qkv_w);
-        grow(&mut s.att, n * d);
-        grow(&mut s.proj, n * d);
+        dev.grow(&mut s.x, n * d)?;
+        dev.grow(&mut s.xb, n * d)?;
+        dev.grow(&mut s.qkv, n * qkv_w)?;
+        dev.grow(&mut s.att, n * d)?;
+        dev.grow(&mut s.proj, n * d)?;
 
         while s.rope.len() < longest * (hd / 2) {
             let pos = s.rope.len() / (hd / 2);
@@ -306,7 +306,7 @@ impl Llama {
             self.gguf.tensor_data(&self.embd),
             d,
             tokens,
-            &mut s.x[..n * d],
+            s.x.at_mut(..n * d),
         )?;
 
         let run = Run {
@@ -318,14 +318,13 @@ impl Llama {
             dev.rmsnorm_rows(&s.x, &l.attn_norm, c.eps, n, d, &mut s.xb);
             mark(&mut s.profile, Stage::Other);
             l.qkv
-                .apply(&run, &s.xb[..n * d], n, &mut s.ws, &mut s.qkv)?;
+                .apply(&run, s.xb.at(..n * d), n, &mut s.ws, &mut s.qkv)?;
             mark(&mut s.profile, Stage::Qkv);
             // Q and K heads are adjacent in the fused row: one rotation covers both. Attention reads Q
             // from the fused rows in place.
-            let rows = &mut s.qkv[..n * qkv_w];
             dev.rope_rows(
                 Rope::Normal,
-                rows,
+                s.qkv.at_mut(..n * qkv_w),
                 n,
                 qkv_w,
                 d + kvd,
@@ -334,31 +333,41 @@ impl Llama {
                 &s.rope,
                 hd / 2,
             );
-            dev.write_kv_rows(pool, batch, li, rows, qkv_w, d, d + kvd);
+            let rows = s.qkv.at(..n * qkv_w);
+            dev.write_kv_rows(
+                pool,
+                batch,
+                li,
+                rows.slice(d..),
+                rows.slice(d + kvd..),
+                qkv_w,
+            );
             mark(&mut s.profile, Stage::Other);
             dev.attention(
                 pool,
                 li,
                 batch,
-                &s.qkv[..n * qkv_w],
+                s.qkv.at(..n * qkv_w),
                 qkv_w,
                 c.n_heads,
                 c.n_kv_heads,
                 hd,
-                &mut s.att[..n * d],
+                s.att.at_mut(..n * d),
                 &mut s.ws,
             );
             mark(&mut s.profile, Stage::Attention);
-            l.wo.apply(&run, &s.att[..n * d], n, &mut s.ws, &mut s.proj)?;
+            l.wo.apply(&run, s.att.at(..n * d), n, &mut s.ws, &mut s.proj)?;
             mark(&mut s.profile, Stage::AttnOut);
-            dev.add(&mut s.x[..n * d], &s.proj[..n * d]);
+            dev.add(s.x.at_mut(..n * d), s.proj.at(..n * d));
             l.mlp
                 .forward(&run, &mut s.x, n, &mut s.mlp, &mut s.ws, &mut s.profile)?;
         }
 
         // The rows whose logits were asked for, in batch order.
-        self.head
-            .forward(&run, &s.x, batch, &mut s.head, &mut s.ws, &mut s.profile)
+        let len = self
+            .head
+            .forward(&run, &s.x, batch, &mut s.head, &mut s.ws, &mut s.profile)?;
+        Ok(s.head.logits.read_back(len))
     }
 }
 

@@ -34,9 +34,10 @@ mod tests;
 
 use super::ModelError;
 use super::layers::{HeadScratch, Linear, LmHead, Mlp, MlpScratch, Run};
-use crate::backend::{Device, MAX_GROUP, MAX_HEAD_DIM, Matrix, Rope, Workspace, gdn, grow};
+use crate::backend::{Buf, Device, MAX_GROUP, MAX_HEAD_DIM, Matrix, Rope, Workspace, gdn, grow};
 use crate::gguf::Gguf;
 use crate::kv::{Batch, KvShape, Logits, PagePool, Recurrent};
+use crate::quant::GgmlType;
 pub use reference::{Qwen35State, Reference};
 pub use source::{HfCheckpoint, Weights};
 
@@ -274,8 +275,8 @@ struct Attention {
     q: Matrix,
     k: Matrix,
     v: Matrix,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
+    q_norm: Buf,
+    k_norm: Buf,
     out: Matrix,
     /// This layer's index among the attention layers (its KV layer in the page pool).
     kv_layer: usize,
@@ -292,9 +293,9 @@ enum Mixer {
 #[derive(Debug)]
 struct Mtp {
     eh: Matrix,
-    enorm: Vec<f32>,
-    hnorm: Vec<f32>,
-    head_norm: Vec<f32>,
+    enorm: Buf,
+    hnorm: Buf,
+    head_norm: Buf,
     layer: Layer,
 }
 
@@ -309,7 +310,7 @@ impl Mtp {
 
 #[derive(Debug)]
 struct Layer {
-    norm: Vec<f32>,
+    norm: Buf,
     mixer: Mixer,
     mlp: Mlp,
 }
@@ -328,24 +329,29 @@ pub struct Qwen35 {
 /// Per-forward buffers, reused across calls.
 #[derive(Debug, Default)]
 pub struct Scratch {
-    x: Vec<f32>,
-    xb: Vec<f32>,
-    qkv: Vec<f32>,
-    z: Vec<f32>,
-    alpha: Vec<f32>,
-    beta: Vec<f32>,
+    x: Buf,
+    xb: Buf,
+    qkv: Buf,
+    z: Buf,
+    alpha: Buf,
+    beta: Buf,
+    /// The DeltaNet convolution's output (host: the DeltaNet ops run there).
     y: Vec<f32>,
-    o: Vec<f32>,
-    mix: Vec<f32>,
-    qg: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    att: Vec<f32>,
+    o: Buf,
+    mix: Buf,
+    qg: Buf,
+    q: Buf,
+    k: Buf,
+    /// The normed keys.
+    kn: Buf,
+    v: Buf,
+    att: Buf,
     mlp: MlpScratch,
     head: HeadScratch,
-    hn: Vec<f32>,
-    cat: Vec<f32>,
+    hn: Buf,
+    /// The MTP head's raw inputs per token: `[embedding | hidden state before it]`.
+    raw: Buf,
+    cat: Buf,
     ws: Workspace,
     /// `(cos, sin)` per position and rotated pair, grown on demand.
     rope: Vec<(f32, f32)>,
@@ -389,9 +395,9 @@ impl Qwen35 {
             let attn = Mixer::Attention(load_attention(w, dev, c, i, kv_layer)?);
             Some(Mtp {
                 eh: w.matrix(dev, &n("eh_proj.weight"), d, 2 * d)?,
-                enorm: w.vector(&n("enorm.weight"), d)?,
-                hnorm: w.vector(&n("hnorm.weight"), d)?,
-                head_norm: w.vector(&n("shared_head_norm.weight"), d)?,
+                enorm: dev.buf(w.vector(&n("enorm.weight"), d)?)?,
+                hnorm: dev.buf(w.vector(&n("hnorm.weight"), d)?)?,
+                head_norm: dev.buf(w.vector(&n("shared_head_norm.weight"), d)?)?,
                 layer: load_layer(w, dev, c, i, attn)?,
             })
         } else {
@@ -405,7 +411,7 @@ impl Qwen35 {
         Ok(Qwen35 {
             embd: w.matrix_f32("token_embd.weight", c.vocab, d)?,
             head: LmHead::new(
-                w.vector("output_norm.weight", d)?,
+                dev.buf(w.vector("output_norm.weight", d)?)?,
                 Linear::new(w.matrix(dev, output_name, c.vocab, d)?),
             ),
             layers,
@@ -515,17 +521,14 @@ impl Qwen35 {
         let g = c.gdn();
         let (cd, vd) = (g.conv_dim(), g.vh * g.dv);
         let (nh, hd) = (c.n_heads, c.head_dim);
-        grow(&mut s.x, n * d);
-        grow(&mut s.xb, n * d);
+        dev.grow(&mut s.x, n * d)?;
+        dev.grow(&mut s.xb, n * d)?;
         grow(&mut s.y, n * cd);
-        grow(&mut s.o, n * vd);
-        grow(&mut s.q, n * nh * hd);
-        grow(&mut s.att, n * nh * hd);
+        dev.grow(&mut s.o, n * vd)?;
+        dev.grow(&mut s.q, n * nh * hd)?;
+        dev.grow(&mut s.att, n * nh * hd)?;
         self.grow_rope(batch, s);
-        for (t, &tok) in batch.tokens.iter().enumerate() {
-            let r = tok as usize;
-            s.x[t * d..(t + 1) * d].copy_from_slice(&self.embd[r * d..(r + 1) * d]);
-        }
+        self.embed(dev, &batch.tokens, &mut s.x)?;
         for l in &self.layers {
             dev.rmsnorm_rows(&s.x, &l.norm, c.eps, n, d, &mut s.xb);
             match &l.mixer {
@@ -535,32 +538,36 @@ impl Qwen35 {
                     dev.matmul(&m.gate, &x, &mut s.z);
                     dev.matmul(&m.alpha, &x, &mut s.alpha);
                     dev.matmul(&m.beta, &x, &mut s.beta);
-                    dev.gdn_gates(
-                        &m.a,
-                        &m.dt_bias,
-                        &mut s.alpha[..n * g.vh],
-                        &mut s.beta[..n * g.vh],
-                    );
+                    // The DeltaNet ops run on the host: its inputs come back, its output goes out.
+                    let run = Projected {
+                        qkv: s.qkv.read_back(n * cd),
+                        alpha: s.alpha.read_back(n * g.vh),
+                        beta: s.beta.read_back(n * g.vh),
+                    };
+                    dev.gdn_gates(&m.a, &m.dt_bias, run.alpha, run.beta);
+                    let mut o = s.o.edit();
                     for (i, span) in batch.seqs.iter().enumerate() {
                         let rows = span.first..span.first + span.len;
                         let st = &mut states[i];
-                        self.deltanet_run(m, dev, st, rows, floats, s);
+                        self.deltanet_run(m, dev, st, rows, floats, &run, &mut s.y, &mut o);
                     }
+                    let z = s.z.read_back(n * vd);
                     for t in 0..n {
                         dev.gdn_gated_norm(
                             &g,
-                            &mut s.o[t * vd..(t + 1) * vd],
-                            &s.z[t * vd..(t + 1) * vd],
+                            &mut o[t * vd..(t + 1) * vd],
+                            &z[t * vd..(t + 1) * vd],
                             &m.norm,
                             c.eps,
                         );
                     }
+                    drop(o);
                     let o = dev.input(&s.o, n, vd, &mut s.ws);
                     dev.matmul(&m.out, &o, &mut s.mix);
                 }
-                Mixer::Attention(a) => self.attention(a, dev, pool, batch, n, s),
+                Mixer::Attention(a) => self.attention(a, dev, pool, batch, n, s)?,
             }
-            dev.add(&mut s.x[..n * d], &s.mix[..n * d]);
+            dev.add(s.x.at_mut(..n * d), s.mix.at(..n * d));
             self.mlp(l, dev, n, s)?;
         }
         // The rows whose logits were asked for, in batch order.
@@ -571,15 +578,27 @@ impl Qwen35 {
         };
         let len = self
             .head
-            .forward(&run, &s.x, batch, &mut s.head, &mut s.ws, &mut None)?
-            .len();
+            .forward(&run, &s.x, batch, &mut s.head, &mut s.ws, &mut None)?;
         if let Some(mtp) = &self.mtp {
-            self.mtp_fill(mtp, dev, pool, batch, states, s);
+            self.mtp_fill(mtp, dev, pool, batch, states, s)?;
         }
         for (st, span) in states.iter_mut().zip(&batch.seqs) {
             st.len = span.start + span.len;
         }
-        Ok(&mut s.head.logits[..len])
+        Ok(s.head.logits.read_back(len))
+    }
+
+    /// The embedding rows of `tokens` into `x` (the table is f32 on the host).
+    fn embed(&self, dev: &Device, tokens: &[u32], x: &mut Buf) -> Result<(), ModelError> {
+        let d = self.cfg.d_model;
+        let table = bytemuck::cast_slice(&self.embd);
+        Ok(dev.embed(
+            GgmlType::F32,
+            table,
+            d,
+            tokens,
+            x.at_mut(..tokens.len() * d),
+        )?)
     }
 
     /// Extends the RoPE table to the batch's last position.
@@ -620,40 +639,52 @@ impl Qwen35 {
         batch: &Batch,
         states: &[Recurrent],
         s: &mut Scratch,
-    ) {
+    ) -> Result<(), ModelError> {
         let c = &self.cfg;
         let d = c.d_model;
         let n = batch.len();
         let ho = c.hidden_offset();
-        grow(&mut s.cat, n * 2 * d);
+        dev.grow(&mut s.raw, n * 2 * d)?;
+        dev.grow(&mut s.cat, n * 2 * d)?;
+        {
+            // The raw rows, on the host: the embeddings (a host table) and the hidden states before
+            // each token (the pass's, or the one its state holds).
+            let hn = s.hn.read_back(n * d);
+            let mut raw = s.raw.edit();
+            for t in 0..n {
+                let i = batch.owner[t] as usize;
+                let span = &batch.seqs[i];
+                let tok = batch.tokens[t] as usize;
+                let (e, h) = raw[t * 2 * d..(t + 1) * 2 * d].split_at_mut(d);
+                e.copy_from_slice(&self.embd[tok * d..(tok + 1) * d]);
+                if span.start + (t - span.first) == 0 {
+                    // Position 0 has no hidden state before it (its normed zeros are zeros); its row
+                    // is never attended to.
+                    h.fill(0.0);
+                } else if t > span.first {
+                    h.copy_from_slice(&hn[(t - 1) * d..t * d]);
+                } else {
+                    h.copy_from_slice(&states[i].state[ho..ho + d]);
+                }
+            }
+        }
         for t in 0..n {
-            let i = batch.owner[t] as usize;
-            let span = &batch.seqs[i];
-            let tok = batch.tokens[t] as usize;
-            let (e, h) = s.cat[t * 2 * d..(t + 1) * 2 * d].split_at_mut(d);
+            let (e, h) = (t * 2 * d, t * 2 * d + d);
+            dev.rmsnorm_rows(s.raw.at(e..h), &mtp.enorm, c.eps, 1, d, s.cat.at_mut(e..h));
+            let end = h + d;
             dev.rmsnorm_rows(
-                &self.embd[tok * d..(tok + 1) * d],
-                &mtp.enorm,
+                s.raw.at(h..end),
+                &mtp.hnorm,
                 c.eps,
                 1,
                 d,
-                e,
+                s.cat.at_mut(h..end),
             );
-            let hidden: &[f32] = if t > span.first {
-                &s.hn[(t - 1) * d..t * d]
-            } else {
-                &states[i].state[ho..ho + d]
-            };
-            if span.start + (t - span.first) == 0 {
-                // Position 0 has no hidden state before it; its row is never attended to.
-                h.fill(0.0);
-            } else {
-                dev.rmsnorm_rows(hidden, &mtp.hnorm, c.eps, 1, d, h);
-            }
         }
         let cat = dev.input(&s.cat, n, 2 * d, &mut s.ws);
         dev.matmul(&mtp.eh, &cat, &mut s.x);
         dev.rmsnorm_rows(&s.x, &mtp.layer.norm, c.eps, n, d, &mut s.xb);
+        Ok(())
     }
 
     /// After a pass: keeps each sequence's final hidden state (and those of its kept steps) and writes the
@@ -667,26 +698,28 @@ impl Qwen35 {
         batch: &Batch,
         states: &mut [Recurrent],
         s: &mut Scratch,
-    ) {
+    ) -> Result<(), ModelError> {
         let c = &self.cfg;
         let d = c.d_model;
         let n = batch.len();
         let ho = c.hidden_offset();
         let floats = c.state_floats();
-        grow(&mut s.hn, n * d);
+        dev.grow(&mut s.hn, n * d)?;
         dev.rmsnorm_rows(&s.x, self.head.norm(), c.eps, n, d, &mut s.hn);
-        self.mtp_input(mtp, dev, batch, states, s);
+        self.mtp_input(mtp, dev, batch, states, s)?;
         let a = mtp.attention();
-        self.project_kv(a, dev, pool, batch, n, s, false);
+        self.project_kv(a, dev, pool, batch, n, s, false)?;
+        let hn = s.hn.read_back(n * d);
         for (st, span) in states.iter_mut().zip(&batch.seqs) {
             let last = span.first + span.len - 1;
-            st.state[ho..ho + d].copy_from_slice(&s.hn[last * d..(last + 1) * d]);
+            st.state[ho..ho + d].copy_from_slice(&hn[last * d..(last + 1) * d]);
             for j in 0..st.steps_len {
                 let row = span.first + span.len - st.steps_len + j;
                 st.steps[j * floats + ho..j * floats + ho + d]
-                    .copy_from_slice(&s.hn[row * d..(row + 1) * d]);
+                    .copy_from_slice(&hn[row * d..(row + 1) * d]);
             }
         }
+        Ok(())
     }
 
     /// The MTP head's logits for the token after `batch`'s single token per sequence: each sequence's
@@ -714,21 +747,24 @@ impl Qwen35 {
         }
         let d = c.d_model;
         let (nh, hd) = (c.n_heads, c.head_dim);
-        grow(&mut s.xb, n * d);
-        grow(&mut s.q, n * nh * hd);
-        grow(&mut s.att, n * nh * hd);
+        dev.grow(&mut s.xb, n * d)?;
+        dev.grow(&mut s.q, n * nh * hd)?;
+        dev.grow(&mut s.att, n * nh * hd)?;
+        dev.grow(&mut s.hn, n * d)?;
         self.grow_rope(batch, s);
         batch.attend_from = 1;
-        self.mtp_input(mtp, dev, batch, states, s);
-        let a = mtp.attention();
-        self.attention(a, dev, pool, batch, n, s);
+        let attended = self.mtp_input(mtp, dev, batch, states, s).and_then(|()| {
+            let a = mtp.attention();
+            self.attention(a, dev, pool, batch, n, s)
+        });
         batch.attend_from = 0;
-        dev.add(&mut s.x[..n * d], &s.mix[..n * d]);
+        attended?;
+        dev.add(s.x.at_mut(..n * d), s.mix.at(..n * d));
         self.mlp(&mtp.layer, dev, n, s)?;
         dev.rmsnorm_rows(&s.x, &mtp.head_norm, c.eps, n, d, &mut s.xb);
         let x = dev.input(&s.xb, n, d, &mut s.ws);
         dev.matmul(self.head.output().matrix(), &x, &mut s.head.logits);
-        Ok(&mut s.head.logits[..n * c.vocab])
+        Ok(s.head.logits.read_back(n * c.vocab))
     }
 
     /// The gated attention of `n` tokens: projections of `s.xb`, q/k norms, partial RoPE, the KV written
@@ -741,31 +777,29 @@ impl Qwen35 {
         batch: &Batch,
         n: usize,
         s: &mut Scratch,
-    ) {
+    ) -> Result<(), ModelError> {
         let c = &self.cfg;
         let (nh, hd) = (c.n_heads, c.head_dim);
-        self.project_kv(a, dev, pool, batch, n, s, true);
+        self.project_kv(a, dev, pool, batch, n, s, true)?;
         dev.attention(
             pool,
             a.kv_layer,
             batch,
-            &s.q[..n * nh * hd],
+            s.q.at(..n * nh * hd),
             nh * hd,
             nh,
             c.n_kv_heads,
             hd,
-            &mut s.att[..n * nh * hd],
+            s.att.at_mut(..n * nh * hd),
             &mut s.ws,
         );
-        for t in 0..n {
-            for h in 0..nh {
-                let gate = &s.qg[(t * nh + h) * 2 * hd + hd..(t * nh + h + 1) * 2 * hd];
-                let o = &mut s.att[(t * nh + h) * hd..(t * nh + h + 1) * hd];
-                dev.sigmoid_gate(o, gate);
-            }
+        for r in 0..n * nh {
+            let gate = s.qg.at(r * 2 * hd + hd..(r + 1) * 2 * hd);
+            dev.sigmoid_gate(s.att.at_mut(r * hd..(r + 1) * hd), gate);
         }
         let att = dev.input(&s.att, n, nh * hd, &mut s.ws);
         dev.matmul(&a.out, &att, &mut s.mix);
+        Ok(())
     }
 
     /// Projects `s.xb` to K and V (and the normed, rotated queries with
@@ -780,7 +814,7 @@ impl Qwen35 {
         n: usize,
         s: &mut Scratch,
         queries: bool,
-    ) {
+    ) -> Result<(), ModelError> {
         let c = &self.cfg;
         let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
         let half = c.rope_dims / 2;
@@ -790,33 +824,44 @@ impl Qwen35 {
         }
         dev.matmul(&a.k, &x, &mut s.k);
         dev.matmul(&a.v, &x, &mut s.v);
-        let mut tmp = [0f32; gdn::MAX_HEAD];
-        for t in 0..n {
-            let pos = batch.position(t);
-            let angles = &s.rope[pos * half..(pos + 1) * half];
-            if queries {
-                for h in 0..nh {
-                    let src = &s.qg[(t * nh + h) * 2 * hd..(t * nh + h + 1) * 2 * hd];
-                    let q = &mut s.q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
-                    dev.rmsnorm_rows(&src[..hd], &a.q_norm, c.eps, 1, hd, q);
-                    dev.rope(Rope::Neox, q, hd, angles);
-                }
+        if queries {
+            // Each query head is the first half of its `[query | gate]` pair: normed head by head.
+            for r in 0..n * nh {
+                let src = s.qg.at(r * 2 * hd..r * 2 * hd + hd);
+                dev.rmsnorm_rows(
+                    src,
+                    &a.q_norm,
+                    c.eps,
+                    1,
+                    hd,
+                    s.q.at_mut(r * hd..(r + 1) * hd),
+                );
             }
-            let kt = &mut s.k[t * nkv * hd..(t + 1) * nkv * hd];
-            for kh in kt.chunks_mut(hd) {
-                dev.rmsnorm_rows(kh, &a.k_norm, c.eps, 1, hd, &mut tmp[..hd]);
-                kh.copy_from_slice(&tmp[..hd]);
-                dev.rope(Rope::Neox, kh, hd, angles);
-            }
-            dev.write_kv(
-                pool,
-                batch,
-                t,
-                a.kv_layer,
-                kt,
-                &s.v[t * nkv * hd..(t + 1) * nkv * hd],
-            );
+            let w = nh * hd;
+            let q = s.q.at_mut(..n * w);
+            dev.rope_rows(Rope::Neox, q, n, w, w, hd, &batch.pos, &s.rope, half);
         }
+        let w = nkv * hd;
+        dev.grow(&mut s.kn, n * w)?;
+        dev.rmsnorm_rows(
+            s.k.at(..n * w),
+            &a.k_norm,
+            c.eps,
+            n * nkv,
+            hd,
+            s.kn.at_mut(..n * w),
+        );
+        let k = s.kn.at_mut(..n * w);
+        dev.rope_rows(Rope::Neox, k, n, w, w, hd, &batch.pos, &s.rope, half);
+        dev.write_kv_rows(
+            pool,
+            batch,
+            a.kv_layer,
+            s.kn.at(..n * w),
+            s.v.at(..n * w),
+            w,
+        );
+        Ok(())
     }
 
     /// The shared SwiGLU block ([`Mlp`]) over `n` tokens of `s.x`, added into `s.x`.
@@ -831,7 +876,12 @@ impl Qwen35 {
     }
 
     /// One sequence's run of tokens (`rows` of the batch) through a DeltaNet layer: convolution, gates and
-    /// the recurrence, writing the per-head outputs into `s.o`.
+    /// the recurrence over the projections `p` (the convolution's output in `y`), writing the per-head
+    /// outputs into `o`.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the host side of a DeltaNet layer, spelled out"
+    )]
     fn deltanet_run(
         &self,
         m: &DeltaNet,
@@ -839,7 +889,9 @@ impl Qwen35 {
         st: &mut Recurrent,
         rows: std::ops::Range<usize>,
         floats: usize,
-        s: &mut Scratch,
+        p: &Projected<'_>,
+        y: &mut [f32],
+        o: &mut [f32],
     ) {
         let g = self.cfg.gdn();
         let (cd, vd) = (g.conv_dim(), g.vh * g.dv);
@@ -858,24 +910,24 @@ impl Qwen35 {
             &g,
             &m.conv,
             window,
-            &s.qkv[t0 * cd..t1 * cd],
+            &p.qkv[t0 * cd..t1 * cd],
             len,
-            &mut s.y[t0 * cd..t1 * cd],
+            &mut y[t0 * cd..t1 * cd],
             steps.as_mut(),
         );
-        dev.gdn_normalize_qk(&g, &mut s.y[t0 * cd..t1 * cd], len);
+        dev.gdn_normalize_qk(&g, &mut y[t0 * cd..t1 * cd], len);
         let chunk = self.chunked_prefill && keep == 0 && len > 1;
         for h in 0..g.vh {
             let run = gdn::HeadRun {
-                y: &s.y[t0 * cd..t1 * cd],
-                g: &s.alpha[t0 * g.vh..t1 * g.vh],
-                beta: &s.beta[t0 * g.vh..t1 * g.vh],
+                y: &y[t0 * cd..t1 * cd],
+                g: &p.alpha[t0 * g.vh..t1 * g.vh],
+                beta: &p.beta[t0 * g.vh..t1 * g.vh],
                 n: len,
                 head: h,
             };
             let hs = g.dk * g.dv;
             let head = &mut mats[h * hs..(h + 1) * hs];
-            let out = &mut s.o[t0 * vd..t1 * vd];
+            let out = &mut o[t0 * vd..t1 * vd];
             if chunk {
                 dev.gdn_chunked(&g, &run, head, out);
             } else {
@@ -886,6 +938,13 @@ impl Qwen35 {
             }
         }
     }
+}
+
+/// A DeltaNet layer's projections of a pass, on the host.
+struct Projected<'a> {
+    qkv: &'a mut [f32],
+    alpha: &'a mut [f32],
+    beta: &'a mut [f32],
 }
 
 fn load_attention(
@@ -901,8 +960,8 @@ fn load_attention(
         q: w.matrix(dev, &n("attn_q.weight"), 2 * c.n_heads * hd, d)?,
         k: w.matrix(dev, &n("attn_k.weight"), c.n_kv_heads * hd, d)?,
         v: w.matrix(dev, &n("attn_v.weight"), c.n_kv_heads * hd, d)?,
-        q_norm: w.vector(&n("attn_q_norm.weight"), hd)?,
-        k_norm: w.vector(&n("attn_k_norm.weight"), hd)?,
+        q_norm: dev.buf(w.vector(&n("attn_q_norm.weight"), hd)?)?,
+        k_norm: dev.buf(w.vector(&n("attn_k_norm.weight"), hd)?)?,
         out: w.matrix(dev, &n("attn_output.weight"), d, c.n_heads * hd)?,
         kv_layer,
     })
@@ -918,7 +977,7 @@ fn load_layer(
     let n = |s: &str| format!("blk.{i}.{s}");
     let d = c.d_model;
     Ok(Layer {
-        norm: w.vector(&n("attn_norm.weight"), d)?,
+        norm: dev.buf(w.vector(&n("attn_norm.weight"), d)?)?,
         mixer,
         mlp: load_mlp(w, dev, c, i)?,
     })
@@ -928,7 +987,7 @@ fn load_layer(
 fn load_mlp(w: &dyn Weights, dev: &Device, c: &Qwen35Config, i: usize) -> Result<Mlp, ModelError> {
     let n = |s: &str| format!("blk.{i}.{s}");
     let (d, f) = (c.d_model, c.ffn);
-    let norm = w.vector(&n("post_attention_norm.weight"), d)?;
+    let norm = dev.buf(w.vector(&n("post_attention_norm.weight"), d)?)?;
     let gate = || w.matrix(dev, &n("ffn_gate.weight"), f, d);
     let up = || w.matrix(dev, &n("ffn_up.weight"), f, d);
     let down = Linear::new(w.matrix(dev, &n("ffn_down.weight"), d, f)?);

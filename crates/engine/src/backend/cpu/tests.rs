@@ -2,6 +2,7 @@
 
 use super::qmatmul::{Layout, QActs, QMatrix, matmul_ref, quantize_ref};
 use super::*;
+use crate::backend::Buf;
 use crate::kv::{Batch, KvCache, KvConfig, KvDtype, KvShape, KvSlice, SeqKv};
 use crate::quant::GgmlType;
 
@@ -359,8 +360,8 @@ fn device_matmul_quantizes_inside_exactly_like_the_kernel_calls() {
     let dev = Device::cpu(2);
     let m = dev.matrix(GgmlType::Q4_1, rows, cols, &bytes).unwrap();
     let mut ws = Workspace::default();
-    let mut got = Vec::new();
+    let mut got = Buf::default();
     let input = dev.input(&x, n, cols, &mut ws);
     dev.matmul(&m, &input, &mut got);
-    assert_eq!(got, want);
+    assert_eq!(got.read_back(n * rows), &want[..]);
 }
