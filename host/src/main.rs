@@ -178,6 +178,12 @@ enum BenchCmd {
         /// CPU threads (0 = one per physical core).
         #[arg(long, default_value_t = 0)]
         threads: usize,
+        /// The device: `cpu`, `cuda`, `cuda:N` or `auto`.
+        #[arg(long, default_value = "cpu")]
+        device: thorn_engine::backend::DeviceKind,
+        /// CUDA graphs on a GPU: a decode step's launches replayed as one graph.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        cuda_graphs: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -507,6 +513,8 @@ fn main() -> Result<()> {
                     depths,
                     reps,
                     threads,
+                    device,
+                    cuda_graphs,
                     json,
                     model,
                     kv_dtype,
@@ -521,6 +529,8 @@ fn main() -> Result<()> {
                 depths,
                 reps,
                 threads,
+                device,
+                cuda_graphs,
                 kv_dtypes: kv_dtype,
                 page_size,
                 batches: batch,

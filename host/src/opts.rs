@@ -33,6 +33,10 @@ pub struct EngineArgs {
     /// CPU threads (0 = one per physical core).
     #[arg(long, env = "THORN_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// CUDA graphs on a GPU: the launches of a decode step are captured once and replayed as one graph
+    /// (`false`: each kernel is launched as it is queued).
+    #[arg(long, env = "THORN_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub cuda_graphs: bool,
     /// Context length in tokens.
     #[arg(long, env = "THORN_CONTEXT", default_value_t = DEFAULT_CONTEXT)]
     pub context: usize,
@@ -44,6 +48,7 @@ impl EngineArgs {
         EngineConfig {
             device: self.device,
             threads: self.threads,
+            cuda_graphs: self.cuda_graphs,
             context: self.context,
             ..cfg
         }

@@ -49,6 +49,10 @@ pub struct EngineBench {
     pub reps: usize,
     /// CPU threads.
     pub threads: usize,
+    /// The device.
+    pub device: thorn_engine::backend::DeviceKind,
+    /// CUDA graphs on a GPU device.
+    pub cuda_graphs: bool,
     /// KV element types, one set of rows each.
     pub kv_dtypes: Vec<thorn_engine::kv::KvDtype>,
     /// Positions per KV page.
@@ -66,7 +70,9 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
     let mut profiled = None;
     for &dtype in &b.kv_dtypes {
         let cfg = EngineConfig {
+            device: b.device,
             threads: b.threads,
+            cuda_graphs: b.cuda_graphs,
             context,
             kv_dtype: dtype,
             page_size: b.page_size,
@@ -166,6 +172,18 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
     drop(s);
     let profile = e.profile().cloned().unwrap_or_default();
     e.set_profiling(false);
+    // A GPU's launches per decode step, and how many of them ran inside graphs.
+    let before = e.device().graph_stats();
+    let mut s = e.session();
+    for t in tokens(8, vocab, 400) {
+        s.eval(&[t])?;
+    }
+    drop(s);
+    let launches = e.device().graph_stats().zip(before).map(|(a, b)| {
+        let graphs = (a.graph_kernels - b.graph_kernels) as f64 / 8.0;
+        let single = (a.kernels - b.kernels) as f64 / 8.0;
+        (graphs + single, graphs / (graphs + single).max(1.0))
+    });
     let per_token_ms = total.as_secs_f64() * 1e3 / tg as f64;
     let stages: Vec<(String, f64)> = Stage::ALL
         .iter()
@@ -190,6 +208,8 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
             "page_size": b.page_size,
             "weight_bytes_per_token": weights,
             "results": items,
+            "kernels_per_decode_step": launches.map(|l| l.0),
+            "graph_share_of_kernels": launches.map(|l| l.1),
             "decode_profile_ms_per_token": stages.iter().map(|(n, v)| (n.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -206,6 +226,12 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
         for (name, kv, med, runs) in &rows {
             let r: Vec<String> = runs.iter().map(|v| format!("{v:.1}")).collect();
             println!("{name:<14} {kv:>4} {med:>10.1}   {}", r.join(" "));
+        }
+        if let Some((per_step, share)) = launches {
+            println!(
+                "kernels per decode step {per_step:.0}, {:.0}% of them in CUDA graphs",
+                100.0 * share
+            );
         }
         println!("decode profile at depth 0 ({per_token_ms:.2} ms/token, profiled run):");
         for (name, ms) in &stages {

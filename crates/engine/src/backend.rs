@@ -325,6 +325,22 @@ impl Device {
         }
     }
 
+    /// Turns CUDA graphs on or off (a GPU's launches between two host waits replayed as one graph once
+    /// they repeat; see `gpu::Queue`). The CPU has none.
+    pub fn set_graphs(&self, on: bool) {
+        if let Device::Cuda(g) = self {
+            g.set_graphs(on);
+        }
+    }
+
+    /// What a GPU's launches did so far (graphs replayed and captured, kernels launched one by one).
+    pub fn graph_stats(&self) -> Option<gpu::GraphStats> {
+        match self {
+            Device::Cpu(_) => None,
+            Device::Cuda(g) => Some(g.graph_stats()),
+        }
+    }
+
     /// Waits for the queued ops (a GPU queues them; the CPU runs each before it returns). A forward pass
     /// ends with it: the host reads the KV pages next.
     pub fn finish(&self) {

@@ -164,6 +164,8 @@ pub struct EngineConfig {
     pub device: DeviceKind,
     /// CPU threads (0 = one per physical core).
     pub threads: usize,
+    /// CUDA graphs on a GPU device (see `backend::Device::set_graphs`).
+    pub cuda_graphs: bool,
     /// Context length (KV positions); 0 = the model's training context.
     pub context: usize,
     /// KV cache element type.
@@ -190,6 +192,7 @@ impl Default for EngineConfig {
         EngineConfig {
             device: DeviceKind::Cpu,
             threads: 0,
+            cuda_graphs: true,
             context: 4096,
             kv_dtype: KvDtype::F16,
             kv_memory: 0,
@@ -377,6 +380,7 @@ impl Engine {
         device: Device,
         cfg: &EngineConfig,
     ) -> Result<Self, EngineError> {
+        device.set_graphs(cfg.cuda_graphs);
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
         if tokenizer.vocab_size() > model.vocab() {
             return Err(EngineError::VocabMismatch {

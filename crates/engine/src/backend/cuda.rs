@@ -17,10 +17,11 @@
 //! a GPU that cannot is a typed error naming it.
 
 use super::DeviceError;
+use super::gpu::Graph;
 use super::gpu::{DevMem, GpuDevice, GpuRuntime};
-use super::launch::{Arg, DevPtr, Launcher, Params, Shape};
+use super::launch::{DevPtr, Launch, Launcher, Params, Shape};
 use super::nvrtc::KernelCache;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream, result, sys};
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
@@ -193,7 +194,8 @@ impl Gpu {
             unsafe {
                 ctx.disable_event_tracking();
             }
-            let stream = ctx.default_stream();
+            // A stream of its own: the legacy default stream cannot be captured into a graph.
+            let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
             Ok::<_, DeviceError>((ctx, stream))
         }));
         let (ctx, stream) = opened.map_err(|_| {
@@ -369,28 +371,72 @@ impl GpuRuntime for Gpu {
     fn synchronize(&self) -> Result<(), DeviceError> {
         Gpu::synchronize(self)
     }
+
+    fn capture(&self, launches: &[Launch]) -> Result<Box<dyn Graph>, DeviceError> {
+        // Every module is loaded first, so that the capture holds launches only.
+        for l in launches {
+            self.function(l.module, l.kernel)?;
+        }
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(driver("starting a graph capture"))?;
+        let launched = launches.iter().try_for_each(|l| l.run(self));
+        // The capture ends whatever happened, so that the stream runs work again.
+        let graph = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(driver("capturing a graph"));
+        launched?;
+        match graph? {
+            Some(g) => Ok(Box::new(Captured(g))),
+            None => Err(DeviceError::NoGpu("a graph capture came back empty".into())),
+        }
+    }
+}
+
+/// A captured CUDA graph.
+struct Captured(CudaGraph);
+
+#[expect(
+    unsafe_code,
+    reason = "cudarc's graph is not Send; its use is serialised"
+)]
+// SAFETY: a graph's handles may be used from any thread as long as no two threads use them at once; the
+// GPU device keeps its graphs under one lock and launches them only there.
+unsafe impl Send for Captured {}
+
+impl std::fmt::Debug for Captured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Captured")
+    }
+}
+
+impl Graph for Captured {
+    fn launch(&self) -> Result<(), DeviceError> {
+        self.0.launch().map_err(driver("launching a graph"))
+    }
 }
 
 impl Launcher for Gpu {
     #[expect(unsafe_code, reason = "cuLaunchKernel with raw parameters")]
-    fn launch(
+    fn launch_params(
         &self,
-        module: &Module,
+        module: &'static Module,
         kernel: &'static str,
         shape: Shape,
-        args: &[Arg],
+        params: &Params,
     ) -> Result<(), DeviceError> {
         let (f, arity) = self.function(module, kernel)?;
-        if args.len() != arity {
+        if params.len() != arity {
             return Err(DeviceError::Unsupported {
                 device: "the CUDA backend",
                 what: format!(
                     "kernel {kernel} takes {arity} parameters, not {}",
-                    args.len()
+                    params.len()
                 ),
             });
         }
-        let mut params = Params::new(args);
+        let mut params = *params;
         let n = params.len();
         let mut ptrs = params.pointers();
         let [gx, gy, gz] = shape.grid;

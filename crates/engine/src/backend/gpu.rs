@@ -18,7 +18,9 @@
 
 use super::batch::Batch;
 use super::buf::{Buf, Mem, View, ViewMut};
-use super::launch::{self, Acts, BatchMeta, DevBatch, DevPtr, KvStore, Launcher, Weights};
+use super::launch::{
+    self, Acts, BatchMeta, DevBatch, DevPtr, KvStore, Launch, Launcher, Params, Shape, Weights,
+};
 use super::pages::PagePool;
 use super::{DeviceError, Rope};
 use crate::quant::{GgmlType, dequantize_ref};
@@ -39,6 +41,177 @@ pub trait GpuRuntime: Launcher + Send + Sync + std::fmt::Debug {
     fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), DeviceError>;
     /// Waits for the queued work.
     fn synchronize(&self) -> Result<(), DeviceError>;
+    /// Captures `launches` as one graph (nothing runs now; [`Graph::launch`] queues them all at once).
+    fn capture(&self, launches: &[Launch]) -> Result<Box<dyn Graph>, DeviceError>;
+}
+
+/// Launches captured once and queued as one ([`GpuRuntime::capture`]): a CUDA graph.
+pub trait Graph: Send + std::fmt::Debug {
+    /// Queues the graph's launches.
+    fn launch(&self) -> Result<(), DeviceError>;
+}
+
+/// The most graphs a device keeps (a decode step's shape changes rarely: its attention splits grow
+/// with the context; prefill chunks repeat less).
+const MAX_GRAPHS: usize = 8;
+
+/// What a GPU device's launches did: graphs replayed and captured, and kernels launched one by one.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Segments (the launches between two host waits) replayed from a graph.
+    pub replays: usize,
+    /// Graphs captured (a segment that repeated the one before it).
+    pub captures: usize,
+    /// Segments launched kernel by kernel (not seen twice in a row yet).
+    pub direct: usize,
+    /// Kernels launched inside graphs.
+    pub graph_kernels: usize,
+    /// Kernels launched one by one.
+    pub kernels: usize,
+}
+
+/// How a GPU device's work reaches its runtime. Without graphs each launch goes straight to the stream.
+/// With graphs the launches are recorded into a segment, which ends when the host next needs the
+/// stream (a copy, a wait): a segment equal to one a graph was captured from replays that graph; one
+/// equal to the segment before it is captured (so a decode step's graph is captured at its second step
+/// and replayed from the third); any other is launched kernel by kernel. Replaying is launching the
+/// same kernels with the same arguments, so the results are the same bits either way.
+///
+/// A segment's kernels run after it ends, so the host must not change what they read before then: the
+/// copies to device memory end the segment first, and staging ([`DevVec`]) that an op of the segment
+/// was handed is not given new contents until it has ended.
+#[derive(Debug)]
+pub struct Queue {
+    rt: Arc<dyn GpuRuntime>,
+    rec: Mutex<Recorder>,
+}
+
+#[derive(Debug, Default)]
+struct Recorder {
+    on: bool,
+    segment: Vec<Launch>,
+    /// The segment before, launched kernel by kernel.
+    last: Vec<Launch>,
+    /// The current segment's number.
+    id: u64,
+    /// Captured graphs and the segments they replay, most recently used last.
+    graphs: Vec<(Vec<Launch>, Box<dyn Graph>)>,
+    stats: GraphStats,
+}
+
+impl Queue {
+    fn new(rt: Arc<dyn GpuRuntime>) -> Self {
+        Queue {
+            rt,
+            rec: Mutex::new(Recorder::default()),
+        }
+    }
+
+    fn rec(&self) -> std::sync::MutexGuard<'_, Recorder> {
+        self.rec
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Ends the current segment: its kernels are queued on the stream (see [`Queue`]).
+    fn flush_locked(&self, r: &mut Recorder) -> Result<(), DeviceError> {
+        if r.segment.is_empty() {
+            return Ok(());
+        }
+        r.id += 1;
+        let n = r.segment.len();
+        if let Some(i) = r.graphs.iter().position(|(k, _)| *k == r.segment) {
+            let g = r.graphs.remove(i);
+            let launched = g.1.launch();
+            r.graphs.push(g);
+            r.segment.clear();
+            launched?;
+            r.stats.replays += 1;
+            r.stats.graph_kernels += n;
+            return Ok(());
+        }
+        if r.last == r.segment {
+            match self.rt.capture(&r.segment) {
+                Ok(g) => {
+                    let launched = g.launch();
+                    if r.graphs.len() == MAX_GRAPHS {
+                        r.graphs.remove(0);
+                    }
+                    let key = r.segment.clone();
+                    r.graphs.push((key, g));
+                    r.segment.clear();
+                    launched?;
+                    r.stats.captures += 1;
+                    r.stats.graph_kernels += n;
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!("CUDA graphs are off: capturing one failed ({e})");
+                    r.on = false;
+                }
+            }
+        }
+        let launched = r.segment.iter().try_for_each(|l| l.run(&*self.rt));
+        std::mem::swap(&mut r.last, &mut r.segment);
+        r.segment.clear();
+        launched?;
+        r.stats.direct += 1;
+        r.stats.kernels += n;
+        Ok(())
+    }
+
+    /// Ends the current segment.
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.flush_locked(&mut self.rec())
+    }
+
+    /// Waits for all the work (the current segment's too).
+    fn wait(&self) -> Result<(), DeviceError> {
+        self.flush()?;
+        self.rt.synchronize()
+    }
+
+    /// Queues a copy of host bytes into device memory, after the work before it.
+    fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
+        self.flush()?;
+        self.rt.upload(dst, src)
+    }
+
+    /// Copies device memory to the host once the work before it is done.
+    fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<(), DeviceError> {
+        self.flush()?;
+        self.rt.download(src, dst)
+    }
+
+    /// Queues a copy between device addresses, after the work before it.
+    fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), DeviceError> {
+        self.flush()?;
+        self.rt.copy(dst, src, bytes)
+    }
+}
+
+impl Launcher for Queue {
+    fn launch_params(
+        &self,
+        module: &'static thorn_kernels::Module,
+        kernel: &'static str,
+        shape: Shape,
+        params: &Params,
+    ) -> Result<(), DeviceError> {
+        let mut r = self.rec();
+        if r.on {
+            r.segment.push(Launch {
+                module,
+                kernel,
+                shape,
+                params: *params,
+            });
+            return Ok(());
+        }
+        r.stats.kernels += 1;
+        drop(r);
+        self.rt.launch_params(module, kernel, shape, params)
+    }
 }
 
 /// Device memory from a [`GpuRuntime`], released when dropped.
@@ -85,7 +258,7 @@ pub struct GpuBuf {
     mem: DevMem,
     len: usize,
     host: Vec<f32>,
-    rt: Arc<dyn GpuRuntime>,
+    q: Arc<Queue>,
 }
 
 impl GpuBuf {
@@ -108,7 +281,7 @@ impl GpuBuf {
     pub(super) fn read_back(&mut self, n: usize) -> &mut [f32] {
         self.host.resize(self.len, 0.0);
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.host[..n]);
-        if let Err(e) = self.rt.download(self.mem.ptr(), bytes) {
+        if let Err(e) = self.q.download(self.mem.ptr(), bytes) {
             fail("read-back", e);
         }
         &mut self.host[..n]
@@ -117,7 +290,7 @@ impl GpuBuf {
     /// Its contents for the host to change, and where they go back (see [`Buf::edit`]).
     pub(super) fn edit(&mut self) -> (&mut [f32], WriteBack) {
         let back = WriteBack {
-            rt: Arc::clone(&self.rt),
+            q: Arc::clone(&self.q),
             ptr: self.mem.ptr(),
         };
         let n = self.len;
@@ -128,42 +301,43 @@ impl GpuBuf {
 impl Drop for GpuBuf {
     fn drop(&mut self) {
         // A queued kernel may still use the memory.
-        let _ = self.rt.synchronize();
+        let _ = self.q.wait();
     }
 }
 
 /// Where an [`super::buf::Edit`] of a GPU buffer writes its changes back.
 #[derive(Debug)]
 pub struct WriteBack {
-    rt: Arc<dyn GpuRuntime>,
+    q: Arc<Queue>,
     ptr: DevPtr,
 }
 
 impl WriteBack {
     /// Queues the upload of `host` (the whole buffer).
     pub(super) fn write(self, host: &[f32]) {
-        if let Err(e) = self.rt.upload(self.ptr, bytemuck::cast_slice(host)) {
+        if let Err(e) = self.q.upload(self.ptr, bytemuck::cast_slice(host)) {
             fail("write-back", e);
         }
     }
 }
 
 /// Device staging that only grows, and remembers what it was last given (so identical host data is not
-/// uploaded again).
+/// uploaded again) and which segment of the [`Queue`] it was last handed to.
 #[derive(Debug, Default)]
 pub struct DevVec {
     mem: Option<DevMem>,
     last: Vec<u8>,
+    used: Option<u64>,
 }
 
 impl DevVec {
-    /// At least `bytes` of device memory; growing replaces it once the queued work that may read it is done.
-    fn reserve(&mut self, rt: &dyn GpuRuntime, bytes: usize) -> Result<DevPtr, DeviceError> {
+    /// At least `bytes` of device memory; growing replaces it once the work that may use it is done.
+    fn reserve(&mut self, q: &Queue, bytes: usize) -> Result<DevPtr, DeviceError> {
         match &self.mem {
             Some(m) if m.bytes >= bytes => Ok(m.ptr()),
             _ => {
-                rt.synchronize()?;
-                let m = rt.alloc(bytes.next_power_of_two().max(256))?;
+                q.wait()?;
+                let m = q.rt.alloc(bytes.next_power_of_two().max(256))?;
                 let p = m.ptr();
                 self.mem = Some(m);
                 self.last.clear();
@@ -172,24 +346,33 @@ impl DevVec {
         }
     }
 
-    /// `data` in device memory: queued for upload unless the staging holds exactly it already.
-    fn put(&mut self, rt: &dyn GpuRuntime, data: &[u8]) -> Result<DevPtr, DeviceError> {
+    /// `data` in device memory, for an op of the current segment: uploaded unless the staging holds
+    /// exactly it already (ending the segment first if one of its ops was handed the old contents).
+    fn put(&mut self, q: &Queue, data: &[u8]) -> Result<DevPtr, DeviceError> {
+        let mut r = q.rec();
         if let Some(m) = &self.mem
             && self.last == data
         {
+            self.used = Some(r.id);
             return Ok(m.ptr());
         }
-        let p = self.reserve(rt, data.len())?;
-        rt.upload(p, data)?;
+        if self.used == Some(r.id) {
+            q.flush_locked(&mut r)?;
+        }
+        drop(r);
+        let p = self.reserve(q, data.len())?;
+        q.rt.upload(p, data)?;
         self.last.clear();
         self.last.extend_from_slice(data);
+        self.used = Some(q.rec().id);
         Ok(p)
     }
 
-    /// Device scratch of `bytes` that kernels write (forgets what was last uploaded).
-    fn scratch(&mut self, rt: &dyn GpuRuntime, bytes: usize) -> Result<DevPtr, DeviceError> {
-        let p = self.reserve(rt, bytes)?;
+    /// Device scratch of `bytes` that an op of the current segment writes.
+    fn scratch(&mut self, q: &Queue, bytes: usize) -> Result<DevPtr, DeviceError> {
+        let p = self.reserve(q, bytes)?;
         self.last.clear();
+        self.used = Some(q.rec().id);
         Ok(p)
     }
 }
@@ -254,7 +437,7 @@ impl Staging {
     /// `batch`'s metadata in device memory (uploaded only where it changed since the last op).
     fn batch(
         &mut self,
-        rt: &dyn GpuRuntime,
+        rt: &Queue,
         batch: &Batch,
         page_size: usize,
     ) -> Result<DevBatch, DeviceError> {
@@ -274,7 +457,7 @@ impl Staging {
     }
 
     /// The RoPE rows and positions built in `table` and `pos`, in device memory.
-    fn rope(&mut self, rt: &dyn GpuRuntime) -> Result<(DevPtr, DevPtr), DeviceError> {
+    fn rope(&mut self, rt: &Queue) -> Result<(DevPtr, DevPtr), DeviceError> {
         Ok((
             self.dev_pos.put(rt, bytemuck::cast_slice(&self.pos))?,
             self.dev_table.put(rt, bytemuck::cast_slice(&self.table))?,
@@ -286,17 +469,34 @@ impl Staging {
 #[derive(Debug)]
 pub struct GpuDevice {
     rt: Arc<dyn GpuRuntime>,
+    q: Arc<Queue>,
     /// Per-op staging; ops run one at a time.
     staging: Box<Mutex<Staging>>,
 }
 
 impl GpuDevice {
-    /// The device over `rt`.
+    /// The device over `rt`, with CUDA graphs on.
     pub fn new(rt: Arc<dyn GpuRuntime>) -> Self {
+        let q = Arc::new(Queue::new(Arc::clone(&rt)));
+        q.rec().on = true;
         GpuDevice {
             rt,
+            q,
             staging: Box::new(Mutex::new(Staging::default())),
         }
+    }
+
+    /// Turns graphs on or off (see [`Queue`]); off, every kernel is launched as its op queues it.
+    pub fn set_graphs(&self, on: bool) {
+        if let Err(e) = self.q.flush() {
+            fail("graph", e);
+        }
+        self.q.rec().on = on;
+    }
+
+    /// What the launches did so far.
+    pub fn graph_stats(&self) -> GraphStats {
+        self.q.rec().stats
     }
 
     fn staging(&self) -> std::sync::MutexGuard<'_, Staging> {
@@ -312,7 +512,7 @@ impl GpuDevice {
 
     /// Queues `f`'s launches (see [`fail`] for what a failure is).
     fn run(&self, what: &str, f: impl FnOnce(&dyn Launcher) -> Result<(), DeviceError>) {
-        if let Err(e) = f(&*self.rt) {
+        if let Err(e) = f(&*self.q) {
             fail(what, e);
         }
     }
@@ -320,7 +520,7 @@ impl GpuDevice {
     /// Waits for every queued op (the end of a forward pass: the host reads the KV pages and the logits
     /// next).
     pub fn finish(&self) {
-        if let Err(e) = self.rt.synchronize() {
+        if let Err(e) = self.q.wait() {
             fail("pass", e);
         }
     }
@@ -334,14 +534,14 @@ impl GpuDevice {
         let len = n.max(b.len());
         let mem = self.rt.alloc(4 * len)?;
         match &b.mem {
-            Mem::Host(v) => self.rt.upload(mem.ptr(), bytemuck::cast_slice(v))?,
-            Mem::Gpu(g) => self.rt.copy(mem.ptr(), g.ptr(), 4 * g.len())?,
+            Mem::Host(v) => self.q.upload(mem.ptr(), bytemuck::cast_slice(v))?,
+            Mem::Gpu(g) => self.q.copy(mem.ptr(), g.ptr(), 4 * g.len())?,
         }
         b.mem = Mem::Gpu(GpuBuf {
             mem,
             len,
             host: Vec::new(),
-            rt: Arc::clone(&self.rt),
+            q: Arc::clone(&self.q),
         });
         Ok(())
     }
@@ -356,7 +556,7 @@ impl GpuDevice {
     /// `x`'s contents on the host (after the queued work), for the host-side ops.
     pub fn download(&self, x: View<'_>) -> Vec<f32> {
         let mut v = vec![0f32; x.len()];
-        if let Err(e) = self.rt.download(x.ptr(), bytemuck::cast_slice_mut(&mut v)) {
+        if let Err(e) = self.q.download(x.ptr(), bytemuck::cast_slice_mut(&mut v)) {
             fail("download", e);
         }
         v
@@ -365,7 +565,7 @@ impl GpuDevice {
     /// Queues the upload of host values into `out`.
     pub fn upload(&self, out: &ViewMut<'_>, v: &[f32]) {
         assert!(v.len() <= out.len(), "an upload past its buffer");
-        if let Err(e) = self.rt.upload(out.ptr(), bytemuck::cast_slice(v)) {
+        if let Err(e) = self.q.upload(out.ptr(), bytemuck::cast_slice(v)) {
             fail("upload", e);
         }
     }
@@ -420,7 +620,7 @@ impl GpuDevice {
     fn upload_weights(&self, mut w: Weights, data: &[u8]) -> Result<GpuMatrix, DeviceError> {
         w.check()?;
         let mem = self.rt.alloc(data.len())?;
-        self.rt.upload(mem.ptr(), data)?;
+        self.q.upload(mem.ptr(), data)?;
         w.ptr = mem.ptr();
         Ok(GpuMatrix { w, mem })
     }
@@ -438,7 +638,7 @@ impl GpuDevice {
         let mem = self.rt.alloc(total).ok()?;
         let mut at = 0;
         for p in parts {
-            self.rt
+            self.q
                 .copy(mem.ptr().offset(at), p.mem.ptr(), p.mem.bytes)
                 .ok()?;
             at += p.mem.bytes;
@@ -457,7 +657,7 @@ impl GpuDevice {
         if !cols.is_multiple_of(32) {
             return None;
         }
-        let rt = &*self.rt;
+        let rt = &*self.q;
         let q =
             s.q.scratch(rt, n * cols)
                 .unwrap_or_else(|e| fail("quantize", e));
@@ -535,7 +735,7 @@ impl GpuDevice {
         s.table.extend(angles.iter().flat_map(|&(c, si)| [c, si]));
         s.pos.clear();
         s.pos.push(0);
-        let (pp, tp) = s.rope(&*self.rt).unwrap_or_else(|e| fail("rope", e));
+        let (pp, tp) = s.rope(&self.q).unwrap_or_else(|e| fail("rope", e));
         let (xp, w, n) = (x.ptr(), heads * head_dim, angles.len());
         self.run("rope", |l| {
             launch::rope(l, kind, xp, pp, tp, 1, w, heads, head_dim, n)
@@ -573,7 +773,7 @@ impl GpuDevice {
             );
             s.pos.push(t as i32);
         }
-        let (pp, tp) = s.rope(&*self.rt).unwrap_or_else(|e| fail("rope", e));
+        let (pp, tp) = s.rope(&self.q).unwrap_or_else(|e| fail("rope", e));
         let xp = x.ptr();
         self.run("rope", |l| {
             launch::rope(
@@ -633,7 +833,7 @@ impl GpuDevice {
         );
         let s = &mut *self.staging();
         let b = s
-            .batch(&*self.rt, batch, pool.page_size())
+            .batch(&self.q, batch, pool.page_size())
             .unwrap_or_else(|e| fail("KV write", e));
         let store = Self::store_mut(pool);
         let (k, v) = (k.ptr(), v.ptr());
@@ -668,7 +868,7 @@ impl GpuDevice {
             "attention output"
         );
         let s = &mut *self.staging();
-        let rt = &*self.rt;
+        let rt = &*self.q;
         let b = s
             .batch(rt, batch, pool.page_size())
             .unwrap_or_else(|e| fail("attention", e));
@@ -732,6 +932,8 @@ mod tests {
     fn the_batch_metadata_is_uploaded_once_per_pass_and_nothing_waits() {
         let rt = Arc::new(Counting::default());
         let dev = Device::gpu(Arc::clone(&rt) as _);
+        // Launched as queued, so that they are counted as they come.
+        dev.set_graphs(false);
         let (layers, kv_heads, heads, hd) = (4, 2, 4, 64);
         let shape = KvShape {
             n_layers: layers,

@@ -44,7 +44,7 @@ pub const MAX_ARGS: usize = 24;
 
 /// Arguments laid out as `cuLaunchKernel` reads them: one 8-byte slot per argument, each holding the
 /// value's bytes from its start (little-endian), so a pointer to slot `i` is a pointer to argument `i`.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Params {
     slots: [u64; MAX_ARGS],
     len: usize,
@@ -121,14 +121,56 @@ impl Shape {
 
 /// Runs kernels (in order, on one stream).
 pub trait Launcher {
+    /// Queues `kernel` of `module` with `shape` and its arguments laid out in `params`.
+    fn launch_params(
+        &self,
+        module: &'static Module,
+        kernel: &'static str,
+        shape: Shape,
+        params: &Params,
+    ) -> Result<(), DeviceError>;
+
     /// Queues `kernel` of `module` with `shape` and `args`.
     fn launch(
         &self,
-        module: &Module,
+        module: &'static Module,
         kernel: &'static str,
         shape: Shape,
         args: &[Arg],
-    ) -> Result<(), DeviceError>;
+    ) -> Result<(), DeviceError> {
+        self.launch_params(module, kernel, shape, &Params::new(args))
+    }
+}
+
+/// One kernel launch, as a graph records it.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch {
+    /// The module.
+    pub module: &'static Module,
+    /// The kernel.
+    pub kernel: &'static str,
+    /// Its shape.
+    pub shape: Shape,
+    /// Its arguments.
+    pub params: Params,
+}
+
+impl PartialEq for Launch {
+    fn eq(&self, o: &Launch) -> bool {
+        self.module.name == o.module.name
+            && self.kernel == o.kernel
+            && self.shape == o.shape
+            && self.params == o.params
+    }
+}
+
+impl Eq for Launch {}
+
+impl Launch {
+    /// Queues it on `l`.
+    pub fn run(&self, l: &dyn Launcher) -> Result<(), DeviceError> {
+        l.launch_params(self.module, self.kernel, self.shape, &self.params)
+    }
 }
 
 /// The most tokens one matrix-vector launch takes (`MV_TOKENS` in `matvec.cu`); more are split.

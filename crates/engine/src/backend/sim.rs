@@ -3,8 +3,9 @@
 //! tests (a whole forward pass on [`super::gpu::GpuDevice`]) run on it.
 
 use super::DeviceError;
+use super::gpu::Graph;
 use super::gpu::{DevMem, GpuRuntime};
-use super::launch::{Arg, DevPtr, Launcher, Params, Shape};
+use super::launch::{DevPtr, Launch, Launcher, Params, Shape};
 use thorn_kernels::Module;
 
 /// The simulator as a launcher: device memory is host memory, a device pointer a host address.
@@ -12,14 +13,14 @@ use thorn_kernels::Module;
 pub(crate) struct Sim;
 
 impl Launcher for Sim {
-    fn launch(
+    fn launch_params(
         &self,
-        module: &Module,
+        module: &'static Module,
         kernel: &'static str,
         shape: Shape,
-        args: &[Arg],
+        params: &Params,
     ) -> Result<(), DeviceError> {
-        let mut params = Params::new(args);
+        let mut params = *params;
         let n = params.len();
         let mut ptrs = params.pointers();
         #[expect(unsafe_code, reason = "runs a kernel on host buffers")]
@@ -85,6 +86,29 @@ impl GpuRuntime for Sim {
         // Simulated launches finish before they return.
         Ok(())
     }
+
+    fn capture(&self, launches: &[Launch]) -> Result<Box<dyn Graph>, DeviceError> {
+        Ok(Box::new(SimGraph {
+            launches: launches.to_vec(),
+            rt: None,
+        }))
+    }
+}
+
+/// A simulated graph: its launches, replayed in order (on the counting runtime, counted there).
+#[derive(Debug)]
+struct SimGraph {
+    launches: Vec<Launch>,
+    rt: Option<std::sync::Arc<Counting>>,
+}
+
+impl Graph for SimGraph {
+    fn launch(&self) -> Result<(), DeviceError> {
+        if let Some(c) = &self.rt {
+            c.count(|c| c.graphs += 1);
+        }
+        self.launches.iter().try_for_each(|l| l.run(&Sim))
+    }
 }
 
 /// What a [`Counting`] runtime was asked to do.
@@ -98,6 +122,10 @@ pub(crate) struct Counts {
     pub downloads: usize,
     /// Waits for the queued work.
     pub waits: usize,
+    /// Graphs captured.
+    pub captures: usize,
+    /// Graph launches.
+    pub graphs: usize,
 }
 
 /// The simulator, counting what the GPU device asks of it: the tests of what an op queues and when it
@@ -105,9 +133,17 @@ pub(crate) struct Counts {
 #[derive(Debug, Default)]
 pub(crate) struct Counting {
     counts: std::sync::Mutex<Counts>,
+    me: std::sync::OnceLock<std::sync::Weak<Counting>>,
 }
 
 impl Counting {
+    /// A counting runtime (its graphs count their launches on it).
+    pub fn new() -> std::sync::Arc<Counting> {
+        let c = std::sync::Arc::new(Counting::default());
+        let _ = c.me.set(std::sync::Arc::downgrade(&c));
+        c
+    }
+
     /// The counts since the last call (and starts again from zero).
     pub fn take(&self) -> Counts {
         std::mem::take(&mut *self.counts.lock().unwrap())
@@ -119,15 +155,15 @@ impl Counting {
 }
 
 impl Launcher for Counting {
-    fn launch(
+    fn launch_params(
         &self,
-        module: &Module,
+        module: &'static Module,
         kernel: &'static str,
         shape: Shape,
-        args: &[Arg],
+        params: &Params,
     ) -> Result<(), DeviceError> {
         self.count(|c| c.launches += 1);
-        Sim.launch(module, kernel, shape, args)
+        Sim.launch_params(module, kernel, shape, params)
     }
 }
 
@@ -157,6 +193,14 @@ impl GpuRuntime for Counting {
     fn synchronize(&self) -> Result<(), DeviceError> {
         self.count(|c| c.waits += 1);
         Ok(())
+    }
+
+    fn capture(&self, launches: &[Launch]) -> Result<Box<dyn Graph>, DeviceError> {
+        self.count(|c| c.captures += 1);
+        Ok(Box::new(SimGraph {
+            launches: launches.to_vec(),
+            rt: self.me.get().and_then(std::sync::Weak::upgrade),
+        }))
     }
 }
 

@@ -438,6 +438,7 @@ mod tests {
             )
         };
         let x0 = data(n * d, 5);
+        gpu.set_graphs(false);
         let out = |dev: &Device, counted: bool| {
             let mlp = block(dev);
             let run = Run {
@@ -472,5 +473,57 @@ mod tests {
             .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         assert!(diff <= 0.05 * scale, "max diff {diff} of {scale}");
         assert_ne!(want, x0);
+    }
+
+    /// With graphs on, a GPU pass's launches are recorded and run when the host reads: the first warm
+    /// pass launches them one by one, the second (the same launches) captures a graph, the third replays
+    /// it; every pass computes the same bits as with graphs off.
+    #[test]
+    fn repeated_passes_replay_one_graph_with_the_same_results() {
+        use std::sync::Arc;
+        let rt = crate::backend::sim::Counting::new();
+        let (d, f, n) = (64, 96, 2);
+        let ty = GgmlType::Q4_0;
+        let (g, u, w) = (
+            quantize_rows(ty, f, d, 6),
+            quantize_rows(ty, f, d, 7),
+            quantize_rows(ty, d, f, 8),
+        );
+        let passes = |dev: &Device| {
+            let m = |b: &[u8], rows, cols| dev.matrix(ty, rows, cols, b).unwrap();
+            let mlp = Mlp::fused(
+                dev.buf(data(d, 9)).unwrap(),
+                Linear::new(dev.concat(vec![m(&g, f, d), m(&u, f, d)]).unwrap()),
+                Linear::new(m(&w, d, f)),
+            );
+            let run = Run {
+                dev,
+                reference: None,
+                eps: 1e-5,
+            };
+            let (mut ws, mut s) = (Workspace::default(), MlpScratch::default());
+            let mut x = dev.buf(data(n * d, 10)).unwrap();
+            (0..5)
+                .map(|_| {
+                    mlp.forward(&run, &mut x, n, &mut s, &mut ws, &mut None)
+                        .unwrap();
+                    x.read_back(n * d).to_vec()
+                })
+                .collect::<Vec<_>>()
+        };
+        let off = Device::gpu(Arc::clone(&rt) as _);
+        off.set_graphs(false);
+        let want = passes(&off);
+        let on = Device::gpu(Arc::clone(&rt) as _);
+        rt.take();
+        let got = passes(&on);
+        assert_eq!(got, want, "graphs change the results");
+        let c = rt.take();
+        let st = on.graph_stats().unwrap();
+        // Passes 1 and 2 launch one by one (the first also grows the buffers, which splits its
+        // launches), 3 captures, 4 and 5 replay.
+        assert_eq!((st.captures, st.replays), (1, 2), "{st:?}");
+        assert_eq!((c.captures, c.graphs), (1, 3), "{c:?}");
+        assert!(st.graph_kernels >= 3 * 5, "{st:?}");
     }
 }

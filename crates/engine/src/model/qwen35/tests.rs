@@ -264,8 +264,11 @@ fn forward_matches_the_goldens_from_gguf_and_hf_prefilled_and_chunked() {
 /// and the MLP run as kernels, the DeltaNet ops on the host; see `backend::gpu`).
 #[test]
 fn the_forward_pass_on_the_gpu_device_matches_the_goldens() {
-    for dev in crate::backend::sim::gpu_devices() {
-        gpu_forward_matches_the_goldens(dev);
+    for graphs in [true, false] {
+        for dev in crate::backend::sim::gpu_devices() {
+            dev.set_graphs(graphs);
+            gpu_forward_matches_the_goldens(dev);
+        }
     }
 }
 
