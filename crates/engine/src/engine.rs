@@ -411,7 +411,8 @@ impl Engine {
         let turn_token = ["<|im_start|>", "<|start_header_id|>", "<start_of_turn>"]
             .into_iter()
             .find_map(|t| tokenizer.token_id(t).filter(|&id| tokenizer.is_control(id)));
-        let kv = KvCache::new(
+        let kv = KvCache::on(
+            &device,
             shape,
             KvConfig {
                 dtype: cfg.kv_dtype,
@@ -422,7 +423,7 @@ impl Engine {
                 snapshot_interval: cfg.snapshot_interval,
                 turn_token,
             },
-        );
+        )?;
         let spec = Speculator::new(fit_speculation(&model, cfg.speculation.clone()));
         Ok(Engine {
             device,
@@ -590,7 +591,13 @@ impl Engine {
 
     /// Throws the KV cache away and starts a fresh one (after a panic left its state unknown).
     pub fn rebuild_kv(&mut self) {
-        self.kv = KvCache::new(self.model.kv_shape(), *self.kv.config());
+        match KvCache::on(&self.device, self.model.kv_shape(), *self.kv.config()) {
+            Ok(kv) => self.kv = kv,
+            Err(e) => {
+                tracing::error!("rebuilding the KV cache: {e}; clearing it instead");
+                self.kv.clear();
+            }
+        }
     }
 
     /// Generates for `req`, calling `on_text` with each piece of text as soon as it is final.

@@ -28,6 +28,7 @@ pub use crate::backend::pages::{Gathered, KvDtype, KvShape, KvSlice, PageId, Pag
 pub use radix::{PrefixMatch, RadixTree};
 pub use state::{PrefixHash, Recurrent, SnapshotStats, Snapshots};
 
+use crate::backend::{Device, DeviceError};
 use crate::tokenizer::TokenId;
 use thiserror::Error;
 
@@ -242,6 +243,18 @@ impl KvCache {
     /// A cache for a model of `shape`, sized by `cfg.memory` (at least one page). For a hybrid model
     /// (`shape.recurrent > 0`) `cfg.state_memory` of it holds state snapshots and the rest KV pages.
     pub fn new(shape: KvShape, cfg: KvConfig) -> Self {
+        match Self::build(None, shape, cfg) {
+            Ok(kv) => kv,
+            Err(e) => unreachable!("host memory: {e}"),
+        }
+    }
+
+    /// The cache with its page pool in `dev`'s memory (see [`PagePool::on`]).
+    pub fn on(dev: &Device, shape: KvShape, cfg: KvConfig) -> Result<Self, DeviceError> {
+        Self::build(Some(dev), shape, cfg)
+    }
+
+    fn build(dev: Option<&Device>, shape: KvShape, cfg: KvConfig) -> Result<Self, DeviceError> {
         let page_size = cfg.page_size.max(1);
         let page_bytes = PagePool::page_bytes(shape, page_size, cfg.dtype);
         let state_memory = if shape.recurrent > 0 {
@@ -250,8 +263,12 @@ impl KvCache {
             0
         };
         let n_pages = ((cfg.memory - state_memory) / page_bytes).max(1);
-        KvCache {
-            pool: PagePool::new(shape, page_size, cfg.dtype, n_pages),
+        let pool = match dev {
+            Some(dev) => PagePool::on(dev, shape, page_size, cfg.dtype, n_pages)?,
+            None => PagePool::new(shape, page_size, cfg.dtype, n_pages),
+        };
+        Ok(KvCache {
+            pool,
             tree: RadixTree::new(page_size),
             cfg: KvConfig {
                 page_size,
@@ -265,7 +282,7 @@ impl KvCache {
                 ..KvStats::default()
             },
             snaps: Snapshots::new(shape.recurrent, state_memory),
-        }
+        })
     }
 
     /// Whether sequences carry recurrent state (a hybrid model).

@@ -12,9 +12,9 @@
 //! [`KernelCache`]) and launches its kernels with `cuLaunchKernel`. The launches themselves, and every
 //! kernel's test, are in [`super::launch`], the same code the CPU simulator runs.
 //!
-//! [`open`] hands out a [`GpuDevice`] over it when the GPU can read pageable host memory (Jetson Thor's
-//! unified memory, HMM or ATS), which the KV page pool needs while it is host memory (see [`super::gpu`]);
-//! a GPU that cannot is a typed error naming it.
+//! [`open`] hands out a [`GpuDevice`] over it (see [`super::gpu`]): every buffer the kernels address is
+//! device memory, or managed memory for the KV page pool, so the GPU needs no access to pageable host
+//! memory.
 
 use super::DeviceError;
 use super::gpu::Graph;
@@ -83,22 +83,10 @@ pub fn is_available() -> bool {
 /// Opens GPU `ordinal` as a device, kernels compiled into thorn's cache directory.
 pub fn open(ordinal: usize) -> Result<GpuDevice, DeviceError> {
     let gpu = Gpu::open(ordinal, kernel_cache_dir())?;
-    if !gpu.reads_host_memory()? {
-        return Err(DeviceError::Unsupported {
-            device: "this build's CUDA backend",
-            what: format!(
-                "GPU {ordinal} ({}): it cannot read pageable host memory (no HMM or ATS), which the GPU \
-                 device needs while the KV pages are host memory (its {} kernel modules are built: \
-                 `cargo test -p thorn-engine --features cuda` runs them there)",
-                gpu.describe(),
-                thorn_kernels::ALL.len()
-            ),
-        });
-    }
     Ok(GpuDevice::new(Arc::new(gpu)))
 }
 
-/// `kernels/` in thorn's cache directory.
+/// Where compiled kernels are cached: `kernels/` under thorn's cache directory.
 fn kernel_cache_dir() -> Option<std::path::PathBuf> {
     crate::cache_dir().map(|d| d.join("kernels"))
 }
@@ -214,17 +202,6 @@ impl Gpu {
     /// The GPU's name and the architecture its kernels are compiled for.
     pub fn describe(&self) -> String {
         format!("{} ({})", self.name, self.arch)
-    }
-
-    /// Whether kernels can read and write pageable host memory (HMM, ATS, or unified memory).
-    pub fn reads_host_memory(&self) -> Result<bool, DeviceError> {
-        let v = self
-            .ctx
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
-            )
-            .map_err(driver("reading the GPU's attributes"))?;
-        Ok(v != 0)
     }
 
     /// Kernel modules compiled and read from the PTX cache so far.
@@ -345,6 +322,27 @@ impl GpuRuntime for Gpu {
 
     fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError> {
         let buf = Gpu::alloc(self, bytes)?;
+        Ok(DevMem::new(buf.ptr(), bytes, Box::new(buf)))
+    }
+
+    #[expect(unsafe_code, reason = "a raw managed allocation")]
+    fn alloc_shared(&self, bytes: usize) -> Result<DevMem, DeviceError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        let n = bytes.max(1);
+        // SAFETY: a fresh managed allocation of n bytes (host- and device-addressable at one address),
+        // zeroed before anything reads it; freed by DevBuf after the stream is idle.
+        let ptr =
+            unsafe { result::malloc_managed(n, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
+                .map_err(driver("allocating managed memory"))?;
+        let buf = DevBuf {
+            ptr: DevPtr(ptr),
+            bytes,
+            stream: Arc::clone(&self.stream),
+        };
+        // SAFETY: the range is the allocation just made.
+        unsafe { result::memset_d8_sync(ptr, 0, n) }.map_err(driver("zeroing managed memory"))?;
         Ok(DevMem::new(buf.ptr(), bytes, Box::new(buf)))
     }
 

@@ -9,9 +9,9 @@
 //! order, so a queued kernel still sees what it was given, and staging that already holds the same bytes
 //! is not uploaded again: a decode step uploads its batch metadata once for all its layers.
 //!
-//! The KV page pool is still host memory, which the attention and KV-write kernels address directly: the
-//! GPU must read pageable host memory (Jetson Thor's coherent unified memory; HMM or ATS elsewhere), which
-//! [`super::cuda::open`] checks. On the host still: embedding rows (a few rows of exact dequantization from
+//! The KV page pool is memory the GPU and the host both address ([`SharedMem`]: CUDA managed memory, which
+//! stays in device memory while the GPU uses it), so that the prefix cache's page copies run on the host
+//! between passes as they do on the CPU. On the host still: embedding rows (a few rows of exact dequantization from
 //! the mapped file, then uploaded), the Gated DeltaNet ops (their kernels are in
 //! `launch`, not yet behind this API; the hybrid model reaches its buffers through `edit`) and the f64
 //! reference matmul.
@@ -33,6 +33,9 @@ pub trait GpuRuntime: Launcher + Send + Sync + std::fmt::Debug {
     fn describe(&self) -> String;
     /// `bytes` of zeroed device memory.
     fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError>;
+    /// `bytes` of zeroed device memory that the host addresses too, at the same address (CUDA managed
+    /// memory), for the host to reach only while no queued work uses it.
+    fn alloc_shared(&self, bytes: usize) -> Result<DevMem, DeviceError>;
     /// Queues a copy of `src` to device address `dst`; `src` may be reused when this returns.
     fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError>;
     /// Waits for the queued work, then copies `dst.len()` bytes from device address `src`.
@@ -305,6 +308,61 @@ impl Drop for GpuBuf {
     }
 }
 
+/// Device memory the host addresses too ([`GpuRuntime::alloc_shared`]): the KV page pool's stores. The
+/// host's views of it wait for the device's queued work first, and borrow it, so no op can be handed it
+/// to write while one is held.
+#[derive(Debug)]
+pub struct SharedMem {
+    mem: DevMem,
+    q: Arc<Queue>,
+}
+
+impl SharedMem {
+    /// Its device address.
+    pub fn ptr(&self) -> DevPtr {
+        self.mem.ptr()
+    }
+
+    /// Its bytes, once the queued work is done.
+    pub(super) fn host(&self) -> &[u8] {
+        if let Err(e) = self.q.wait() {
+            fail("KV pages", e);
+        }
+        #[expect(
+            unsafe_code,
+            reason = "a host view of memory the device shares with it"
+        )]
+        // SAFETY: the allocation is host-addressable at its device address for `bytes` bytes
+        // (alloc_shared's contract) and lives as long as `self`; no queued work uses it (waited above), and
+        // none can be queued to write it while this view borrows `self` (writers borrow the pool mutably).
+        unsafe {
+            std::slice::from_raw_parts(self.mem.ptr().0 as *const u8, self.mem.bytes)
+        }
+    }
+
+    /// Its bytes to change, once the queued work is done.
+    pub(super) fn host_mut(&mut self) -> &mut [u8] {
+        if let Err(e) = self.q.wait() {
+            fail("KV pages", e);
+        }
+        #[expect(
+            unsafe_code,
+            reason = "a host view of memory the device shares with it"
+        )]
+        // SAFETY: as `host`; the view is exclusive because it borrows `self` mutably.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.mem.ptr().0 as *mut u8, self.mem.bytes)
+        }
+    }
+}
+
+impl Drop for SharedMem {
+    fn drop(&mut self) {
+        // A queued kernel may still use the memory.
+        let _ = self.q.wait();
+    }
+}
+
 /// Where an [`super::buf::Edit`] of a GPU buffer writes its changes back.
 #[derive(Debug)]
 pub struct WriteBack {
@@ -544,6 +602,14 @@ impl GpuDevice {
             q: Arc::clone(&self.q),
         });
         Ok(())
+    }
+
+    /// `bytes` of zeroed memory the device and the host both address (the KV page pool).
+    pub fn shared(&self, bytes: usize) -> Result<SharedMem, DeviceError> {
+        Ok(SharedMem {
+            mem: self.rt.alloc_shared(bytes)?,
+            q: Arc::clone(&self.q),
+        })
     }
 
     /// `v` as a buffer in device memory.
@@ -941,7 +1007,8 @@ mod tests {
             head_dim: hd,
             recurrent: 0,
         };
-        let mut kv = KvCache::new(
+        let mut kv = KvCache::on(
+            &dev,
             shape,
             KvConfig {
                 dtype: KvDtype::F16,
@@ -950,7 +1017,8 @@ mod tests {
                 cache_output: false,
                 ..KvConfig::default()
             },
-        );
+        )
+        .unwrap();
         let mut seq = kv.acquire(&[]);
         let w = kv_heads * hd;
         let mut out = Default::default();

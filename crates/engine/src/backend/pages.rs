@@ -8,8 +8,15 @@
 //! FP8 pages carry one power-of-two scale per (page, layer, KV head) for keys and one for values. A row
 //! whose largest magnitude does not fit the current scale doubles it (as often as needed) and shifts the
 //! page's stored bytes down to match, which is exact for normal numbers.
+//!
+//! The stores are host memory, or on a GPU device memory that both the GPU and the host address
+//! ([`PagePool::on`]: CUDA managed memory, resident where it is used). The host reaches the latter only
+//! after the device's queued work is done: the pool's host methods wait for it, and the kernels take the
+//! pool by reference ([`PagePool::raw_parts`]), so none can be handed it while host code holds a view.
 
 use super::fp8::{self, e4m3_decode, e4m3_encode, e4m3_scale};
+use super::gpu::SharedMem;
+use super::{Device, DeviceError};
 use half::f16;
 
 /// Element type of the cache.
@@ -157,22 +164,68 @@ impl Gathered {
 /// Index of a page in the pool.
 pub type PageId = u32;
 
+/// Memory a store lives in.
+#[derive(Debug)]
+enum Region {
+    /// Host memory (a zeroed `Vec` is a lazy calloc: pages the cache never uses cost nothing).
+    Host(Vec<u64>),
+    /// A GPU's memory that the host addresses too.
+    Shared(SharedMem),
+}
+
+impl Region {
+    /// `bytes` of zeroed memory: the host's, or `dev`'s when it is a GPU.
+    fn zeroed(dev: Option<&Device>, bytes: usize) -> Result<Region, DeviceError> {
+        Ok(match dev {
+            Some(Device::Cuda(g)) => Region::Shared(g.shared(bytes.next_multiple_of(8))?),
+            Some(Device::Cpu(_)) | None => Region::Host(vec![0; bytes.div_ceil(8)]),
+        })
+    }
+
+    fn get<T: bytemuck::Pod>(&self) -> &[T] {
+        match self {
+            Region::Host(v) => bytemuck::cast_slice(v),
+            Region::Shared(m) => bytemuck::cast_slice(m.host()),
+        }
+    }
+
+    fn get_mut<T: bytemuck::Pod>(&mut self) -> &mut [T] {
+        match self {
+            Region::Host(v) => bytemuck::cast_slice_mut(v),
+            Region::Shared(m) => bytemuck::cast_slice_mut(m.host_mut()),
+        }
+    }
+
+    fn addr(&self) -> u64 {
+        match self {
+            Region::Host(v) => v.as_ptr() as u64,
+            Region::Shared(m) => m.ptr().0,
+        }
+    }
+}
+
+/// Keys or values: elements (f32, f16 bit patterns, or E4M3 bytes with one f32 scale per page, layer and
+/// head).
 #[derive(Debug)]
 enum Store {
-    F32(Vec<f32>),
-    /// f16 bit patterns (a zeroed `Vec<u16>` is a lazy calloc; `Vec<f16>` would be written eagerly).
-    F16(Vec<u16>),
-    /// E4M3 bytes and one scale per (page, layer, head).
-    Fp8(Vec<u8>, Vec<f32>),
+    F32(Region),
+    F16(Region),
+    Fp8(Region, Region),
 }
 
 impl Store {
-    fn new(dtype: KvDtype, elements: usize, scales: usize) -> Self {
-        match dtype {
-            KvDtype::F32 => Store::F32(vec![0.0; elements]),
-            KvDtype::F16 => Store::F16(vec![0; elements]),
-            KvDtype::Fp8 => Store::Fp8(vec![0; elements], vec![0.0; scales]),
-        }
+    fn new(
+        dev: Option<&Device>,
+        dtype: KvDtype,
+        elements: usize,
+        scales: usize,
+    ) -> Result<Self, DeviceError> {
+        let data = Region::zeroed(dev, elements * dtype.element_bytes())?;
+        Ok(match dtype {
+            KvDtype::F32 => Store::F32(data),
+            KvDtype::F16 => Store::F16(data),
+            KvDtype::Fp8 => Store::Fp8(data, Region::zeroed(dev, 4 * scales)?),
+        })
     }
 }
 
@@ -190,22 +243,47 @@ pub struct PagePool {
 }
 
 impl PagePool {
-    /// A pool of `n_pages` pages of `page_size` positions.
+    /// A pool of `n_pages` pages of `page_size` positions in host memory.
     pub fn new(shape: KvShape, page_size: usize, dtype: KvDtype, n_pages: usize) -> Self {
+        match Self::build(None, shape, page_size, dtype, n_pages) {
+            Ok(p) => p,
+            Err(e) => unreachable!("host memory: {e}"),
+        }
+    }
+
+    /// The pool in `dev`'s memory (host memory for the CPU; memory the GPU and the host both address on a
+    /// GPU).
+    pub fn on(
+        dev: &Device,
+        shape: KvShape,
+        page_size: usize,
+        dtype: KvDtype,
+        n_pages: usize,
+    ) -> Result<Self, DeviceError> {
+        Self::build(Some(dev), shape, page_size, dtype, n_pages)
+    }
+
+    fn build(
+        dev: Option<&Device>,
+        shape: KvShape,
+        page_size: usize,
+        dtype: KvDtype,
+        n_pages: usize,
+    ) -> Result<Self, DeviceError> {
         assert!(page_size > 0, "pages hold at least one position");
         let per_page = shape.n_layers * shape.n_kv_heads * page_size * shape.head_dim;
         let scales = shape.n_layers * shape.n_kv_heads * n_pages;
-        PagePool {
+        Ok(PagePool {
             shape,
             page_size,
             dtype,
             n_pages,
-            k: Store::new(dtype, per_page * n_pages, scales),
-            v: Store::new(dtype, per_page * n_pages, scales),
+            k: Store::new(dev, dtype, per_page * n_pages, scales)?,
+            v: Store::new(dev, dtype, per_page * n_pages, scales)?,
             refs: vec![0; n_pages],
             // Popped from the end: low page ids first.
             free: (0..n_pages as PageId).rev().collect(),
-        }
+        })
     }
 
     /// Bytes one page takes (keys, values and FP8 scales).
@@ -219,32 +297,22 @@ impl PagePool {
         2 * heads * page_size * shape.head_dim * dtype.element_bytes() + scales
     }
 
-    /// The addresses of the key and value stores and of their FP8 scales (0 for other types), for a device
-    /// that reads host memory (the GPU device's kernels take the pool where it is).
+    /// The addresses of the key and value stores and of their FP8 scales (0 for other types), for the
+    /// GPU device's kernels (which address the pool where it is).
     pub fn raw_parts(&self) -> (u64, u64, u64, u64) {
         fn parts(s: &Store) -> (u64, u64) {
             match s {
-                Store::F32(d) => (d.as_ptr() as u64, 0),
-                Store::F16(d) => (d.as_ptr() as u64, 0),
-                Store::Fp8(d, sc) => (d.as_ptr() as u64, sc.as_ptr() as u64),
+                Store::F32(d) | Store::F16(d) => (d.addr(), 0),
+                Store::Fp8(d, sc) => (d.addr(), sc.addr()),
             }
         }
         let ((k, ks), (v, vs)) = (parts(&self.k), parts(&self.v));
         (k, v, ks, vs)
     }
 
-    /// [`PagePool::raw_parts`], for writing through.
+    /// [`PagePool::raw_parts`], for kernels that write the pool (the borrow says so).
     pub fn raw_parts_mut(&mut self) -> (u64, u64, u64, u64) {
-        fn parts(s: &mut Store) -> (u64, u64) {
-            match s {
-                Store::F32(d) => (d.as_mut_ptr() as u64, 0),
-                Store::F16(d) => (d.as_mut_ptr() as u64, 0),
-                Store::Fp8(d, sc) => (d.as_mut_ptr() as u64, sc.as_mut_ptr() as u64),
-            }
-        }
-        let (k, ks) = parts(&mut self.k);
-        let (v, vs) = parts(&mut self.v);
-        (k, v, ks, vs)
+        self.raw_parts()
     }
 
     /// Positions per page.
@@ -286,8 +354,8 @@ impl PagePool {
             // A fresh page starts unscaled; its first row sets the scale.
             let heads = self.shape.n_layers * self.shape.n_kv_heads;
             let r = p as usize * heads..(p as usize + 1) * heads;
-            ks[r.clone()].fill(0.0);
-            vs[r].fill(0.0);
+            ks.get_mut::<f32>()[r.clone()].fill(0.0);
+            vs.get_mut::<f32>()[r].fill(0.0);
         }
         Some(p)
     }
@@ -335,10 +403,11 @@ impl PagePool {
             for h in 0..heads {
                 let (s, d) = (s0 + h * span, d0 + h * span);
                 match store {
-                    Store::F32(x) => x.copy_within(s..s + n * hd, d),
-                    Store::F16(x) => x.copy_within(s..s + n * hd, d),
+                    Store::F32(x) => x.get_mut::<f32>().copy_within(s..s + n * hd, d),
+                    Store::F16(x) => x.get_mut::<u16>().copy_within(s..s + n * hd, d),
                     Store::Fp8(x, sc) => {
-                        x.copy_within(s..s + n * hd, d);
+                        x.get_mut::<u8>().copy_within(s..s + n * hd, d);
+                        let sc = sc.get_mut::<f32>();
                         sc[ds + h] = sc[ss + h];
                     }
                 }
@@ -371,8 +440,8 @@ impl PagePool {
                 let d = self.block(dst, layer, h) + dst_slot * hd;
                 for store in [&mut self.k, &mut self.v] {
                     match store {
-                        Store::F32(x) => x.copy_within(s..s + hd, d),
-                        Store::F16(x) => x.copy_within(s..s + hd, d),
+                        Store::F32(x) => x.get_mut::<f32>().copy_within(s..s + hd, d),
+                        Store::F16(x) => x.get_mut::<u16>().copy_within(s..s + hd, d),
                         Store::Fp8(..) => unreachable!("handled above"),
                     }
                 }
@@ -395,13 +464,14 @@ impl PagePool {
             ] {
                 let row = o + slot * hd;
                 match store {
-                    Store::F32(d) => d[row..row + hd].copy_from_slice(src),
+                    Store::F32(d) => d.get_mut::<f32>()[row..row + hd].copy_from_slice(src),
                     Store::F16(d) => {
-                        for (x, &s) in d[row..row + hd].iter_mut().zip(src) {
+                        for (x, &s) in d.get_mut::<u16>()[row..row + hd].iter_mut().zip(src) {
                             *x = f16::from_f32(s).to_bits();
                         }
                     }
                     Store::Fp8(d, scales) => {
+                        let (d, scales) = (d.get_mut::<u8>(), scales.get_mut::<f32>());
                         let amax = src.iter().fold(0f32, |m, x| m.max(x.abs()));
                         let mut scale = scales[si];
                         let need = e4m3_scale(amax);
@@ -440,11 +510,13 @@ impl PagePool {
         let o = self.block(page, layer, head);
         let r = o..o + self.page_size * self.shape.head_dim;
         match s {
-            Store::F32(d) => KvSlice::F32(&d[r]),
-            Store::F16(d) => KvSlice::F16(half::slice::HalfBitsSliceExt::reinterpret_cast(&d[r])),
+            Store::F32(d) => KvSlice::F32(&d.get::<f32>()[r]),
+            Store::F16(d) => KvSlice::F16(half::slice::HalfBitsSliceExt::reinterpret_cast(
+                &d.get::<u16>()[r],
+            )),
             Store::Fp8(d, scales) => KvSlice::Fp8 {
-                data: &d[r],
-                scale: scales[self.scale_index(page, layer, head)],
+                data: &d.get::<u8>()[r],
+                scale: scales.get::<f32>()[self.scale_index(page, layer, head)],
             },
         }
     }

@@ -399,7 +399,8 @@ mod tests {
         let mut model = Llama::load(Arc::clone(g), dev).unwrap();
         model.layers.truncate(layers);
         let dtype = KvDtype::F16;
-        let mut kv = KvCache::new(
+        let mut kv = KvCache::on(
+            dev,
             model.kv_shape(),
             KvConfig {
                 dtype,
@@ -408,7 +409,8 @@ mod tests {
                 cache_output: false,
                 ..KvConfig::default()
             },
-        );
+        )
+        .unwrap();
         let (mut s, mut batch, mut seq) = (Scratch::default(), Batch::default(), kv.acquire(&[]));
         let mut out = Vec::new();
         for chunk in [

@@ -191,21 +191,24 @@ impl Runner {
     /// A runner on `dev` (which must be the device the model was loaded for).
     fn on(model: Qwen35, dev: Device) -> Self {
         let shape = model.config().kv_shape();
+        let kv = KvCache::on(
+            &dev,
+            shape,
+            KvConfig {
+                dtype: KvDtype::F32,
+                page_size: 16,
+                memory: 1 << 22,
+                cache_output: true,
+                state_memory: 1 << 20,
+                snapshot_interval: 2048,
+                turn_token: None,
+            },
+        )
+        .unwrap();
         Runner {
             model,
             dev,
-            kv: KvCache::new(
-                shape,
-                KvConfig {
-                    dtype: KvDtype::F32,
-                    page_size: 16,
-                    memory: 1 << 22,
-                    cache_output: true,
-                    state_memory: 1 << 20,
-                    snapshot_interval: 2048,
-                    turn_token: None,
-                },
-            ),
+            kv,
             batch: Batch::default(),
             scratch: Scratch::default(),
         }
