@@ -173,17 +173,20 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
     let profile = e.profile().cloned().unwrap_or_default();
     e.set_profiling(false);
     // A GPU's launches per decode step, and how many of them ran inside graphs.
-    let before = e.device().graph_stats();
-    let mut s = e.session();
-    for t in tokens(8, vocab, 400) {
-        s.eval(&[t])?;
-    }
-    drop(s);
-    let launches = e.device().graph_stats().zip(before).map(|(a, b)| {
-        let graphs = (a.graph_kernels - b.graph_kernels) as f64 / 8.0;
-        let single = (a.kernels - b.kernels) as f64 / 8.0;
-        (graphs + single, graphs / (graphs + single).max(1.0))
-    });
+    let launches = match e.device().graph_stats() {
+        Some(b) => {
+            let mut s = e.session();
+            for t in tokens(8, vocab, 400) {
+                s.eval(&[t])?;
+            }
+            drop(s);
+            let a = e.device().graph_stats().unwrap_or(b);
+            let graphs = (a.graph_kernels - b.graph_kernels) as f64 / 8.0;
+            let single = (a.kernels - b.kernels) as f64 / 8.0;
+            Some((graphs + single, graphs / (graphs + single).max(1.0)))
+        }
+        None => None,
+    };
     let per_token_ms = total.as_secs_f64() * 1e3 / tg as f64;
     let stages: Vec<(String, f64)> = Stage::ALL
         .iter()

@@ -27,10 +27,13 @@
 //! | [`Device::write_kv_rows`] | the batch's keys and values into their KV page slots |
 //! | [`Device::attention`] | paged attention over a [`Batch`], draft-tree rows included |
 //! | [`Device::swiglu_rows`], [`Device::silu_mul`], [`Device::add`] | the MLP's activation and the residual |
+//! | [`Device::sigmoid_gate`] | gated attention's output gate |
 //!
-//! Activations are host memory today (the CPU's, and Thor's unified memory); the CUDA backend's buffers
-//! arrive with its kernels. Per-forward device state (quantized activations, attention partials) lives in a
-//! [`Workspace`] the caller keeps, so a pass allocates nothing once it has grown.
+//! Activations are [`Buf`]s in the device's memory (a `Vec` on the CPU, device memory on a GPU), grown by
+//! [`Device::grow`] and handed to the ops as [`View`] / [`ViewMut`] ranges; the host reaches them only
+//! through [`Buf::read_back`] and [`Buf::edit`] (see [`buf`]). A GPU queues its ops and returns, so a pass
+//! ends with [`Device::finish`]. Per-forward device state (quantized activations, attention partials)
+//! lives in a [`Workspace`] the caller keeps, so a pass allocates nothing once it has grown.
 
 pub mod batch;
 pub mod buf;

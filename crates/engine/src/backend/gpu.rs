@@ -1069,4 +1069,87 @@ mod tests {
         }
         kv.release(seq, None);
     }
+
+    /// Two ops of one recorded segment given different staging contents (RoPE rows of other positions):
+    /// the second upload waits for the first op's segment to run, so graphs on compute what graphs off do;
+    /// and host edits of a buffer reach the ops recorded after them.
+    #[test]
+    fn staging_a_recorded_op_was_handed_is_not_changed_under_it() {
+        use crate::backend::{Rope, rope_angles};
+        let (hd, heads, rows) = (16, 2, 3);
+        let w = heads * hd;
+        let mut table = Vec::new();
+        for p in 0..8 {
+            rope_angles(hd, p, 10000.0, &mut table);
+        }
+        let run = |graphs: bool| {
+            let rt = Counting::new();
+            let dev = Device::gpu(Arc::clone(&rt) as _);
+            dev.set_graphs(graphs);
+            let mut a = dev.buf(data(rows * w, 1)).unwrap();
+            let mut b = dev.buf(data(rows * w, 2)).unwrap();
+            dev.rope_rows(
+                Rope::Normal,
+                &mut a,
+                rows,
+                w,
+                w,
+                hd,
+                &[0, 1, 2],
+                &table,
+                hd / 2,
+            );
+            dev.rope_rows(
+                Rope::Normal,
+                &mut b,
+                rows,
+                w,
+                w,
+                hd,
+                &[5, 6, 7],
+                &table,
+                hd / 2,
+            );
+            {
+                let mut e = a.edit();
+                e[0] = 42.0;
+            }
+            dev.add(&mut b, &a);
+            (
+                a.read_back(rows * w).to_vec(),
+                b.read_back(rows * w).to_vec(),
+            )
+        };
+        let (want, got) = (run(false), run(true));
+        assert_eq!(got, want);
+        // And they are rotations at those positions (the CPU's).
+        let cpu = Device::cpu(1);
+        let (mut a, mut b) = (data(rows * w, 1), data(rows * w, 2));
+        cpu.rope_rows(
+            Rope::Normal,
+            &mut a,
+            rows,
+            w,
+            w,
+            hd,
+            &[0, 1, 2],
+            &table,
+            hd / 2,
+        );
+        cpu.rope_rows(
+            Rope::Normal,
+            &mut b,
+            rows,
+            w,
+            w,
+            hd,
+            &[5, 6, 7],
+            &table,
+            hd / 2,
+        );
+        a[0] = 42.0;
+        cpu.add(&mut b, &a);
+        let close = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| (p - q).abs() <= 1e-5);
+        assert!(close(&want.0, &a) && close(&want.1, &b));
+    }
 }

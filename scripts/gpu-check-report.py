@@ -1,0 +1,36 @@
+"""The decode table of scripts/gpu-check's report, from the `thorn bench engine --json` files in $OUT."""
+import json
+import os
+import sys
+
+out = sys.argv[1]
+print("\n## Decode on the GPU device\n")
+print("| model | graphs | pp512 tok/s | tg128 tok/s | TPOT ms | tg128 at depth 1024 tok/s | kernels/step | in graphs |")
+print("|---|---|---:|---:|---:|---:|---:|---:|")
+tpot = {}
+for name in ("qwen35", "smollm2"):
+    for graphs in ("true", "false"):
+        path = os.path.join(out, f"bench-{name}-graphs-{graphs}.json")
+        if not os.path.exists(path):
+            continue
+        try:
+            b = json.load(open(path))
+        except Exception as e:  # a failed run leaves an empty or partial file
+            print(f"| {name} | {graphs} | failed ({e}) | | | | | |")
+            continue
+        r = {x["test"]: x["tok_per_s"] for x in b["results"]}
+        tg = r.get("tg128", 0.0)
+        tpot[(name, graphs)] = 1000.0 / tg if tg else float("nan")
+        share = b.get("graph_share_of_kernels") or 0.0
+        kernels = b.get("kernels_per_decode_step") or 0.0
+        print(
+            f"| {name} | {graphs} | {r.get('pp512', 0):.0f} | {tg:.0f} | {tpot[(name, graphs)]:.3f} | "
+            f"{r.get('tg128@d1024', 0):.0f} | {kernels:.0f} | {100 * share:.0f}% |"
+        )
+for name in ("qwen35", "smollm2"):
+    if (name, "true") in tpot and (name, "false") in tpot:
+        on, off = tpot[(name, "true")], tpot[(name, "false")]
+        print(
+            f"\n- {name}: graphs save {100 * (1 - on / off):.0f}% of a decode step (TPOT {off:.3f} ms "
+            f"without, {on:.3f} ms with), what launching kernel by kernel costs a step"
+        )
