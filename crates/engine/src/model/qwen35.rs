@@ -272,7 +272,10 @@ struct DeltaNet {
 
 #[derive(Debug)]
 struct Attention {
+    /// The query rows of `attn_q` (its rows alternate a head's query and its output gate).
     q: Matrix,
+    /// The gate rows of `attn_q`.
+    gate: Matrix,
     k: Matrix,
     v: Matrix,
     q_norm: Buf,
@@ -339,7 +342,10 @@ pub struct Scratch {
     y: Vec<f32>,
     o: Buf,
     mix: Buf,
-    qg: Buf,
+    /// The queries before their norm.
+    qraw: Buf,
+    /// The attention's output gates.
+    gate: Buf,
     q: Buf,
     k: Buf,
     /// The normed keys.
@@ -449,7 +455,9 @@ impl Qwen35 {
                         + m.beta.bytes()
                         + m.out.bytes()
                 }
-                Mixer::Attention(a) => a.q.bytes() + a.k.bytes() + a.v.bytes() + a.out.bytes(),
+                Mixer::Attention(a) => {
+                    a.q.bytes() + a.gate.bytes() + a.k.bytes() + a.v.bytes() + a.out.bytes()
+                }
             };
             mix + l.mlp.bytes()
         });
@@ -793,10 +801,7 @@ impl Qwen35 {
             s.att.at_mut(..n * nh * hd),
             &mut s.ws,
         );
-        for r in 0..n * nh {
-            let gate = s.qg.at(r * 2 * hd + hd..(r + 1) * 2 * hd);
-            dev.sigmoid_gate(s.att.at_mut(r * hd..(r + 1) * hd), gate);
-        }
+        dev.sigmoid_gate(s.att.at_mut(..n * nh * hd), s.gate.at(..n * nh * hd));
         let att = dev.input(&s.att, n, nh * hd, &mut s.ws);
         dev.matmul(&a.out, &att, &mut s.mix);
         Ok(())
@@ -820,24 +825,15 @@ impl Qwen35 {
         let half = c.rope_dims / 2;
         let x = dev.input(&s.xb, n, c.d_model, &mut s.ws);
         if queries {
-            dev.matmul(&a.q, &x, &mut s.qg);
+            dev.matmul(&a.q, &x, &mut s.qraw);
+            dev.matmul(&a.gate, &x, &mut s.gate);
         }
         dev.matmul(&a.k, &x, &mut s.k);
         dev.matmul(&a.v, &x, &mut s.v);
         if queries {
-            // Each query head is the first half of its `[query | gate]` pair: normed head by head.
-            for r in 0..n * nh {
-                let src = s.qg.at(r * 2 * hd..r * 2 * hd + hd);
-                dev.rmsnorm_rows(
-                    src,
-                    &a.q_norm,
-                    c.eps,
-                    1,
-                    hd,
-                    s.q.at_mut(r * hd..(r + 1) * hd),
-                );
-            }
             let w = nh * hd;
+            let (q, qn) = (s.qraw.at(..n * w), s.q.at_mut(..n * w));
+            dev.rmsnorm_rows(q, &a.q_norm, c.eps, n * nh, hd, qn);
             let q = s.q.at_mut(..n * w);
             dev.rope_rows(Rope::Neox, q, n, w, w, hd, &batch.pos, &s.rope, half);
         }
@@ -955,9 +951,17 @@ fn load_attention(
     kv_layer: usize,
 ) -> Result<Attention, ModelError> {
     let n = |s: &str| format!("blk.{i}.{s}");
-    let (d, hd) = (c.d_model, c.head_dim);
+    let (d, hd, nh) = (c.d_model, c.head_dim, c.n_heads);
+    // `attn_q`'s rows are `[query | gate]` per head: two matrices, so that both come out contiguous.
+    let part = |gate: usize| -> Vec<usize> {
+        (0..nh)
+            .flat_map(|h| (h * 2 + gate) * hd..(h * 2 + gate + 1) * hd)
+            .collect()
+    };
+    let q = n("attn_q.weight");
     Ok(Attention {
-        q: w.matrix(dev, &n("attn_q.weight"), 2 * c.n_heads * hd, d)?,
+        q: w.matrix_rows(dev, &q, 2 * nh * hd, d, &part(0))?,
+        gate: w.matrix_rows(dev, &q, 2 * nh * hd, d, &part(1))?,
         k: w.matrix(dev, &n("attn_k.weight"), c.n_kv_heads * hd, d)?,
         v: w.matrix(dev, &n("attn_v.weight"), c.n_kv_heads * hd, d)?,
         q_norm: dev.buf(w.vector(&n("attn_q_norm.weight"), hd)?)?,

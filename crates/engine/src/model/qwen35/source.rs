@@ -44,6 +44,23 @@ pub trait Weights {
     ) -> Result<Matrix, ModelError> {
         Ok(dev.matrix_f32(rows, cols, self.matrix_f32(name, rows, cols)?)?)
     }
+
+    /// Rows `pick` (in that order) of a matrix of `rows` outputs over `cols` inputs, in `dev`'s layout.
+    fn matrix_rows(
+        &self,
+        dev: &Device,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        pick: &[usize],
+    ) -> Result<Matrix, ModelError> {
+        let f = self.matrix_f32(name, rows, cols)?;
+        let picked = pick
+            .iter()
+            .flat_map(|&r| f[r * cols..(r + 1) * cols].iter().copied())
+            .collect();
+        Ok(dev.matrix_f32(pick.len(), cols, picked)?)
+    }
 }
 
 fn shape_error(name: &str, got: Vec<u64>, want: Vec<u64>) -> ModelError {
@@ -99,6 +116,35 @@ impl Weights for Gguf {
             ));
         }
         Ok(dev.matrix(t.ty, rows, cols, self.tensor_data(t))?)
+    }
+
+    fn matrix_rows(
+        &self,
+        dev: &Device,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        pick: &[usize],
+    ) -> Result<Matrix, ModelError> {
+        let t = self.tensor(name)?;
+        let rb = t.ty.row_bytes(cols);
+        let (Some(rb), true) = (
+            rb,
+            t.rows_cols() == (rows as u64, cols as u64) && t.dims.len() == 2,
+        ) else {
+            return Err(shape_error(
+                name,
+                t.dims.clone(),
+                vec![cols as u64, rows as u64],
+            ));
+        };
+        // Rows of block types are whole blocks: they are picked as stored.
+        let data = self.tensor_data(t);
+        let picked: Vec<u8> = pick
+            .iter()
+            .flat_map(|&r| data[r * rb..(r + 1) * rb].iter().copied())
+            .collect();
+        Ok(dev.matrix(t.ty, pick.len(), cols, &picked)?)
     }
 }
 
