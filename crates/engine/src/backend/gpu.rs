@@ -54,18 +54,21 @@ pub trait Graph: Send + std::fmt::Debug {
     fn launch(&self) -> Result<(), DeviceError>;
 }
 
-/// The most graphs a device keeps (a decode step's shape changes rarely: its attention splits grow
-/// with the context; prefill chunks repeat less).
-const MAX_GRAPHS: usize = 8;
+/// The most graphs a device keeps (a decode step's segments change rarely: its attention splits grow with
+/// the context; prefill chunks repeat less). A hybrid model's step has a segment per host trip.
+const MAX_GRAPHS: usize = 32;
+
+/// The most segments launched kernel by kernel that are remembered, to be captured when one repeats.
+const MAX_RECENT: usize = 32;
 
 /// What a GPU device's launches did: graphs replayed and captured, and kernels launched one by one.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct GraphStats {
     /// Segments (the launches between two host waits) replayed from a graph.
     pub replays: usize,
-    /// Graphs captured (a segment that repeated the one before it).
+    /// Graphs captured (a segment that repeated one launched kernel by kernel).
     pub captures: usize,
-    /// Segments launched kernel by kernel (not seen twice in a row yet).
+    /// Segments launched kernel by kernel (not seen before).
     pub direct: usize,
     /// Kernels launched inside graphs.
     pub graph_kernels: usize,
@@ -76,9 +79,10 @@ pub struct GraphStats {
 /// How a GPU device's work reaches its runtime. Without graphs each launch goes straight to the stream.
 /// With graphs the launches are recorded into a segment, which ends when the host next needs the
 /// stream (a copy, a wait): a segment equal to one a graph was captured from replays that graph; one
-/// equal to the segment before it is captured (so a decode step's graph is captured at its second step
-/// and replayed from the third); any other is launched kernel by kernel. Replaying is launching the
-/// same kernels with the same arguments, so the results are the same bits either way.
+/// equal to a recent segment that was launched kernel by kernel is captured (so a decode step's
+/// segments are captured at its second step and replayed from the third); any other is launched kernel
+/// by kernel and remembered. Replaying is launching the same kernels with the same arguments, so the
+/// results are the same bits either way.
 ///
 /// A segment's kernels run after it ends, so the host must not change what they read before then: the
 /// copies to device memory end the segment first, and staging ([`DevVec`]) that an op of the segment
@@ -93,8 +97,8 @@ pub struct Queue {
 struct Recorder {
     on: bool,
     segment: Vec<Launch>,
-    /// The segment before, launched kernel by kernel.
-    last: Vec<Launch>,
+    /// Recent segments launched kernel by kernel, oldest first.
+    recent: Vec<Vec<Launch>>,
     /// The current segment's number.
     id: u64,
     /// Captured graphs and the segments they replay, most recently used last.
@@ -133,14 +137,14 @@ impl Queue {
             r.stats.graph_kernels += n;
             return Ok(());
         }
-        if r.last == r.segment {
+        if let Some(i) = r.recent.iter().position(|k| *k == r.segment) {
             match self.rt.capture(&r.segment) {
                 Ok(g) => {
                     let launched = g.launch();
                     if r.graphs.len() == MAX_GRAPHS {
                         r.graphs.remove(0);
                     }
-                    let key = r.segment.clone();
+                    let key = r.recent.remove(i);
                     r.graphs.push((key, g));
                     r.segment.clear();
                     launched?;
@@ -151,11 +155,18 @@ impl Queue {
                 Err(e) => {
                     tracing::warn!("CUDA graphs are off: capturing one failed ({e})");
                     r.on = false;
+                    r.recent.clear();
                 }
             }
         }
         let launched = r.segment.iter().try_for_each(|l| l.run(&*self.rt));
-        std::mem::swap(&mut r.last, &mut r.segment);
+        if r.on {
+            if r.recent.len() == MAX_RECENT {
+                r.recent.remove(0);
+            }
+            let seg = std::mem::take(&mut r.segment);
+            r.recent.push(seg);
+        }
         r.segment.clear();
         launched?;
         r.stats.direct += 1;

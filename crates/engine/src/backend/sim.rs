@@ -138,6 +138,8 @@ pub(crate) struct Counts {
 #[derive(Debug, Default)]
 pub(crate) struct Counting {
     counts: std::sync::Mutex<Counts>,
+    /// Whether captures fail (a driver without graphs).
+    refuse: std::sync::atomic::AtomicBool,
     me: std::sync::OnceLock<std::sync::Weak<Counting>>,
 }
 
@@ -147,6 +149,12 @@ impl Counting {
         let c = std::sync::Arc::new(Counting::default());
         let _ = c.me.set(std::sync::Arc::downgrade(&c));
         c
+    }
+
+    /// Makes every capture fail from now on.
+    pub fn refuse_graphs(&self) {
+        self.refuse
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The counts since the last call (and starts again from zero).
@@ -205,6 +213,12 @@ impl GpuRuntime for Counting {
     }
 
     fn capture(&self, launches: &[Launch]) -> Result<Box<dyn Graph>, DeviceError> {
+        if self.refuse.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(DeviceError::Unsupported {
+                device: "the kernel simulator",
+                what: "graphs (refused by the test)".into(),
+            });
+        }
         self.count(|c| c.captures += 1);
         Ok(Box::new(SimGraph {
             launches: launches.to_vec(),

@@ -525,5 +525,18 @@ mod tests {
         assert_eq!((st.captures, st.replays), (1, 2), "{st:?}");
         assert_eq!((c.captures, c.graphs), (1, 3), "{c:?}");
         assert!(st.graph_kernels >= 3 * 5, "{st:?}");
+
+        // A runtime whose captures fail: the segment runs kernel by kernel and graphs stay off.
+        let refusing = crate::backend::sim::Counting::new();
+        refusing.refuse_graphs();
+        let dev = Device::gpu(Arc::clone(&refusing) as _);
+        assert_eq!(passes(&dev), want, "a failed capture changes the results");
+        let st = dev.graph_stats().unwrap();
+        assert_eq!(
+            (st.captures, st.replays, st.graph_kernels),
+            (0, 0, 0),
+            "{st:?}"
+        );
+        assert!(st.kernels > 0, "{st:?}");
     }
 }

@@ -270,12 +270,12 @@ fn the_forward_pass_on_the_gpu_device_matches_the_goldens() {
     for graphs in [true, false] {
         for dev in crate::backend::sim::gpu_devices() {
             dev.set_graphs(graphs);
-            gpu_forward_matches_the_goldens(dev);
+            gpu_forward_matches_the_goldens(dev, graphs);
         }
     }
 }
 
-fn gpu_forward_matches_the_goldens(dev: Device) {
+fn gpu_forward_matches_the_goldens(dev: Device, graphs: bool) {
     let gold = golden();
     let model = Qwen35::from_gguf(&gguf(), &dev).unwrap();
     assert!(dev.name().starts_with("cuda/"), "{}", dev.name());
@@ -294,12 +294,27 @@ fn gpu_forward_matches_the_goldens(dev: Device) {
     let want = golden_tensor("continuation.C.logits");
     let mut seq = r.seq();
     r.run(&mut seq, &ids[..70], Logits::None);
+    let before = r.dev.graph_stats().unwrap();
     for (i, &t) in ids[70..].iter().enumerate() {
         let got = r.run(&mut seq, &[t], Logits::Last);
         let what = format!("GPU device, decode at {}", 70 + i);
         assert_close(&got, &want[i * 256..(i + 1) * 256], &what);
     }
     r.kv.release(seq, None);
+    // A decode step's launches do not change from one position to the next (positions, lengths and
+    // slots are in device buffers), so with graphs on the steps replay captured graphs.
+    let st = r.dev.graph_stats().unwrap();
+    eprintln!("GPU device, graphs {graphs}: {st:?}");
+    if graphs {
+        assert!(st.replays > before.replays + ids[70..].len(), "{st:?}");
+        let (in_graphs, single) = (
+            st.graph_kernels - before.graph_kernels,
+            st.kernels - before.kernels,
+        );
+        assert!(in_graphs > 10 * single, "{st:?}");
+    } else {
+        assert_eq!((st.replays, st.captures, st.graph_kernels), (0, 0, 0));
+    }
 }
 
 #[test]
