@@ -9,12 +9,15 @@
 //! order, so a queued kernel still sees what it was given, and staging that already holds the same bytes
 //! is not uploaded again: a decode step uploads its batch metadata once for all its layers.
 //!
+//! With CUDA graphs on (the default), the launches between two host waits are recorded and a repeated
+//! segment is replayed as one captured graph ([`Queue`]).
+//!
 //! The KV page pool is memory the GPU and the host both address ([`SharedMem`]: CUDA managed memory, which
 //! stays in device memory while the GPU uses it), so that the prefix cache's page copies run on the host
-//! between passes as they do on the CPU. On the host still: embedding rows (a few rows of exact dequantization from
-//! the mapped file, then uploaded), the Gated DeltaNet ops (their kernels are in
-//! `launch`, not yet behind this API; the hybrid model reaches its buffers through `edit`) and the f64
-//! reference matmul.
+//! between passes as they do on the CPU. On the host still: embedding rows (a few rows of exact
+//! dequantization from the mapped file, then uploaded), the Gated DeltaNet ops (their kernels are in
+//! `launch`, not yet behind this API: the recurrent state is host memory; the hybrid model reaches its
+//! buffers through `read_back` and `edit`) and the f64 reference matmul.
 
 use super::batch::Batch;
 use super::buf::{Buf, Mem, View, ViewMut};
