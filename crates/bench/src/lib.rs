@@ -188,7 +188,14 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
         None => None,
     };
     let per_token_ms = total.as_secs_f64() * 1e3 / tg as f64;
-    let stages: Vec<(String, f64)> = Stage::ALL
+    // The stages are timed on the host: a GPU's ops only queue there, so its profile would be the time
+    // to queue, not to run; it has none.
+    let profiled_stages = if launches.is_some() {
+        &[][..]
+    } else {
+        &Stage::ALL[..]
+    };
+    let stages: Vec<(String, f64)> = profiled_stages
         .iter()
         .map(|s| {
             (
@@ -236,7 +243,10 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
                 100.0 * share
             );
         }
-        println!("decode profile at depth 0 ({per_token_ms:.2} ms/token, profiled run):");
+        println!("decode at depth 0: {per_token_ms:.3} ms/token (profiled run)");
+        if !stages.is_empty() {
+            println!("decode profile at depth 0:");
+        }
         for (name, ms) in &stages {
             println!(
                 "  {name:<12} {ms:>7.3} ms  {:>5.1}%",
