@@ -23,7 +23,7 @@
 //! | [`Device::norm_logit_rows`] | the final norm of the rows whose logits a batch wants (the LM head's input) |
 //! | [`Device::input`] + [`Device::matmul`] | `W·x` over quantized weights; the CPU quantizes the activations to 8 bits per 32 once per input, inside |
 //! | [`Device::matmul_reference`] | the f64-accumulated check path over the stored GGUF rows |
-//! | [`Device::rope`] | rotary embedding, llama.cpp's normal (adjacent pairs) or NeoX (halves, partial) |
+//! | [`Device::rope_rows`] | rotary embedding of a batch's rows at their positions, llama.cpp's normal (adjacent pairs) or NeoX (halves, partial) |
 //! | [`Device::write_kv_rows`] | the batch's keys and values into their KV page slots |
 //! | [`Device::attention`] | paged attention over a [`Batch`], draft-tree rows included |
 //! | [`Device::swiglu_rows`], [`Device::silu_mul`], [`Device::add`] | the MLP's activation and the residual |
@@ -593,29 +593,6 @@ impl Device {
         m
     }
 
-    /// Rotates every head of `x` (heads of `head_dim` floats, back to back) by `angles` (`(cos, sin)` per
-    /// pair, one position's table).
-    pub fn rope<'v>(
-        &self,
-        kind: Rope,
-        x: impl Into<ViewMut<'v>>,
-        head_dim: usize,
-        angles: &[(f32, f32)],
-    ) {
-        let x = x.into();
-        match self {
-            Device::Cpu(_) => match (kind, x.host()) {
-                (Rope::Normal, x) => cpu::ops::rope_table(x, head_dim, angles),
-                (Rope::Neox, x) => {
-                    for head in x.chunks_exact_mut(head_dim) {
-                        cpu::ops::rope_neox(head, angles);
-                    }
-                }
-            },
-            Device::Cuda(g) => g.rope(kind, x, head_dim, angles),
-        }
-    }
-
     /// RoPE of `rows` rows `stride` floats apart, each over its first `width` floats (whole heads of
     /// `head_dim`; a fused QKV row's Q and K heads), row `t` at position `positions[t]` of `table` (`n_angles`
     /// `(cos, sin)` pairs per position, the layout `rope_angles` appends).
@@ -632,20 +609,24 @@ impl Device {
         table: &[(f32, f32)],
         n_angles: usize,
     ) {
-        let mut x = x.into();
+        let x = x.into();
         if let Device::Cuda(g) = self {
             let p = &positions[..rows];
             return g.rope_rows(kind, x, rows, stride, width, head_dim, p, table, n_angles);
         }
+        let x = x.host();
         for (t, &p) in positions[..rows].iter().enumerate() {
             let p = p as usize;
             let angles = &table[p * n_angles..(p + 1) * n_angles];
-            self.rope(
-                kind,
-                x.slice(t * stride..t * stride + width),
-                head_dim,
-                angles,
-            );
+            let row = &mut x[t * stride..t * stride + width];
+            match kind {
+                Rope::Normal => cpu::ops::rope_table(row, head_dim, angles),
+                Rope::Neox => {
+                    for head in row.chunks_exact_mut(head_dim) {
+                        cpu::ops::rope_neox(head, angles);
+                    }
+                }
+            }
         }
     }
 

@@ -540,7 +540,7 @@ impl Staging {
 /// A GPU: its runtime, and the ops of the device API on it.
 #[derive(Debug)]
 pub struct GpuDevice {
-    rt: Arc<dyn GpuRuntime>,
+    /// Its runtime, behind the queue its work goes through.
     q: Arc<Queue>,
     /// Per-op staging; ops run one at a time.
     staging: Box<Mutex<Staging>>,
@@ -549,10 +549,9 @@ pub struct GpuDevice {
 impl GpuDevice {
     /// The device over `rt`, with CUDA graphs on.
     pub fn new(rt: Arc<dyn GpuRuntime>) -> Self {
-        let q = Arc::new(Queue::new(Arc::clone(&rt)));
+        let q = Arc::new(Queue::new(rt));
         q.rec().on = true;
         GpuDevice {
-            rt,
             q,
             staging: Box::new(Mutex::new(Staging::default())),
         }
@@ -579,7 +578,7 @@ impl GpuDevice {
 
     /// Its name for reports.
     pub fn name(&self) -> String {
-        format!("cuda/{}", self.rt.describe())
+        format!("cuda/{}", self.q.rt.describe())
     }
 
     /// Queues `f`'s launches (see [`fail`] for what a failure is).
@@ -604,7 +603,7 @@ impl GpuDevice {
             return Ok(());
         }
         let len = n.max(b.len());
-        let mem = self.rt.alloc(4 * len)?;
+        let mem = self.q.rt.alloc(4 * len)?;
         match &b.mem {
             Mem::Host(v) => self.q.upload(mem.ptr(), bytemuck::cast_slice(v))?,
             Mem::Gpu(g) => self.q.copy(mem.ptr(), g.ptr(), 4 * g.len())?,
@@ -621,7 +620,7 @@ impl GpuDevice {
     /// `bytes` of zeroed memory the device and the host both address (the KV page pool).
     pub fn shared(&self, bytes: usize) -> Result<SharedMem, DeviceError> {
         Ok(SharedMem {
-            mem: self.rt.alloc_shared(bytes)?,
+            mem: self.q.rt.alloc_shared(bytes)?,
             q: Arc::clone(&self.q),
         })
     }
@@ -699,7 +698,7 @@ impl GpuDevice {
 
     fn upload_weights(&self, mut w: Weights, data: &[u8]) -> Result<GpuMatrix, DeviceError> {
         w.check()?;
-        let mem = self.rt.alloc(data.len())?;
+        let mem = self.q.rt.alloc(data.len())?;
         self.q.upload(mem.ptr(), data)?;
         w.ptr = mem.ptr();
         Ok(GpuMatrix { w, mem })
@@ -715,7 +714,7 @@ impl GpuDevice {
             return None;
         }
         let total: usize = parts.iter().map(|p| p.mem.bytes).sum();
-        let mem = self.rt.alloc(total).ok()?;
+        let mem = self.q.rt.alloc(total).ok()?;
         let mut at = 0;
         for p in parts {
             self.q
@@ -805,21 +804,6 @@ impl GpuDevice {
         );
         let (xp, wp, op) = (x.ptr(), w.ptr(), out.ptr());
         self.run("rmsnorm", |l| launch::rmsnorm(l, xp, wp, op, n, d, eps));
-    }
-
-    /// RoPE of every head of `x` (one token) by `angles`.
-    pub fn rope(&self, kind: Rope, x: ViewMut<'_>, head_dim: usize, angles: &[(f32, f32)]) {
-        let s = &mut *self.staging();
-        let heads = x.len() / head_dim;
-        s.table.clear();
-        s.table.extend(angles.iter().flat_map(|&(c, si)| [c, si]));
-        s.pos.clear();
-        s.pos.push(0);
-        let (pp, tp) = s.rope(&self.q).unwrap_or_else(|e| fail("rope", e));
-        let (xp, w, n) = (x.ptr(), heads * head_dim, angles.len());
-        self.run("rope", |l| {
-            launch::rope(l, kind, xp, pp, tp, 1, w, heads, head_dim, n)
-        });
     }
 
     /// RoPE of `rows` strided rows at their positions (see [`super::Device::rope_rows`]).
@@ -1010,7 +994,7 @@ mod tests {
     /// slots) uploads what changed.
     #[test]
     fn the_batch_metadata_is_uploaded_once_per_pass_and_nothing_waits() {
-        let rt = Arc::new(Counting::default());
+        let rt = Counting::new();
         let dev = Device::gpu(Arc::clone(&rt) as _);
         // Launched as queued, so that they are counted as they come.
         dev.set_graphs(false);

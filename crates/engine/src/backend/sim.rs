@@ -95,7 +95,7 @@ impl GpuRuntime for Sim {
     fn capture(&self, launches: &[Launch]) -> Result<Box<dyn Graph>, DeviceError> {
         Ok(Box::new(SimGraph {
             launches: launches.to_vec(),
-            rt: None,
+            counts: None,
         }))
     }
 }
@@ -104,13 +104,18 @@ impl GpuRuntime for Sim {
 #[derive(Debug)]
 struct SimGraph {
     launches: Vec<Launch>,
-    rt: Option<std::sync::Arc<Counting>>,
+    counts: Option<std::sync::Arc<std::sync::Mutex<Counts>>>,
+}
+
+/// Adds to `counts`.
+fn count(counts: &std::sync::Mutex<Counts>, f: impl FnOnce(&mut Counts)) {
+    f(&mut counts.lock().unwrap());
 }
 
 impl Graph for SimGraph {
     fn launch(&self) -> Result<(), DeviceError> {
-        if let Some(c) = &self.rt {
-            c.count(|c| c.graphs += 1);
+        if let Some(c) = &self.counts {
+            count(c, |c| c.graphs += 1);
         }
         self.launches.iter().try_for_each(|l| l.run(&Sim))
     }
@@ -137,18 +142,16 @@ pub(crate) struct Counts {
 /// waits.
 #[derive(Debug, Default)]
 pub(crate) struct Counting {
-    counts: std::sync::Mutex<Counts>,
+    /// Shared with the graphs it captures, which count their launches there.
+    counts: std::sync::Arc<std::sync::Mutex<Counts>>,
     /// Whether captures fail (a driver without graphs).
     refuse: std::sync::atomic::AtomicBool,
-    me: std::sync::OnceLock<std::sync::Weak<Counting>>,
 }
 
 impl Counting {
-    /// A counting runtime (its graphs count their launches on it).
+    /// A counting runtime, shared with the device that runs on it.
     pub fn new() -> std::sync::Arc<Counting> {
-        let c = std::sync::Arc::new(Counting::default());
-        let _ = c.me.set(std::sync::Arc::downgrade(&c));
-        c
+        std::sync::Arc::default()
     }
 
     /// Makes every capture fail from now on.
@@ -163,7 +166,7 @@ impl Counting {
     }
 
     fn count(&self, f: impl FnOnce(&mut Counts)) {
-        f(&mut self.counts.lock().unwrap());
+        count(&self.counts, f);
     }
 }
 
@@ -222,7 +225,7 @@ impl GpuRuntime for Counting {
         self.count(|c| c.captures += 1);
         Ok(Box::new(SimGraph {
             launches: launches.to_vec(),
-            rt: self.me.get().and_then(std::sync::Weak::upgrade),
+            counts: Some(std::sync::Arc::clone(&self.counts)),
         }))
     }
 }

@@ -419,7 +419,7 @@ mod tests {
     #[test]
     fn an_mlp_on_the_gpu_device_waits_only_when_the_host_reads() {
         use std::sync::Arc;
-        let rt = Arc::new(crate::backend::sim::Counting::default());
+        let rt = crate::backend::sim::Counting::new();
         let gpu = Device::gpu(Arc::clone(&rt) as _);
         let cpu = Device::cpu(1);
         let (d, f, n) = (64, 96, 3);

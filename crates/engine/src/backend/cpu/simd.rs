@@ -530,13 +530,6 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `gate = silu(gate) * up`, in place.
-pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
-}
-
 /// Keys per block of the grouped attention kernel (scores for a block live on the stack).
 const GROUP_CHUNK: usize = 64;
 /// Most query heads sharing one KV head that the grouped kernel handles (models with more are rejected at

@@ -71,6 +71,24 @@ fn shape_error(name: &str, got: Vec<u64>, want: Vec<u64>) -> ModelError {
     }
 }
 
+/// The GGUF tensor `name`, checked to be a matrix of `rows` outputs over `cols` inputs.
+fn matrix_tensor<'g>(
+    g: &'g Gguf,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<&'g crate::gguf::TensorInfo, ModelError> {
+    let t = g.tensor(name)?;
+    if t.rows_cols() != (rows as u64, cols as u64) || t.dims.len() != 2 {
+        return Err(shape_error(
+            name,
+            t.dims.clone(),
+            vec![cols as u64, rows as u64],
+        ));
+    }
+    Ok(t)
+}
+
 impl Weights for Gguf {
     fn tied_output(&self) -> bool {
         self.tensor("output.weight").is_err()
@@ -87,14 +105,7 @@ impl Weights for Gguf {
     }
 
     fn matrix_f32(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, ModelError> {
-        let t = self.tensor(name)?;
-        if t.rows_cols() != (rows as u64, cols as u64) || t.dims.len() != 2 {
-            return Err(shape_error(
-                name,
-                t.dims.clone(),
-                vec![cols as u64, rows as u64],
-            ));
-        }
+        let t = matrix_tensor(self, name, rows, cols)?;
         let mut w = vec![0f32; rows * cols];
         dequantize_ref(t.ty, self.tensor_data(t), &mut w)?;
         Ok(w)
@@ -107,14 +118,7 @@ impl Weights for Gguf {
         rows: usize,
         cols: usize,
     ) -> Result<Matrix, ModelError> {
-        let t = self.tensor(name)?;
-        if t.rows_cols() != (rows as u64, cols as u64) || t.dims.len() != 2 {
-            return Err(shape_error(
-                name,
-                t.dims.clone(),
-                vec![cols as u64, rows as u64],
-            ));
-        }
+        let t = matrix_tensor(self, name, rows, cols)?;
         Ok(dev.matrix(t.ty, rows, cols, self.tensor_data(t))?)
     }
 
@@ -126,18 +130,10 @@ impl Weights for Gguf {
         cols: usize,
         pick: &[usize],
     ) -> Result<Matrix, ModelError> {
-        let t = self.tensor(name)?;
-        let rb = t.ty.row_bytes(cols);
-        let (Some(rb), true) = (
-            rb,
-            t.rows_cols() == (rows as u64, cols as u64) && t.dims.len() == 2,
-        ) else {
-            return Err(shape_error(
-                name,
-                t.dims.clone(),
-                vec![cols as u64, rows as u64],
-            ));
-        };
+        let t = matrix_tensor(self, name, rows, cols)?;
+        let rb = t.ty.row_bytes(cols).ok_or_else(|| {
+            ModelError::Unsupported(format!("{name}: rows of {cols} weights of type {}", t.ty))
+        })?;
         // Rows of block types are whole blocks: they are picked as stored.
         let data = self.tensor_data(t);
         let picked: Vec<u8> = pick
