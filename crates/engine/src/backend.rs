@@ -28,12 +28,19 @@
 //! | [`Device::attention`] | paged attention over a [`Batch`], draft-tree rows included |
 //! | [`Device::swiglu_rows`], [`Device::silu_mul`], [`Device::add`] | the MLP's activation and the residual |
 //! | [`Device::sigmoid_gate`] | gated attention's output gate |
+//! | [`Device::gdn_conv`], [`Device::gdn_normalize_qk`], [`Device::gdn_gates`] | Gated DeltaNet's causal convolution (its window is state), q/k norms and gates |
+//! | [`Device::gdn_recurrence`], [`Device::gdn_chunked`] | the delta rule over a sequence's run, token by token (steps kept for verification) or in chunks |
+//! | [`Device::gdn_gated_norm`] | the DeltaNet output's gated norm |
 //!
 //! Activations are [`Buf`]s in the device's memory (a `Vec` on the CPU, device memory on a GPU), grown by
 //! [`Device::grow`] and handed to the ops as [`View`] / [`ViewMut`] ranges; the host reaches them only
 //! through [`Buf::read_back`] and [`Buf::edit`] (see [`buf`]). A GPU queues its ops and returns, so a pass
 //! ends with [`Device::finish`]. Per-forward device state (quantized activations, attention partials)
 //! lives in a [`Workspace`] the caller keeps, so a pass allocates nothing once it has grown.
+//!
+//! State the host owns between passes (a hybrid model's recurrent states, which the prefix cache snapshots)
+//! reaches the ops in place on the CPU ([`Device::addresses_host`]); a GPU's ops get a copy in a [`Buf`],
+//! written once per pass ([`Device::write`]) and read back once at its end.
 
 pub mod batch;
 pub mod buf;
@@ -63,7 +70,7 @@ use cpu::qmatmul::{QActs, QMatrix};
 pub use cpu::simd::{MAX_GROUP, MAX_HEAD_DIM};
 use pages::PagePool;
 
-use gdn::{HeadRun, Shape as GdnShape, Steps};
+use gdn::Shape as GdnShape;
 
 /// Why a device could not be used, or an op not run.
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +110,78 @@ pub enum DeviceError {
     /// Weights that cannot be decoded.
     #[error(transparent)]
     Quant(#[from] QuantError),
+}
+
+/// One sequence's run of tokens through a DeltaNet layer's recurrence: the normalised convolution output
+/// `y` (`n × conv_dim`) and the gates `g` (log decay) and `beta` (`n × vh` each).
+#[derive(Debug, Clone, Copy)]
+pub struct GdnRun<'v> {
+    /// Convolution outputs (q and k normalised).
+    pub y: View<'v>,
+    /// Log decay per token and value head.
+    pub g: View<'v>,
+    /// β per token and value head.
+    pub beta: View<'v>,
+    /// Tokens.
+    pub n: usize,
+}
+
+impl<'v> GdnRun<'v> {
+    /// The CPU kernels' view of value head `head`.
+    fn head(&self, head: usize) -> gdn::HeadRun<'v> {
+        gdn::HeadRun {
+            y: self.y.host(),
+            g: self.g.host(),
+            beta: self.beta.host(),
+            n: self.n,
+            head,
+        }
+    }
+}
+
+/// Where a DeltaNet op keeps the state after each of the last `count` tokens of a run (speculative
+/// verification): step `j` of the part of the state an op updates goes to `buf[j · stride + offset..]`.
+#[derive(Debug)]
+pub struct GdnSteps<'v> {
+    /// The steps of a sequence's whole recurrent state.
+    pub buf: ViewMut<'v>,
+    /// Floats per step.
+    pub stride: usize,
+    /// Where the op's part (a layer's matrices or window) sits in a step.
+    pub offset: usize,
+    /// Steps kept.
+    pub count: usize,
+}
+
+impl GdnSteps<'_> {
+    /// The same steps, for the part of the state at `offset`.
+    pub fn at(&mut self, offset: usize) -> GdnSteps<'_> {
+        GdnSteps {
+            buf: self.buf.slice(..),
+            stride: self.stride,
+            offset,
+            count: self.count,
+        }
+    }
+
+    /// Floats the steps need for a part of `part` floats at the offset.
+    fn span(&self, part: usize) -> usize {
+        match self.count {
+            0 => 0,
+            c => (c - 1) * self.stride + self.offset + part,
+        }
+    }
+}
+
+impl<'v> GdnSteps<'v> {
+    fn host(self) -> gdn::Steps<'v> {
+        gdn::Steps {
+            buf: self.buf.host(),
+            stride: self.stride,
+            offset: self.offset,
+            count: self.count,
+        }
+    }
 }
 
 /// A compute device.
@@ -735,79 +814,147 @@ impl Device {
         }
     }
 
+    /// Whether the device's ops address host memory (the CPU): state the host keeps (a hybrid model's
+    /// recurrent states) can be handed to them where it is. A GPU's ops need a copy in a [`Buf`] instead
+    /// ([`Device::write`] there, [`Buf::read_back`] after).
+    pub fn addresses_host(&self) -> bool {
+        matches!(self, Device::Cpu(_))
+    }
+
+    /// Writes host values into `out` (a GPU queues the upload; `v` can be reused at once).
+    pub fn write<'v>(&self, out: impl Into<ViewMut<'v>>, v: &[f32]) {
+        let out = out.into();
+        match self {
+            Device::Cpu(_) => out.host()[..v.len()].copy_from_slice(v),
+            Device::Cuda(g) => g.upload(&out, v),
+        }
+    }
+
     /// Gated DeltaNet: the causal convolution of `n` tokens' `[q | k | v]` (`x`) with `taps`, continuing
-    /// from `window` (updated), into `y`; `steps` keeps the window after each token (verification).
+    /// from `window` (updated), into `y`; `steps` keeps the window after each of the run's last tokens
+    /// (verification), at its offset.
     #[expect(
         clippy::too_many_arguments,
         reason = "the convolution's state and its outputs"
     )]
-    pub fn gdn_conv(
+    pub fn gdn_conv<'v>(
         &self,
         shape: &GdnShape,
-        taps: &[f32],
-        window: &mut [f32],
-        x: &[f32],
+        taps: impl Into<View<'v>>,
+        window: impl Into<ViewMut<'v>>,
+        x: impl Into<View<'v>>,
         n: usize,
-        y: &mut [f32],
-        steps: Option<&mut Steps<'_>>,
+        y: impl Into<ViewMut<'v>>,
+        steps: Option<GdnSteps<'_>>,
     ) {
+        let (taps, window, x, y) = (taps.into(), window.into(), x.into(), y.into());
         match self {
-            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
-            Device::Cpu(_) | Device::Cuda(_) => gdn::conv(shape, taps, window, x, n, y, steps),
+            Device::Cpu(_) => {
+                let mut steps = steps.map(GdnSteps::host);
+                gdn::conv(
+                    shape,
+                    taps.host(),
+                    window.host(),
+                    x.host(),
+                    n,
+                    y.host(),
+                    steps.as_mut(),
+                );
+            }
+            Device::Cuda(g) => g.gdn_conv(shape, taps, window, x, n, y, steps),
         }
     }
 
     /// Gated DeltaNet: L2-normalises the q and k heads of `n` tokens of `y` (q also scaled).
-    pub fn gdn_normalize_qk(&self, shape: &GdnShape, y: &mut [f32], n: usize) {
+    pub fn gdn_normalize_qk<'v>(&self, shape: &GdnShape, y: impl Into<ViewMut<'v>>, n: usize) {
+        let y = y.into();
         match self {
-            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
-            Device::Cpu(_) | Device::Cuda(_) => gdn::normalize_qk(shape, y, n),
+            Device::Cpu(_) => gdn::normalize_qk(shape, y.host(), n),
+            Device::Cuda(g) => g.gdn_normalize_qk(shape, y, n),
         }
     }
 
-    /// Gated DeltaNet: the decay `alpha` and write strength `beta` gates from their projections.
-    pub fn gdn_gates(&self, a: &[f32], dt_bias: &[f32], alpha: &mut [f32], beta: &mut [f32]) {
+    /// Gated DeltaNet: the decay `alpha` and write strength `beta` gates (tokens × `a.len()` heads) from
+    /// their projections, in place.
+    pub fn gdn_gates<'v>(
+        &self,
+        a: impl Into<View<'v>>,
+        dt_bias: impl Into<View<'v>>,
+        alpha: impl Into<ViewMut<'v>>,
+        beta: impl Into<ViewMut<'v>>,
+    ) {
+        let (a, dt_bias, alpha, beta) = (a.into(), dt_bias.into(), alpha.into(), beta.into());
         match self {
-            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
-            Device::Cpu(_) | Device::Cuda(_) => gdn::gates(a, dt_bias, alpha, beta),
+            Device::Cpu(_) => gdn::gates(a.host(), dt_bias.host(), alpha.host(), beta.host()),
+            Device::Cuda(g) => g.gdn_gates(a, dt_bias, alpha, beta),
         }
     }
 
-    /// Gated DeltaNet: one value head's delta-rule recurrence over a run, token by token (the form decode
-    /// and verification use; `steps` keeps the state after each token).
-    pub fn gdn_recurrence(
+    /// Gated DeltaNet: every value head's delta-rule recurrence over a run, token by token (the form
+    /// decode and verification use): `state` holds the heads' `[dk][dv]` matrices, `out` gets `n × vh × dv`;
+    /// `steps` keeps the matrices after each of the run's last tokens, at its offset.
+    pub fn gdn_recurrence<'v>(
         &self,
         shape: &GdnShape,
-        run: &HeadRun<'_>,
-        state: &mut [f32],
-        out: &mut [f32],
-        steps: Option<&mut Steps<'_>>,
+        run: GdnRun<'v>,
+        state: impl Into<ViewMut<'v>>,
+        out: impl Into<ViewMut<'v>>,
+        steps: Option<GdnSteps<'_>>,
     ) {
+        let (state, out) = (state.into(), out.into());
         match self {
-            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
-            Device::Cpu(_) | Device::Cuda(_) => gdn::recurrence(shape, run, state, out, steps),
+            Device::Cpu(_) => {
+                let (state, out) = (state.host(), out.host());
+                let mut steps = steps.map(GdnSteps::host);
+                let base = steps.as_ref().map_or(0, |s| s.offset);
+                let hs = shape.dk * shape.dv;
+                for (h, head) in state.chunks_exact_mut(hs).take(shape.vh).enumerate() {
+                    if let Some(st) = steps.as_mut() {
+                        st.offset = base + h * hs;
+                    }
+                    gdn::recurrence(shape, &run.head(h), head, out, steps.as_mut());
+                }
+            }
+            Device::Cuda(g) => g.gdn_recurrence(shape, run, state, out, steps),
         }
     }
 
-    /// Gated DeltaNet: the same recurrence in chunked (WY) form (prefill on matrix engines).
-    pub fn gdn_chunked(
+    /// Gated DeltaNet: the same recurrence in chunked (WY) form (prefill on matrix engines), every value
+    /// head.
+    pub fn gdn_chunked<'v>(
         &self,
         shape: &GdnShape,
-        run: &HeadRun<'_>,
-        state: &mut [f32],
-        out: &mut [f32],
+        run: GdnRun<'v>,
+        state: impl Into<ViewMut<'v>>,
+        out: impl Into<ViewMut<'v>>,
     ) {
+        let (state, out) = (state.into(), out.into());
         match self {
-            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
-            Device::Cpu(_) | Device::Cuda(_) => gdn::chunked(shape, run, state, out),
+            Device::Cpu(_) => {
+                let (state, out) = (state.host(), out.host());
+                let hs = shape.dk * shape.dv;
+                for (h, head) in state.chunks_exact_mut(hs).take(shape.vh).enumerate() {
+                    gdn::chunked(shape, &run.head(h), head, out);
+                }
+            }
+            Device::Cuda(g) => g.gdn_chunked(shape, run, state, out),
         }
     }
 
-    /// Gated DeltaNet: the output's gated RMSNorm per value head, `o = norm(o) * silu(z)`.
-    pub fn gdn_gated_norm(&self, shape: &GdnShape, o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
+    /// Gated DeltaNet: the output's gated RMSNorm per value head, `o = norm(o) * silu(z)`, over every row
+    /// of `dv` in `o`.
+    pub fn gdn_gated_norm<'v>(
+        &self,
+        shape: &GdnShape,
+        o: impl Into<ViewMut<'v>>,
+        z: impl Into<View<'v>>,
+        w: impl Into<View<'v>>,
+        eps: f32,
+    ) {
+        let (o, z, w) = (o.into(), z.into(), w.into());
         match self {
-            // On the host for every device: the DeltaNet kernels are not wired into this API yet.
-            Device::Cpu(_) | Device::Cuda(_) => gdn::gated_norm(shape, o, z, w, eps),
+            Device::Cpu(_) => gdn::gated_norm(shape, o.host(), z.host(), w.host(), eps),
+            Device::Cuda(g) => g.gdn_gated_norm(shape, o, z, w, eps),
         }
     }
 

@@ -133,6 +133,166 @@ extern "C" __global__ void gdn_recurrence(const float* __restrict__ y, const flo
     }
 }
 
+// The same recurrence in chunked (WY) form (backend/cpu/gdn.rs `chunked`), chunks of GDN_CHUNK tokens: per
+// chunk the cumulative log decay gc, T = (I - A)^-1 for A_ij = -beta_i (k_i . k_j) e^(gc_i - gc_j) (j < i) by
+// forward substitution, U = T (beta v), W = T (beta e^gc k), v_new = U - W S, then
+// o_i = e^gc_i q_i S + sum_{j<=i} (q_i . k_j) e^(gc_i - gc_j) v_new_j and
+// S = e^gc_last S + sum_j e^(gc_last - gc_j) k_j v_new_j^T. The state is read and written once per chunk.
+// One block per value head (grid vh, block 256: the forward substitution needs GDN_CHUNK - 1 threads); T and
+// then the chunk's q.k products in shared memory; U (then v_new) and W in `work` (vh x GDN_CHUNK x (dv + dk)
+// floats). Every output's sum runs in the CPU's order.
+#define GDN_CHUNK 64
+extern "C" __global__ void gdn_chunk(const float* __restrict__ y, const float* __restrict__ g,
+                                     const float* __restrict__ beta, float* __restrict__ state,
+                                     float* __restrict__ o, float* __restrict__ work, int n, int kh, int vh,
+                                     int dk, int dv) {
+    __shared__ float gc[GDN_CHUNK];
+    __shared__ float a[GDN_CHUNK * GDN_CHUNK];
+    const int head = blockIdx.x;
+    const int tid = threadIdx.x;
+    const int nt = blockDim.x;
+    const int kk = head % kh;
+    const long conv_dim = 2L * kh * dk + (long)vh * dv;
+    float* s = state + (long)head * dk * dv;
+    float* u = work + (long)head * GDN_CHUNK * (dk + dv);
+    float* w = u + (long)GDN_CHUNK * dv;
+#define GDN_Q(t) (y + (long)(t) * conv_dim + (long)kk * dk)
+#define GDN_K(t) (y + (long)(t) * conv_dim + (long)(kh + kk) * dk)
+#define GDN_V(t) (y + (long)(t) * conv_dim + 2L * kh * dk + (long)head * dv)
+    for (int t0 = 0; t0 < n; t0 += GDN_CHUNK) {
+        const int m = min(GDN_CHUNK, n - t0);
+        __syncthreads();
+        if (tid == 0) {
+            float acc = 0.0f;
+            for (int i = 0; i < m; i++) {
+                acc += g[(long)(t0 + i) * vh + head];
+                gc[i] = acc;
+            }
+        }
+        __syncthreads();
+        // A strictly below the diagonal.
+        for (int e = tid; e < m * GDN_CHUNK; e += nt) {
+            const int i = e / GDN_CHUNK;
+            const int j = e % GDN_CHUNK;
+            float v = 0.0f;
+            if (j < i) {
+                const float* ki = GDN_K(t0 + i);
+                const float* kj = GDN_K(t0 + j);
+                float dot = 0.0f;
+                for (int x = 0; x < dk; x++) {
+                    dot += ki[x] * kj[x];
+                }
+                v = -beta[(long)(t0 + i) * vh + head] * dot * expf(gc[i] - gc[j]);
+            }
+            a[e] = v;
+        }
+        __syncthreads();
+        // T row by row: T_ij = A_ij + sum_{j<q<i} A_iq T_qj (row i's A entries are read before any is
+        // replaced).
+        for (int i = 1; i < m; i++) {
+            float v = 0.0f;
+            if (tid < i) {
+                v = a[i * GDN_CHUNK + tid];
+                for (int q = tid + 1; q < i; q++) {
+                    v += a[i * GDN_CHUNK + q] * a[q * GDN_CHUNK + tid];
+                }
+            }
+            __syncthreads();
+            if (tid < i) {
+                a[i * GDN_CHUNK + tid] = v;
+            }
+            __syncthreads();
+        }
+        for (int i = tid; i < m; i += nt) {
+            a[i * GDN_CHUNK + i] = 1.0f;
+        }
+        __syncthreads();
+        // U = T (beta v) and W = T (beta e^gc k).
+        for (int e = tid; e < m * dv; e += nt) {
+            const int i = e / dv;
+            const int d = e % dv;
+            float acc = 0.0f;
+            for (int j = 0; j <= i; j++) {
+                const float tij = a[i * GDN_CHUNK + j];
+                if (tij == 0.0f) {
+                    continue;
+                }
+                acc += tij * beta[(long)(t0 + j) * vh + head] * GDN_V(t0 + j)[d];
+            }
+            u[e] = acc;
+        }
+        for (int e = tid; e < m * dk; e += nt) {
+            const int i = e / dk;
+            const int x = e % dk;
+            float acc = 0.0f;
+            for (int j = 0; j <= i; j++) {
+                const float tij = a[i * GDN_CHUNK + j];
+                if (tij == 0.0f) {
+                    continue;
+                }
+                const float f = tij * beta[(long)(t0 + j) * vh + head];
+                acc += f * expf(gc[j]) * GDN_K(t0 + j)[x];
+            }
+            w[e] = acc;
+        }
+        __syncthreads();
+        // v_new = U - W S, over U.
+        for (int e = tid; e < m * dv; e += nt) {
+            const int i = e / dv;
+            const int d = e % dv;
+            float v = u[e];
+            for (int x = 0; x < dk; x++) {
+                v -= w[(long)i * dk + x] * s[(long)x * dv + d];
+            }
+            u[e] = v;
+        }
+        // The chunk's (q_i . k_j) e^(gc_i - gc_j), j <= i, over T.
+        for (int e = tid; e < m * GDN_CHUNK; e += nt) {
+            const int i = e / GDN_CHUNK;
+            const int j = e % GDN_CHUNK;
+            if (j <= i) {
+                const float* qi = GDN_Q(t0 + i);
+                const float* kj = GDN_K(t0 + j);
+                float dot = 0.0f;
+                for (int x = 0; x < dk; x++) {
+                    dot += qi[x] * kj[x];
+                }
+                a[e] = dot * expf(gc[i] - gc[j]);
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < m * dv; e += nt) {
+            const int i = e / dv;
+            const int d = e % dv;
+            const float* qi = GDN_Q(t0 + i);
+            const float ex = expf(gc[i]);
+            float out = 0.0f;
+            for (int x = 0; x < dk; x++) {
+                out += qi[x] * ex * s[(long)x * dv + d];
+            }
+            for (int j = 0; j <= i; j++) {
+                out += a[i * GDN_CHUNK + j] * u[(long)j * dv + d];
+            }
+            o[((long)(t0 + i) * vh + head) * dv + d] = out;
+        }
+        __syncthreads();
+        const float last = gc[m - 1];
+        const float el = expf(last);
+        for (long e = tid; e < (long)dk * dv; e += nt) {
+            const int x = (int)(e / dv);
+            const int d = (int)(e % dv);
+            float v = s[e] * el;
+            for (int j = 0; j < m; j++) {
+                v += expf(last - gc[j]) * GDN_K(t0 + j)[x] * u[(long)j * dv + d];
+            }
+            s[e] = v;
+        }
+    }
+#undef GDN_Q
+#undef GDN_K
+#undef GDN_V
+}
+
 // The gated RMSNorm of each value head's output, in place: o = o / sqrt(mean(o^2) + eps) * w * silu(z).
 // o, z: rows of dv (every token's every head); w: dv. One warp per row: grid (rows), block 32.
 extern "C" __global__ void gdn_gated_norm(float* __restrict__ o, const float* __restrict__ z,

@@ -147,6 +147,7 @@ pub const GDN: Module = Module {
         "gdn_normalize_qk",
         "gdn_gates",
         "gdn_recurrence",
+        "gdn_chunk",
         "gdn_gated_norm",
         "sigmoid_gate",
     ],

@@ -14,18 +14,20 @@
 //!
 //! The KV page pool is memory the GPU and the host both address ([`SharedMem`]: CUDA managed memory, which
 //! stays in device memory while the GPU uses it), so that the prefix cache's page copies run on the host
-//! between passes as they do on the CPU. On the host still: embedding rows (a few rows of exact
-//! dequantization from the mapped file, then uploaded), the Gated DeltaNet ops (their kernels are in
-//! `launch`, not yet behind this API: the recurrent state is host memory; the hybrid model reaches its
-//! buffers through `read_back` and `edit`) and the f64 reference matmul.
+//! between passes as they do on the CPU. A hybrid model's recurrent states are host memory too (the prefix
+//! cache snapshots them); a pass works on a copy in a [`super::Buf`], uploaded at its start and read back
+//! at its end, so its Gated DeltaNet layers run as kernels between the others. On the host still:
+//! embedding rows (a few rows of exact dequantization from the mapped file, then uploaded) and the f64
+//! reference matmul.
 
 use super::batch::Batch;
 use super::buf::{Buf, Mem, View, ViewMut};
+use super::gdn::Shape as GdnShape;
 use super::launch::{
     self, Acts, BatchMeta, DevBatch, DevPtr, KvStore, Launch, Launcher, Params, Shape, Weights,
 };
 use super::pages::PagePool;
-use super::{DeviceError, Rope};
+use super::{DeviceError, GdnRun, GdnSteps, Rope};
 use crate::quant::{GgmlType, dequantize_ref};
 use std::sync::{Arc, Mutex};
 
@@ -503,6 +505,8 @@ struct Staging {
     pos: Vec<i32>,
     dev_pos: DevVec,
     rows: Vec<f32>,
+    /// The chunked DeltaNet's per-head scratch.
+    gdn_work: DevVec,
 }
 
 impl Staging {
@@ -978,6 +982,159 @@ impl GpuDevice {
         assert!(gate.len() >= x.len(), "sigmoid gate sizes");
         let (n, xp, g) = (x.len(), x.ptr(), gate.ptr());
         self.run("sigmoid gate", |l| launch::sigmoid_gate(l, xp, g, n));
+    }
+
+    /// Gated DeltaNet's convolution of a run (see [`super::Device::gdn_conv`]).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the convolution's state and its outputs"
+    )]
+    pub fn gdn_conv(
+        &self,
+        shape: &GdnShape,
+        taps: View<'_>,
+        window: ViewMut<'_>,
+        x: View<'_>,
+        n: usize,
+        y: ViewMut<'_>,
+        steps: Option<GdnSteps<'_>>,
+    ) {
+        let (cd, w) = (shape.conv_dim(), shape.kernel.saturating_sub(1));
+        assert!(
+            taps.len() >= cd * shape.kernel
+                && window.len() >= cd * w
+                && x.len() >= n * cd
+                && y.len() >= n * cd
+                && steps.as_ref().is_none_or(|s| s.buf.len() >= s.span(cd * w)),
+            "DeltaNet convolution sizes"
+        );
+        let (tp, wp, xp, yp) = (taps.ptr(), window.ptr(), x.ptr(), y.ptr());
+        let steps = steps.map(|s| dev_steps(&s));
+        self.run("DeltaNet convolution", |l| {
+            launch::gdn_conv(l, shape, tp, wp, xp, n, yp, steps)
+        });
+    }
+
+    /// L2 norms of the q and k heads of `n` tokens (see [`super::Device::gdn_normalize_qk`]).
+    pub fn gdn_normalize_qk(&self, shape: &GdnShape, y: ViewMut<'_>, n: usize) {
+        assert!(y.len() >= n * shape.conv_dim(), "DeltaNet q/k norm sizes");
+        let yp = y.ptr();
+        self.run("DeltaNet q/k norm", |l| {
+            launch::gdn_normalize_qk(l, shape, yp, n)
+        });
+    }
+
+    /// The DeltaNet gates, in place (see [`super::Device::gdn_gates`]).
+    pub fn gdn_gates(&self, a: View<'_>, dt_bias: View<'_>, alpha: ViewMut<'_>, beta: ViewMut<'_>) {
+        let vh = a.len();
+        let n = alpha.len().checked_div(vh).unwrap_or(0);
+        assert!(
+            dt_bias.len() >= vh && alpha.len() == n * vh && beta.len() >= n * vh,
+            "DeltaNet gate sizes"
+        );
+        let (ap, dp, alp, bp) = (a.ptr(), dt_bias.ptr(), alpha.ptr(), beta.ptr());
+        self.run("DeltaNet gates", |l| {
+            launch::gdn_gates(l, ap, dp, alp, bp, n, vh)
+        });
+    }
+
+    fn check_run(shape: &GdnShape, run: &GdnRun<'_>, state: &ViewMut<'_>, out: &ViewMut<'_>) {
+        let n = run.n;
+        assert!(
+            run.y.len() >= n * shape.conv_dim()
+                && run.g.len() >= n * shape.vh
+                && run.beta.len() >= n * shape.vh
+                && state.len() >= shape.matrix_floats()
+                && out.len() >= n * shape.vh * shape.dv,
+            "DeltaNet recurrence sizes"
+        );
+    }
+
+    /// The delta rule token by token over every head (see [`super::Device::gdn_recurrence`]).
+    pub fn gdn_recurrence(
+        &self,
+        shape: &GdnShape,
+        run: GdnRun<'_>,
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
+        steps: Option<GdnSteps<'_>>,
+    ) {
+        Self::check_run(shape, &run, &state, &out);
+        assert!(
+            steps
+                .as_ref()
+                .is_none_or(|s| s.buf.len() >= s.span(shape.matrix_floats())),
+            "DeltaNet steps sizes"
+        );
+        let (yp, gp, bp, sp, op) = (
+            run.y.ptr(),
+            run.g.ptr(),
+            run.beta.ptr(),
+            state.ptr(),
+            out.ptr(),
+        );
+        let steps = steps.map(|s| dev_steps(&s));
+        self.run("DeltaNet recurrence", |l| {
+            launch::gdn_recurrence(l, shape, yp, gp, bp, sp, op, run.n, steps)
+        });
+    }
+
+    /// The delta rule in chunks over every head (see [`super::Device::gdn_chunked`]).
+    pub fn gdn_chunked(
+        &self,
+        shape: &GdnShape,
+        run: GdnRun<'_>,
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
+    ) {
+        Self::check_run(shape, &run, &state, &out);
+        let floats = launch::gdn_chunk_work(shape);
+        let work = self
+            .staging()
+            .gdn_work
+            .scratch(&self.q, 4 * floats)
+            .unwrap_or_else(|e| fail("DeltaNet chunks", e));
+        let (yp, gp, bp, sp, op) = (
+            run.y.ptr(),
+            run.g.ptr(),
+            run.beta.ptr(),
+            state.ptr(),
+            out.ptr(),
+        );
+        self.run("DeltaNet chunks", |l| {
+            launch::gdn_chunk(l, shape, yp, gp, bp, sp, op, work, run.n)
+        });
+    }
+
+    /// The DeltaNet output's gated norm over every row of `o` (see [`super::Device::gdn_gated_norm`]).
+    pub fn gdn_gated_norm(
+        &self,
+        shape: &GdnShape,
+        o: ViewMut<'_>,
+        z: View<'_>,
+        w: View<'_>,
+        eps: f32,
+    ) {
+        let dv = shape.dv;
+        let rows = o.len().checked_div(dv).unwrap_or(0);
+        assert!(
+            o.len() == rows * dv && z.len() >= rows * dv && w.len() >= dv,
+            "DeltaNet norm sizes"
+        );
+        let (op, zp, wp) = (o.ptr(), z.ptr(), w.ptr());
+        self.run("DeltaNet norm", |l| {
+            launch::gdn_gated_norm(l, op, zp, wp, rows, dv, eps)
+        });
+    }
+}
+
+/// The kernels' form of kept steps.
+fn dev_steps(s: &GdnSteps<'_>) -> launch::DevSteps {
+    launch::DevSteps {
+        buf: s.buf.ptr(),
+        stride: s.stride,
+        offset: s.offset,
+        count: s.count,
     }
 }
 

@@ -1161,6 +1161,58 @@ pub fn gdn_recurrence(
     l.launch(&thorn_kernels::GDN, "gdn_recurrence", launch, &args)
 }
 
+/// Floats of scratch [`gdn_chunk`] needs: a chunk's `U` (then `v_new`) and `W` per value head.
+pub fn gdn_chunk_work(shape: &super::gdn::Shape) -> usize {
+    shape.vh * super::gdn::CHUNK * (shape.dk + shape.dv)
+}
+
+/// The same recurrence as [`gdn_recurrence`] in chunked (WY) form, chunks of [`super::gdn::CHUNK`] tokens
+/// (the CPU's `gdn::chunked`); `work` holds [`gdn_chunk_work`] floats.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the recurrence's inputs, state, outputs and scratch"
+)]
+pub fn gdn_chunk(
+    l: &dyn Launcher,
+    shape: &super::gdn::Shape,
+    y: DevPtr,
+    g: DevPtr,
+    beta: DevPtr,
+    state: DevPtr,
+    o: DevPtr,
+    work: DevPtr,
+    n: usize,
+) -> Result<(), DeviceError> {
+    if shape.kh == 0 || shape.dk == 0 || shape.dv == 0 {
+        return Err(unsupported(format!(
+            "DeltaNet heads of {} x {}",
+            shape.dk, shape.dv
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let launch = Shape {
+        grid: [int(shape.vh, "heads")? as u32, 1, 1],
+        block: [256, 1, 1],
+        shared: 0,
+    };
+    let args = [
+        Arg::Ptr(y),
+        Arg::Ptr(g),
+        Arg::Ptr(beta),
+        Arg::Ptr(state),
+        Arg::Ptr(o),
+        Arg::Ptr(work),
+        Arg::I32(int(n, "tokens")?),
+        Arg::I32(int(shape.kh, "heads")?),
+        Arg::I32(int(shape.vh, "heads")?),
+        Arg::I32(int(shape.dk, "a head width")?),
+        Arg::I32(int(shape.dv, "a head width")?),
+    ];
+    l.launch(&thorn_kernels::GDN, "gdn_chunk", launch, &args)
+}
+
 /// The gated RMSNorm of `rows` value-head outputs of `dv` at `o`, in place, with gate `z` and weight `w`.
 pub fn gdn_gated_norm(
     l: &dyn Launcher,

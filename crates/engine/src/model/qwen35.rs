@@ -34,7 +34,9 @@ mod tests;
 
 use super::ModelError;
 use super::layers::{HeadScratch, Linear, LmHead, Mlp, MlpScratch, Run};
-use crate::backend::{Buf, Device, MAX_GROUP, MAX_HEAD_DIM, Matrix, Rope, Workspace, gdn, grow};
+use crate::backend::{
+    Buf, Device, GdnRun, GdnSteps, MAX_GROUP, MAX_HEAD_DIM, Matrix, Rope, ViewMut, Workspace, gdn,
+};
 use crate::gguf::Gguf;
 use crate::kv::{Batch, KvShape, Logits, PagePool, Recurrent};
 use crate::quant::GgmlType;
@@ -261,10 +263,10 @@ struct DeltaNet {
     gate: Matrix,
     alpha: Matrix,
     beta: Matrix,
-    a: Vec<f32>,
-    dt_bias: Vec<f32>,
-    conv: Vec<f32>,
-    norm: Vec<f32>,
+    a: Buf,
+    dt_bias: Buf,
+    conv: Buf,
+    norm: Buf,
     out: Matrix,
     /// Offset of this layer's state in a sequence's [`Recurrent::state`].
     offset: usize,
@@ -338,8 +340,8 @@ pub struct Scratch {
     z: Buf,
     alpha: Buf,
     beta: Buf,
-    /// The DeltaNet convolution's output (host: the DeltaNet ops run there).
-    y: Vec<f32>,
+    /// The DeltaNet convolution's output.
+    y: Buf,
     o: Buf,
     mix: Buf,
     /// The queries before their norm.
@@ -359,6 +361,12 @@ pub struct Scratch {
     raw: Buf,
     cat: Buf,
     ws: Workspace,
+    /// The pass's recurrent states on a device whose ops do not address host memory (see [`States`]).
+    rec: Buf,
+    /// Their kept steps there.
+    rec_steps: Buf,
+    /// Where each sequence's kept steps start in `rec_steps`, floats (and the end).
+    steps_at: Vec<usize>,
     /// `(cos, sin)` per position and rotated pair, grown on demand.
     rope: Vec<(f32, f32)>,
 }
@@ -380,10 +388,10 @@ impl Qwen35 {
                     gate: w.matrix(dev, &n("attn_gate.weight"), vd, d)?,
                     alpha: w.matrix(dev, &n("ssm_alpha.weight"), g.vh, d)?,
                     beta: w.matrix(dev, &n("ssm_beta.weight"), g.vh, d)?,
-                    a: w.vector(&n("ssm_a"), g.vh)?,
-                    dt_bias: w.vector(&n("ssm_dt.bias"), g.vh)?,
-                    conv: w.vector(&n("ssm_conv1d.weight"), g.conv_dim() * g.kernel)?,
-                    norm: w.vector(&n("ssm_norm.weight"), g.dv)?,
+                    a: dev.buf(w.vector(&n("ssm_a"), g.vh)?)?,
+                    dt_bias: dev.buf(w.vector(&n("ssm_dt.bias"), g.vh)?)?,
+                    conv: dev.buf(w.vector(&n("ssm_conv1d.weight"), g.conv_dim() * g.kernel)?)?,
+                    norm: dev.buf(w.vector(&n("ssm_norm.weight"), g.dv)?)?,
                     out: w.matrix(dev, &n("ssm_out.weight"), d, vd)?,
                     offset,
                 };
@@ -531,53 +539,16 @@ impl Qwen35 {
         let (nh, hd) = (c.n_heads, c.head_dim);
         dev.grow(&mut s.x, n * d)?;
         dev.grow(&mut s.xb, n * d)?;
-        grow(&mut s.y, n * cd);
+        dev.grow(&mut s.y, n * cd)?;
         dev.grow(&mut s.o, n * vd)?;
         dev.grow(&mut s.q, n * nh * hd)?;
         dev.grow(&mut s.att, n * nh * hd)?;
         self.grow_rope(batch, s);
         self.embed(dev, &batch.tokens, &mut s.x)?;
-        for l in &self.layers {
-            dev.rmsnorm_rows(&s.x, &l.norm, c.eps, n, d, &mut s.xb);
-            match &l.mixer {
-                Mixer::DeltaNet(m) => {
-                    let x = dev.input(&s.xb, n, d, &mut s.ws);
-                    dev.matmul(&m.qkv, &x, &mut s.qkv);
-                    dev.matmul(&m.gate, &x, &mut s.z);
-                    dev.matmul(&m.alpha, &x, &mut s.alpha);
-                    dev.matmul(&m.beta, &x, &mut s.beta);
-                    // The DeltaNet ops run on the host: its inputs come back, its output goes out.
-                    let run = Projected {
-                        qkv: s.qkv.read_back(n * cd),
-                        alpha: s.alpha.read_back(n * g.vh),
-                        beta: s.beta.read_back(n * g.vh),
-                    };
-                    dev.gdn_gates(&m.a, &m.dt_bias, run.alpha, run.beta);
-                    let mut o = s.o.edit();
-                    for (i, span) in batch.seqs.iter().enumerate() {
-                        let rows = span.first..span.first + span.len;
-                        let st = &mut states[i];
-                        self.deltanet_run(m, dev, st, rows, floats, &run, &mut s.y, &mut o);
-                    }
-                    let z = s.z.read_back(n * vd);
-                    for t in 0..n {
-                        dev.gdn_gated_norm(
-                            &g,
-                            &mut o[t * vd..(t + 1) * vd],
-                            &z[t * vd..(t + 1) * vd],
-                            &m.norm,
-                            c.eps,
-                        );
-                    }
-                    drop(o);
-                    let o = dev.input(&s.o, n, vd, &mut s.ws);
-                    dev.matmul(&m.out, &o, &mut s.mix);
-                }
-                Mixer::Attention(a) => self.attention(a, dev, pool, batch, n, s)?,
-            }
-            dev.add(s.x.at_mut(..n * d), s.mix.at(..n * d));
-            self.mlp(l, dev, n, s)?;
-        }
+        let mut rec = States::stage(dev, states, floats, s)?;
+        let layers = self.layers_pass(dev, pool, batch, &mut rec, s);
+        rec.finish(s, c.hidden_offset());
+        layers?;
         // The rows whose logits were asked for, in batch order.
         let run = Run {
             dev,
@@ -594,6 +565,50 @@ impl Qwen35 {
             st.len = span.start + span.len;
         }
         Ok(s.head.logits.read_back(len))
+    }
+
+    /// Every layer over the batch in `s.x`, the recurrent states in `rec`.
+    fn layers_pass(
+        &self,
+        dev: &Device,
+        pool: &mut PagePool,
+        batch: &Batch,
+        rec: &mut States<'_>,
+        s: &mut Scratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.cfg;
+        let (n, d) = (batch.len(), c.d_model);
+        let g = c.gdn();
+        let vd = g.vh * g.dv;
+        for l in &self.layers {
+            dev.rmsnorm_rows(&s.x, &l.norm, c.eps, n, d, &mut s.xb);
+            match &l.mixer {
+                Mixer::DeltaNet(m) => {
+                    let x = dev.input(&s.xb, n, d, &mut s.ws);
+                    dev.matmul(&m.qkv, &x, &mut s.qkv);
+                    dev.matmul(&m.gate, &x, &mut s.z);
+                    dev.matmul(&m.alpha, &x, &mut s.alpha);
+                    dev.matmul(&m.beta, &x, &mut s.beta);
+                    dev.gdn_gates(
+                        &m.a,
+                        &m.dt_bias,
+                        s.alpha.at_mut(..n * g.vh),
+                        s.beta.at_mut(..n * g.vh),
+                    );
+                    for (i, span) in batch.seqs.iter().enumerate() {
+                        let rows = span.first..span.first + span.len;
+                        self.deltanet_run(m, dev, rec, i, rows, s);
+                    }
+                    dev.gdn_gated_norm(&g, s.o.at_mut(..n * vd), s.z.at(..n * vd), &m.norm, c.eps);
+                    let o = dev.input(&s.o, n, vd, &mut s.ws);
+                    dev.matmul(&m.out, &o, &mut s.mix);
+                }
+                Mixer::Attention(a) => self.attention(a, dev, pool, batch, n, s)?,
+            }
+            dev.add(s.x.at_mut(..n * d), s.mix.at(..n * d));
+            self.mlp(l, dev, n, s)?;
+        }
+        Ok(())
     }
 
     /// The embedding rows of `tokens` into `x` (the table is f32 on the host).
@@ -871,76 +886,151 @@ impl Qwen35 {
             .forward(&run, &mut s.x, n, &mut s.mlp, &mut s.ws, &mut None)
     }
 
-    /// One sequence's run of tokens (`rows` of the batch) through a DeltaNet layer: convolution, gates and
-    /// the recurrence over the projections `p` (the convolution's output in `y`), writing the per-head
-    /// outputs into `o`.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the host side of a DeltaNet layer, spelled out"
-    )]
+    /// Sequence `i`'s run of tokens (`rows` of the batch) through a DeltaNet layer: convolution and the
+    /// recurrence over the layer's projections in `s` (the gates already applied), the convolution's output
+    /// in `s.y`, the per-head outputs into `s.o`.
     fn deltanet_run(
         &self,
         m: &DeltaNet,
         dev: &Device,
-        st: &mut Recurrent,
+        rec: &mut States<'_>,
+        i: usize,
         rows: std::ops::Range<usize>,
-        floats: usize,
-        p: &Projected<'_>,
-        y: &mut [f32],
-        o: &mut [f32],
+        s: &mut Scratch,
     ) {
         let g = self.cfg.gdn();
-        let (cd, vd) = (g.conv_dim(), g.vh * g.dv);
+        let (cd, vd, vh) = (g.conv_dim(), g.vh * g.dv, g.vh);
         let len = rows.len();
         let (t0, t1) = (rows.start, rows.end);
-        let layer = &mut st.state[m.offset..m.offset + g.floats()];
-        let (mats, window) = layer.split_at_mut(g.matrix_floats());
-        let keep = st.steps_len;
-        let mut steps = (keep > 0).then(|| gdn::Steps {
-            buf: &mut st.steps[..keep * floats],
-            stride: floats,
-            offset: m.offset + g.matrix_floats(),
-            count: keep,
-        });
+        let (mut state, mut steps) = rec.seq(i, &s.steps_at);
+        let mats = m.offset..m.offset + g.matrix_floats();
+        let window = mats.end..m.offset + g.floats();
         dev.gdn_conv(
             &g,
             &m.conv,
-            window,
-            &p.qkv[t0 * cd..t1 * cd],
+            state.slice(window.clone()),
+            s.qkv.at(t0 * cd..t1 * cd),
             len,
-            &mut y[t0 * cd..t1 * cd],
-            steps.as_mut(),
+            s.y.at_mut(t0 * cd..t1 * cd),
+            steps.as_mut().map(|st| st.at(window.start)),
         );
-        dev.gdn_normalize_qk(&g, &mut y[t0 * cd..t1 * cd], len);
-        let chunk = self.chunked_prefill && keep == 0 && len > 1;
-        for h in 0..g.vh {
-            let run = gdn::HeadRun {
-                y: &y[t0 * cd..t1 * cd],
-                g: &p.alpha[t0 * g.vh..t1 * g.vh],
-                beta: &p.beta[t0 * g.vh..t1 * g.vh],
-                n: len,
-                head: h,
-            };
-            let hs = g.dk * g.dv;
-            let head = &mut mats[h * hs..(h + 1) * hs];
-            let out = &mut o[t0 * vd..t1 * vd];
-            if chunk {
-                dev.gdn_chunked(&g, &run, head, out);
-            } else {
-                if let Some(st) = steps.as_mut() {
-                    st.offset = m.offset + h * hs;
-                }
-                dev.gdn_recurrence(&g, &run, head, out, steps.as_mut());
-            }
+        dev.gdn_normalize_qk(&g, s.y.at_mut(t0 * cd..t1 * cd), len);
+        let run = GdnRun {
+            y: s.y.at(t0 * cd..t1 * cd),
+            g: s.alpha.at(t0 * vh..t1 * vh),
+            beta: s.beta.at(t0 * vh..t1 * vh),
+            n: len,
+        };
+        let out = s.o.at_mut(t0 * vd..t1 * vd);
+        if self.chunked_prefill && steps.is_none() && len > 1 {
+            dev.gdn_chunked(&g, run, state.slice(mats), out);
+        } else {
+            let steps = steps.as_mut().map(|st| st.at(mats.start));
+            dev.gdn_recurrence(&g, run, state.slice(mats), out, steps);
         }
     }
 }
 
-/// A DeltaNet layer's projections of a pass, on the host.
-struct Projected<'a> {
-    qkv: &'a mut [f32],
-    alpha: &'a mut [f32],
-    beta: &'a mut [f32],
+/// A pass's recurrent states where its DeltaNet ops reach them: each sequence's own host memory on a
+/// device whose ops address it (the CPU), else copies in the scratch's device buffers, written at the start
+/// of the pass and read back at its end (one upload per sequence, one download for all).
+struct States<'a> {
+    host: &'a mut [Recurrent],
+    /// The copies, on a device that needs them: all states, then all kept steps.
+    dev: Option<(Buf, Buf)>,
+    floats: usize,
+}
+
+impl<'a> States<'a> {
+    /// The states of `host` (one per sequence of the pass, `floats` each) for `dev`'s ops.
+    fn stage(
+        dev: &Device,
+        host: &'a mut [Recurrent],
+        floats: usize,
+        s: &mut Scratch,
+    ) -> Result<Self, ModelError> {
+        if dev.addresses_host() {
+            return Ok(States {
+                host,
+                dev: None,
+                floats,
+            });
+        }
+        s.steps_at.clear();
+        let mut at = 0;
+        for st in host.iter() {
+            s.steps_at.push(at);
+            at += st.steps_len * floats;
+        }
+        s.steps_at.push(at);
+        let (mut rec, mut steps) = (std::mem::take(&mut s.rec), std::mem::take(&mut s.rec_steps));
+        let grown = dev
+            .grow(&mut rec, host.len() * floats)
+            .and_then(|()| dev.grow(&mut steps, at.max(1)));
+        if let Err(e) = grown {
+            (s.rec, s.rec_steps) = (rec, steps);
+            return Err(e.into());
+        }
+        for (i, st) in host.iter().enumerate() {
+            dev.write(rec.at_mut(i * floats..(i + 1) * floats), &st.state);
+        }
+        Ok(States {
+            host,
+            dev: Some((rec, steps)),
+            floats,
+        })
+    }
+
+    /// Sequence `i`'s state, and its kept steps if the pass keeps any.
+    fn seq(&mut self, i: usize, steps_at: &[usize]) -> (ViewMut<'_>, Option<GdnSteps<'_>>) {
+        let f = self.floats;
+        let count = self.host[i].steps_len;
+        match &mut self.dev {
+            None => {
+                let st = &mut self.host[i];
+                let steps = (count > 0).then(|| GdnSteps {
+                    buf: (&mut st.steps[..count * f]).into(),
+                    stride: f,
+                    offset: 0,
+                    count,
+                });
+                ((&mut st.state[..]).into(), steps)
+            }
+            Some((rec, steps)) => {
+                let kept = (count > 0).then(|| GdnSteps {
+                    buf: steps.at_mut(steps_at[i]..steps_at[i + 1]),
+                    stride: f,
+                    offset: 0,
+                    count,
+                });
+                (rec.at_mut(i * f..(i + 1) * f), kept)
+            }
+        }
+    }
+
+    /// Brings the copies' DeltaNet parts (`..hidden`, each state and step) back to the host and hands the
+    /// buffers back to the scratch.
+    fn finish(self, s: &mut Scratch, hidden: usize) {
+        let Some((mut rec, mut steps)) = self.dev else {
+            return;
+        };
+        let f = self.floats;
+        let all = rec.read_back(self.host.len() * f);
+        for (st, got) in self.host.iter_mut().zip(all.chunks_exact(f)) {
+            st.state[..hidden].copy_from_slice(&got[..hidden]);
+        }
+        let total = s.steps_at.last().copied().unwrap_or(0);
+        if total > 0 {
+            let kept = steps.read_back(total);
+            for (i, st) in self.host.iter_mut().enumerate() {
+                let mine = &kept[s.steps_at[i]..s.steps_at[i + 1]];
+                for (dst, src) in st.steps.chunks_exact_mut(f).zip(mine.chunks_exact(f)) {
+                    dst[..hidden].copy_from_slice(&src[..hidden]);
+                }
+            }
+        }
+        (s.rec, s.rec_steps) = (rec, steps);
+    }
 }
 
 fn load_attention(

@@ -1083,6 +1083,87 @@ fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
 }
 
 #[test]
+fn the_chunked_deltanet_kernel_matches_the_cpu() {
+    on_every_device(the_chunked_deltanet_kernel_matches_the_cpu_on);
+}
+
+/// Two chunks and a partial one (150 tokens), two value heads per key head: the chunked kernel against the
+/// CPU's chunked form (the same operations per output: to the rounding of fused multiply-adds), and both
+/// against the token-by-token recurrence (another order of operations: to float rounding).
+fn the_chunked_deltanet_kernel_matches_the_cpu_on(d: &dyn TestDev) {
+    use crate::backend::gdn::{self, HeadRun, Shape as G};
+    let s = G {
+        kh: 2,
+        vh: 4,
+        dk: 32,
+        dv: 40,
+        kernel: 4,
+    };
+    let n = 2 * gdn::CHUNK + 22;
+    let cd = s.conv_dim();
+    let mut y = data(n * cd, 51);
+    gdn::normalize_qk(&s, &mut y, n);
+    // A model's `a` is `-exp(A_log)`: every step decays the state.
+    let a: Vec<f32> = data(s.vh, 52).iter().map(|v| -v.abs() - 0.05).collect();
+    let dt = data(s.vh, 53);
+    let (mut g, mut beta) = (data(n * s.vh, 54), data(n * s.vh, 55));
+    gdn::gates(&a, &dt, &mut g, &mut beta);
+    let state0: Vec<f32> = data(s.matrix_floats(), 56)
+        .iter()
+        .map(|v| v * 0.1)
+        .collect();
+    let hs = s.dk * s.dv;
+    let (mut chunked, mut stepped) = (state0.clone(), state0.clone());
+    let (mut oc, mut os) = (vec![0.0; n * s.vh * s.dv], vec![0.0; n * s.vh * s.dv]);
+    for h in 0..s.vh {
+        let run = HeadRun {
+            y: &y,
+            g: &g,
+            beta: &beta,
+            n,
+            head: h,
+        };
+        gdn::chunked(&s, &run, &mut chunked[h * hs..(h + 1) * hs], &mut oc);
+        gdn::recurrence(&s, &run, &mut stepped[h * hs..(h + 1) * hs], &mut os, None);
+    }
+    let (ym, gm, bm, stm) = (
+        Mem::from_f32(d, &y),
+        Mem::from_f32(d, &g),
+        Mem::from_f32(d, &beta),
+        Mem::from_f32(d, &state0),
+    );
+    let om = Mem::zeroed(d, 4 * n * s.vh * s.dv);
+    let work = Mem::zeroed(d, 4 * gdn_chunk_work(&s));
+    gdn_chunk(
+        d,
+        &s,
+        ym.ptr(),
+        gm.ptr(),
+        bm.ptr(),
+        stm.ptr(),
+        om.ptr(),
+        work.ptr(),
+        n,
+    )
+    .unwrap();
+    let check = |got: &[f32], want: &[f32], rel: f64, what: &str| {
+        let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        // Relative to the largest value: the outputs are sums of many terms of both signs.
+        let big = w64.iter().fold(0f64, |m, v| m.max(v.abs()));
+        close(got, &w64, &vec![big; w64.len()], rel, what);
+    };
+    check(&om.f32s(), &oc, 1e-5, "chunked outputs");
+    check(&stm.f32s(), &chunked, 1e-5, "chunked state");
+    check(&oc, &os, 1e-4, "chunked against token by token: outputs");
+    check(
+        &chunked,
+        &stepped,
+        1e-4,
+        "chunked against token by token: state",
+    );
+}
+
+#[test]
 fn embedding_rows_dequantize_exactly() {
     on_every_device(embedding_rows_dequantize_exactly_on);
 }

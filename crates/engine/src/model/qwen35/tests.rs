@@ -2,7 +2,7 @@
 //! the GGUF and from the HF checkpoint.
 
 use super::*;
-use crate::kv::{KvCache, KvConfig, KvDtype, SeqKv};
+use crate::kv::{KvCache, KvConfig, KvDtype, Recurrent, SeqKv};
 
 /// A device to load weights for (the CPU's layout is the same whatever its thread count).
 fn load_dev() -> Device {
@@ -263,8 +263,8 @@ fn forward_matches_the_goldens_from_gguf_and_hf_prefilled_and_chunked() {
 
 /// The whole forward pass on the GPU device, run by the CUDA kernels in the simulator: every golden
 /// sequence prefilled, then one decoded token by token after a prefill, against the goldens within the
-/// fixture's tolerance (the kernels sum in other orders than the CPU; attention, projections, norms, RoPE
-/// and the MLP run as kernels, the DeltaNet ops on the host; see `backend::gpu`).
+/// fixture's tolerance (the kernels sum in other orders than the CPU; every op but the embedding rows runs
+/// as a kernel, the DeltaNet ones on the states the pass stages in device memory; see `backend::gpu`).
 #[test]
 fn the_forward_pass_on_the_gpu_device_matches_the_goldens() {
     for graphs in [true, false] {
@@ -315,6 +315,74 @@ fn gpu_forward_matches_the_goldens(dev: Device, graphs: bool) {
     } else {
         assert_eq!((st.replays, st.captures, st.graph_kernels), (0, 0, 0));
     }
+}
+
+/// The GPU device's DeltaNet kernels on the states a pass stages on the device: one batch with a
+/// verification pass (six kept steps) beside a prefill, then a chunked prefill, against the CPU device
+/// (logits within the fixture's tolerance; states and steps within 1e-4 of the CPU's).
+#[test]
+fn the_gpu_device_batches_verifies_and_chunks_like_the_cpu() {
+    let gold = golden();
+    let a = ids_of(&gold["sequences"][1]);
+    let ids = ids_of(&gold["sequences"][2]);
+    let mut cpu = Runner::new(Qwen35::from_gguf(&gguf(), &load_dev()).unwrap());
+    let (want, want_st) = verify_beside_a_prefill(&mut cpu, &a, &ids);
+    cpu.model.set_chunked_prefill(true);
+    let mut sc = cpu.seq();
+    let want_chunked = cpu.run(&mut sc, &ids, Logits::All);
+    for dev in crate::backend::sim::gpu_devices() {
+        let mut gpu = Runner::on(Qwen35::from_gguf(&gguf(), &dev).unwrap(), dev);
+        let (got, got_st) = verify_beside_a_prefill(&mut gpu, &a, &ids);
+        assert_close(&got, &want, "GPU device, verification beside a prefill");
+        let floats = gpu.model.config().state_floats();
+        for (g, w) in got_st.iter().zip(&want_st) {
+            assert_eq!(
+                (g.len, g.steps_len, g.steps_from),
+                (w.len, w.steps_len, w.steps_from)
+            );
+            assert!(max_diff(&g.state, &w.state) < 1e-4, "GPU device, state");
+            let kept = w.steps_len * floats;
+            assert!(
+                max_diff(&g.steps[..kept], &w.steps[..kept]) < 1e-4,
+                "GPU device, kept steps"
+            );
+        }
+        assert_eq!(got_st[0].steps_len, 6);
+        gpu.model.set_chunked_prefill(true);
+        let mut sg = gpu.seq();
+        let got = gpu.run(&mut sg, &ids, Logits::All);
+        assert_close(&got, &want_chunked, "GPU device, chunked prefill");
+        assert!(
+            max_diff(&sg.rec.state, &sc.rec.state) < 1e-4,
+            "GPU device, chunked prefill's state"
+        );
+    }
+}
+
+/// Prefills `ids[..40]`, then runs one batch of `ids[40..46]` as a verification pass (six kept steps)
+/// beside the whole of `a` in a new sequence; returns the batch's logits and both states.
+fn verify_beside_a_prefill(r: &mut Runner, a: &[u32], ids: &[u32]) -> (Vec<f32>, [Recurrent; 2]) {
+    let mut s1 = r.seq();
+    r.run(&mut s1, &ids[..40], Logits::None);
+    let mut s2 = r.seq();
+    r.kv.reserve(&mut s1, 46).unwrap();
+    r.kv.reserve(&mut s2, a.len()).unwrap();
+    r.batch.clear();
+    r.batch.push(&s1, &ids[40..46], Logits::Tail(6));
+    r.batch.push(&s2, a, Logits::All);
+    let mut states = [std::mem::take(&mut s1.rec), std::mem::take(&mut s2.rec)];
+    let logits = r
+        .model
+        .forward(
+            &r.dev,
+            r.kv.pool_mut(),
+            &r.batch,
+            &mut states,
+            &mut r.scratch,
+        )
+        .unwrap()
+        .to_vec();
+    (logits, states)
 }
 
 #[test]
