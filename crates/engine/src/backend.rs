@@ -300,6 +300,11 @@ impl Matrix {
         }
     }
 
+    /// Whether its weights are read in place in host memory (see [`Device::mapped_matrix`]).
+    pub fn in_place(&self) -> bool {
+        matches!(&self.m, MatrixKind::Gpu(g) if g.in_place())
+    }
+
     fn cpu(&self) -> &QMatrix {
         match &self.m {
             MatrixKind::Cpu(q) => q,
@@ -449,6 +454,25 @@ impl Device {
         }
     }
 
+    /// [`Device::matrix`] of bytes a mapping keeps where they are while `owner` lives (a model file's
+    /// tensor): a GPU that reads host memory in place (unified memory: Jetson Thor) keeps `owner` and reads
+    /// the weights there instead of a copy; every other device lays them out as [`Device::matrix`] does.
+    pub fn mapped_matrix(
+        &self,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        owner: &std::sync::Arc<dyn Send + Sync>,
+    ) -> Result<Matrix, DeviceError> {
+        match self {
+            Device::Cpu(_) => self.matrix(ty, rows, cols, data),
+            Device::Cuda(g) => Ok(Matrix {
+                m: MatrixKind::Gpu(g.mapped_matrix(ty, rows, cols, data, owner)?),
+            }),
+        }
+    }
+
     /// A matrix of f32 rows (`f` is `rows × cols`, row-major).
     pub fn matrix_f32(&self, rows: usize, cols: usize, f: Vec<f32>) -> Result<Matrix, DeviceError> {
         Ok(Matrix {
@@ -465,6 +489,7 @@ impl Device {
         if parts.len() == 1 {
             return parts.into_iter().next();
         }
+        let n = parts.len();
         match self {
             Device::Cpu(_) => {
                 let qs: Vec<QMatrix> = parts
@@ -474,6 +499,9 @@ impl Device {
                         MatrixKind::Gpu(_) => None,
                     })
                     .collect();
+                if qs.len() != n {
+                    return None;
+                }
                 QMatrix::concat(&qs).map(|q| Matrix {
                     m: MatrixKind::Cpu(q),
                 })
@@ -486,7 +514,10 @@ impl Device {
                         MatrixKind::Cpu(_) => None,
                     })
                     .collect();
-                g.concat(&gs).map(|m| Matrix {
+                if gs.len() != n {
+                    return None;
+                }
+                g.concat(gs).map(|m| Matrix {
                     m: MatrixKind::Gpu(m),
                 })
             }

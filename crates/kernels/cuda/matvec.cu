@@ -1,7 +1,8 @@
 // Quantized matrix-vector products over GGUF blocks as stored: decode, and batches of up to 8 tokens (draft
-// trees, small prefill chunks), out[t * rows + r] = scale * W[r] . x[t].
+// trees, small prefill chunks), out[t * stride + r] = scale * W[r] . x[t] (stride >= rows: a matrix that is
+// one part of a stacked output, such as a fused QKV whose parts stay where the model file has them).
 //
-// Weights are the GGUF tensor's bytes, uploaded once: `rows` rows of `cols` weights. Activations are `nt`
+// Weights are the GGUF tensor's bytes, uploaded once or read in place: `rows` rows of `cols` weights. Activations are `nt`
 // tokens quantized by quantize_q8_1: `q` (nt x cols int8) and `ds` (nt x cols/32 pairs (d, d * sum q)).
 // `scale` is the tensor scale (NVFP4's second level; 1 for the others).
 //
@@ -158,7 +159,7 @@ __device__ __forceinline__ long row_bytes(int cols) {
 template <int F>
 __device__ __forceinline__ void matvec(const unsigned char* __restrict__ w, const signed char* __restrict__ q,
                                        const float2* __restrict__ ds, float* __restrict__ out, int rows,
-                                       int cols, int nt, float scale) {
+                                       int cols, int nt, int stride, float scale) {
     const int r = blockIdx.x * MV_ROWS + threadIdx.y;
     if (r >= rows) {
         return;  // the whole warp: threadIdx.y is the warp's row
@@ -197,42 +198,42 @@ __device__ __forceinline__ void matvec(const unsigned char* __restrict__ w, cons
         if (t < nt) {
             const float v = warp_sum(acc[t]);
             if (lane == 0) {
-                out[(long)t * rows + r] = v * scale;
+                out[(long)t * stride + r] = v * scale;
             }
         }
     }
 }
 
 extern "C" __global__ void matvec_q4_0(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                       int rows, int cols, int nt, float scale) {
-    matvec<FMT_Q4_0>(w, q, ds, out, rows, cols, nt, scale);
+                                       int rows, int cols, int nt, int stride, float scale) {
+    matvec<FMT_Q4_0>(w, q, ds, out, rows, cols, nt, stride, scale);
 }
 extern "C" __global__ void matvec_q4_1(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                       int rows, int cols, int nt, float scale) {
-    matvec<FMT_Q4_1>(w, q, ds, out, rows, cols, nt, scale);
+                                       int rows, int cols, int nt, int stride, float scale) {
+    matvec<FMT_Q4_1>(w, q, ds, out, rows, cols, nt, stride, scale);
 }
 extern "C" __global__ void matvec_q8_0(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                       int rows, int cols, int nt, float scale) {
-    matvec<FMT_Q8_0>(w, q, ds, out, rows, cols, nt, scale);
+                                       int rows, int cols, int nt, int stride, float scale) {
+    matvec<FMT_Q8_0>(w, q, ds, out, rows, cols, nt, stride, scale);
 }
 extern "C" __global__ void matvec_q4_k(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                       int rows, int cols, int nt, float scale) {
-    matvec<FMT_Q4_K>(w, q, ds, out, rows, cols, nt, scale);
+                                       int rows, int cols, int nt, int stride, float scale) {
+    matvec<FMT_Q4_K>(w, q, ds, out, rows, cols, nt, stride, scale);
 }
 extern "C" __global__ void matvec_q6_k(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                       int rows, int cols, int nt, float scale) {
-    matvec<FMT_Q6_K>(w, q, ds, out, rows, cols, nt, scale);
+                                       int rows, int cols, int nt, int stride, float scale) {
+    matvec<FMT_Q6_K>(w, q, ds, out, rows, cols, nt, stride, scale);
 }
 extern "C" __global__ void matvec_nvfp4(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                        int rows, int cols, int nt, float scale) {
-    matvec<FMT_NVFP4>(w, q, ds, out, rows, cols, nt, scale);
+                                        int rows, int cols, int nt, int stride, float scale) {
+    matvec<FMT_NVFP4>(w, q, ds, out, rows, cols, nt, stride, scale);
 }
 
 // Float weights (f32, or f16 as bits) times float activations x (nt x cols), for the matrices that are not
 // block-quantized. Same launch shape; lanes stride over the columns.
 template <bool HALF>
 __device__ __forceinline__ void matvec_float(const void* __restrict__ w, const float* __restrict__ x,
-                                             float* __restrict__ out, int rows, int cols, int nt) {
+                                             float* __restrict__ out, int rows, int cols, int nt, int stride) {
     const int r = blockIdx.x * MV_ROWS + threadIdx.y;
     if (r >= rows) {
         return;
@@ -257,18 +258,19 @@ __device__ __forceinline__ void matvec_float(const void* __restrict__ w, const f
         if (t < nt) {
             const float v = warp_sum(acc[t]);
             if (threadIdx.x == 0) {
-                out[(long)t * rows + r] = v;
+                out[(long)t * stride + r] = v;
             }
         }
     }
 }
 
-extern "C" __global__ void matvec_f32(const float* w, const float* x, float* out, int rows, int cols, int nt) {
-    matvec_float<false>(w, x, out, rows, cols, nt);
+extern "C" __global__ void matvec_f32(const float* w, const float* x, float* out, int rows, int cols, int nt,
+                                      int stride) {
+    matvec_float<false>(w, x, out, rows, cols, nt, stride);
 }
 extern "C" __global__ void matvec_f16(const unsigned short* w, const float* x, float* out, int rows, int cols,
-                                      int nt) {
-    matvec_float<true>(w, x, out, rows, cols, nt);
+                                      int nt, int stride) {
+    matvec_float<true>(w, x, out, rows, cols, nt, stride);
 }
 
 // Embedding rows: out[t] = row tokens[t] of a table of `d` columns of format F, dequantized exactly as the

@@ -134,8 +134,8 @@ pub const KV_WRITE: Module = Module {
     kernels: &["kv_write_f32", "kv_write_f16", "kv_write_fp8"],
 };
 
-/// Gated DeltaNet: convolution, q/k norm, gates, the delta-rule recurrence, the gated output norm; and the
-/// sigmoid output gate of gated attention.
+/// Gated DeltaNet: convolution, q/k norm, gates, the delta-rule recurrence (token by token, and in chunked
+/// WY form), the gated output norm; and the sigmoid output gate of gated attention.
 pub const GDN: Module = Module {
     name: "gdn",
     source: concat!(

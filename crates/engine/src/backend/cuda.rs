@@ -123,6 +123,9 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     arch: &'static str,
     name: String,
+    /// Whether the kernels read host memory where it is: an integrated GPU that walks the host's page
+    /// tables (Jetson Thor's unified memory), where the model file's mapped weights need no copy.
+    reads_host: bool,
     modules: Mutex<HashMap<&'static str, Loaded>>,
     cache: Mutex<KernelCache>,
 }
@@ -184,9 +187,16 @@ impl Gpu {
             }
             // A stream of its own: the legacy default stream cannot be captured into a graph.
             let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
-            Ok::<_, DeviceError>((ctx, stream))
+            use cudarc::driver::sys::CUdevice_attribute as A;
+            let attr = |a| {
+                ctx.attribute(a)
+                    .map_err(driver("reading the GPU's attributes"))
+            };
+            let reads_host = attr(A::CU_DEVICE_ATTRIBUTE_INTEGRATED)? != 0
+                && attr(A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)? != 0;
+            Ok::<_, DeviceError>((ctx, stream, reads_host))
         }));
-        let (ctx, stream) = opened.map_err(|_| {
+        let (ctx, stream, reads_host) = opened.map_err(|_| {
             DeviceError::NoGpu("the CUDA driver failed while opening the device".into())
         })??;
         Ok(Gpu {
@@ -194,6 +204,7 @@ impl Gpu {
             stream,
             arch: arch(probe.capability),
             name: probe.name,
+            reads_host,
             modules: Mutex::new(HashMap::new()),
             cache: Mutex::new(KernelCache::new(cache_dir)),
         })
@@ -201,7 +212,12 @@ impl Gpu {
 
     /// The GPU's name and the architecture its kernels are compiled for.
     pub fn describe(&self) -> String {
-        format!("{} ({})", self.name, self.arch)
+        let memory = if self.reads_host {
+            ", weights read in place"
+        } else {
+            ""
+        };
+        format!("{} ({}{memory})", self.name, self.arch)
     }
 
     /// Kernel modules compiled and read from the PTX cache so far.
@@ -318,6 +334,11 @@ impl Gpu {
 impl GpuRuntime for Gpu {
     fn describe(&self) -> String {
         Gpu::describe(self)
+    }
+
+    fn host_address(&self, host: &[u8]) -> Option<DevPtr> {
+        // With pageable memory access the GPU translates host virtual addresses itself.
+        self.reads_host.then_some(DevPtr(host.as_ptr() as u64))
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError> {

@@ -1,7 +1,8 @@
 //! The GPU device: every [`Device`](super::Device) op run by the CUDA kernels through [`super::launch`], on
 //! any [`GpuRuntime`] (a CUDA GPU, or the kernel simulator in the tests).
 //!
-//! Its memory is device memory: weights (uploaded once), the model's [`super::Buf`]s ([`GpuBuf`]), and the
+//! Its memory is device memory: weights (uploaded once; on a GPU that reads host memory in place, such as
+//! Jetson Thor's unified memory, read where the model file's mapping has them), the model's [`super::Buf`]s ([`GpuBuf`]), and the
 //! device's own staging (batch metadata, RoPE rows, attention partials, quantized activations:
 //! [`DevVec`]s). An op queues its kernels on the runtime's one stream and returns; nothing waits until the
 //! host needs a result ([`super::Buf::read_back`], [`super::Buf::edit`], [`GpuDevice::finish`] at the end
@@ -51,6 +52,13 @@ pub trait GpuRuntime: Launcher + Send + Sync + std::fmt::Debug {
     fn synchronize(&self) -> Result<(), DeviceError>;
     /// Captures `launches` as one graph (nothing runs now; [`Graph::launch`] queues them all at once).
     fn capture(&self, launches: &[Launch]) -> Result<Box<dyn Graph>, DeviceError>;
+    /// The address at which the kernels read `host` where it is, on a GPU that shares the host's memory
+    /// and page tables (an integrated GPU with pageable memory access: Jetson Thor); `None` elsewhere (a
+    /// discrete GPU reads host memory over its bus: weights are uploaded).
+    fn host_address(&self, host: &[u8]) -> Option<DevPtr> {
+        let _ = host;
+        None
+    }
 }
 
 /// Launches captured once and queued as one ([`GpuRuntime::capture`]): a CUDA graph.
@@ -237,6 +245,8 @@ impl Launcher for Queue {
 pub struct DevMem {
     ptr: DevPtr,
     bytes: usize,
+    /// Host memory the device reads where it is (kept alive by the owner), not an allocation.
+    in_place: bool,
     _owner: Box<dyn Send + Sync>,
 }
 
@@ -255,6 +265,7 @@ impl DevMem {
         DevMem {
             ptr,
             bytes,
+            in_place: false,
             _owner: owner,
         }
     }
@@ -452,10 +463,17 @@ impl DevVec {
 }
 
 /// A weight matrix in device memory.
+///
+/// Its rows are one or more parts, each contiguous: one, for a matrix uploaded (or stacked by a copy); a
+/// stacked matrix whose parts are read in place where the model file has them keeps them apart, and a
+/// product runs one launch per part into its rows of the output.
 #[derive(Debug)]
 pub struct GpuMatrix {
+    /// The whole matrix (its address is the first part's).
     w: Weights,
-    mem: DevMem,
+    parts: Vec<Weights>,
+    /// The memory behind the parts (or the mapping that holds them).
+    mems: Vec<DevMem>,
 }
 
 impl GpuMatrix {
@@ -471,7 +489,12 @@ impl GpuMatrix {
 
     /// Bytes a matrix-vector product reads.
     pub fn bytes(&self) -> usize {
-        self.mem.bytes
+        self.mems.iter().map(|m| m.bytes).sum()
+    }
+
+    /// Whether its weights are read in place in host memory (see [`GpuRuntime::host_address`]).
+    pub fn in_place(&self) -> bool {
+        self.mems.iter().any(|m| m.in_place)
     }
 }
 
@@ -700,38 +723,102 @@ impl GpuDevice {
         self.upload_weights(w, bytemuck::cast_slice(f))
     }
 
+    /// Weights from a mapping `owner` keeps alive (a model file's tensor): read where they are on a GPU
+    /// that reads host memory in place ([`GpuRuntime::host_address`]: unified memory, as on Jetson Thor),
+    /// else as [`GpuDevice::matrix`] does.
+    pub fn mapped_matrix(
+        &self,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        owner: &Arc<dyn Send + Sync>,
+    ) -> Result<GpuMatrix, DeviceError> {
+        let mut w = Weights {
+            ptr: DevPtr(0),
+            ty,
+            rows,
+            cols,
+            scale: 1.0,
+        };
+        let Some(ptr) = self.q.rt.host_address(data).filter(|_| w.check().is_ok()) else {
+            return self.matrix(ty, rows, cols, data);
+        };
+        if ty.row_bytes(cols).map(|rb| rb * rows) != Some(data.len()) {
+            return Err(DeviceError::Unsupported {
+                device: "the GPU",
+                what: format!(
+                    "{} bytes for {rows} rows of {cols} weights of type {ty}",
+                    data.len()
+                ),
+            });
+        }
+        w.ptr = ptr;
+        let mem = DevMem {
+            ptr,
+            bytes: data.len(),
+            in_place: true,
+            _owner: Box::new(Arc::clone(owner)),
+        };
+        Ok(GpuMatrix {
+            w,
+            parts: vec![w],
+            mems: vec![mem],
+        })
+    }
+
     fn upload_weights(&self, mut w: Weights, data: &[u8]) -> Result<GpuMatrix, DeviceError> {
         w.check()?;
         let mem = self.q.rt.alloc(data.len())?;
         self.q.upload(mem.ptr(), data)?;
         w.ptr = mem.ptr();
-        Ok(GpuMatrix { w, mem })
+        Ok(GpuMatrix {
+            w,
+            parts: vec![w],
+            mems: vec![mem],
+        })
     }
 
-    /// Matrices of one type and width stacked along the output dimension (fused QKV, gate/up).
-    pub fn concat(&self, parts: &[GpuMatrix]) -> Option<GpuMatrix> {
-        let first = parts.first()?;
+    /// Matrices of one type and width stacked along the output dimension (fused QKV, gate/up): copied
+    /// into one allocation, or, for weights read in place, kept where they are as the parts of one matrix.
+    pub fn concat(&self, parts: Vec<GpuMatrix>) -> Option<GpuMatrix> {
+        let first = parts.first()?.w;
         if parts
             .iter()
-            .any(|p| p.w.ty != first.w.ty || p.w.cols != first.w.cols || p.w.scale != first.w.scale)
+            .any(|p| p.w.ty != first.ty || p.w.cols != first.cols || p.w.scale != first.scale)
         {
             return None;
         }
-        let total: usize = parts.iter().map(|p| p.mem.bytes).sum();
+        let w = Weights {
+            rows: parts.iter().map(|p| p.w.rows).sum(),
+            ..first
+        };
+        if parts.iter().any(GpuMatrix::in_place) {
+            let (mut ws, mut mems) = (Vec::new(), Vec::new());
+            for p in parts {
+                ws.extend(p.parts);
+                mems.extend(p.mems);
+            }
+            return Some(GpuMatrix { w, parts: ws, mems });
+        }
+        let total: usize = parts.iter().map(GpuMatrix::bytes).sum();
         let mem = self.q.rt.alloc(total).ok()?;
         let mut at = 0;
-        for p in parts {
-            self.q
-                .copy(mem.ptr().offset(at), p.mem.ptr(), p.mem.bytes)
-                .ok()?;
-            at += p.mem.bytes;
+        for p in &parts {
+            for (part, m) in p.parts.iter().zip(&p.mems) {
+                self.q.copy(mem.ptr().offset(at), part.ptr, m.bytes).ok()?;
+                at += m.bytes;
+            }
         }
         let w = Weights {
             ptr: mem.ptr(),
-            rows: parts.iter().map(|p| p.w.rows).sum(),
-            ..first.w
+            ..w
         };
-        Some(GpuMatrix { w, mem })
+        Some(GpuMatrix {
+            w,
+            parts: vec![w],
+            mems: vec![mem],
+        })
     }
 
     /// Quantizes `n` rows of `cols` floats of `x` for the matrix products (when `cols` allows it; float
@@ -770,8 +857,15 @@ impl GpuDevice {
         // Block weights have whole blocks of 32 per row, so `input` quantized their activations.
         debug_assert!(q.is_some() || !w.w.kernel().is_ok_and(|(_, quantized)| quantized));
         assert!(out.len() >= n * w.w.rows, "matmul output too small");
-        let o = out.ptr();
-        self.run("matmul", |l| launch::matvec(l, &w.w, &a, o));
+        let (o, stride) = (out.ptr(), w.w.rows);
+        self.run("matmul", |l| {
+            let mut row = 0;
+            for p in &w.parts {
+                launch::matvec(l, p, &a, o.offset(4 * row), stride)?;
+                row += p.rows;
+            }
+            Ok(())
+        });
     }
 
     /// `n` embedding rows of `d` floats, dequantized on the host by `row` (row index, its floats) and

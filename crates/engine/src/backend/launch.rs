@@ -462,10 +462,16 @@ impl Weights {
     }
 }
 
-/// `out[t * w.rows + r] = scale * W[r] · x[t]` for the `a.tokens` rows of the input: its quantized copy
-/// for block types (see [`quantize_q8_1`]), its floats for f32 and f16 weights. Batches of more than
-/// [`MATVEC_TOKENS`] run as several launches.
-pub fn matvec(l: &dyn Launcher, w: &Weights, a: &Acts, out: DevPtr) -> Result<(), DeviceError> {
+/// `out[t * stride + r] = scale * W[r] · x[t]` for the `a.tokens` rows of the input (`stride >= w.rows`:
+/// `W` may be one part of a stacked output): its quantized copy for block types (see [`quantize_q8_1`]),
+/// its floats for f32 and f16 weights. Batches of more than [`MATVEC_TOKENS`] run as several launches.
+pub fn matvec(
+    l: &dyn Launcher,
+    w: &Weights,
+    a: &Acts,
+    out: DevPtr,
+    stride: usize,
+) -> Result<(), DeviceError> {
     w.check()?;
     let (kernel, quantized) = w.kernel()?;
     if a.cols != w.cols {
@@ -474,6 +480,13 @@ pub fn matvec(l: &dyn Launcher, w: &Weights, a: &Acts, out: DevPtr) -> Result<()
             a.cols, w.cols
         )));
     }
+    if stride < w.rows {
+        return Err(unsupported(format!(
+            "outputs {stride} apart from a matrix of {} rows",
+            w.rows
+        )));
+    }
+    let stride = int(stride, "an output stride")?;
     let shape = Shape {
         grid: [int(w.rows.div_ceil(MATVEC_ROWS), "blocks")? as u32, 1, 1],
         block: [32, MATVEC_ROWS as u32, 1],
@@ -483,16 +496,27 @@ pub fn matvec(l: &dyn Launcher, w: &Weights, a: &Acts, out: DevPtr) -> Result<()
     let mut t0 = 0;
     while t0 < a.tokens {
         let nt = (a.tokens - t0).min(MATVEC_TOKENS);
-        let o = Arg::Ptr(out.offset(4 * t0 * w.rows));
+        let o = Arg::Ptr(out.offset(4 * t0 * stride as usize));
         let (rows, cols, nt) = (Arg::I32(rows), Arg::I32(cols), Arg::I32(nt as i32));
+        let st = Arg::I32(stride);
         if quantized {
             let q = Arg::Ptr(a.q.offset(Acts::q_bytes(t0, w.cols)));
             let ds = Arg::Ptr(a.ds.offset(Acts::ds_bytes(t0, w.cols)));
-            let args = [Arg::Ptr(w.ptr), q, ds, o, rows, cols, nt, Arg::F32(w.scale)];
+            let args = [
+                Arg::Ptr(w.ptr),
+                q,
+                ds,
+                o,
+                rows,
+                cols,
+                nt,
+                st,
+                Arg::F32(w.scale),
+            ];
             l.launch(&thorn_kernels::MATVEC, kernel, shape, &args)?;
         } else {
             let x = Arg::Ptr(a.x.offset(4 * t0 * w.cols));
-            let args = [Arg::Ptr(w.ptr), x, o, rows, cols, nt];
+            let args = [Arg::Ptr(w.ptr), x, o, rows, cols, nt, st];
             l.launch(&thorn_kernels::MATVEC, kernel, shape, &args)?;
         }
         t0 += MATVEC_TOKENS;

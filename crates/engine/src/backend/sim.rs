@@ -128,6 +128,8 @@ pub(crate) struct Counts {
     pub launches: usize,
     /// Host-to-device copies.
     pub uploads: usize,
+    /// Bytes they copied.
+    pub upload_bytes: usize,
     /// Device-to-host copies (each waits for the queued work).
     pub downloads: usize,
     /// Waits for the queued work.
@@ -146,12 +148,23 @@ pub(crate) struct Counting {
     counts: std::sync::Arc<std::sync::Mutex<Counts>>,
     /// Whether captures fail (a driver without graphs).
     refuse: std::sync::atomic::AtomicBool,
+    /// Whether it stands for a GPU that reads host memory in place (unified memory).
+    unified: bool,
 }
 
 impl Counting {
     /// A counting runtime, shared with the device that runs on it.
     pub fn new() -> std::sync::Arc<Counting> {
         std::sync::Arc::default()
+    }
+
+    /// A counting runtime standing for a GPU that reads host memory where it is (Jetson Thor): the
+    /// simulator's device addresses are host addresses, so it reads host bytes in place as such a GPU does.
+    pub fn unified() -> std::sync::Arc<Counting> {
+        std::sync::Arc::new(Counting {
+            unified: true,
+            ..Counting::default()
+        })
     }
 
     /// Makes every capture fail from now on.
@@ -197,7 +210,10 @@ impl GpuRuntime for Counting {
     }
 
     fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
-        self.count(|c| c.uploads += 1);
+        self.count(|c| {
+            c.uploads += 1;
+            c.upload_bytes += src.len();
+        });
         Sim.upload(dst, src)
     }
 
@@ -227,6 +243,10 @@ impl GpuRuntime for Counting {
             launches: launches.to_vec(),
             counts: Some(std::sync::Arc::clone(&self.counts)),
         }))
+    }
+
+    fn host_address(&self, host: &[u8]) -> Option<DevPtr> {
+        self.unified.then_some(DevPtr(host.as_ptr() as u64))
     }
 }
 

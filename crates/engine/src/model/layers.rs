@@ -16,6 +16,7 @@ use super::ModelError;
 use crate::backend::{Buf, Device, Matrix, View, Workspace};
 use crate::gguf::{Gguf, TensorInfo};
 use crate::kv::Batch;
+use std::sync::Arc;
 
 /// Stages of a forward pass, for profiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,14 +116,17 @@ impl Linear {
     /// types cannot share one matrix.
     pub fn from_gguf(
         dev: &Device,
-        g: &Gguf,
+        g: &Arc<Gguf>,
         parts: Vec<TensorInfo>,
     ) -> Result<Option<Self>, ModelError> {
+        // The file's mapping outlives weights a GPU reads in place.
+        let owner: Arc<dyn Send + Sync> = Arc::<Gguf>::clone(g);
         let mats = parts
             .iter()
             .map(|t| {
                 let (rows, cols) = t.rows_cols();
-                dev.matrix(t.ty, rows as usize, cols as usize, g.tensor_data(t))
+                let data = g.tensor_data(t);
+                dev.mapped_matrix(t.ty, rows as usize, cols as usize, data, &owner)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(dev.concat(mats).map(|q| Linear { q, parts }))
@@ -235,7 +239,7 @@ impl Mlp {
     /// The block from GGUF tensors (`blk.N.ffn_{gate,up,down}`), gate and up fused when their types allow.
     pub fn from_gguf(
         dev: &Device,
-        g: &Gguf,
+        g: &Arc<Gguf>,
         norm: Buf,
         gate: TensorInfo,
         up: TensorInfo,

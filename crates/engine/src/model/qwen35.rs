@@ -42,6 +42,7 @@ use crate::kv::{Batch, KvShape, Logits, PagePool, Recurrent};
 use crate::quant::GgmlType;
 pub use reference::{Qwen35State, Reference};
 pub use source::{HfCheckpoint, Weights};
+use std::sync::Arc;
 
 /// Hyperparameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -435,8 +436,9 @@ impl Qwen35 {
         })
     }
 
-    /// Loads a `qwen35` GGUF for `dev`.
-    pub fn from_gguf(g: &Gguf, dev: &Device) -> Result<Self, ModelError> {
+    /// Loads a `qwen35` GGUF for `dev` (a GPU that reads host memory in place keeps `g`'s mapping for
+    /// its weights).
+    pub fn from_gguf(g: &Arc<Gguf>, dev: &Device) -> Result<Self, ModelError> {
         Self::load(g, Qwen35Config::from_gguf(g)?, dev)
     }
 

@@ -419,7 +419,8 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
 }
 
 /// Checks matvec for `ty` over `tokens` tokens against the dequantized weights times the dequantized
-/// activations (the quantized ones for block formats), summed in f64.
+/// activations (the quantized ones for block formats), summed in f64; with `gap`, its outputs are one
+/// part of rows `rows + gap` apart, and the gap is left as it was.
 fn check_matvec(
     d: &dyn TestDev,
     ty: GgmlType,
@@ -427,12 +428,14 @@ fn check_matvec(
     cols: usize,
     tokens: usize,
     scale: f32,
+    gap: usize,
 ) {
+    let stride = rows + gap;
     let bytes = weights(ty, rows, cols, 11 + cols as u64);
     let xs = data(tokens * cols, 12);
     let (x, q, ds) = quantize_on_device(d, &xs, tokens, cols);
     let wmem = Mem::from_bytes(d, &bytes);
-    let out = Mem::zeroed(d, 4 * tokens * rows);
+    let out = Mem::from_f32(d, &vec![7.0; tokens * stride]);
     let w = Weights {
         ptr: wmem.ptr(),
         ty,
@@ -447,7 +450,7 @@ fn check_matvec(
         tokens,
         cols,
     };
-    matvec(d, &w, &a, out.ptr()).unwrap();
+    matvec(d, &w, &a, out.ptr(), stride).unwrap();
     let (_, quantized) = w.kernel().unwrap();
     // The activations the kernel sees: dx * q for block formats, the floats otherwise.
     let mut qa = QActs::default();
@@ -464,7 +467,7 @@ fn check_matvec(
         .collect();
     let rb = ty.row_bytes(cols).unwrap();
     let mut row = vec![0.0f32; cols];
-    let (mut want, mut bound) = (vec![0.0; tokens * rows], vec![0.0; tokens * rows]);
+    let (mut want, mut bound) = (vec![7.0; tokens * stride], vec![0.0; tokens * stride]);
     for r in 0..rows {
         dequantize_ref(ty, &bytes[r * rb..(r + 1) * rb], &mut row).unwrap();
         for t in 0..tokens {
@@ -475,8 +478,8 @@ fn check_matvec(
                 .zip(xr)
                 .map(|(&w, &x)| (f64::from(w) * x).abs())
                 .sum();
-            want[t * rows + r] = dot * f64::from(scale);
-            bound[t * rows + r] = mag * f64::from(scale.abs());
+            want[t * stride + r] = dot * f64::from(scale);
+            bound[t * stride + r] = mag * f64::from(scale.abs());
         }
     }
     // Exact integer dot products; the float error is the reassociation of a few dozen partial sums.
@@ -505,12 +508,13 @@ fn matvec_matches_dequantized_weights_for_every_format_on(d: &dyn TestDev) {
         GgmlType::F32,
         GgmlType::F16,
     ] {
-        // Rows not a multiple of the block's 4; 1, 3 and 11 tokens (11: two launches).
+        // Rows not a multiple of the block's 4; 1, 3 and 11 tokens (11: two launches), one of them a part
+        // of a wider output.
         let cols = if ty.block_size() == 256 { 512 } else { 576 };
-        check_matvec(d, ty, 13, cols, 1, 1.0);
-        check_matvec(d, ty, 6, cols, 11, 1.0);
+        check_matvec(d, ty, 13, cols, 1, 1.0, 0);
+        check_matvec(d, ty, 6, cols, 11, 1.0, 5);
     }
-    check_matvec(d, GgmlType::NVFP4, 9, 256, 3, 0.375);
+    check_matvec(d, GgmlType::NVFP4, 9, 256, 3, 0.375, 0);
 }
 
 #[test]
@@ -539,12 +543,18 @@ fn matvec_rejects_what_its_kernels_cannot_take_on(d: &dyn TestDev) {
         (GgmlType::F32, 288, 0.5),  // a tensor scale on floats
         (GgmlType::Q4_0, 320, 1.0), // input width differs
     ] {
-        let r = matvec(d, &w(ty, cols, scale), &a, DevPtr(0));
+        let r = matvec(d, &w(ty, cols, scale), &a, DevPtr(0), 6);
         assert!(
             matches!(r, Err(DeviceError::Unsupported { .. })),
             "{ty} {cols}: {r:?}"
         );
     }
+    // Outputs closer together than the matrix's rows.
+    let r = matvec(d, &w(GgmlType::Q4_0, 288, 1.0), &a, DevPtr(0), 3);
+    assert!(
+        matches!(r, Err(DeviceError::Unsupported { .. })),
+        "a stride of 3 for 4 rows: {r:?}"
+    );
 }
 
 #[test]

@@ -144,6 +144,45 @@ impl Weights for Gguf {
     }
 }
 
+/// A shared GGUF's weights: as the GGUF's, except that its matrices may stay in the file's mapping (see
+/// [`Device::mapped_matrix`]), which they then keep alive.
+impl Weights for std::sync::Arc<Gguf> {
+    fn tied_output(&self) -> bool {
+        (**self).tied_output()
+    }
+
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+        (**self).vector(name, n)
+    }
+
+    fn matrix_f32(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, ModelError> {
+        (**self).matrix_f32(name, rows, cols)
+    }
+
+    fn matrix(
+        &self,
+        dev: &Device,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix, ModelError> {
+        let t = matrix_tensor(self, name, rows, cols)?;
+        let owner: std::sync::Arc<dyn Send + Sync> = std::sync::Arc::<Gguf>::clone(self);
+        Ok(dev.mapped_matrix(t.ty, rows, cols, self.tensor_data(t), &owner)?)
+    }
+
+    fn matrix_rows(
+        &self,
+        dev: &Device,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        pick: &[usize],
+    ) -> Result<Matrix, ModelError> {
+        (**self).matrix_rows(dev, name, rows, cols, pick)
+    }
+}
+
 /// One tensor's place in a shard.
 #[derive(Debug, Clone)]
 struct Entry {

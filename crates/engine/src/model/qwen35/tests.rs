@@ -65,8 +65,8 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
     }
 }
 
-fn gguf() -> Gguf {
-    Gguf::open(fixture("model.gguf")).unwrap()
+fn gguf() -> Arc<Gguf> {
+    Arc::new(Gguf::open(fixture("model.gguf")).unwrap())
 }
 
 #[test]
@@ -356,6 +356,46 @@ fn the_gpu_device_batches_verifies_and_chunks_like_the_cpu() {
             max_diff(&sg.rec.state, &sc.rec.state) < 1e-4,
             "GPU device, chunked prefill's state"
         );
+    }
+}
+
+/// On a GPU that reads host memory in place (the counting simulator standing for Jetson Thor's unified
+/// memory), qwen35-tiny's matrices stay in the GGUF's mapping (all but `attn_q`'s two halves, which are
+/// picked rows) and every golden sequence gives the bits of the device that uploads its weights.
+#[test]
+fn a_unified_memory_gpu_reads_the_hybrids_weights_in_place() {
+    let gold = golden();
+    let rt = crate::backend::sim::Counting::unified();
+    let dev = Device::gpu(Arc::clone(&rt) as _);
+    let g = gguf();
+    let model = Qwen35::from_gguf(&g, &dev).unwrap();
+    let loaded = rt.take();
+    let weights = model.weight_bytes();
+    eprintln!(
+        "in place: {weights} bytes of weights, {} bytes uploaded while loading",
+        loaded.upload_bytes
+    );
+    assert!(loaded.upload_bytes < weights / 2, "{loaded:?}");
+    for l in &model.layers {
+        match &l.mixer {
+            Mixer::DeltaNet(m) => assert!(m.qkv.in_place() && m.out.in_place()),
+            Mixer::Attention(a) => assert!(a.k.in_place() && !a.q.in_place()),
+        }
+    }
+    let uploaded = Device::gpu(Arc::new(crate::backend::sim::Sim));
+    let mut a = Runner::on(model, dev);
+    let mut b = Runner::on(Qwen35::from_gguf(&g, &uploaded).unwrap(), uploaded);
+    for s in gold["sequences"].as_array().unwrap() {
+        let ids = ids_of(s);
+        let (mut sa, mut sb) = (a.seq(), b.seq());
+        assert_eq!(
+            a.run(&mut sa, &ids, Logits::All),
+            b.run(&mut sb, &ids, Logits::All),
+            "sequence {}",
+            s["name"]
+        );
+        a.kv.release(sa, None);
+        b.kv.release(sb, None);
     }
 }
 
@@ -716,7 +756,7 @@ fn the_engine_speculates_with_the_mtp_head_exactly() {
     use crate::spec::draft::MODEL_CLASS;
     let dir = checkpoint_with_mtp("engine");
     let model = || crate::model::Model::Qwen35(Qwen35::from_hf(&dir, &load_dev()).unwrap());
-    let g = std::sync::Arc::new(gguf());
+    let g = gguf();
     let cfg = |spec: SpecConfig| EngineConfig {
         threads: 2,
         context: 1024,
