@@ -686,19 +686,38 @@ impl Device {
         out: impl Into<ViewMut<'v>>,
     ) -> usize {
         let (x, w, mut out) = (x.into(), w.into(), out.into());
+        // Runs of rows that follow each other in the batch (a decode step's, a prefill's) are one op.
         let mut m = 0;
+        let mut run: Option<std::ops::Range<usize>> = None;
+        let mut flush = |r: std::ops::Range<usize>, m: usize| {
+            let rows = r.len();
+            self.rmsnorm_rows(
+                x.slice(r.start * d..r.end * d),
+                w,
+                eps,
+                rows,
+                d,
+                out.slice(m * d..(m + rows) * d),
+            );
+        };
         for i in 0..batch.seqs.len() {
             for t in batch.logit_range(i) {
-                self.rmsnorm_rows(
-                    x.slice(t * d..(t + 1) * d),
-                    w,
-                    eps,
-                    1,
-                    d,
-                    out.slice(m * d..(m + 1) * d),
-                );
-                m += 1;
+                run = match run {
+                    Some(r) if r.end == t => Some(r.start..t + 1),
+                    Some(r) => {
+                        let len = r.len();
+                        flush(r, m);
+                        m += len;
+                        Some(t..t + 1)
+                    }
+                    None => Some(t..t + 1),
+                };
             }
+        }
+        if let Some(r) = run {
+            let len = r.len();
+            flush(r, m);
+            m += len;
         }
         m
     }

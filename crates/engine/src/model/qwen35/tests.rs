@@ -751,12 +751,24 @@ fn the_mtp_head_matches_the_reference_convention() {
 
 #[test]
 fn the_engine_speculates_with_the_mtp_head_exactly() {
+    let dir = checkpoint_with_mtp("engine");
+    speculates_exactly_on(&dir, || Device::cpu(2));
+    // On the GPU device too: its kernels, like the CPU's, give a token the same bits whatever it is
+    // batched with, so verifying drafts changes nothing.
+    speculates_exactly_on(&dir, || Device::gpu(Arc::new(crate::backend::sim::Sim)));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Greedy output with the MTP head drafting equals the output without, on the devices `dev` makes.
+fn speculates_exactly_on(dir: &std::path::Path, dev: impl Fn() -> Device) {
     use crate::engine::{Engine, EngineConfig, Request};
     use crate::spec::SpecConfig;
     use crate::spec::draft::MODEL_CLASS;
-    let dir = checkpoint_with_mtp("engine");
-    let model = || crate::model::Model::Qwen35(Qwen35::from_hf(&dir, &load_dev()).unwrap());
-    let g = gguf();
+    let engine = |cfg: &EngineConfig| {
+        let d = dev();
+        let m = crate::model::Model::Qwen35(Qwen35::from_hf(dir, &d).unwrap());
+        Engine::with_model(gguf(), m, d, cfg).unwrap()
+    };
     let cfg = |spec: SpecConfig| EngineConfig {
         threads: 2,
         context: 1024,
@@ -765,20 +777,13 @@ fn the_engine_speculates_with_the_mtp_head_exactly() {
         speculation: spec,
         ..EngineConfig::default()
     };
-    let mut plain = Engine::with_model(
-        std::sync::Arc::clone(&g),
-        model(),
-        Device::cpu(2),
-        &cfg(SpecConfig::off()),
-    )
-    .unwrap();
+    let mut plain = engine(&cfg(SpecConfig::off()));
     // A fixed cost model: whether the head's drafts are worth a pass must not depend on the machine's load.
     let fixed = SpecConfig {
         fixed_cost: Some(crate::spec::FixedCost::MEMORY_BOUND),
         ..SpecConfig::default()
     };
-    let mut spec = Engine::with_model(g, model(), Device::cpu(2), &cfg(fixed)).unwrap();
-    std::fs::remove_dir_all(&dir).ok();
+    let mut spec = engine(&cfg(fixed));
     let prompt: Vec<u32> = "<user>Move joint 2 by 15 degrees.</user>\n"
         .bytes()
         .map(u32::from)
