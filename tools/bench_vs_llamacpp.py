@@ -29,7 +29,8 @@ if model is None:
     cache = os.environ.get("THORN_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "thorn")
     model = os.path.join(cache, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 depths = [int(d) for d in args.depths.split(",") if d]
-tests = [f"pp{args.pp}", f"tg{args.tg}"] + [f"tg{args.tg}@d{d}" for d in depths]
+tests = ([f"pp{args.pp}"] + [f"pp{args.pp}@d{d}" for d in depths] + [f"tg{args.tg}"]
+         + [f"tg{args.tg}@d{d}" for d in depths])
 ours = {t: [] for t in tests}
 # llama.cpp with flash attention off and on: its default ("auto") picks on for this CPU build, which is
 # slower at depth; the table compares against the better of the two per test.
@@ -46,8 +47,8 @@ for r in range(args.rounds):
     for item in json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout):
         depth, n_prompt, n_gen = item.get("n_depth", 0), item["n_prompt"], item["n_gen"]
         fa = "1" if item.get("flash_attn") in (1, True, "1", "on", "enabled") else "0"
-        if n_prompt and not n_gen and depth == 0:
-            peer[fa][f"pp{n_prompt}"].append(item["avg_ts"])
+        if n_prompt and not n_gen:
+            peer[fa][f"pp{n_prompt}" + (f"@d{depth}" if depth else "")].append(item["avg_ts"])
         elif n_gen and not n_prompt:
             peer[fa][f"tg{n_gen}" + (f"@d{depth}" if depth else "")].append(item["avg_ts"])
     print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)

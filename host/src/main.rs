@@ -169,7 +169,7 @@ enum BenchCmd {
         /// Tokens for each decode measurement.
         #[arg(long, default_value_t = 128)]
         gen_tokens: usize,
-        /// Context depths to measure decode at (besides 0).
+        /// Context depths to measure prefill and decode at (besides 0).
         #[arg(long, value_delimiter = ',', default_value = "1024,3000")]
         depths: Vec<usize>,
         /// Repetitions of each measurement (the median is reported).

@@ -43,7 +43,7 @@ pub struct EngineBench {
     pub pp: usize,
     /// Tokens per decode measurement.
     pub tg: usize,
-    /// Depths to decode at besides 0.
+    /// Depths to prefill and decode at besides 0.
     pub depths: Vec<usize>,
     /// Repetitions (the median is reported).
     pub reps: usize,
@@ -65,7 +65,7 @@ pub struct EngineBench {
 pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
     let (pp, tg, reps) = (b.pp, b.tg, b.reps.max(1));
     let max_depth = b.depths.iter().copied().max().unwrap_or(0);
-    let context = (pp.max(max_depth + tg) + 16).next_multiple_of(256);
+    let context = ((max_depth + pp.max(tg)) + 16).next_multiple_of(256);
     let mut rows: Vec<(String, &'static str, f64, Vec<f64>)> = Vec::new();
     let mut profiled = None;
     for &dtype in &b.kv_dtypes {
@@ -99,6 +99,19 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
             pp_runs.push(pp as f64 / d.as_secs_f64());
         }
         rows.push((format!("pp{pp}"), kv, median(pp_runs.clone()), pp_runs));
+        // Prefill at depth (llama-bench's `-p N -d D`): `pp` new tokens after `depth` of context, the shape
+        // of an agent's later turns. Only the new tokens are timed.
+        for &depth in b.depths.iter().filter(|&&d| d > 0) {
+            let mut runs = Vec::new();
+            for r in 0..reps {
+                e.reset();
+                let mut s = e.session();
+                s.eval(&tokens(depth, vocab, 100 + r as u64))?;
+                let d = s.eval(&tokens(pp, vocab, 10 + r as u64))?;
+                runs.push(pp as f64 / d.as_secs_f64());
+            }
+            rows.push((format!("pp{pp}@d{depth}"), kv, median(runs.clone()), runs));
+        }
         for &depth in std::iter::once(&0).chain(&b.depths) {
             let mut runs = Vec::new();
             for r in 0..reps {
