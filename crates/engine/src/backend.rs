@@ -325,6 +325,8 @@ impl Matrix {
 pub struct Workspace {
     qa: QActs,
     partials: Vec<f32>,
+    /// The CPU attention's tiles of tokens.
+    tiles: Vec<(usize, usize)>,
     gpu: gpu::Quantized,
 }
 
@@ -823,6 +825,7 @@ impl Device {
                 head_dim,
                 out.host(),
                 &mut ws.partials,
+                &mut ws.tiles,
             ),
             Device::Cuda(g) => g.attention(pool, layer, batch, q, q_stride, n_heads, out),
         }

@@ -108,6 +108,7 @@ impl Cpu {
         head_dim: usize,
         out: &mut [f32],
         partials: &mut Vec<f32>,
+        tiles: &mut Vec<(usize, usize)>,
     ) {
         let isa = self.isa;
         let scale = 1.0 / (head_dim as f32).sqrt();
@@ -132,30 +133,95 @@ impl Cpu {
         let stride = group * (head_dim + 2);
         partials.clear();
         partials.resize(items * splits * stride, 0.0);
+        // Tiles of tokens: a sequence's run of tokens whose positions are all in place (a prefill chunk,
+        // a decode step) in tiles of up to MAX_TILE consecutive tokens, which share every key and value
+        // row they read; a draft tree's tokens one by one.
+        tiles.clear();
+        for span in &batch.seqs {
+            let rows = span.first..span.first + span.len;
+            let in_place = rows
+                .clone()
+                .all(|t| batch.position(t) < batch.direct[t] as usize);
+            let step = if in_place { simd::MAX_TILE } else { 1 };
+            for a in rows.clone().step_by(step) {
+                tiles.push((a, (a + step).min(rows.end)));
+            }
+        }
         let ptr = SendPtr(partials.as_mut_ptr());
-        let plen = partials.len();
-        self.pool.for_ranges(items * splits, 1, &|tasks| {
+        let tasks = tiles.len() * n_kv_heads * splits;
+        let tiles = &tiles[..];
+        self.pool.for_ranges(tasks, 1, &|range| {
             let p = ptr;
-            #[expect(unsafe_code, reason = "disjoint parallel writes")]
-            // SAFETY: task i writes only partials[i * stride..(i + 1) * stride]; tasks are disjoint and the
-            // pool joins before the borrow of `partials` ends.
-            let parts = unsafe { std::slice::from_raw_parts_mut(p.0, plen) };
-            for i in tasks {
-                let (item, split) = (i / splits, i % splits);
-                let (t, kvh) = (item / n_kv_heads, item % n_kv_heads);
-                let (span, _) = batch.locate(t);
+            for i in range {
+                let (tile, rest) = (i / (n_kv_heads * splits), i % (n_kv_heads * splits));
+                let (kvh, split) = (rest / splits, rest % splits);
+                let (t0, t1) = tiles[tile];
+                let nt = t1 - t0;
+                let mut parts: [simd::PartialAttn<'_>; simd::MAX_TILE] =
+                    std::array::from_fn(|_| simd::PartialAttn {
+                        m: &mut [],
+                        l: &mut [],
+                        o: &mut [],
+                    });
+                for (t, part) in (t0..t1).zip(&mut parts) {
+                    let at = ((t * n_kv_heads + kvh) * splits + split) * stride;
+                    #[expect(unsafe_code, reason = "disjoint parallel writes")]
+                    // SAFETY: the partial state of (token t, KV head kvh, split) is written only by the
+                    // one task that holds t's tile, kvh and split; these ranges are disjoint, inside
+                    // `partials`, and the pool joins before the borrow of `partials` ends.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(p.0.add(at), stride) };
+                    let (ml, o) = buf.split_at_mut(2 * group);
+                    let (m, l) = ml.split_at_mut(group);
+                    m.fill(f32::NEG_INFINITY);
+                    l.fill(0.0);
+                    o.fill(0.0);
+                    *part = simd::PartialAttn { m, l, o };
+                }
+                let (span, _) = batch.locate(t0);
                 let pages = batch.pages(span);
-                let npos = batch.position(t) + 1;
+                let first = (split * ATTENTION_SPLIT).max(batch.attend_from);
+                let end_of = |t: usize| ((split + 1) * ATTENTION_SPLIT).min(batch.position(t) + 1);
+                let qg = |t: usize| &q[t * q_stride + kvh * group * head_dim..][..group * head_dim];
+                if nt > 1 {
+                    // Consecutive positions in place: token ends grow along the tile, so the tokens that
+                    // see a page are a suffix of it.
+                    let mut qs = [&[][..]; simd::MAX_TILE];
+                    let mut ends = [0usize; simd::MAX_TILE];
+                    for (j, t) in (t0..t1).enumerate() {
+                        qs[j] = qg(t);
+                        ends[j] = end_of(t);
+                    }
+                    let last = ends[nt - 1];
+                    let mut at = first;
+                    while at < last {
+                        let base = at / ps * ps;
+                        let from = ends[..nt].partition_point(|&e| e <= at);
+                        let mut rel = [0usize; simd::MAX_TILE];
+                        for (r, &e) in rel[from..nt].iter_mut().zip(&ends[from..nt]) {
+                            *r = e.min(base + ps) - base;
+                        }
+                        let page = pages[at / ps];
+                        simd::attend_tile(
+                            isa,
+                            &qs[from..nt],
+                            head_dim,
+                            pool.keys(page, layer, kvh),
+                            pool.values(page, layer, kvh),
+                            at - base,
+                            &rel[from..nt],
+                            scale,
+                            &mut parts[from..nt],
+                        );
+                        at = last.min(base + ps);
+                    }
+                    continue;
+                }
+                let t = t0;
+                let [part, ..] = &mut parts;
+                let (m, l, o) = (&mut *part.m, &mut *part.l, &mut *part.o);
                 let direct = batch.direct[t] as usize;
-                let range = (split * ATTENTION_SPLIT).max(batch.attend_from).min(npos)
-                    ..((split + 1) * ATTENTION_SPLIT).min(npos);
-                let buf = &mut parts[i * stride..(i + 1) * stride];
-                let (ml, o) = buf.split_at_mut(2 * group);
-                let (m, l) = ml.split_at_mut(group);
-                m.fill(f32::NEG_INFINITY);
-                l.fill(0.0);
-                o.fill(0.0);
-                let qg = &q[t * q_stride + kvh * group * head_dim..][..group * head_dim];
+                let range = first.min(batch.position(t) + 1)..end_of(t);
+                let qg = qg(t);
                 let mut at = range.start;
                 while at < range.end {
                     let base = at / ps * ps;

@@ -643,6 +643,134 @@ pub fn attend_group(
     }
 }
 
+/// Most tokens [`attend_tile`] takes at once.
+pub const MAX_TILE: usize = 8;
+
+/// Whether [`attend_group`] runs its AVX-512 kernel for these rows (64-wide heads over f16 or FP8 pages on
+/// an AVX-512 machine); it has no tiled form yet.
+fn heads_kernel(isa: Isa, hd: usize, keys: KvSlice<'_>, values: KvSlice<'_>) -> bool {
+    isa == Isa::Avx512Vnni
+        && hd == 64
+        && matches!(
+            (keys, values),
+            (KvSlice::F16(_), KvSlice::F16(_)) | (KvSlice::Fp8 { .. }, KvSlice::Fp8 { .. })
+        )
+}
+
+/// [`attend_group`] for several tokens of one sequence over one page (the rows of a prefill chunk): token
+/// `i` attends positions `start..ends[i]` of `keys`/`values` with its query group `qs[i]`, updating
+/// `parts[i]`. Each key and value row is converted and loaded once for all of them, and a key row's dot
+/// products with the tokens' queries share its loads, four at a time; every token's state is bit for bit
+/// what [`attend_group`] gives it alone (the same blocks of positions, the same operations in the same
+/// order), so a token's result does not depend on being tiled.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "attention needs its shape spelled out"
+)]
+#[expect(
+    clippy::needless_range_loop,
+    reason = "a position indexes its key row and every token's scores"
+)]
+pub fn attend_tile(
+    isa: Isa,
+    qs: &[&[f32]],
+    hd: usize,
+    keys: KvSlice<'_>,
+    values: KvSlice<'_>,
+    start: usize,
+    ends: &[usize],
+    scale: f32,
+    parts: &mut [PartialAttn<'_>],
+) {
+    let nt = qs.len();
+    assert!(nt <= MAX_TILE && ends.len() == nt && parts.len() == nt);
+    if nt == 1 || heads_kernel(isa, hd, keys, values) {
+        for ((q, &end), p) in qs.iter().zip(ends).zip(parts.iter_mut()) {
+            if end > start {
+                let part = PartialAttn {
+                    m: &mut *p.m,
+                    l: &mut *p.l,
+                    o: &mut *p.o,
+                };
+                attend_group(isa, q, hd, keys, values, start..end, scale, part);
+            }
+        }
+        return;
+    }
+    let g = qs[0].len() / hd;
+    debug_assert!(g <= MAX_GROUP);
+    let mut scores = [[[0f32; GROUP_CHUNK]; MAX_GROUP]; MAX_TILE];
+    let mut kbuf = [0f32; MAX_HEAD_DIM];
+    let last = ends.iter().copied().max().unwrap_or(start);
+    let mut at = start;
+    while at < last {
+        let block = (last - at).min(GROUP_CHUNK);
+        // Positions of this block each token sees (its own block of attend_group's walk).
+        let mut lens = [0usize; MAX_TILE];
+        for (l, &end) in lens.iter_mut().zip(ends) {
+            *l = end.saturating_sub(at).min(GROUP_CHUNK);
+        }
+        // Scores: each key row once, against every (token, head) that sees it, four dot products per
+        // load of the row.
+        let mut pairs = [(0usize, 0usize); MAX_TILE * MAX_GROUP];
+        for j in 0..block {
+            let k = kv_row(keys, (at + j) * hd, hd, &mut kbuf);
+            let mut np = 0;
+            for (i, &l) in lens[..nt].iter().enumerate() {
+                if j < l {
+                    for h in 0..g {
+                        pairs[np] = (i, h);
+                        np += 1;
+                    }
+                }
+            }
+            let q = |(i, h): (usize, usize)| &qs[i][h * hd..(h + 1) * hd];
+            let mut c = 0;
+            while c + 4 <= np {
+                let p = [pairs[c], pairs[c + 1], pairs[c + 2], pairs[c + 3]];
+                let d = dot4_f32(isa, k, p.map(q));
+                for (&(i, h), v) in p.iter().zip(d) {
+                    scores[i][h][j] = v * scale;
+                }
+                c += 4;
+            }
+            for &(i, h) in &pairs[c..np] {
+                scores[i][h][j] = dot_f32(isa, q((i, h)), k) * scale;
+            }
+        }
+        for (i, part) in parts.iter_mut().enumerate() {
+            let len = lens[i];
+            if len == 0 {
+                continue;
+            }
+            for (h, row) in scores[i][..g].iter_mut().enumerate() {
+                let cmax = row[..len].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let new_m = part.m[h].max(cmax);
+                let corr = (part.m[h] - new_m).exp();
+                if corr != 1.0 {
+                    part.l[h] *= corr;
+                    part.o[h * hd..(h + 1) * hd]
+                        .iter_mut()
+                        .for_each(|o| *o *= corr);
+                }
+                part.m[h] = new_m;
+                part.l[h] += exp_sub(isa, &mut row[..len], new_m);
+            }
+        }
+        for j in 0..block {
+            let v = kv_row(values, (at + j) * hd, hd, &mut kbuf);
+            for (i, part) in parts.iter_mut().enumerate() {
+                if j < lens[i] {
+                    for (h, row) in scores[i][..g].iter().enumerate() {
+                        axpy(isa, row[j], v, &mut part.o[h * hd..(h + 1) * hd]);
+                    }
+                }
+            }
+        }
+        at += block;
+    }
+}
+
 /// Combines `splits` consecutive partial states of `g` heads (each `g * (hd + 2)` floats laid out as
 /// `m[g] l[g] o[g * hd]`, the layout `Cpu::attention` writes) into normalised outputs in `out` (`g * hd`).
 pub fn merge_partials(parts: &[f32], splits: usize, hd: usize, out: &mut [f32]) {

@@ -189,6 +189,7 @@ fn attention_case(heads: usize, kv_heads: usize) {
                         hd,
                         &mut got,
                         &mut Vec::new(),
+                        &mut Vec::new(),
                     );
                     for t in 0..n {
                         let (span, pos) = batch.locate(t);
@@ -288,6 +289,93 @@ fn simd_reductions_match_reference() {
         }
         let masked = [f32::NEG_INFINITY; 12];
         assert_eq!(simd::logsumexp(isa, &masked), f32::NEG_INFINITY);
+    }
+}
+
+/// A tile of a prefill chunk's tokens gets, token by token, the bits `attend_group` gives each token alone
+/// (what makes a prompt's result independent of how it was chunked and batched): every KV type, groups of
+/// 1, 3 and 5 heads, 64-wide heads and 40-wide ones (scalar tails), tokens that see none, part or all of
+/// the block.
+#[test]
+fn a_tile_of_tokens_attends_bit_for_bit_like_each_alone() {
+    let rows = 150;
+    for hd in [64, 40] {
+        let kf = data(rows * hd, 5);
+        let vf = data(rows * hd, 6);
+        let kh: Vec<half::f16> = kf.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let vh: Vec<half::f16> = vf.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let k8: Vec<u8> = kf
+            .iter()
+            .map(|&x| crate::backend::fp8::e4m3_encode(x * 200.0))
+            .collect();
+        let v8: Vec<u8> = vf
+            .iter()
+            .map(|&x| crate::backend::fp8::e4m3_encode(x * 200.0))
+            .collect();
+        let kinds = [
+            (KvSlice::F32(&kf), KvSlice::F32(&vf)),
+            (KvSlice::F16(&kh), KvSlice::F16(&vh)),
+            (
+                KvSlice::Fp8 {
+                    data: &k8,
+                    scale: 0.005,
+                },
+                KvSlice::Fp8 {
+                    data: &v8,
+                    scale: 0.005,
+                },
+            ),
+        ];
+        for (keys, values) in kinds {
+            for g in [1, 3, 5] {
+                // Eight consecutive tokens from position 100 on, attending from position 3: ends 101..=108
+                // (blocks of 64 from 3: the last block is partial for each); and a tile whose first tokens
+                // see nothing past `start`.
+                for (start, first_end) in [(3, 101), (60, 58)] {
+                    let ends: Vec<usize> = (0..simd::MAX_TILE).map(|i| first_end + i).collect();
+                    let qs: Vec<Vec<f32>> = (0..ends.len())
+                        .map(|i| data(g * hd, 40 + i as u64))
+                        .collect();
+                    let fresh = || -> Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+                        (0..ends.len())
+                            .map(|_| (vec![f32::NEG_INFINITY; g], vec![0.0; g], vec![0.0; g * hd]))
+                            .collect()
+                    };
+                    for isa in Isa::available() {
+                        let mut alone = fresh();
+                        for ((q, &end), (m, l, o)) in qs.iter().zip(&ends).zip(&mut alone) {
+                            if end > start {
+                                let part = simd::PartialAttn { m, l, o };
+                                simd::attend_group(isa, q, hd, keys, values, start..end, 0.1, part);
+                            }
+                        }
+                        let mut tiled = fresh();
+                        let mut parts: Vec<simd::PartialAttn<'_>> = tiled
+                            .iter_mut()
+                            .map(|(m, l, o)| simd::PartialAttn { m, l, o })
+                            .collect();
+                        let qr: Vec<&[f32]> = qs.iter().map(Vec::as_slice).collect();
+                        simd::attend_tile(
+                            isa, &qr, hd, keys, values, start, &ends, 0.1, &mut parts,
+                        );
+                        drop(parts);
+                        let bits = |v: &[(Vec<f32>, Vec<f32>, Vec<f32>)]| -> Vec<u32> {
+                            v.iter()
+                                .flat_map(|(m, l, o)| {
+                                    m.iter().chain(l).chain(o).map(|x| x.to_bits())
+                                })
+                                .collect()
+                        };
+                        assert_eq!(
+                            bits(&tiled),
+                            bits(&alone),
+                            "{isa:?} hd {hd} group {g} from {start}, {:?}",
+                            std::mem::discriminant(&keys)
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -848,6 +848,7 @@ fn attention_case(d: &dyn TestDev, heads: usize, kv_heads: usize, hd: usize) {
                 hd,
                 &mut want,
                 &mut Vec::new(),
+                &mut Vec::new(),
             );
             let dev = DevPool::upload(d, kv.pool());
             let meta = upload_batch(d, &batch, page_size);
