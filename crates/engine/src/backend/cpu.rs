@@ -88,10 +88,12 @@ impl Cpu {
     /// Causal attention for every token of `batch` in `layer`, reading the KV pages (which must already
     /// hold the batch's own tokens). `q` and `out` are `tokens * n_heads * head_dim`; `partials` is scratch.
     ///
-    /// Work items are (token, KV head, block of [`ATTENTION_SPLIT`] positions): the query heads of a GQA group
-    /// share every key and value load, long contexts spread over every thread even for one token (as in
-    /// flash-decoding), and the blocks' partial softmax states are merged afterwards in a fixed order. Each
-    /// item walks its sequence's page table, one contiguous run of keys and values per page.
+    /// Work items are (tile of tokens, KV head, block of [`ATTENTION_SPLIT`] positions): the query heads of a
+    /// GQA group share every key and value load, and so do the up to [`simd::MAX_TILE`] consecutive tokens
+    /// of a tile (a prefill chunk's; draft-tree tokens are tiles of one); long contexts spread over every
+    /// thread even for one token (as in flash-decoding), and the blocks' partial softmax states are merged
+    /// afterwards in a fixed order. Each item walks its sequence's page table, one contiguous run of keys
+    /// and values per page. A token's result is the same bits whatever its tile, split or batch.
     #[expect(
         clippy::too_many_arguments,
         reason = "attention needs its shape spelled out"
