@@ -564,7 +564,7 @@ pub fn attend_group(
     values: KvSlice<'_>,
     range: std::ops::Range<usize>,
     scale: f32,
-    part: PartialAttn<'_>,
+    mut part: PartialAttn<'_>,
 ) {
     let g = q.len() / hd;
     debug_assert!(g <= MAX_GROUP);
@@ -621,17 +621,7 @@ pub fn attend_group(
             }
         }
         for (h, row) in scores[..g].iter_mut().enumerate() {
-            let cmax = row[..len].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let new_m = part.m[h].max(cmax);
-            let corr = (part.m[h] - new_m).exp();
-            if corr != 1.0 {
-                part.l[h] *= corr;
-                part.o[h * hd..(h + 1) * hd]
-                    .iter_mut()
-                    .for_each(|o| *o *= corr);
-            }
-            part.m[h] = new_m;
-            part.l[h] += exp_sub(isa, &mut row[..len], new_m);
+            fold_scores(isa, &mut row[..len], h, hd, &mut part);
         }
         for j in 0..len {
             let v = kv_row(values, (start + j) * hd, hd, &mut kbuf);
@@ -641,6 +631,23 @@ pub fn attend_group(
         }
         start += len;
     }
+}
+
+/// Folds a block of head `h`'s scores into its running softmax state: rescales what `part` holds to the
+/// block's new max and turns the scores into their weights `exp(s - m)` (in place), adding them to the
+/// denominator. [`attend_group`] and [`attend_tile`] share it, so a token gets the same bits either way.
+fn fold_scores(isa: Isa, row: &mut [f32], h: usize, hd: usize, part: &mut PartialAttn<'_>) {
+    let cmax = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let new_m = part.m[h].max(cmax);
+    let corr = (part.m[h] - new_m).exp();
+    if corr != 1.0 {
+        part.l[h] *= corr;
+        part.o[h * hd..(h + 1) * hd]
+            .iter_mut()
+            .for_each(|o| *o *= corr);
+    }
+    part.m[h] = new_m;
+    part.l[h] += exp_sub(isa, row, new_m);
 }
 
 /// Most tokens [`attend_tile`] takes at once.
@@ -744,17 +751,7 @@ pub fn attend_tile(
                 continue;
             }
             for (h, row) in scores[i][..g].iter_mut().enumerate() {
-                let cmax = row[..len].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let new_m = part.m[h].max(cmax);
-                let corr = (part.m[h] - new_m).exp();
-                if corr != 1.0 {
-                    part.l[h] *= corr;
-                    part.o[h * hd..(h + 1) * hd]
-                        .iter_mut()
-                        .for_each(|o| *o *= corr);
-                }
-                part.m[h] = new_m;
-                part.l[h] += exp_sub(isa, &mut row[..len], new_m);
+                fold_scores(isa, &mut row[..len], h, hd, part);
             }
         }
         for j in 0..block {
