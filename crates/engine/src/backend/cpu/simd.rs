@@ -569,45 +569,27 @@ pub fn attend_group(
     let g = q.len() / hd;
     debug_assert!(g <= MAX_GROUP);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512Vnni && hd == 64 {
-        let rows = match (keys, values) {
-            (KvSlice::F16(k), KvSlice::F16(v)) => {
-                let rows = |s: &[half::f16]| Rows {
-                    ptr: s.as_ptr().cast::<u8>(),
-                    len: s.len(),
-                    scale: 1.0,
-                };
-                Some((rows(k), rows(v), false))
-            }
-            (KvSlice::Fp8 { data: k, scale: ks }, KvSlice::Fp8 { data: v, scale: vs }) => {
-                // The f16 route decodes E4M3 times 2^-8 (see backend::fp8); the 256 goes into the scales.
-                let rows = |s: &[u8], sc: f32| Rows {
-                    ptr: s.as_ptr(),
-                    len: s.len(),
-                    scale: sc * 256.0,
-                };
-                Some((rows(k, ks), rows(v, vs), true))
-            }
-            _ => None,
-        };
-        if let Some((k, v, fp8)) = rows {
-            // SAFETY: AVX-512 was detected; the kernels assert that `range` lies inside both slices.
-            unsafe {
-                match (g, fp8) {
-                    (1, false) => attend_heads_avx512::<1, false>(q, k, v, range, scale, part),
-                    (2, false) => attend_heads_avx512::<2, false>(q, k, v, range, scale, part),
-                    (3, false) => attend_heads_avx512::<3, false>(q, k, v, range, scale, part),
-                    (4, false) => attend_heads_avx512::<4, false>(q, k, v, range, scale, part),
-                    (1, true) => attend_heads_avx512::<1, true>(q, k, v, range, scale, part),
-                    (2, true) => attend_heads_avx512::<2, true>(q, k, v, range, scale, part),
-                    (3, true) => attend_heads_avx512::<3, true>(q, k, v, range, scale, part),
-                    (4, true) => attend_heads_avx512::<4, true>(q, k, v, range, scale, part),
-                    (_, false) => attend_group_avx512::<4, false>(q, g, k, v, range, scale, part),
-                    (_, true) => attend_group_avx512::<4, true>(q, g, k, v, range, scale, part),
-                }
-            }
-            return;
+    if let Some((k, v, fp8)) = kernel_rows(isa, hd, keys, values) {
+        assert!(part.m.len() >= g && part.l.len() >= g && part.o.len() >= g * hd);
+        let mut rows = [QRow::NONE; MAX_GROUP];
+        let (m, l, o) = (
+            part.m.as_mut_ptr(),
+            part.l.as_mut_ptr(),
+            part.o.as_mut_ptr(),
+        );
+        for (h, row) in rows[..g].iter_mut().enumerate() {
+            *row = QRow {
+                q: q[h * hd..].as_ptr(),
+                m: m.wrapping_add(h),
+                l: l.wrapping_add(h),
+                o: o.wrapping_add(h * hd),
+                end: range.end,
+            };
         }
+        // SAFETY: AVX-512 was detected (kernel_rows); each row points at its own head's query and state,
+        // inside the slices (asserted above); the kernel asserts that `range` is inside the page.
+        unsafe { attend_rows(hd, &rows[..g], k, v, fp8, range.start, scale) };
+        return;
     }
     let mut scores = [[0f32; GROUP_CHUNK]; MAX_GROUP];
     let mut kbuf = [0f32; MAX_HEAD_DIM];
@@ -653,17 +635,6 @@ fn fold_scores(isa: Isa, row: &mut [f32], h: usize, hd: usize, part: &mut Partia
 /// Most tokens [`attend_tile`] takes at once.
 pub const MAX_TILE: usize = 8;
 
-/// Whether [`attend_group`] runs its AVX-512 kernel for these rows (64-wide heads over f16 or FP8 pages on
-/// an AVX-512 machine); it has no tiled form yet.
-fn heads_kernel(isa: Isa, hd: usize, keys: KvSlice<'_>, values: KvSlice<'_>) -> bool {
-    isa == Isa::Avx512Vnni
-        && hd == 64
-        && matches!(
-            (keys, values),
-            (KvSlice::F16(_), KvSlice::F16(_)) | (KvSlice::Fp8 { .. }, KvSlice::Fp8 { .. })
-        )
-}
-
 /// [`attend_group`] for several tokens of one sequence over one page (the rows of a prefill chunk): token
 /// `i` attends positions `start..ends[i]` of `keys`/`values` with its query group `qs[i]`, updating
 /// `parts[i]`. Each key and value row is converted and loaded once for all of them, and a key row's dot
@@ -691,7 +662,36 @@ pub fn attend_tile(
 ) {
     let nt = qs.len();
     assert!(nt <= MAX_TILE && ends.len() == nt && parts.len() == nt);
-    if nt == 1 || heads_kernel(isa, hd, keys, values) {
+    #[cfg(target_arch = "x86_64")]
+    if nt > 1
+        && let Some((k, v, fp8)) = kernel_rows(isa, hd, keys, values)
+    {
+        let g = qs[0].len() / hd;
+        let mut rows = [QRow::NONE; MAX_ROWS];
+        let mut n = 0;
+        for ((q, &end), p) in qs.iter().zip(ends).zip(parts.iter_mut()) {
+            assert!(q.len() >= g * hd && p.m.len() >= g && p.l.len() >= g && p.o.len() >= g * hd);
+            if end <= start {
+                continue;
+            }
+            let (m, l, o) = (p.m.as_mut_ptr(), p.l.as_mut_ptr(), p.o.as_mut_ptr());
+            for h in 0..g {
+                rows[n] = QRow {
+                    q: q[h * hd..].as_ptr(),
+                    m: m.wrapping_add(h),
+                    l: l.wrapping_add(h),
+                    o: o.wrapping_add(h * hd),
+                    end,
+                };
+                n += 1;
+            }
+        }
+        // SAFETY: AVX-512 was detected (kernel_rows); each row points at its own token's and head's query
+        // and state (asserted above); the kernel asserts that every end is inside the page.
+        unsafe { attend_rows(hd, &rows[..n], k, v, fp8, start, scale) };
+        return;
+    }
+    if nt == 1 {
         for ((q, &end), p) in qs.iter().zip(ends).zip(parts.iter_mut()) {
             if end > start {
                 let part = PartialAttn {
@@ -1045,142 +1045,372 @@ unsafe fn load16<const FP8: bool>(rows: Rows, at: usize) -> __m512 {
     }
 }
 
-/// [`attend_group`] for f16 or E4M3 keys and values and `head_dim == 16 * V`, AVX-512: per block of keys,
-/// each key row is converted once per head in registers, scores are reduced per key, and each head's output
-/// stays in registers while the block's values stream past.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn attend_group_avx512<const V: usize, const FP8: bool>(
-    q: &[f32],
-    g: usize,
+/// One query row of [`attend_rows_avx512`]: a (token, head)'s query (`head_dim` floats), its softmax state
+/// (`m`, `l`, `head_dim` floats of `o`), and the end (exclusive, in positions of the page) of what it sees.
+#[derive(Clone, Copy)]
+struct QRow {
+    q: *const f32,
+    m: *mut f32,
+    l: *mut f32,
+    o: *mut f32,
+    end: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl QRow {
+    const NONE: QRow = QRow {
+        q: std::ptr::null(),
+        m: std::ptr::null_mut(),
+        l: std::ptr::null_mut(),
+        o: std::ptr::null_mut(),
+        end: 0,
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+/// Most query rows one call of the AVX-512 kernel takes (a tile's tokens times a group's heads).
+const MAX_ROWS: usize = MAX_TILE * MAX_GROUP;
+
+#[cfg(target_arch = "x86_64")]
+/// The AVX-512 kernel's view of a page's keys and values, when it has a form for them: 32-, 64- or 128-wide
+/// heads over f16 or FP8 pages on an AVX-512 machine. `(keys, values, fp8)`.
+fn kernel_rows(
+    isa: Isa,
+    hd: usize,
+    keys: KvSlice<'_>,
+    values: KvSlice<'_>,
+) -> Option<(Rows, Rows, bool)> {
+    if isa != Isa::Avx512Vnni || !matches!(hd, 32 | 64 | 128) {
+        return None;
+    }
+    match (keys, values) {
+        (KvSlice::F16(k), KvSlice::F16(v)) => {
+            let rows = |s: &[half::f16]| Rows {
+                ptr: s.as_ptr().cast::<u8>(),
+                len: s.len(),
+                scale: 1.0,
+            };
+            Some((rows(k), rows(v), false))
+        }
+        (KvSlice::Fp8 { data: k, scale: ks }, KvSlice::Fp8 { data: v, scale: vs }) => {
+            // The f16 route decodes E4M3 times 2^-8 (see backend::fp8); the 256 goes into the scales.
+            let rows = |s: &[u8], sc: f32| Rows {
+                ptr: s.as_ptr(),
+                len: s.len(),
+                scale: sc * 256.0,
+            };
+            Some((rows(k, ks), rows(v, vs), true))
+        }
+        _ => None,
+    }
+}
+
+/// Runs [`attend_rows_avx512`] for `hd`-wide rows (which [`kernel_rows`] accepted).
+///
+/// # Safety
+/// AVX-512 F/BW/VL was detected; every row's pointers are valid for its `hd`-float query and output and its
+/// `m`/`l`, no two rows share state, and no row's `end` is past the rows of `keys`/`values` (the kernel
+/// asserts that last part).
+#[cfg(target_arch = "x86_64")]
+unsafe fn attend_rows(
+    hd: usize,
+    rows: &[QRow],
     keys: Rows,
     values: Rows,
-    range: std::ops::Range<usize>,
+    fp8: bool,
+    start: usize,
     scale: f32,
-    part: PartialAttn<'_>,
 ) {
-    let hd = 16 * V;
-    assert!(range.end * hd <= keys.len && range.end * hd <= values.len && q.len() >= g * hd);
-    // Scores take the keys' scale; probabilities the values'.
-    let kscale = scale * keys.scale;
-    // SAFETY: positions in `range` are inside `keys`/`values` (asserted above), q holds g * hd floats and
-    // part.o g * hd floats; all loads and stores stay within those bounds.
+    // SAFETY: the caller's contract is the kernels'.
     unsafe {
-        let mut scores = [[0f32; GROUP_CHUNK]; MAX_GROUP];
-        let mut start = range.start;
-        while start < range.end {
-            let len = (range.end - start).min(GROUP_CHUNK);
-            for (h, srow) in scores[..g].iter_mut().enumerate() {
-                let qv: [__m512; V] =
-                    std::array::from_fn(|i| _mm512_loadu_ps(q.as_ptr().add(h * hd + 16 * i)));
-                for (j, score) in srow[..len].iter_mut().enumerate() {
-                    let row = (start + j) * hd;
-                    let mut acc = _mm512_mul_ps(qv[0], load16::<FP8>(keys, row));
-                    for (i, qi) in qv.iter().enumerate().skip(1) {
-                        acc = _mm512_fmadd_ps(*qi, load16::<FP8>(keys, row + 16 * i), acc);
-                    }
-                    *score = _mm512_reduce_add_ps(acc) * kscale;
-                }
-            }
-            for (h, row) in scores[..g].iter_mut().enumerate() {
-                let cmax = row[..len].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let new_m = part.m[h].max(cmax);
-                let corr = (part.m[h] - new_m).exp();
-                part.m[h] = new_m;
-                part.l[h] = part.l[h] * corr + exp_sub_avx2(&mut row[..len], new_m);
-                let o = part.o.as_mut_ptr().add(h * hd);
-                let cv = _mm512_set1_ps(corr);
-                let mut acc: [__m512; V] =
-                    std::array::from_fn(|i| _mm512_mul_ps(_mm512_loadu_ps(o.add(16 * i)), cv));
-                for (j, &p) in row[..len].iter().enumerate() {
-                    let pv = _mm512_set1_ps(p * values.scale);
-                    let vrow = (start + j) * hd;
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        *a = _mm512_fmadd_ps(pv, load16::<FP8>(values, vrow + 16 * i), *a);
-                    }
-                }
-                for (i, a) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(o.add(16 * i), *a);
-                }
-            }
-            start += len;
+        match (hd, fp8) {
+            (32, false) => attend_rows_avx512::<2, false>(rows, keys, values, start, scale),
+            (64, false) => attend_rows_avx512::<4, false>(rows, keys, values, start, scale),
+            (128, false) => attend_rows_avx512::<8, false>(rows, keys, values, start, scale),
+            (32, true) => attend_rows_avx512::<2, true>(rows, keys, values, start, scale),
+            (64, true) => attend_rows_avx512::<4, true>(rows, keys, values, start, scale),
+            (128, true) => attend_rows_avx512::<8, true>(rows, keys, values, start, scale),
+            _ => unreachable!("kernel_rows accepts 32-, 64- and 128-wide heads"),
         }
     }
 }
 
-/// [`attend_group`] for groups of `G <= 4` query heads and `head_dim == 64`, AVX-512: the heads are
-/// interleaved per position, so each key and value row is loaded and converted (f16 or E4M3) once for the
-/// whole group instead of once per head. The group's queries (and, in the value pass, its accumulators)
-/// stay in registers: `4 * G` vectors plus the row's 4.
+/// The sums of 16 vectors as one vector: lane `s` holds the sum of `v[s]`'s lanes. Every vector's lanes are
+/// added in the same tree (halves, quarters, pairs, neighbours) whichever slot it takes, so a dot product's
+/// bits do not depend on which others share the call.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-#[expect(
-    clippy::needless_range_loop,
-    reason = "positions outside, heads inside: scores[h][j] is indexed across both"
-)]
-unsafe fn attend_heads_avx512<const G: usize, const FP8: bool>(
-    q: &[f32],
+#[inline]
+fn sum16(v: &[__m512; 16]) -> __m512 {
+    // 16 -> 8: l1[i] = [a.q0 + a.q2, a.q1 + a.q3, b.q0 + b.q2, b.q1 + b.q3] for (a, b) = v[2i], v[2i + 1]
+    // (q: 128-bit quarters).
+    let l1: [__m512; 8] = std::array::from_fn(|i| {
+        let (a, b) = (v[2 * i], v[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4(a, b, 0b01_00_01_00),
+            _mm512_shuffle_f32x4(a, b, 0b11_10_11_10),
+        )
+    });
+    // 8 -> 4: quarter k of l2[i] holds four partial sums of v[4i + k].
+    let l2: [__m512; 4] = std::array::from_fn(|i| {
+        let (a, b) = (l1[2 * i], l1[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4(a, b, 0b10_00_10_00),
+            _mm512_shuffle_f32x4(a, b, 0b11_01_11_01),
+        )
+    });
+    // 4 -> 2: quarter k of l3[i] holds two partial sums each of v[8i + k] and v[8i + 4 + k].
+    let l3: [__m512; 2] = std::array::from_fn(|i| {
+        let (a, b) = (l2[2 * i], l2[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_ps(a, b, 0b01_00_01_00),
+            _mm512_shuffle_ps(a, b, 0b11_10_11_10),
+        )
+    });
+    // 2 -> 1: lane 4k + m holds the sum of v[4m + k]; the permutation puts v[s]'s in lane s.
+    let l4 = _mm512_add_ps(
+        _mm512_shuffle_ps(l3[0], l3[1], 0b10_00_10_00),
+        _mm512_shuffle_ps(l3[0], l3[1], 0b11_01_11_01),
+    );
+    _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+        l4,
+    )
+}
+
+/// One query (`V` vectors) times one converted key row, lane by lane: `q[0] k[0]`, then a fused
+/// multiply-add per vector in order (the lanes are summed by [`sum16`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_lanes<const V: usize>(q: &[__m512; V], k: *const __m512) -> __m512 {
+    // SAFETY: the caller points `k` at V converted vectors.
+    unsafe {
+        let mut acc = _mm512_mul_ps(q[0], *k);
+        for (i, qi) in q.iter().enumerate().skip(1) {
+            acc = _mm512_fmadd_ps(*qi, *k.add(i), acc);
+        }
+        acc
+    }
+}
+
+/// Scores of two query rows against keys `kf[..n]` (converted rows of `V` vectors, defined up to `n`
+/// rounded up to 8), times `ks`, into `sa[..]`/`sb[..]` (written up to `n` rounded up to 8): each key row
+/// loaded once for both, eight keys of each row per reduction.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scores2<const V: usize>(
+    qa: *const f32,
+    qb: *const f32,
+    kf: *const __m512,
+    n: usize,
+    ks: __m512,
+    sa: *mut f32,
+    sb: *mut f32,
+) {
+    // SAFETY: the caller keeps every pointer valid for what the doc says is read or written.
+    unsafe {
+        let qa: [__m512; V] = std::array::from_fn(|i| _mm512_loadu_ps(qa.add(16 * i)));
+        let qb: [__m512; V] = std::array::from_fn(|i| _mm512_loadu_ps(qb.add(16 * i)));
+        let mut c = 0;
+        while c < n {
+            let acc: [__m512; 16] = std::array::from_fn(|s| {
+                if s < 8 {
+                    dot_lanes::<V>(&qa, kf.add((c + s) * V))
+                } else {
+                    dot_lanes::<V>(&qb, kf.add((c + s - 8) * V))
+                }
+            });
+            let s = _mm512_mul_ps(sum16(&acc), ks);
+            _mm256_storeu_ps(sa.add(c), _mm512_castps512_ps256(s));
+            _mm256_storeu_ps(
+                sb.add(c),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)),
+            );
+            c += 8;
+        }
+    }
+}
+
+/// [`scores2`] for one row, sixteen keys per reduction (`kf` defined and `s` written up to `n` rounded up
+/// to 16).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scores1<const V: usize>(
+    q: *const f32,
+    kf: *const __m512,
+    n: usize,
+    ks: __m512,
+    s: *mut f32,
+) {
+    // SAFETY: the caller keeps every pointer valid for what the doc says is read or written.
+    unsafe {
+        let q: [__m512; V] = std::array::from_fn(|i| _mm512_loadu_ps(q.add(16 * i)));
+        let mut c = 0;
+        while c < n {
+            let acc: [__m512; 16] =
+                std::array::from_fn(|j| dot_lanes::<V>(&q, kf.add((c + j) * V)));
+            _mm512_storeu_ps(s.add(c), _mm512_mul_ps(sum16(&acc), ks));
+            c += 16;
+        }
+    }
+}
+
+/// The value pass of `N` rows: each row's output (rescaled by its `corr`) stays in registers while the
+/// block's converted value rows `vf` stream past, each loaded once for all `N`; row `r` adds
+/// `p[r][j] * vscale * v[j]` for its own `j < count[r]` (masked, so a shorter row keeps its bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn values_n<const V: usize, const N: usize>(
+    o: [*mut f32; N],
+    p: [*const f32; N],
+    count: [usize; N],
+    corr: [f32; N],
+    vf: *const __m512,
+    vscale: f32,
+) {
+    // SAFETY: the caller keeps `o[r]` valid for 16 * V floats, `p[r]` for max(count) floats and `vf` for
+    // max(count) rows of V vectors.
+    unsafe {
+        let mut acc: [[__m512; V]; N] = std::array::from_fn(|r| {
+            let c = _mm512_set1_ps(corr[r]);
+            std::array::from_fn(|i| _mm512_mul_ps(_mm512_loadu_ps(o[r].add(16 * i)), c))
+        });
+        let n = count.iter().copied().max().unwrap_or(0);
+        for j in 0..n {
+            let v: [__m512; V] = std::array::from_fn(|i| *vf.add(j * V + i));
+            for r in 0..N {
+                let pv = _mm512_set1_ps(*p[r].add(j) * vscale);
+                let k: __mmask16 = if j < count[r] { 0xffff } else { 0 };
+                for (a, vi) in acc[r].iter_mut().zip(&v) {
+                    *a = _mm512_mask3_fmadd_ps(pv, *vi, *a, k);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (i, x) in a.iter().enumerate() {
+                _mm512_storeu_ps(o[r].add(16 * i), *x);
+            }
+        }
+    }
+}
+
+/// Attention of any number of query rows (a tile's tokens times a GQA group's heads, or one token's group)
+/// over one page's f16 or E4M3 keys and values, `head_dim == 16 * V`, AVX-512; each row attends
+/// `start..row.end` in blocks of [`GROUP_CHUNK`] positions from `start`.
+///
+/// Per block: each key and value row is converted to f32 once for all rows (into the stack), scores come
+/// two rows at a time with a key row's loads shared and sixteen dot products reduced at once
+/// ([`sum16`]), and outputs stay in registers while the value rows stream past, up to `16 / V` rows at a
+/// time. A row's arithmetic is the same whichever rows share the call (a token's bits do not depend on its
+/// tile), and is the softmax fold of [`fold_scores`] with the same exponentials.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
+    rows: &[QRow],
     keys: Rows,
     values: Rows,
-    range: std::ops::Range<usize>,
+    start: usize,
     scale: f32,
-    part: PartialAttn<'_>,
 ) {
-    const V: usize = 4;
+    use std::mem::MaybeUninit;
     let hd = 16 * V;
-    assert!(range.end * hd <= keys.len && range.end * hd <= values.len && q.len() >= G * hd);
-    assert!(part.m.len() >= G && part.l.len() >= G && part.o.len() >= G * hd);
-    let kscale = scale * keys.scale;
-    // SAFETY: positions in `range` are inside `keys`/`values` and q / part.o hold G * hd floats (asserted
-    // above); all loads and stores stay within those bounds.
+    let last = rows.iter().map(|r| r.end).max().unwrap_or(start);
+    assert!(rows.len() <= MAX_ROWS && last * hd <= keys.len && last * hd <= values.len);
+    // SAFETY: positions below `last` are inside `keys`/`values` (asserted above); the caller keeps each
+    // row's pointers valid and disjoint. The stack buffers are written before they are read: keys and
+    // values up to the block (keys zero-padded to 16), scores up to the block rounded up.
     unsafe {
-        let qv: [[__m512; V]; G] = std::array::from_fn(|h| {
-            std::array::from_fn(|i| _mm512_loadu_ps(q.as_ptr().add(h * hd + 16 * i)))
-        });
-        let mut scores = [[0f32; GROUP_CHUNK]; G];
-        let mut start = range.start;
-        while start < range.end {
-            let len = (range.end - start).min(GROUP_CHUNK);
-            for j in 0..len {
-                let row = (start + j) * hd;
-                let k: [__m512; V] = std::array::from_fn(|i| load16::<FP8>(keys, row + 16 * i));
-                for h in 0..G {
-                    let mut acc = _mm512_mul_ps(qv[h][0], k[0]);
-                    for i in 1..V {
-                        acc = _mm512_fmadd_ps(qv[h][i], k[i], acc);
-                    }
-                    scores[h][j] = _mm512_reduce_add_ps(acc) * kscale;
+        let ks = _mm512_set1_ps(scale * keys.scale);
+        let mut kf = [MaybeUninit::<__m512>::uninit(); GROUP_CHUNK * 8];
+        let mut vf = [MaybeUninit::<__m512>::uninit(); GROUP_CHUNK * 8];
+        let mut scores = [MaybeUninit::<f32>::uninit(); GROUP_CHUNK * MAX_ROWS];
+        let (kp, vp) = (
+            kf.as_mut_ptr().cast::<__m512>(),
+            vf.as_mut_ptr().cast::<__m512>(),
+        );
+        let sbase = scores.as_mut_ptr().cast::<f32>();
+        let sp = |a: usize| sbase.add(a * GROUP_CHUNK);
+        let mut active = [0usize; MAX_ROWS];
+        let mut count = [0usize; MAX_ROWS];
+        let mut corr = [0f32; MAX_ROWS];
+        let mut at = start;
+        while at < last {
+            let block = (last - at).min(GROUP_CHUNK);
+            let mut na = 0;
+            for (r, row) in rows.iter().enumerate() {
+                if row.end > at {
+                    active[na] = r;
+                    count[na] = (row.end - at).min(GROUP_CHUNK);
+                    na += 1;
                 }
             }
-            let mut acc = [[_mm512_setzero_ps(); V]; G];
-            for h in 0..G {
-                let row = &mut scores[h][..len];
-                let cmax = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let new_m = part.m[h].max(cmax);
-                let corr = (part.m[h] - new_m).exp();
-                part.m[h] = new_m;
-                part.l[h] = part.l[h] * corr + exp_sub_avx2(row, new_m);
-                let o = part.o.as_ptr().add(h * hd);
-                let cv = _mm512_set1_ps(corr);
-                acc[h] = std::array::from_fn(|i| _mm512_mul_ps(_mm512_loadu_ps(o.add(16 * i)), cv));
-            }
-            for j in 0..len {
-                let vrow = (start + j) * hd;
-                let v: [__m512; V] = std::array::from_fn(|i| load16::<FP8>(values, vrow + 16 * i));
-                for h in 0..G {
-                    let pv = _mm512_set1_ps(scores[h][j] * values.scale);
-                    for i in 0..V {
-                        acc[h][i] = _mm512_fmadd_ps(pv, v[i], acc[h][i]);
-                    }
+            for j in 0..block {
+                for i in 0..V {
+                    kp.add(j * V + i)
+                        .write(load16::<FP8>(keys, (at + j) * hd + 16 * i));
                 }
             }
-            for (h, a) in acc.iter().enumerate() {
-                let o = part.o.as_mut_ptr().add(h * hd);
-                for (i, x) in a.iter().enumerate() {
-                    _mm512_storeu_ps(o.add(16 * i), *x);
+            for j in block..block.next_multiple_of(16) {
+                for i in 0..V {
+                    kp.add(j * V + i).write(_mm512_setzero_ps());
                 }
             }
-            start += len;
+            let mut a = 0;
+            while a < na {
+                if V <= 4 && a + 1 < na {
+                    let (qa, qb) = (rows[active[a]].q, rows[active[a + 1]].q);
+                    scores2::<V>(qa, qb, kp, block, ks, sp(a), sp(a + 1));
+                    a += 2;
+                } else {
+                    scores1::<V>(rows[active[a]].q, kp, block, ks, sp(a));
+                    a += 1;
+                }
+            }
+            for a in 0..na {
+                let row = rows[active[a]];
+                let s = std::slice::from_raw_parts_mut(sp(a), count[a]);
+                let cmax = s.iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
+                let new_m = (*row.m).max(cmax);
+                corr[a] = (*row.m - new_m).exp();
+                *row.m = new_m;
+                *row.l = *row.l * corr[a] + exp_sub_avx2(s, new_m);
+            }
+            for j in 0..block {
+                for i in 0..V {
+                    vp.add(j * V + i)
+                        .write(load16::<FP8>(values, (at + j) * hd + 16 * i));
+                }
+            }
+            let mut a = 0;
+            while a < na {
+                let n = (na - a).min(16 / V);
+                macro_rules! group {
+                    ($n:literal) => {
+                        values_n::<V, $n>(
+                            std::array::from_fn(|r| rows[active[a + r]].o),
+                            std::array::from_fn(|r| sp(a + r).cast_const()),
+                            std::array::from_fn(|r| count[a + r]),
+                            std::array::from_fn(|r| corr[a + r]),
+                            vp,
+                            values.scale,
+                        )
+                    };
+                }
+                match n {
+                    1 => group!(1),
+                    2 => group!(2),
+                    3 => group!(3),
+                    4 => group!(4),
+                    5 => group!(5),
+                    6 => group!(6),
+                    7 => group!(7),
+                    _ => group!(8),
+                }
+                a += n;
+            }
+            at += block;
         }
     }
 }

@@ -134,14 +134,21 @@ fn quantized_matmul_tracks_the_float_product() {
 
 #[test]
 fn simd_attention_matches_reference() {
-    // Groups of 3 and 4 query heads per KV head take the interleaved kernel, 5 the per-head one.
-    for (heads, kv_heads) in [(6, 2), (8, 2), (10, 2)] {
-        attention_case(heads, kv_heads);
+    // Groups of 3, 4 and 5 query heads per KV head (odd ones leave a row of the kernel's pairs alone);
+    // every head width the AVX-512 kernel has, and one it has not.
+    for (heads, kv_heads, hd) in [
+        (6, 2, 64),
+        (8, 2, 64),
+        (10, 2, 64),
+        (6, 2, 128),
+        (6, 2, 32),
+        (6, 2, 48),
+    ] {
+        attention_case(heads, kv_heads, hd);
     }
 }
 
-fn attention_case(heads: usize, kv_heads: usize) {
-    let hd = 64;
+fn attention_case(heads: usize, kv_heads: usize, hd: usize) {
     let shape = KvShape {
         n_layers: 1,
         n_kv_heads: kv_heads,
@@ -219,7 +226,7 @@ fn attention_case(heads: usize, kv_heads: usize) {
                                 KvSlice::F32(&kk),
                                 KvSlice::F32(&vv),
                                 npos,
-                                0.125,
+                                1.0 / (hd as f32).sqrt(),
                                 &mut want,
                             );
                             for (d, (g, w)) in
@@ -294,12 +301,12 @@ fn simd_reductions_match_reference() {
 
 /// A tile of a prefill chunk's tokens gets, token by token, the bits `attend_group` gives each token alone
 /// (what makes a prompt's result independent of how it was chunked and batched): every KV type, groups of
-/// 1, 3 and 5 heads, 64-wide heads and 40-wide ones (scalar tails), tokens that see none, part or all of
-/// the block.
+/// 1, 3 and 5 heads, 32-, 64- and 128-wide heads (each width the AVX-512 kernel has) and 40-wide ones
+/// (scalar tails), tokens that see none, part or all of the block.
 #[test]
 fn a_tile_of_tokens_attends_bit_for_bit_like_each_alone() {
     let rows = 150;
-    for hd in [64, 40] {
+    for hd in [64, 32, 128, 40] {
         let kf = data(rows * hd, 5);
         let vf = data(rows * hd, 6);
         let kh: Vec<half::f16> = kf.iter().map(|&x| half::f16::from_f32(x)).collect();
