@@ -570,24 +570,10 @@ pub fn attend_group(
     debug_assert!(g <= MAX_GROUP);
     #[cfg(target_arch = "x86_64")]
     if let Some((k, v, fp8)) = kernel_rows(isa, hd, keys, values) {
-        assert!(part.m.len() >= g && part.l.len() >= g && part.o.len() >= g * hd);
         let mut rows = [QRow::NONE; MAX_GROUP];
-        let (m, l, o) = (
-            part.m.as_mut_ptr(),
-            part.l.as_mut_ptr(),
-            part.o.as_mut_ptr(),
-        );
-        for (h, row) in rows[..g].iter_mut().enumerate() {
-            *row = QRow {
-                q: q[h * hd..].as_ptr(),
-                m: m.wrapping_add(h),
-                l: l.wrapping_add(h),
-                o: o.wrapping_add(h * hd),
-                end: range.end,
-            };
-        }
-        // SAFETY: AVX-512 was detected (kernel_rows); each row points at its own head's query and state,
-        // inside the slices (asserted above); the kernel asserts that `range` is inside the page.
+        QRow::group(q, hd, &mut part, range.end, &mut rows);
+        // SAFETY: AVX-512 was detected (kernel_rows); each row points at its own head's query and state
+        // (QRow::group checks the lengths); the kernel asserts that `range` is inside the page.
         unsafe { attend_rows(hd, &rows[..g], k, v, fp8, range.start, scale) };
         return;
     }
@@ -619,17 +605,25 @@ pub fn attend_group(
 /// block's new max and turns the scores into their weights `exp(s - m)` (in place), adding them to the
 /// denominator. [`attend_group`] and [`attend_tile`] share it, so a token gets the same bits either way.
 fn fold_scores(isa: Isa, row: &mut [f32], h: usize, hd: usize, part: &mut PartialAttn<'_>) {
-    let cmax = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let new_m = part.m[h].max(cmax);
-    let corr = (part.m[h] - new_m).exp();
+    let corr = softmax_step(isa, &mut part.m[h], &mut part.l[h], row);
     if corr != 1.0 {
-        part.l[h] *= corr;
         part.o[h * hd..(h + 1) * hd]
             .iter_mut()
             .for_each(|o| *o *= corr);
     }
-    part.m[h] = new_m;
-    part.l[h] += exp_sub(isa, row, new_m);
+}
+
+/// The softmax state's part of [`fold_scores`]: moves the running max `m` to the block's, rescales the
+/// denominator `l` to it and adds the block's weights `exp(s - m)` (written over the scores); returns the
+/// factor the output must be rescaled by. The AVX-512 kernel calls it too (it rescales the output in
+/// registers).
+fn softmax_step(isa: Isa, m: &mut f32, l: &mut f32, row: &mut [f32]) -> f32 {
+    let cmax = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let new_m = m.max(cmax);
+    let corr = (*m - new_m).exp();
+    *m = new_m;
+    *l = *l * corr + exp_sub(isa, row, new_m);
+    corr
 }
 
 /// Most tokens [`attend_tile`] takes at once.
@@ -670,24 +664,13 @@ pub fn attend_tile(
         let mut rows = [QRow::NONE; MAX_ROWS];
         let mut n = 0;
         for ((q, &end), p) in qs.iter().zip(ends).zip(parts.iter_mut()) {
-            assert!(q.len() >= g * hd && p.m.len() >= g && p.l.len() >= g && p.o.len() >= g * hd);
-            if end <= start {
-                continue;
-            }
-            let (m, l, o) = (p.m.as_mut_ptr(), p.l.as_mut_ptr(), p.o.as_mut_ptr());
-            for h in 0..g {
-                rows[n] = QRow {
-                    q: q[h * hd..].as_ptr(),
-                    m: m.wrapping_add(h),
-                    l: l.wrapping_add(h),
-                    o: o.wrapping_add(h * hd),
-                    end,
-                };
-                n += 1;
+            if end > start {
+                QRow::group(&q[..g * hd], hd, p, end, &mut rows[n..]);
+                n += g;
             }
         }
         // SAFETY: AVX-512 was detected (kernel_rows); each row points at its own token's and head's query
-        // and state (asserted above); the kernel asserts that every end is inside the page.
+        // and state (QRow::group checks the lengths); the kernel asserts that every end is inside the page.
         unsafe { attend_rows(hd, &rows[..n], k, v, fp8, start, scale) };
         return;
     }
@@ -1066,6 +1049,27 @@ impl QRow {
         o: std::ptr::null_mut(),
         end: 0,
     };
+
+    /// The rows of one token's query group `q` (`q.len() / hd` heads) and its state `part`, seeing up to
+    /// `end`, into `out`'s first slots.
+    fn group(q: &[f32], hd: usize, part: &mut PartialAttn<'_>, end: usize, out: &mut [QRow]) {
+        let g = q.len() / hd;
+        assert!(part.m.len() >= g && part.l.len() >= g && part.o.len() >= g * hd && out.len() >= g);
+        let (m, l, o) = (
+            part.m.as_mut_ptr(),
+            part.l.as_mut_ptr(),
+            part.o.as_mut_ptr(),
+        );
+        for (h, row) in out[..g].iter_mut().enumerate() {
+            *row = QRow {
+                q: q[h * hd..].as_ptr(),
+                m: m.wrapping_add(h),
+                l: l.wrapping_add(h),
+                o: o.wrapping_add(h * hd),
+                end,
+            };
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -1304,7 +1308,7 @@ unsafe fn values_n<const V: usize, const N: usize>(
 /// two rows at a time with a key row's loads shared and sixteen dot products reduced at once
 /// ([`sum16`]), and outputs stay in registers while the value rows stream past, up to `16 / V` rows at a
 /// time. A row's arithmetic is the same whichever rows share the call (a token's bits do not depend on its
-/// tile), and is the softmax fold of [`fold_scores`] with the same exponentials.
+/// tile), and its softmax state moves by [`softmax_step`], as [`fold_scores`]'s does.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
@@ -1371,11 +1375,7 @@ unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
             for a in 0..na {
                 let row = rows[active[a]];
                 let s = std::slice::from_raw_parts_mut(sp(a), count[a]);
-                let cmax = s.iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
-                let new_m = (*row.m).max(cmax);
-                corr[a] = (*row.m - new_m).exp();
-                *row.m = new_m;
-                *row.l = *row.l * corr[a] + exp_sub_avx2(s, new_m);
+                corr[a] = softmax_step(Isa::Avx512Vnni, &mut *row.m, &mut *row.l, s);
             }
             for j in 0..block {
                 for i in 0..V {
