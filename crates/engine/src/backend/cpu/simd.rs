@@ -615,8 +615,8 @@ fn fold_scores(isa: Isa, row: &mut [f32], h: usize, hd: usize, part: &mut Partia
 
 /// The softmax state's part of [`fold_scores`]: moves the running max `m` to the block's, rescales the
 /// denominator `l` to it and adds the block's weights `exp(s - m)` (written over the scores); returns the
-/// factor the output must be rescaled by. The AVX-512 kernel calls it too (it rescales the output in
-/// registers).
+/// factor the output must be rescaled by. (The AVX-512 kernel has its own, [`softmax_row`], sixteen
+/// lanes wide; every row of a machine's kernel goes through the same one, so tiles still agree.)
 fn softmax_step(isa: Isa, m: &mut f32, l: &mut f32, row: &mut [f32]) -> f32 {
     let cmax = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     let new_m = m.max(cmax);
@@ -1261,9 +1261,74 @@ unsafe fn scores1<const V: usize>(
     }
 }
 
+/// One row's softmax step over its block of scores `s[..n]` (AVX-512, sixteen lanes with the tail masked):
+/// moves the running max `m` to the block's, rescales the denominator `l` and adds the block's weights
+/// `exp(s - m)` to it, and writes each weight times `vscale` over its score (what the value pass
+/// multiplies the value rows by). Returns the factor the row's output must be rescaled by.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn softmax_row(m: &mut f32, l: &mut f32, s: *mut f32, n: usize, vscale: f32) -> f32 {
+    let mask = |i: usize| -> __mmask16 {
+        if n - i >= 16 {
+            0xffff
+        } else {
+            (1u16 << (n - i)) - 1
+        }
+    };
+    // SAFETY: the caller keeps `s` valid for `n` floats; every load and store is masked to them.
+    unsafe {
+        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        while i < n {
+            let k = mask(i);
+            mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, s.add(i)));
+            i += 16;
+        }
+        let new_m = m.max(_mm512_reduce_max_ps(mx));
+        let corr = (*m - new_m).exp();
+        *m = new_m;
+        let (mv, vs) = (_mm512_set1_ps(new_m), _mm512_set1_ps(vscale));
+        let mut sum = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < n {
+            let k = mask(i);
+            let e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s.add(i)), mv));
+            sum = _mm512_mask_add_ps(sum, k, sum, e);
+            _mm512_mask_storeu_ps(s.add(i), k, _mm512_mul_ps(e, vs));
+            i += 16;
+        }
+        *l = *l * corr + _mm512_reduce_add_ps(sum);
+        corr
+    }
+}
+
+/// [`exp256`] on sixteen lanes, operation for operation (so a lane's bits are `exp256`'s).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+fn exp512(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm512_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(n),
+        _mm512_set1_epi32(127),
+    )));
+    let keep = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(-87.0));
+    _mm512_maskz_mov_ps(keep, _mm512_mul_ps(p, pow2))
+}
+
 /// The value pass of `N` rows: each row's output (rescaled by its `corr`) stays in registers while the
 /// block's converted value rows `vf` stream past, each loaded once for all `N`; row `r` adds
-/// `p[r][j] * vscale * v[j]` for its own `j < count[r]` (masked, so a shorter row keeps its bits).
+/// `p[r][j] * v[j]` for its own `j < count[r]` (masked, so a shorter row keeps its bits; `p` carries the
+/// value scale, see [`softmax_row`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn values_n<const V: usize, const N: usize>(
@@ -1272,7 +1337,6 @@ unsafe fn values_n<const V: usize, const N: usize>(
     count: [usize; N],
     corr: [f32; N],
     vf: *const __m512,
-    vscale: f32,
 ) {
     // SAFETY: the caller keeps `o[r]` valid for 16 * V floats, `p[r]` for max(count) floats and `vf` for
     // max(count) rows of V vectors.
@@ -1281,11 +1345,22 @@ unsafe fn values_n<const V: usize, const N: usize>(
             let c = _mm512_set1_ps(corr[r]);
             std::array::from_fn(|i| _mm512_mul_ps(_mm512_loadu_ps(o[r].add(16 * i)), c))
         });
+        // Every row sees the first `all` positions (most blocks: all of them); past those, masked.
+        let all = count.iter().copied().min().unwrap_or(0);
         let n = count.iter().copied().max().unwrap_or(0);
-        for j in 0..n {
+        for j in 0..all {
             let v: [__m512; V] = std::array::from_fn(|i| *vf.add(j * V + i));
             for r in 0..N {
-                let pv = _mm512_set1_ps(*p[r].add(j) * vscale);
+                let pv = _mm512_set1_ps(*p[r].add(j));
+                for (a, vi) in acc[r].iter_mut().zip(&v) {
+                    *a = _mm512_fmadd_ps(pv, *vi, *a);
+                }
+            }
+        }
+        for j in all..n {
+            let v: [__m512; V] = std::array::from_fn(|i| *vf.add(j * V + i));
+            for r in 0..N {
+                let pv = _mm512_set1_ps(*p[r].add(j));
                 let k: __mmask16 = if j < count[r] { 0xffff } else { 0 };
                 for (a, vi) in acc[r].iter_mut().zip(&v) {
                     *a = _mm512_mask3_fmadd_ps(pv, *vi, *a, k);
@@ -1308,7 +1383,7 @@ unsafe fn values_n<const V: usize, const N: usize>(
 /// two rows at a time with a key row's loads shared and sixteen dot products reduced at once
 /// ([`sum16`]), and outputs stay in registers while the value rows stream past, up to `16 / V` rows at a
 /// time. A row's arithmetic is the same whichever rows share the call (a token's bits do not depend on its
-/// tile), and its softmax state moves by [`softmax_step`], as [`fold_scores`]'s does.
+/// tile), and its softmax state moves by [`softmax_row`], sixteen lanes at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
@@ -1374,8 +1449,7 @@ unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
             }
             for a in 0..na {
                 let row = rows[active[a]];
-                let s = std::slice::from_raw_parts_mut(sp(a), count[a]);
-                corr[a] = softmax_step(Isa::Avx512Vnni, &mut *row.m, &mut *row.l, s);
+                corr[a] = softmax_row(&mut *row.m, &mut *row.l, sp(a), count[a], values.scale);
             }
             for j in 0..block {
                 for i in 0..V {
@@ -1394,7 +1468,6 @@ unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
                             std::array::from_fn(|r| count[a + r]),
                             std::array::from_fn(|r| corr[a + r]),
                             vp,
-                            values.scale,
                         )
                     };
                 }
