@@ -13,8 +13,8 @@
 //! # The API
 //!
 //! A [`Device`] owns its worker threads (CPU) or context and streams (CUDA), and makes the weights in its own
-//! layout ([`Device::matrix`], [`Device::matrix_f32`], [`Device::concat`]: on the CPU, repacked pair records
-//! of 64 weights with their scales). A forward pass is a sequence of batch-wide ops:
+//! layout ([`Device::matrix`], [`Device::matrix_f32`], [`Device::concat`]: on the CPU, groups of 16 rows
+//! repacked block by block with their scales). A forward pass is a sequence of batch-wide ops:
 //!
 //! | op | what |
 //! |---|---|

@@ -9,9 +9,13 @@
 //! `sx = dx * Σqx` kept per block, so a block's dot product is exact integer work plus two multiplies:
 //! `Σ w*x ≈ d*dx*Σ(u*qx) + m*sx`. This is the same approximation llama.cpp's CPU path makes (its Q8_1).
 //!
-//! Nibble packing: for each pair of blocks (64 elements) 32 bytes, where byte `j` holds element `j` in its
-//! low nibble and element `32 + j` in its high nibble, so one 256-bit load and two masks give 64 values in
-//! order. See [`QMatrix`] for the pair records that carry them with their scales.
+//! Weights are stored in *groups* of [`GROUP`] rows, block by block: a group block holds 16 rows × 32 inputs
+//! arranged so that one 32-bit lane is one row's four consecutive integers, which is what `vpdpbusd`
+//! (and `pmaddubsw`) multiply by four activation bytes broadcast to every lane. A kernel therefore computes
+//! 16 rows of one token per instruction, reuses each unpacked weight vector for every token of a tile, and
+//! never reduces across lanes: every output's arithmetic is the same exact integer block sum followed by
+//! two fused multiply-adds per block, in block order, whatever the ISA, the tile or the rows beside it.
+//! See [`QMatrix`] for the bytes.
 
 use crate::quant::{GgmlType, QuantError, dequantize_ref};
 
@@ -29,15 +33,22 @@ pub enum Layout {
     F32,
 }
 
+/// Rows per weight group: one per 32-bit lane of a 512-bit vector.
+pub const GROUP: usize = 16;
+
 /// A weight matrix prepared for the CPU kernels. `rows` outputs, `cols` inputs.
 ///
-/// Each row is a sequence of *pair records*, one per 64 inputs, so a kernel reads one forward stream:
-/// * nibble: 32 bytes of packed 4-bit values, then `d0 d1 m0 m1` (f16, or f32 when `f32_scales`) — the same
-///   20 bytes per 32 weights as Q4_1 in GGUF when the scales are f16;
-/// * byte: 64 bytes of `q + 128`, then `d0 d1` (f16): 34 bytes per 32, as Q8_0.
+/// Affine layouts are `rows.div_ceil(16)` groups of 16 rows (the last padded with zero rows), each a run of
+/// `blocks` *group blocks* (16 rows × 32 inputs) of `block_bytes`, so a kernel reads one forward stream per
+/// group. In a group block, byte `4i + c` of 64-byte vector `v` belongs to row `i`:
+/// * nibble: 4 vectors; the low nibble is element `4v + c`, the high nibble element `16 + 4v + c`; then
+///   the 16 rows' `d` and the 16 rows' `m` (f16, or f32 when `f32_scales`) — 320 bytes per 16 × 32 weights
+///   with f16 scales, the 20 bytes per 32 of Q4_1 in GGUF;
+/// * byte: 8 vectors of `q + 128`, vector `v` holding elements `4v + c`; then the 16 `d` (f16; `m = -128 d`
+///   is implied) — 544 bytes, the 34 per 32 of Q8_0.
 ///
 /// Scales are f16 when the source type's scales are (Q4_0, Q4_1, Q8_0: exact), f32 when they are products
-/// (Q4_K's `d * sc`). Rows with an odd number of blocks get a zero block (`d = m = 0`).
+/// (Q4_K's `d * sc`).
 #[derive(Debug)]
 pub struct QMatrix {
     /// Output features.
@@ -46,13 +57,13 @@ pub struct QMatrix {
     pub cols: usize,
     /// Storage layout.
     pub layout: Layout,
-    /// Blocks per row as stored (always even).
+    /// Blocks of 32 inputs per row.
     pub blocks: usize,
-    /// Bytes per pair record.
-    pub pair_bytes: usize,
+    /// Bytes per group block.
+    pub block_bytes: usize,
     /// Whether the scales are stored as f32 (else f16).
     pub f32_scales: bool,
-    /// `rows * blocks / 2` pair records.
+    /// `rows.div_ceil(GROUP) * blocks` group blocks, group by group.
     pub data: Vec<u8>,
     /// Row-major f32 weights (only for [`Layout::F32`]).
     pub f: Vec<f32>,
@@ -100,63 +111,86 @@ impl QMatrix {
                 ..QMatrix::from_f32(rows, cols, f)
             });
         }
-        let nb = cols / QK;
-        let blocks = nb.next_multiple_of(2);
         let layout = if ty == GgmlType::Q8_0 {
             Layout::Byte
         } else {
             Layout::Nibble
         };
-        let f32_scales = ty == GgmlType::Q4_K;
-        let pair_bytes = match (layout, f32_scales) {
-            (Layout::Byte, _) => 68,
-            (_, false) => 40,
-            (_, true) => 48,
-        };
-        let pairs = blocks / 2;
-        let mut out = vec![0u8; rows * pairs * pair_bytes];
+        let mut m = QMatrix::zeros(ty, layout, ty == GgmlType::Q4_K, rows, cols);
         let mut u = [0u8; QK];
         for r in 0..rows {
             let src = &data[r * row_bytes..(r + 1) * row_bytes];
-            for b in 0..nb {
-                let (d, m) = affine_block(ty, src, b, &mut u);
-                let rec = &mut out[(r * pairs + b / 2) * pair_bytes..][..pair_bytes];
-                let half = b & 1;
-                match layout {
-                    Layout::Byte => {
-                        rec[32 * half..32 * half + 32].copy_from_slice(&u);
-                        rec[64 + 2 * half..66 + 2 * half]
-                            .copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
-                    }
-                    _ => {
-                        let shift = 4 * half;
-                        for j in 0..QK {
-                            rec[j] |= u[j] << shift;
-                        }
-                        if f32_scales {
-                            rec[32 + 4 * half..36 + 4 * half].copy_from_slice(&d.to_le_bytes());
-                            rec[40 + 4 * half..44 + 4 * half].copy_from_slice(&m.to_le_bytes());
-                        } else {
-                            rec[32 + 2 * half..34 + 2 * half]
-                                .copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
-                            rec[36 + 2 * half..38 + 2 * half]
-                                .copy_from_slice(&half::f16::from_f32(m).to_le_bytes());
-                        }
-                    }
-                }
+            for b in 0..m.blocks {
+                let (d, mn) = affine_block(ty, src, b, &mut u);
+                m.put(r, b, &u, d, mn);
             }
         }
-        Ok(QMatrix {
+        Ok(m)
+    }
+
+    /// An affine matrix of zero blocks (`d = m = 0`), to be filled by [`QMatrix::put`].
+    fn zeros(source: GgmlType, layout: Layout, f32_scales: bool, rows: usize, cols: usize) -> Self {
+        let block_bytes = match (layout, f32_scales) {
+            (Layout::Byte, _) => 544,
+            (_, false) => 320,
+            (_, true) => 384,
+        };
+        let blocks = cols / QK;
+        QMatrix {
             rows,
             cols,
             layout,
             blocks,
-            pair_bytes,
+            block_bytes,
             f32_scales,
-            data: out,
+            data: vec![0; rows.div_ceil(GROUP) * blocks * block_bytes],
             f: vec![],
-            source: ty,
-        })
+            source,
+        }
+    }
+
+    /// Where row `r`'s block `b` lives: its group block and its lane.
+    #[inline]
+    fn at(&self, r: usize, b: usize) -> (usize, usize) {
+        ((r / GROUP * self.blocks + b) * self.block_bytes, r % GROUP)
+    }
+
+    /// Byte offset of the 16 `d` scales in a group block (the `m` follow them, for nibbles).
+    #[inline]
+    fn scales_at(&self) -> usize {
+        match self.layout {
+            Layout::Byte => 512,
+            _ => 256,
+        }
+    }
+
+    /// Writes row `r`'s block `b`: its 32 integers and `(d, m)` (`m` is implied for bytes).
+    fn put(&mut self, r: usize, b: usize, u: &[u8; QK], d: f32, m: f32) {
+        let (at, i) = self.at(r, b);
+        let (layout, f32s, sc) = (self.layout, self.f32_scales, self.scales_at());
+        let rec = &mut self.data[at..at + self.block_bytes];
+        match layout {
+            Layout::Byte => {
+                for (j, &v) in u.iter().enumerate() {
+                    rec[64 * (j / 4) + 4 * i + j % 4] = v;
+                }
+            }
+            _ => {
+                for j in 0..16 {
+                    rec[64 * (j / 4) + 4 * i + j % 4] = u[j] | (u[16 + j] << 4);
+                }
+            }
+        }
+        if f32s {
+            rec[sc + 4 * i..sc + 4 * i + 4].copy_from_slice(&d.to_le_bytes());
+            rec[sc + 64 + 4 * i..sc + 68 + 4 * i].copy_from_slice(&m.to_le_bytes());
+        } else {
+            let h = |v: f32| half::f16::from_f32(v).to_le_bytes();
+            rec[sc + 2 * i..sc + 2 * i + 2].copy_from_slice(&h(d));
+            if layout != Layout::Byte {
+                rec[sc + 32 + 2 * i..sc + 34 + 2 * i].copy_from_slice(&h(m));
+            }
+        }
     }
 
     /// A matrix of plain f32 rows (`f` is `rows × cols`, row-major).
@@ -167,7 +201,7 @@ impl QMatrix {
             cols,
             layout: Layout::F32,
             blocks: 0,
-            pair_bytes: 0,
+            block_bytes: 0,
             f32_scales: false,
             data: vec![],
             f,
@@ -176,6 +210,7 @@ impl QMatrix {
     }
 
     /// Concatenates matrices with the same input size and layout along the output dimension (fused QKV).
+    /// Parts whose rows fill whole groups are joined as they are; otherwise the rows are regrouped.
     pub fn concat(parts: &[QMatrix]) -> Option<QMatrix> {
         let first = parts.first()?;
         if parts.iter().any(|p| {
@@ -186,39 +221,61 @@ impl QMatrix {
         }) {
             return None;
         }
-        Some(QMatrix {
-            rows: parts.iter().map(|p| p.rows).sum(),
-            cols: first.cols,
-            layout: first.layout,
-            blocks: first.blocks,
-            pair_bytes: first.pair_bytes,
-            f32_scales: first.f32_scales,
-            data: parts.iter().flat_map(|p| p.data.iter().copied()).collect(),
-            f: parts.iter().flat_map(|p| p.f.iter().copied()).collect(),
-            source: first.source,
-        })
-    }
-
-    /// The pair record holding block `b` of row `r`.
-    #[inline]
-    fn record(&self, r: usize, b: usize) -> &[u8] {
-        &self.data[(r * self.blocks / 2 + b / 2) * self.pair_bytes..][..self.pair_bytes]
+        let rows = parts.iter().map(|p| p.rows).sum();
+        if first.layout == Layout::F32 {
+            let f = parts.iter().flat_map(|p| p.f.iter().copied()).collect();
+            return Some(QMatrix {
+                source: first.source,
+                ..QMatrix::from_f32(rows, first.cols, f)
+            });
+        }
+        let n = parts.len();
+        if parts[..n - 1].iter().all(|p| p.rows.is_multiple_of(GROUP)) {
+            return Some(QMatrix {
+                rows,
+                data: parts.iter().flat_map(|p| p.data.iter().copied()).collect(),
+                ..QMatrix::zeros(first.source, first.layout, first.f32_scales, 0, first.cols)
+            });
+        }
+        let mut out = QMatrix::zeros(
+            first.source,
+            first.layout,
+            first.f32_scales,
+            rows,
+            first.cols,
+        );
+        let mut r0 = 0;
+        let mut u = [0u8; QK];
+        for p in parts {
+            for r in 0..p.rows {
+                for b in 0..p.blocks {
+                    for (j, v) in u.iter_mut().enumerate() {
+                        *v = p.u(r, b, j);
+                    }
+                    let (d, m) = p.dm(r, b);
+                    out.put(r0 + r, b, &u, d, m);
+                }
+            }
+            r0 += p.rows;
+        }
+        Some(out)
     }
 
     /// `(d, m)` of block `b` in row `r`.
     #[inline]
     pub fn dm(&self, r: usize, b: usize) -> (f32, f32) {
-        let rec = self.record(r, b);
-        let half = b & 1;
-        let h = |i: usize| half::f16::from_le_bytes([rec[i], rec[i + 1]]).to_f32();
-        let f = |i: usize| f32::from_le_bytes([rec[i], rec[i + 1], rec[i + 2], rec[i + 3]]);
+        let (at, i) = self.at(r, b);
+        let rec = &self.data[at..at + self.block_bytes];
+        let sc = self.scales_at();
+        let h = |o: usize| half::f16::from_le_bytes([rec[o], rec[o + 1]]).to_f32();
+        let f = |o: usize| f32::from_le_bytes([rec[o], rec[o + 1], rec[o + 2], rec[o + 3]]);
         match (self.layout, self.f32_scales) {
             (Layout::Byte, _) => {
-                let d = h(64 + 2 * half);
+                let d = h(sc + 2 * i);
                 (d, -128.0 * d)
             }
-            (_, true) => (f(32 + 4 * half), f(40 + 4 * half)),
-            (_, false) => (h(32 + 2 * half), h(36 + 2 * half)),
+            (_, true) => (f(sc + 4 * i), f(sc + 64 + 4 * i)),
+            (_, false) => (h(sc + 2 * i), h(sc + 32 + 2 * i)),
         }
     }
 
@@ -240,15 +297,14 @@ impl QMatrix {
     /// The unsigned integer of element `j` of block `b` in row `r`.
     #[inline]
     pub fn u(&self, r: usize, b: usize, j: usize) -> u8 {
-        let rec = self.record(r, b);
+        let (at, i) = self.at(r, b);
+        let rec = &self.data[at..at + self.block_bytes];
         match self.layout {
-            Layout::Byte => rec[32 * (b & 1) + j],
+            Layout::Byte => rec[64 * (j / 4) + 4 * i + j % 4],
             _ => {
-                if b & 1 == 0 {
-                    rec[j] & 0xF
-                } else {
-                    rec[j] >> 4
-                }
+                let k = j % 16;
+                let v = rec[64 * (k / 4) + 4 * i + k % 4];
+                if j < 16 { v & 0xF } else { v >> 4 }
             }
         }
     }
@@ -329,9 +385,6 @@ pub struct QActs {
     pub s: Vec<f32>,
     /// `n * blocks` integer sums `Σq`.
     pub sum: Vec<i32>,
-    /// Per token and pair of blocks: `[d0, d1, s0, s1]` (what the AVX-512 kernel multiplies a weight pair's
-    /// `[d0, d1, m0, m1]` by).
-    pub rec: Vec<f32>,
 }
 
 impl QActs {
@@ -349,20 +402,6 @@ impl QActs {
         }
         self.sum.clear();
         self.sum.resize(n * self.blocks, 0);
-        self.rec.clear();
-        self.rec.resize(n * self.blocks * 2, 0.0);
-    }
-
-    /// Fills `rec` from `d` and `s`.
-    pub fn fill_records(&mut self) {
-        for i in 0..self.n * self.blocks / 2 {
-            self.rec[4 * i..4 * i + 4].copy_from_slice(&[
-                self.d[2 * i],
-                self.d[2 * i + 1],
-                self.s[2 * i],
-                self.s[2 * i + 1],
-            ]);
-        }
     }
 }
 
@@ -397,12 +436,13 @@ pub fn quantize_ref(x: &[f32], n: usize, cols: usize, out: &mut QActs) {
             out.s[i] = d * sum as f32;
         }
     }
-    out.fill_records();
 }
 
 /// `out[t * rows + r] = Σ_c W[r, c] * x[t, c]` for rows `rows`, scalar reference over quantized activations.
 ///
-/// Integer block sums are exact; the float combination is `Σ_b d*dx*isum + m*sx` in block order.
+/// Integer block sums are exact; the float combination is two fused multiply-adds per block in block order,
+/// `acc = isum * (d*dx) + acc`, then `acc = m * sx + acc`: exactly what every SIMD kernel does, so they
+/// equal this bit for bit.
 pub fn matmul_ref(
     w: &QMatrix,
     x: &QActs,
@@ -428,7 +468,8 @@ pub fn matmul_ref(
                             .sum();
                         let (d, m) = w.dm(r, b);
                         let (dx, sx) = (x.d[t * x.blocks + b], x.s[t * x.blocks + b]);
-                        acc += d * dx * isum as f32 + m * sx;
+                        acc = (isum as f32).mul_add(d * dx, acc);
+                        acc = m.mul_add(sx, acc);
                     }
                     acc
                 }

@@ -9,7 +9,7 @@
     reason = "module-private kernels, callers are the dispatchers below"
 )]
 
-use super::qmatmul::{Layout, QActs, QK, QMatrix};
+use super::qmatmul::{GROUP, Layout, QActs, QK, QMatrix};
 use crate::backend::pages::KvSlice;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -94,7 +94,6 @@ pub fn quantize(isa: Isa, x: &[f32], n: usize, cols: usize, out: &mut QActs) {
                 out.s[i] = d * sum as f32;
             }
         }
-        out.fill_records();
         return;
     }
     let _ = isa;
@@ -153,57 +152,28 @@ pub fn matmul(
 ) {
     #[cfg(target_arch = "x86_64")]
     if w.layout != Layout::F32 && isa != Isa::Scalar {
+        let per_token = x.n * x.blocks;
         assert!(
-            x.blocks >= w.blocks && x.cols >= w.cols && x.rec.len() >= x.n * x.blocks * 2,
-            "activation shape"
+            x.blocks >= w.blocks
+                && x.cols >= w.blocks * QK
+                && x.q.len() >= x.n * x.cols
+                && x.d.len() >= per_token
+                && x.s.len() >= per_token
+                && x.sum.len() >= per_token
+                && rows.start.is_multiple_of(GROUP)
+                && rows.start <= rows.end
+                && rows.end <= w.rows
+                && out.len() >= x.n * w.rows
+                && w.data.len() >= w.rows.div_ceil(GROUP) * w.blocks * w.block_bytes,
+            "matmul shape"
         );
-        // AVX-512 has the registers for 8 tokens per weight row (AVX2 for 4): the unpacked weights are
-        // reused across more tokens, so small batches (a draft tree, a few decodes) cost less per token.
-        // Each token's sums run in the same order whatever the group, so results do not depend on it.
-        let width = if isa == Isa::Avx512Vnni { 8 } else { 4 };
-        let mut t = 0;
-        while t < x.n {
-            let nt = (x.n - t).min(width);
-            for r in rows.clone() {
-                let mut res = [0f32; 8];
-                // SAFETY: `isa` was detected on this CPU; the kernels read rows `r` of `w` and tokens
-                // `t..t+nt` of `x`, which exist (r < w.rows, t + nt <= x.n) and are padded as the layouts
-                // promise (checked above in debug builds; guaranteed by QActs::reset and QMatrix::from_ggml).
-                unsafe {
-                    match (isa, nt) {
-                        (Isa::Avx512Vnni, 8) => res = row_avx512::<8>(w, r, x, t),
-                        (Isa::Avx512Vnni, 7) => {
-                            res[..7].copy_from_slice(&row_avx512::<7>(w, r, x, t))
-                        }
-                        (Isa::Avx512Vnni, 6) => {
-                            res[..6].copy_from_slice(&row_avx512::<6>(w, r, x, t))
-                        }
-                        (Isa::Avx512Vnni, 5) => {
-                            res[..5].copy_from_slice(&row_avx512::<5>(w, r, x, t))
-                        }
-                        (Isa::Avx512Vnni, 4) => {
-                            res[..4].copy_from_slice(&row_avx512::<4>(w, r, x, t))
-                        }
-                        (Isa::Avx512Vnni, 3) => {
-                            res[..3].copy_from_slice(&row_avx512::<3>(w, r, x, t))
-                        }
-                        (Isa::Avx512Vnni, 2) => {
-                            res[..2].copy_from_slice(&row_avx512::<2>(w, r, x, t))
-                        }
-                        (Isa::Avx512Vnni, _) => {
-                            res[..1].copy_from_slice(&row_avx512::<1>(w, r, x, t))
-                        }
-                        (_, 4) => res[..4].copy_from_slice(&row_avx2::<4>(w, r, x, t)),
-                        (_, 3) => res[..3].copy_from_slice(&row_avx2::<3>(w, r, x, t)),
-                        (_, 2) => res[..2].copy_from_slice(&row_avx2::<2>(w, r, x, t)),
-                        (_, _) => res[..1].copy_from_slice(&row_avx2::<1>(w, r, x, t)),
-                    }
-                }
-                for (k, v) in res[..nt].iter().enumerate() {
-                    out[(t + k) * w.rows + r] = *v;
-                }
+        // SAFETY: `isa` was detected on this CPU; the shapes the kernels rely on are asserted above.
+        unsafe {
+            if isa == Isa::Avx512Vnni {
+                matmul_avx512(w, x, rows, out.as_mut_ptr());
+            } else {
+                matmul_avx2(w, x, rows, out.as_mut_ptr());
             }
-            t += nt;
         }
         return;
     }
@@ -351,143 +321,303 @@ unsafe fn hsum256(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
 }
 
-/// One row of `w` against tokens `t0..t0+T` of `x`, AVX-512 VNNI, over the row's pair records.
-///
-/// Per pair: the weights' `[d0, d1, m0, m1]` times the token's `[dx0, dx1, s0, s1]` gives both blocks' integer
-/// scales (lanes 0-1, broadcast to the 8 lanes of each block by one permute) and their offset terms (lanes
-/// 2-3, summed on the side), so a pair costs one weight load, one `vpdpbusd` and a handful of shuffles.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn row_avx512<const T: usize>(w: &QMatrix, r: usize, x: &QActs, t0: usize) -> [f32; T] {
-    // SAFETY: see the caller: row r and tokens t0..t0+T exist; a row holds blocks/2 records of pair_bytes,
-    // and every token of `x` holds at least w.blocks blocks (quantized values and records).
-    unsafe {
-        let pairs = w.blocks / 2;
-        let pb = w.pair_bytes;
-        let row = w.data.as_ptr().add(r * pairs * pb);
-        let xq: [*const i8; T] = std::array::from_fn(|t| x.q.as_ptr().add((t0 + t) * x.cols));
-        let xr: [*const f32; T] =
-            std::array::from_fn(|t| x.rec.as_ptr().add((t0 + t) * x.blocks * 2));
-        // Lanes 0..8 take element 0 of a pair, lanes 8..16 element 1.
-        let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        let m4 = _mm256_set1_epi8(0x0F);
-        let neg128 = _mm_set1_ps(-128.0);
-        let mut acc = [_mm512_setzero_ps(); T];
-        let mut side = [_mm_setzero_ps(); T];
-        for p in 0..pairs {
-            let rec = row.add(p * pb);
-            let (wv, dm) = match (w.layout, w.f32_scales) {
-                (Layout::Byte, _) => {
-                    let wv = _mm512_loadu_si512(rec as *const __m512i);
-                    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
-                        rec.add(64) as *const i32
-                    )));
-                    (wv, _mm_movelh_ps(dd, _mm_mul_ps(dd, neg128)))
-                }
-                (_, f32s) => {
-                    let raw = _mm256_loadu_si256(rec as *const __m256i);
-                    let lo = _mm256_and_si256(raw, m4);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-                    let wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                    let dm = if f32s {
-                        _mm_loadu_ps(rec.add(32) as *const f32)
-                    } else {
-                        _mm_cvtph_ps(_mm_loadl_epi64(rec.add(32) as *const __m128i))
-                    };
-                    (wv, dm)
-                }
-            };
-            for t in 0..T {
-                let prod = _mm_mul_ps(dm, _mm_loadu_ps(xr[t].add(4 * p)));
-                side[t] = _mm_add_ps(side[t], prod);
-                let scale = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(prod));
-                let xv = _mm512_loadu_si512(xq[t].add(64 * p) as *const __m512i);
-                let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
-            }
-        }
-        std::array::from_fn(|t| {
-            let hi = _mm_movehl_ps(side[t], side[t]);
-            _mm512_reduce_add_ps(acc[t]) + _mm_cvtss_f32(_mm_add_ss(hi, _mm_movehdup_ps(hi)))
-        })
+/// The group-block layouts as kernel parameters: nibbles with f16 scales, nibbles with f32, bytes.
+const NIB16: u8 = 0;
+const NIB32: u8 = 1;
+const BYTE: u8 = 2;
+
+fn layout_kind(w: &QMatrix) -> u8 {
+    match (w.layout, w.f32_scales) {
+        (Layout::Byte, _) => BYTE,
+        (_, true) => NIB32,
+        (_, false) => NIB16,
     }
 }
 
-/// One row of `w` against tokens `t0..t0+T` of `x`, AVX2 (`maddubs`).
+/// [`matmul`] on AVX-512 VNNI: tokens in tiles of up to 8, each tile over `rows`' groups a few at a time
+/// (more groups for fewer tokens, so enough sums are in flight to hide `vpdpbusd`'s latency).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI was detected, and [`matmul`]'s asserted shapes hold (`out` is `x.n * w.rows`).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn row_avx2<const T: usize>(w: &QMatrix, r: usize, x: &QActs, t0: usize) -> [f32; T] {
-    // SAFETY: as for row_avx512.
-    unsafe {
-        let pairs = w.blocks / 2;
-        let pb = w.pair_bytes;
-        let row = w.data.as_ptr().add(r * pairs * pb);
-        let xq: [*const i8; T] = std::array::from_fn(|t| x.q.as_ptr().add((t0 + t) * x.cols));
-        let xr: [*const f32; T] =
-            std::array::from_fn(|t| x.rec.as_ptr().add((t0 + t) * x.blocks * 2));
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); T];
-        let mut side = [0f32; T];
-        let block = |acc: &mut __m256, u: __m256i, xv: __m256i, scale: f32| {
-            let p16 = _mm256_maddubs_epi16(u, xv);
-            let p32 = _mm256_madd_epi16(p16, ones);
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(scale), *acc);
+unsafe fn matmul_avx512(w: &QMatrix, x: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+    let (g0, g1) = (rows.start / GROUP, rows.end.div_ceil(GROUP));
+    let mut t = 0;
+    while t < x.n {
+        let nt = (x.n - t).min(8);
+        let per = match nt {
+            1 | 2 => 4,
+            3 | 4 => 2,
+            _ => 1,
         };
-        let m4 = _mm256_set1_epi8(0x0F);
-        let flip = _mm256_set1_epi8(-128);
-        let mut sc = [0f32; 4];
-        for p in 0..pairs {
-            let rec = row.add(p * pb);
-            match w.layout {
-                Layout::Byte => {
-                    // Signed weights (u ^ 0x80 = q): |q| times x with q's sign, so maddubs cannot saturate.
-                    // This is Σ q*x exactly, which already includes the offset term, so none is added.
-                    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
-                        rec.add(64) as *const i32
-                    )));
-                    for half in 0..2 {
-                        let q = _mm256_xor_si256(
-                            _mm256_loadu_si256(rec.add(32 * half) as *const __m256i),
-                            flip,
-                        );
-                        let aq = _mm256_sign_epi8(q, q);
-                        for t in 0..T {
-                            _mm_storeu_ps(
-                                sc.as_mut_ptr(),
-                                _mm_mul_ps(dd, _mm_loadu_ps(xr[t].add(4 * p))),
-                            );
-                            let xv = _mm256_sign_epi8(
-                                _mm256_loadu_si256(xq[t].add(64 * p + 32 * half) as *const __m256i),
-                                q,
-                            );
-                            block(&mut acc[t], aq, xv, sc[half]);
+        let mut g = g0;
+        while g < g1 {
+            let ng = if g + per <= g1 { per } else { 1 };
+            macro_rules! k {
+                ($g:literal, $t:literal) => {
+                    match layout_kind(w) {
+                        NIB16 => groups_avx512::<NIB16, $g, $t>(w, g, x, t, rows.end, out),
+                        NIB32 => groups_avx512::<NIB32, $g, $t>(w, g, x, t, rows.end, out),
+                        _ => groups_avx512::<BYTE, $g, $t>(w, g, x, t, rows.end, out),
+                    }
+                };
+            }
+            // SAFETY: the caller's contract; groups g..g + ng are inside rows' and tokens t..t + nt exist.
+            unsafe {
+                match (ng, nt) {
+                    (4, 1) => k!(4, 1),
+                    (4, 2) => k!(4, 2),
+                    (2, 3) => k!(2, 3),
+                    (2, 4) => k!(2, 4),
+                    (1, 1) => k!(1, 1),
+                    (1, 2) => k!(1, 2),
+                    (1, 3) => k!(1, 3),
+                    (1, 4) => k!(1, 4),
+                    (1, 5) => k!(1, 5),
+                    (1, 6) => k!(1, 6),
+                    (1, 7) => k!(1, 7),
+                    (1, 8) => k!(1, 8),
+                    _ => unreachable!("group counts follow the tile width"),
+                }
+            }
+            g += ng;
+        }
+        t += nt;
+    }
+}
+
+/// Groups `g0..g0+G` of `w` (16 rows each, one per lane) against tokens `t0..t0+T` of `x`, AVX-512 VNNI;
+/// writes the rows below `end` of `out[t * w.rows + r]`.
+///
+/// Per group block: each weight vector is loaded (and its nibbles unpacked) once for all `T` tokens, and
+/// multiplied by four activation bytes broadcast to every lane; a row's exact integer block sum then
+/// enters its float sum by two fused multiply-adds (`isum * (d*dx)`, `m * sx`), as in
+/// [`super::qmatmul::matmul_ref`], so every output equals the reference's bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn groups_avx512<const L: u8, const G: usize, const T: usize>(
+    w: &QMatrix,
+    g0: usize,
+    x: &QActs,
+    t0: usize,
+    end: usize,
+    out: *mut f32,
+) {
+    // SAFETY: see matmul: the groups and tokens exist, every token holds w.blocks blocks of quantized
+    // values and scales, and rows below `end` of each token's output row are inside `out`.
+    unsafe {
+        let (nb, bb) = (w.blocks, w.block_bytes);
+        let grp: [*const u8; G] = std::array::from_fn(|k| w.data.as_ptr().add((g0 + k) * nb * bb));
+        let xq: [*const u8; T] =
+            std::array::from_fn(|t| x.q.as_ptr().add((t0 + t) * x.cols).cast::<u8>());
+        let xd: [*const f32; T] = std::array::from_fn(|t| x.d.as_ptr().add((t0 + t) * x.blocks));
+        let xs: [*const f32; T] = std::array::from_fn(|t| x.s.as_ptr().add((t0 + t) * x.blocks));
+        let bcast = |p: *const u8| _mm512_set1_epi32(std::ptr::read_unaligned(p.cast::<i32>()));
+        let m4 = _mm512_set1_epi8(0x0F);
+        let mut acc = [[_mm512_setzero_ps(); T]; G];
+        for b in 0..nb {
+            for (k, acc_k) in acc.iter_mut().enumerate() {
+                let rec = grp[k].add(b * bb);
+                // Two independent integer sums per token (added at the end: exact).
+                let mut isum = [[_mm512_setzero_si512(); 2]; T];
+                if L == BYTE {
+                    for v in 0..8 {
+                        let wv = _mm512_loadu_si512(rec.add(64 * v).cast());
+                        for (t, s) in isum.iter_mut().enumerate() {
+                            let xb = bcast(xq[t].add(32 * b + 4 * v));
+                            s[v & 1] = _mm512_dpbusd_epi32(s[v & 1], wv, xb);
+                        }
+                    }
+                } else {
+                    for v in 0..4 {
+                        let raw = _mm512_loadu_si512(rec.add(64 * v).cast());
+                        let lo = _mm512_and_si512(raw, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), m4);
+                        for (t, s) in isum.iter_mut().enumerate() {
+                            let xb = xq[t].add(32 * b + 4 * v);
+                            s[0] = _mm512_dpbusd_epi32(s[0], lo, bcast(xb));
+                            s[1] = _mm512_dpbusd_epi32(s[1], hi, bcast(xb.add(16)));
                         }
                     }
                 }
-                _ => {
-                    let raw = _mm256_loadu_si256(rec as *const __m256i);
-                    let lo = _mm256_and_si256(raw, m4);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-                    let dm = if w.f32_scales {
-                        _mm_loadu_ps(rec.add(32) as *const f32)
-                    } else {
-                        _mm_cvtph_ps(_mm_loadl_epi64(rec.add(32) as *const __m128i))
-                    };
-                    for t in 0..T {
-                        _mm_storeu_ps(
-                            sc.as_mut_ptr(),
-                            _mm_mul_ps(dm, _mm_loadu_ps(xr[t].add(4 * p))),
-                        );
-                        let x0 = _mm256_loadu_si256(xq[t].add(64 * p) as *const __m256i);
-                        let x1 = _mm256_loadu_si256(xq[t].add(64 * p + 32) as *const __m256i);
-                        block(&mut acc[t], lo, x0, sc[0]);
-                        block(&mut acc[t], hi, x1, sc[1]);
-                        side[t] += sc[2] + sc[3];
+                let (d, m) = match L {
+                    NIB16 => (
+                        _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(256).cast())),
+                        _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(288).cast())),
+                    ),
+                    NIB32 => (
+                        _mm512_loadu_ps(rec.add(256).cast()),
+                        _mm512_loadu_ps(rec.add(320).cast()),
+                    ),
+                    _ => {
+                        let d = _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(512).cast()));
+                        (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0)))
                     }
+                };
+                for (t, (a, s)) in acc_k.iter_mut().zip(&isum).enumerate() {
+                    let i = _mm512_cvtepi32_ps(_mm512_add_epi32(s[0], s[1]));
+                    let dd = _mm512_mul_ps(d, _mm512_set1_ps(*xd[t].add(b)));
+                    *a = _mm512_fmadd_ps(i, dd, *a);
+                    *a = _mm512_fmadd_ps(m, _mm512_set1_ps(*xs[t].add(b)), *a);
                 }
             }
         }
-        std::array::from_fn(|t| hsum256(acc[t]) + side[t])
+        for (k, acc_k) in acc.iter().enumerate() {
+            let r0 = (g0 + k) * GROUP;
+            let n = end.saturating_sub(r0).min(GROUP);
+            let mask: __mmask16 = if n == GROUP { 0xffff } else { (1u16 << n) - 1 };
+            for (t, a) in acc_k.iter().enumerate() {
+                _mm512_mask_storeu_ps(out.add((t0 + t) * w.rows + r0), mask, *a);
+            }
+        }
+    }
+}
+
+/// [`matmul`] on AVX2: the same arithmetic as the AVX-512 kernel over half groups (8 rows a vector),
+/// tokens in tiles of up to 4.
+///
+/// # Safety
+/// AVX2/FMA/F16C were detected, and [`matmul`]'s asserted shapes hold (`out` is `x.n * w.rows`).
+#[cfg(target_arch = "x86_64")]
+unsafe fn matmul_avx2(w: &QMatrix, x: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+    let (h0, h1) = (rows.start / 8, rows.end.div_ceil(8));
+    let mut t = 0;
+    while t < x.n {
+        let nt = (x.n - t).min(4);
+        let per = if nt <= 2 { 2 } else { 1 };
+        let mut h = h0;
+        while h < h1 {
+            let nh = if h + per <= h1 { per } else { 1 };
+            macro_rules! k {
+                ($h:literal, $t:literal) => {
+                    match layout_kind(w) {
+                        NIB16 => halves_avx2::<NIB16, $h, $t>(w, h, x, t, rows.end, out),
+                        NIB32 => halves_avx2::<NIB32, $h, $t>(w, h, x, t, rows.end, out),
+                        _ => halves_avx2::<BYTE, $h, $t>(w, h, x, t, rows.end, out),
+                    }
+                };
+            }
+            // SAFETY: the caller's contract; halves h..h + nh are inside rows' and tokens t..t + nt exist.
+            unsafe {
+                match (nh, nt) {
+                    (2, 1) => k!(2, 1),
+                    (2, 2) => k!(2, 2),
+                    (1, 1) => k!(1, 1),
+                    (1, 2) => k!(1, 2),
+                    (1, 3) => k!(1, 3),
+                    (1, 4) => k!(1, 4),
+                    _ => unreachable!("half counts follow the tile width"),
+                }
+            }
+            h += nh;
+        }
+        t += nt;
+    }
+}
+
+/// Half groups `h0..h0+H` (rows `8h..8h+8`) of `w` against tokens `t0..t0+T` of `x`, AVX2: `pmaddubsw`
+/// and `pmaddwd` make the same exact integer block sums as `vpdpbusd` (bytes through their signed form,
+/// `q = u - 128`, and back: `Σu·x = Σq·x + 128 Σx`), then the same two fused multiply-adds per block, so
+/// this equals the AVX-512 kernel and the reference bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn halves_avx2<const L: u8, const H: usize, const T: usize>(
+    w: &QMatrix,
+    h0: usize,
+    x: &QActs,
+    t0: usize,
+    end: usize,
+    out: *mut f32,
+) {
+    // SAFETY: as for groups_avx512; a half group reads its 32-byte halves of the group block's vectors.
+    unsafe {
+        let (nb, bb) = (w.blocks, w.block_bytes);
+        let half: [*const u8; H] = std::array::from_fn(|k| {
+            let h = h0 + k;
+            w.data.as_ptr().add((h / 2) * nb * bb + 32 * (h % 2))
+        });
+        // The scales' offset inside the group block for the half (8 f16 or 8 f32 per half).
+        let soff: [usize; H] = std::array::from_fn(|k| {
+            let part = (h0 + k) % 2;
+            if L == NIB32 { 32 * part } else { 16 * part }
+        });
+        let xq: [*const u8; T] =
+            std::array::from_fn(|t| x.q.as_ptr().add((t0 + t) * x.cols).cast::<u8>());
+        let base: [usize; T] = std::array::from_fn(|t| (t0 + t) * x.blocks);
+        let bcast = |p: *const u8| _mm256_set1_epi32(std::ptr::read_unaligned(p.cast::<i32>()));
+        let m4 = _mm256_set1_epi8(0x0F);
+        let flip = _mm256_set1_epi8(-128);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); T]; H];
+        for b in 0..nb {
+            for (k, acc_k) in acc.iter_mut().enumerate() {
+                let rec = half[k].add(b * bb);
+                let mut isum = [_mm256_setzero_si256(); T];
+                if L == BYTE {
+                    for v in 0..8 {
+                        let q = _mm256_xor_si256(_mm256_loadu_si256(rec.add(64 * v).cast()), flip);
+                        let aq = _mm256_sign_epi8(q, q);
+                        for (t, s) in isum.iter_mut().enumerate() {
+                            let xs = _mm256_sign_epi8(bcast(xq[t].add(32 * b + 4 * v)), q);
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, xs), ones);
+                            *s = _mm256_add_epi32(*s, p);
+                        }
+                    }
+                    for (t, s) in isum.iter_mut().enumerate() {
+                        let sum = *x.sum.get_unchecked(base[t] + b);
+                        *s = _mm256_add_epi32(*s, _mm256_set1_epi32(sum << 7));
+                    }
+                } else {
+                    for v in 0..4 {
+                        let raw = _mm256_loadu_si256(rec.add(64 * v).cast());
+                        let lo = _mm256_and_si256(raw, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
+                        for (t, s) in isum.iter_mut().enumerate() {
+                            let xb = xq[t].add(32 * b + 4 * v);
+                            // Four products of at most 15 * 127 per 16-bit lane: no saturation.
+                            let p = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(lo, bcast(xb)),
+                                _mm256_maddubs_epi16(hi, bcast(xb.add(16))),
+                            );
+                            *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                }
+                // `rec` is offset by the half's 32 bytes; the scales sit after the 256 (512) bytes of integers.
+                let sc = rec.sub(32 * ((h0 + k) % 2));
+                let (d, m) = match L {
+                    NIB16 => (
+                        _mm256_cvtph_ps(_mm_loadu_si128(sc.add(256 + soff[k]).cast())),
+                        _mm256_cvtph_ps(_mm_loadu_si128(sc.add(288 + soff[k]).cast())),
+                    ),
+                    NIB32 => (
+                        _mm256_loadu_ps(sc.add(256 + soff[k]).cast()),
+                        _mm256_loadu_ps(sc.add(320 + soff[k]).cast()),
+                    ),
+                    _ => {
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(512 + soff[k]).cast()));
+                        (d, _mm256_mul_ps(d, _mm256_set1_ps(-128.0)))
+                    }
+                };
+                for (t, (a, s)) in acc_k.iter_mut().zip(&isum).enumerate() {
+                    let dd = _mm256_mul_ps(d, _mm256_set1_ps(*x.d.get_unchecked(base[t] + b)));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*s), dd, *a);
+                    let sx = _mm256_set1_ps(*x.s.get_unchecked(base[t] + b));
+                    *a = _mm256_fmadd_ps(m, sx, *a);
+                }
+            }
+        }
+        for (k, acc_k) in acc.iter().enumerate() {
+            let r0 = (h0 + k) * 8;
+            let n = end.saturating_sub(r0).min(8) as i32;
+            let mask = _mm256_cmpgt_epi32(
+                _mm256_set1_epi32(n),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            );
+            for (t, a) in acc_k.iter().enumerate() {
+                _mm256_maskstore_ps(out.add((t0 + t) * w.rows + r0), mask, *a);
+            }
+        }
     }
 }
 

@@ -42,6 +42,44 @@ fn repacked_matrices_dequantize_like_the_reference() {
 }
 
 #[test]
+fn concatenated_matrices_hold_each_parts_rows() {
+    // Whole groups are joined as they are; a part that ends inside a group makes the rest regroup.
+    for (ty, parts) in [
+        (GgmlType::Q4_1, vec![16, 32, 7]),
+        (GgmlType::Q4_1, vec![33, 7, 20]),
+        (GgmlType::Q8_0, vec![5, 16]),
+        (GgmlType::Q4_K, vec![16, 3]),
+    ] {
+        let cols = 256;
+        let ms: Vec<QMatrix> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, &rows)| {
+                QMatrix::from_ggml(
+                    ty,
+                    rows,
+                    cols,
+                    &quantize_rows(ty, rows, cols, 20 + i as u64),
+                )
+                .unwrap()
+            })
+            .collect();
+        let joined = QMatrix::concat(&ms).unwrap();
+        assert_eq!(joined.rows, parts.iter().sum::<usize>(), "{ty} {parts:?}");
+        let mut r0 = 0;
+        for m in &ms {
+            for r in 0..m.rows {
+                let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
+                m.dequantize_row(r, &mut want);
+                joined.dequantize_row(r0 + r, &mut got);
+                assert_eq!(want, got, "{ty} {parts:?} row {}", r0 + r);
+            }
+            r0 += m.rows;
+        }
+    }
+}
+
+#[test]
 fn simd_quantize_is_bit_exact() {
     for isa in Isa::available() {
         for (n, cols) in [(1, 576), (5, 1536), (3, 64)] {
@@ -69,8 +107,9 @@ fn simd_matmul_matches_reference() {
             GgmlType::Q8_0,
             GgmlType::F32,
         ] {
-            // 33 rows (not a multiple of the split alignment), 1 to 13 tokens (every micro-kernel width and
-            // remainder: 4 + 1, 8 + 5), and for Q8_0 an odd number of blocks (the 256-bit tail).
+            // 33 rows (two whole groups of 16 and one row of a third), 1 to 13 tokens (every tile width and
+            // remainder: 4 + 1, 8 + 5, and the tiles that take several groups at once), and for Q8_0 an odd
+            // number of blocks.
             let cols = if ty == GgmlType::Q4_K {
                 512
             } else if ty == GgmlType::Q8_0 {
@@ -96,6 +135,17 @@ fn simd_matmul_matches_reference() {
                     got[..] == full[..n * rows],
                     "{isa:?} {ty} n={n}: batch-dependent result"
                 );
+                if ty != GgmlType::F32 {
+                    // The quantized kernels make the reference's exact integer block sums and its two
+                    // fused multiply-adds per block: every ISA gives the reference's bits.
+                    for (i, (g, v)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            g.to_bits() == v.to_bits(),
+                            "{isa:?} {ty} n={n} out {i}: {g} vs {v}"
+                        );
+                    }
+                    continue;
+                }
                 let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
                 for (i, (g, v)) in got.iter().zip(&want).enumerate() {
                     assert!(
