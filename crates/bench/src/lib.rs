@@ -173,18 +173,36 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
         anyhow::bail!("no KV type to measure");
     };
 
-    // A profile of plain decode at depth 0: where a token's time goes.
+    // Profiles of plain decode at depth 0 and at the deepest depth: where a token's time goes.
     let vocab = e.model().vocab();
-    e.reset();
-    e.set_profiling(true);
-    let mut total = Duration::ZERO;
-    let mut s = e.session();
-    for t in tokens(tg, vocab, 300) {
-        total += s.eval(&[t])?;
-    }
-    drop(s);
-    let profile = e.profile().cloned().unwrap_or_default();
-    e.set_profiling(false);
+    let mut decode_profile =
+        |depth: usize| -> Result<(Duration, thorn_engine::model::layers::Profile)> {
+            e.reset();
+            e.set_profiling(true);
+            let mut s = e.session();
+            if depth > 0 {
+                s.eval(&tokens(depth, vocab, 500))?;
+            }
+            // Only the decode steps count: the depth's prefill is taken off.
+            let before = s.engine().profile().cloned().unwrap_or_default();
+            let mut total = Duration::ZERO;
+            for t in tokens(tg, vocab, 300) {
+                total += s.eval(&[t])?;
+            }
+            let mut profile = s.engine().profile().cloned().unwrap_or_default();
+            drop(s);
+            e.set_profiling(false);
+            for (a, b) in profile.seconds.iter_mut().zip(before.seconds) {
+                *a -= b;
+            }
+            Ok((total, profile))
+        };
+    let (total, profile) = decode_profile(0)?;
+    let deep = if max_depth > 0 {
+        Some((max_depth, decode_profile(max_depth)?))
+    } else {
+        None
+    };
     // A GPU's launches per decode step, and how many of them ran inside graphs.
     let launches = match e.device().graph_stats() {
         Some(b) => {
@@ -208,15 +226,25 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
     } else {
         &Stage::ALL[..]
     };
-    let stages: Vec<(String, f64)> = profiled_stages
-        .iter()
-        .map(|s| {
-            (
-                format!("{s:?}"),
-                profile.seconds[*s as usize] * 1e3 / tg as f64,
-            )
-        })
-        .collect();
+    let stages_of = |profile: &thorn_engine::model::layers::Profile| -> Vec<(String, f64)> {
+        profiled_stages
+            .iter()
+            .map(|s| {
+                (
+                    format!("{s:?}"),
+                    profile.seconds[*s as usize] * 1e3 / tg as f64,
+                )
+            })
+            .collect()
+    };
+    let stages = stages_of(&profile);
+    let deep = deep.map(|(depth, (total, profile))| {
+        (
+            depth,
+            total.as_secs_f64() * 1e3 / tg as f64,
+            stages_of(&profile),
+        )
+    });
 
     let weights = e.model().weight_bytes();
     if json {
@@ -234,6 +262,11 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
             "kernels_per_decode_step": launches.map(|l| l.0),
             "graph_share_of_kernels": launches.map(|l| l.1),
             "decode_profile_ms_per_token": stages.iter().map(|(n, v)| (n.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+            "decode_profile_at_depth": deep.as_ref().map(|(depth, ms, st)| serde_json::json!({
+                "depth": depth,
+                "ms_per_token": ms,
+                "stages_ms_per_token": st.iter().map(|(n, v)| (n.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+            })),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -265,6 +298,18 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
                 "  {name:<12} {ms:>7.3} ms  {:>5.1}%",
                 100.0 * ms / per_token_ms
             );
+        }
+        if let Some((depth, per_token_ms, stages)) = &deep {
+            println!("decode at depth {depth}: {per_token_ms:.3} ms/token (profiled run)");
+            if !stages.is_empty() {
+                println!("decode profile at depth {depth}:");
+            }
+            for (name, ms) in stages {
+                println!(
+                    "  {name:<12} {ms:>7.3} ms  {:>5.1}%",
+                    100.0 * ms / per_token_ms
+                );
+            }
         }
     }
     Ok(())

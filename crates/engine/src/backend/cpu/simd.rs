@@ -907,6 +907,22 @@ pub fn merge_partials(parts: &[f32], splits: usize, hd: usize, out: &mut [f32]) 
     }
 }
 
+/// Asks for a page's keys or values to be brought into the L2 cache ahead of use. A hint only.
+pub fn prefetch(s: KvSlice<'_>) {
+    let (ptr, bytes) = match s {
+        KvSlice::F32(d) => (d.as_ptr().cast::<u8>(), std::mem::size_of_val(d)),
+        KvSlice::F16(d) => (d.as_ptr().cast::<u8>(), std::mem::size_of_val(d)),
+        KvSlice::Fp8 { data, .. } => (data.as_ptr(), data.len()),
+    };
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch never faults and reads nothing into the program; the address is inside `s`.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(ptr.add(off).cast::<i8>()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ptr, bytes);
+}
+
 /// Row `off..off + hd` of a KV slice as f32 (converted into `buf` for f16).
 #[inline]
 fn kv_row<'a>(
@@ -1318,75 +1334,88 @@ fn sum16(v: &[__m512; 16]) -> __m512 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_lanes<const V: usize>(q: &[__m512; V], k: *const __m512) -> __m512 {
-    // SAFETY: the caller points `k` at V converted vectors.
-    unsafe {
-        let mut acc = _mm512_mul_ps(q[0], *k);
-        for (i, qi) in q.iter().enumerate().skip(1) {
-            acc = _mm512_fmadd_ps(*qi, *k.add(i), acc);
+fn dot_lanes<const V: usize>(q: &[__m512; V], k: &[__m512; V]) -> __m512 {
+    // Index loops: iterator adapters over vectors are not inlined into AVX-512 code.
+    let mut acc = _mm512_mul_ps(q[0], k[0]);
+    for i in 1..V {
+        acc = _mm512_fmadd_ps(q[i], k[i], acc);
+    }
+    acc
+}
+
+/// Where a kernel reads a block's key or value rows: converted on the stack (`staged`, shared by many
+/// rows), or straight from the page (few rows: no stores, half the cache footprint). Either way a row is
+/// the same f32 vectors, so the choice changes no bits.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Src {
+    /// The page's rows (read when `staged` is null), from position `at`.
+    rows: Rows,
+    at: usize,
+    /// Converted rows of the block, `V` vectors each, or null.
+    staged: *const __m512,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Src {
+    /// Row `j` of the block (`V` vectors of f32; E4M3 before `rows.scale`, as [`load16`]).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn row<const V: usize, const FP8: bool>(self, j: usize) -> [__m512; V] {
+        // SAFETY: the caller keeps row `j` inside the block (staged) or the page (direct).
+        unsafe {
+            if self.staged.is_null() {
+                std::array::from_fn(|i| load16::<FP8>(self.rows, (self.at + j) * 16 * V + 16 * i))
+            } else {
+                std::array::from_fn(|i| *self.staged.add(j * V + i))
+            }
         }
-        acc
     }
 }
 
-/// Scores of two query rows against keys `kf[..n]` (converted rows of `V` vectors, defined up to `n`
-/// rounded up to 8), times `ks`, into `sa[..]`/`sb[..]` (written up to `n` rounded up to 8): each key row
-/// loaded once for both, eight keys of each row per reduction.
+/// Scores of `N` (1 to 4) query rows against the block's keys `0..n`, times `ks`, into `s[r][..n]`: each
+/// key row read once for all `N`, and `16 / N` keys of each row summed per reduction ([`sum16`]: the same
+/// tree for every slot, so a score's bits do not depend on `N`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scores2<const V: usize>(
-    qa: *const f32,
-    qb: *const f32,
-    kf: *const __m512,
+unsafe fn scores_n<const V: usize, const N: usize, const FP8: bool>(
+    q: [*const f32; N],
+    keys: Src,
     n: usize,
     ks: __m512,
-    sa: *mut f32,
-    sb: *mut f32,
+    s: [*mut f32; N],
 ) {
-    // SAFETY: the caller keeps every pointer valid for what the doc says is read or written.
+    // SAFETY: the caller keeps each q[r] valid for 16 * V floats, s[r] for n floats and keys for n rows;
+    // the stores are masked to keys below n (their addresses only formed with wrapping arithmetic).
     unsafe {
-        let qa: [__m512; V] = std::array::from_fn(|i| _mm512_loadu_ps(qa.add(16 * i)));
-        let qb: [__m512; V] = std::array::from_fn(|i| _mm512_loadu_ps(qb.add(16 * i)));
+        let k = 16 / N;
+        let qv: [[__m512; V]; N] =
+            std::array::from_fn(|r| std::array::from_fn(|i| _mm512_loadu_ps(q[r].add(16 * i))));
         let mut c = 0;
         while c < n {
-            let acc: [__m512; 16] = std::array::from_fn(|s| {
-                if s < 8 {
-                    dot_lanes::<V>(&qa, kf.add((c + s) * V))
-                } else {
-                    dot_lanes::<V>(&qb, kf.add((c + s - 8) * V))
+            let mut acc = [_mm512_setzero_ps(); 16];
+            if c + k <= n {
+                for j in 0..k {
+                    let kv = keys.row::<V, FP8>(c + j);
+                    for (r, qr) in qv.iter().enumerate() {
+                        acc[r * k + j] = dot_lanes::<V>(qr, &kv);
+                    }
                 }
-            });
-            let s = _mm512_mul_ps(sum16(&acc), ks);
-            _mm256_storeu_ps(sa.add(c), _mm512_castps512_ps256(s));
-            _mm256_storeu_ps(
-                sb.add(c),
-                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)),
-            );
-            c += 8;
-        }
-    }
-}
-
-/// [`scores2`] for one row, sixteen keys per reduction (`kf` defined and `s` written up to `n` rounded up
-/// to 16).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scores1<const V: usize>(
-    q: *const f32,
-    kf: *const __m512,
-    n: usize,
-    ks: __m512,
-    s: *mut f32,
-) {
-    // SAFETY: the caller keeps every pointer valid for what the doc says is read or written.
-    unsafe {
-        let q: [__m512; V] = std::array::from_fn(|i| _mm512_loadu_ps(q.add(16 * i)));
-        let mut c = 0;
-        while c < n {
-            let acc: [__m512; 16] =
-                std::array::from_fn(|j| dot_lanes::<V>(&q, kf.add((c + j) * V)));
-            _mm512_storeu_ps(s.add(c), _mm512_mul_ps(sum16(&acc), ks));
-            c += 16;
+            } else {
+                for j in 0..n - c {
+                    let kv = keys.row::<V, FP8>(c + j);
+                    for (r, qr) in qv.iter().enumerate() {
+                        acc[r * k + j] = dot_lanes::<V>(qr, &kv);
+                    }
+                }
+            }
+            let sum = _mm512_mul_ps(sum16(&acc), ks);
+            let valid: u32 = (1u32 << (n - c).min(k)) - 1;
+            for (r, sr) in s.iter().enumerate() {
+                let mask = (valid << (r * k)) as __mmask16;
+                _mm512_mask_storeu_ps(sr.wrapping_add(c).wrapping_sub(r * k), mask, sum);
+            }
+            c += k;
         }
     }
 }
@@ -1456,20 +1485,20 @@ fn exp512(x: __m512) -> __m512 {
 }
 
 /// The value pass of `N` rows: each row's output (rescaled by its `corr`) stays in registers while the
-/// block's converted value rows `vf` stream past, each loaded once for all `N`; row `r` adds
+/// block's value rows `vals` stream past, each loaded once for all `N`; row `r` adds
 /// `p[r][j] * v[j]` for its own `j < count[r]` (masked, so a shorter row keeps its bits; `p` carries the
 /// value scale, see [`softmax_row`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn values_n<const V: usize, const N: usize>(
+unsafe fn values_n<const V: usize, const N: usize, const FP8: bool>(
     o: [*mut f32; N],
     p: [*const f32; N],
     count: [usize; N],
     corr: [f32; N],
-    vf: *const __m512,
+    vals: Src,
 ) {
-    // SAFETY: the caller keeps `o[r]` valid for 16 * V floats, `p[r]` for max(count) floats and `vf` for
-    // max(count) rows of V vectors.
+    // SAFETY: the caller keeps `o[r]` valid for 16 * V floats, `p[r]` for max(count) floats and `vals` for
+    // max(count) rows.
     unsafe {
         let mut acc: [[__m512; V]; N] = std::array::from_fn(|r| {
             let c = _mm512_set1_ps(corr[r]);
@@ -1479,7 +1508,7 @@ unsafe fn values_n<const V: usize, const N: usize>(
         let all = count.iter().copied().min().unwrap_or(0);
         let n = count.iter().copied().max().unwrap_or(0);
         for j in 0..all {
-            let v: [__m512; V] = std::array::from_fn(|i| *vf.add(j * V + i));
+            let v = vals.row::<V, FP8>(j);
             for r in 0..N {
                 let pv = _mm512_set1_ps(*p[r].add(j));
                 for (a, vi) in acc[r].iter_mut().zip(&v) {
@@ -1488,7 +1517,7 @@ unsafe fn values_n<const V: usize, const N: usize>(
             }
         }
         for j in all..n {
-            let v: [__m512; V] = std::array::from_fn(|i| *vf.add(j * V + i));
+            let v = vals.row::<V, FP8>(j);
             for r in 0..N {
                 let pv = _mm512_set1_ps(*p[r].add(j));
                 let k: __mmask16 = if j < count[r] { 0xffff } else { 0 };
@@ -1509,11 +1538,12 @@ unsafe fn values_n<const V: usize, const N: usize>(
 /// over one page's f16 or E4M3 keys and values, `head_dim == 16 * V`, AVX-512; each row attends
 /// `start..row.end` in blocks of [`GROUP_CHUNK`] positions from `start`.
 ///
-/// Per block: each key and value row is converted to f32 once for all rows (into the stack), scores come
-/// two rows at a time with a key row's loads shared and sixteen dot products reduced at once
-/// ([`sum16`]), and outputs stay in registers while the value rows stream past, up to `16 / V` rows at a
-/// time. A row's arithmetic is the same whichever rows share the call (a token's bits do not depend on its
-/// tile), and its softmax state moves by [`softmax_row`], sixteen lanes at a time.
+/// Per block: scores come up to four rows at a time with a key row's loads shared and sixteen dot products
+/// reduced at once ([`sum16`]), the softmax step runs sixteen lanes wide ([`softmax_row`]), and outputs
+/// stay in registers while the value rows stream past, up to `16 / V` rows at a time. With few rows (a
+/// decode step's group) keys and values are converted as they are read; with more (a tile) each key and
+/// value row is converted once onto the stack for all of them. A row's arithmetic is the same either way
+/// and whichever rows share the call, so a token's bits do not depend on its tile.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
@@ -1527,9 +1557,11 @@ unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
     let hd = 16 * V;
     let last = rows.iter().map(|r| r.end).max().unwrap_or(start);
     assert!(rows.len() <= MAX_ROWS && last * hd <= keys.len && last * hd <= values.len);
+    // Rows that one scores call and one value pass cover read the page directly.
+    let direct = rows.len() <= 4 && rows.len() <= 16 / V;
     // SAFETY: positions below `last` are inside `keys`/`values` (asserted above); the caller keeps each
     // row's pointers valid and disjoint. The stack buffers are written before they are read: keys and
-    // values up to the block (keys zero-padded to 16), scores up to the block rounded up.
+    // values up to the block (when staged), scores up to the block.
     unsafe {
         let ks = _mm512_set1_ps(scale * keys.scale);
         let mut kf = [MaybeUninit::<__m512>::uninit(); GROUP_CHUNK * 8];
@@ -1555,36 +1587,52 @@ unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
                     na += 1;
                 }
             }
-            for j in 0..block {
-                for i in 0..V {
-                    kp.add(j * V + i)
-                        .write(load16::<FP8>(keys, (at + j) * hd + 16 * i));
-                }
-            }
-            for j in block..block.next_multiple_of(16) {
-                for i in 0..V {
-                    kp.add(j * V + i).write(_mm512_setzero_ps());
+            let src = |r: Rows, staged: *mut __m512| Src {
+                rows: r,
+                at,
+                staged: if direct { std::ptr::null() } else { staged },
+            };
+            let (ksrc, vsrc) = (src(keys, kp), src(values, vp));
+            if !direct {
+                for j in 0..block {
+                    for i in 0..V {
+                        kp.add(j * V + i)
+                            .write(load16::<FP8>(keys, (at + j) * hd + 16 * i));
+                    }
                 }
             }
             let mut a = 0;
             while a < na {
-                if V <= 4 && a + 1 < na {
-                    let (qa, qb) = (rows[active[a]].q, rows[active[a + 1]].q);
-                    scores2::<V>(qa, qb, kp, block, ks, sp(a), sp(a + 1));
-                    a += 2;
-                } else {
-                    scores1::<V>(rows[active[a]].q, kp, block, ks, sp(a));
-                    a += 1;
+                let n = (na - a).min(4);
+                macro_rules! scores {
+                    ($n:literal) => {
+                        scores_n::<V, $n, FP8>(
+                            std::array::from_fn(|r| rows[active[a + r]].q),
+                            ksrc,
+                            block,
+                            ks,
+                            std::array::from_fn(|r| sp(a + r)),
+                        )
+                    };
                 }
+                match n {
+                    1 => scores!(1),
+                    2 => scores!(2),
+                    3 => scores!(3),
+                    _ => scores!(4),
+                }
+                a += n;
             }
             for a in 0..na {
                 let row = rows[active[a]];
                 corr[a] = softmax_row(&mut *row.m, &mut *row.l, sp(a), count[a], values.scale);
             }
-            for j in 0..block {
-                for i in 0..V {
-                    vp.add(j * V + i)
-                        .write(load16::<FP8>(values, (at + j) * hd + 16 * i));
+            if !direct {
+                for j in 0..block {
+                    for i in 0..V {
+                        vp.add(j * V + i)
+                            .write(load16::<FP8>(values, (at + j) * hd + 16 * i));
+                    }
                 }
             }
             let mut a = 0;
@@ -1592,12 +1640,12 @@ unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
                 let n = (na - a).min(16 / V);
                 macro_rules! group {
                     ($n:literal) => {
-                        values_n::<V, $n>(
+                        values_n::<V, $n, FP8>(
                             std::array::from_fn(|r| rows[active[a + r]].o),
                             std::array::from_fn(|r| sp(a + r).cast_const()),
                             std::array::from_fn(|r| count[a + r]),
                             std::array::from_fn(|r| corr[a + r]),
-                            vp,
+                            vsrc,
                         )
                     };
                 }
