@@ -1019,17 +1019,10 @@ impl Device {
         f: usize,
         out: impl Into<ViewMut<'v>>,
     ) {
-        let (gu, mut out) = (gu.into(), out.into());
-        if let Device::Cuda(g) = self {
-            return g.swiglu_rows(gu, n, f, out);
-        }
-        for t in 0..n {
-            let row = gu.slice(t * 2 * f..(t + 1) * 2 * f);
-            self.silu_mul(
-                row.slice(..f),
-                row.slice(f..),
-                out.slice(t * f..(t + 1) * f),
-            );
+        let (gu, out) = (gu.into(), out.into());
+        match self {
+            Device::Cuda(g) => g.swiglu_rows(gu, n, f, out),
+            Device::Cpu(c) => c.swiglu_rows(gu.host(), n, f, out.host()),
         }
     }
 }

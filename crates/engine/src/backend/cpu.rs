@@ -336,6 +336,28 @@ pub fn default_threads() -> usize {
 mod tests;
 
 impl Cpu {
+    /// `out[t * f + j] = silu(gate) * up` for each token `t < n` of `gu` (rows of `[gate f | up f]`), the
+    /// elements split across threads (each is [`simd::silu_mul`]'s, so the split changes no bits).
+    pub fn swiglu_rows(&self, gu: &[f32], n: usize, f: usize, out: &mut [f32]) {
+        assert!(gu.len() >= n * 2 * f && out.len() >= n * f, "swiglu shape");
+        let ptr = SendPtr(out.as_mut_ptr());
+        self.pool.for_ranges(n * f, 64, &|range| {
+            let p = ptr;
+            let mut i = range.start;
+            while i < range.end {
+                let (t, j) = (i / f, i % f);
+                let len = (f - j).min(range.end - i);
+                let row = &gu[t * 2 * f..(t + 1) * 2 * f];
+                #[expect(unsafe_code, reason = "disjoint parallel writes")]
+                // SAFETY: `i..i + len` is inside `out` (asserted above) and inside this thread's range,
+                // which no other thread writes; the pool joins before `out`'s borrow ends.
+                let dst = unsafe { std::slice::from_raw_parts_mut(p.0.add(i), len) };
+                simd::silu_mul(&row[j..j + len], &row[f + j..f + j + len], dst);
+                i += len;
+            }
+        });
+    }
+
     /// Runs `f` over `0..n` split into one contiguous range per thread (multiples of `align`).
     pub fn for_ranges(&self, n: usize, align: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
         self.pool.for_ranges(n, align, f);
