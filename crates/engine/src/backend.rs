@@ -325,8 +325,8 @@ impl Matrix {
 pub struct Workspace {
     qa: QActs,
     partials: Vec<f32>,
-    /// The CPU attention's tiles of tokens.
-    tiles: Vec<(usize, usize)>,
+    /// The CPU attention's tiles of tokens (first, end, whether every position they see is in place).
+    tiles: Vec<(usize, usize, bool)>,
     gpu: gpu::Quantized,
 }
 

@@ -90,7 +90,8 @@ impl Cpu {
     ///
     /// Work items are (tile of tokens, KV head, block of [`ATTENTION_SPLIT`] positions): the query heads of a
     /// GQA group share every key and value load, and so do the up to [`simd::MAX_TILE`] consecutive tokens
-    /// of a tile (a prefill chunk's; draft-tree tokens are tiles of one); long contexts spread over every
+    /// of a tile (a prefill chunk's; a draft tree's tokens share the prefix they all see in place, then
+    /// read their own branches one by one); long contexts spread over every
     /// thread even for one token (as in flash-decoding), and the blocks' partial softmax states are merged
     /// afterwards in a fixed order. Each item walks its sequence's page table, one contiguous run of keys
     /// and values per page. A token's result is the same bits whatever its tile, split or batch.
@@ -110,7 +111,7 @@ impl Cpu {
         head_dim: usize,
         out: &mut [f32],
         partials: &mut Vec<f32>,
-        tiles: &mut Vec<(usize, usize)>,
+        tiles: &mut Vec<(usize, usize, bool)>,
     ) {
         let isa = self.isa;
         let scale = 1.0 / (head_dim as f32).sqrt();
@@ -137,16 +138,16 @@ impl Cpu {
         partials.resize(items * splits * stride, 0.0);
         // Tiles of tokens: a sequence's run of tokens whose positions are all in place (a prefill chunk,
         // a decode step) in tiles of up to MAX_TILE consecutive tokens, which share every key and value
-        // row they read; a draft tree's tokens one by one.
+        // row they read; a draft tree's tokens in tiles too, which share the rows of the prefix they all
+        // see in place (each then reads its own branch alone).
         tiles.clear();
         for span in &batch.seqs {
             let rows = span.first..span.first + span.len;
             let in_place = rows
                 .clone()
                 .all(|t| batch.position(t) < batch.direct[t] as usize);
-            let step = if in_place { simd::MAX_TILE } else { 1 };
-            for a in rows.clone().step_by(step) {
-                tiles.push((a, (a + step).min(rows.end)));
+            for a in rows.clone().step_by(simd::MAX_TILE) {
+                tiles.push((a, (a + simd::MAX_TILE).min(rows.end), in_place));
             }
         }
         let ptr = SendPtr(partials.as_mut_ptr());
@@ -157,7 +158,7 @@ impl Cpu {
             for i in range {
                 let (tile, rest) = (i / (n_kv_heads * splits), i % (n_kv_heads * splits));
                 let (kvh, split) = (rest / splits, rest % splits);
-                let (t0, t1) = tiles[tile];
+                let (t0, t1, in_place) = tiles[tile];
                 let nt = t1 - t0;
                 let mut parts: [simd::PartialAttn<'_>; simd::MAX_TILE] =
                     std::array::from_fn(|_| simd::PartialAttn {
@@ -184,7 +185,7 @@ impl Cpu {
                 let first = (split * ATTENTION_SPLIT).max(batch.attend_from);
                 let end_of = |t: usize| ((split + 1) * ATTENTION_SPLIT).min(batch.position(t) + 1);
                 let qg = |t: usize| &q[t * q_stride + kvh * group * head_dim..][..group * head_dim];
-                if nt > 1 {
+                if nt > 1 && in_place {
                     // Consecutive positions in place: token ends grow along the tile, so the tokens that
                     // see a page are a suffix of it.
                     let mut qs = [&[][..]; simd::MAX_TILE];
@@ -218,71 +219,108 @@ impl Cpu {
                     }
                     continue;
                 }
-                let t = t0;
-                let [part, ..] = &mut parts;
-                let (m, l, o) = (&mut *part.m, &mut *part.l, &mut *part.o);
-                let direct = batch.direct[t] as usize;
-                let range = first.min(batch.position(t) + 1)..end_of(t);
-                let qg = qg(t);
-                let mut at = range.start;
-                while at < range.end {
-                    let base = at / ps * ps;
-                    let end = range.end.min(base + ps);
-                    let part = simd::PartialAttn {
-                        m: &mut *m,
-                        l: &mut *l,
-                        o: &mut *o,
-                    };
-                    if end <= direct {
+                // A draft tree's tile: every token sees the pages below `shared` in place, so those go
+                // through the tile kernel once for all of them, page by page as each token alone would walk
+                // them (the same blocks, so the same bits); then each token its own rest.
+                let shared = (t0..t1)
+                    .map(|t| (batch.direct[t] as usize).min(batch.position(t) + 1))
+                    .min()
+                    .unwrap_or(0)
+                    / ps
+                    * ps;
+                let shared = shared.min((split + 1) * ATTENTION_SPLIT);
+                let mut rest = first;
+                if nt > 1 && first < shared {
+                    let mut qs = [&[][..]; simd::MAX_TILE];
+                    for (j, t) in (t0..t1).enumerate() {
+                        qs[j] = qg(t);
+                    }
+                    let mut at = first;
+                    while at < shared {
+                        let base = at / ps * ps;
+                        let rel = [shared.min(base + ps) - base; simd::MAX_TILE];
                         let page = pages[at / ps];
-                        // The next page on into L2 while this one is read: pages are a few
-                        // kilobytes each, scattered, too short for the hardware prefetchers (a
-                        // decode step at depth 4096 gained ~12%; a prefill tile, compute-bound,
-                        // nothing).
-                        if end < range.end && range.end <= direct {
-                            let next = pages[at / ps + 1];
-                            simd::prefetch(pool.keys(next, layer, kvh));
-                            simd::prefetch(pool.values(next, layer, kvh));
-                        }
-                        simd::attend_group(
+                        simd::attend_tile(
                             isa,
-                            qg,
+                            &qs[..nt],
                             head_dim,
                             pool.keys(page, layer, kvh),
                             pool.values(page, layer, kvh),
-                            at - base..end - base,
+                            at - base,
+                            &rel[..nt],
                             scale,
-                            part,
+                            &mut parts[..nt],
                         );
-                    } else {
-                        // A draft-tree node whose ancestors are not all in place: gather the page's
-                        // positions as it sees them and make the same kernel call on them.
-                        GATHER.with_borrow_mut(|(gk, gv)| {
-                            let row = |p: usize| {
-                                let s = batch.slot_seen(t, base + p);
-                                (pages[s / ps], s % ps)
-                            };
-                            let keys = gk.gather(head_dim, end - base, |p| {
-                                let (pg, r) = row(p);
-                                (pool.keys(pg, layer, kvh), r)
-                            });
-                            let values = gv.gather(head_dim, end - base, |p| {
-                                let (pg, r) = row(p);
-                                (pool.values(pg, layer, kvh), r)
-                            });
+                        at = shared.min(base + ps);
+                    }
+                    rest = shared;
+                }
+                for (j, t) in (t0..t1).enumerate() {
+                    let part = &mut parts[j];
+                    let (m, l, o) = (&mut *part.m, &mut *part.l, &mut *part.o);
+                    let direct = batch.direct[t] as usize;
+                    let range = rest.min(batch.position(t) + 1)..end_of(t);
+                    let qg = qg(t);
+                    let mut at = range.start;
+                    while at < range.end {
+                        let base = at / ps * ps;
+                        let end = range.end.min(base + ps);
+                        let part = simd::PartialAttn {
+                            m: &mut *m,
+                            l: &mut *l,
+                            o: &mut *o,
+                        };
+                        if end <= direct {
+                            let page = pages[at / ps];
+                            // The next page on into L2 while this one is read: pages are a few
+                            // kilobytes each, scattered, too short for the hardware prefetchers (a
+                            // decode step at depth 4096 gained ~12%; a prefill tile, compute-bound,
+                            // nothing).
+                            if end < range.end && range.end <= direct {
+                                let next = pages[at / ps + 1];
+                                simd::prefetch(pool.keys(next, layer, kvh));
+                                simd::prefetch(pool.values(next, layer, kvh));
+                            }
                             simd::attend_group(
                                 isa,
                                 qg,
                                 head_dim,
-                                keys,
-                                values,
+                                pool.keys(page, layer, kvh),
+                                pool.values(page, layer, kvh),
                                 at - base..end - base,
                                 scale,
                                 part,
                             );
-                        });
+                        } else {
+                            // A draft-tree node whose ancestors are not all in place: gather the page's
+                            // positions as it sees them and make the same kernel call on them.
+                            GATHER.with_borrow_mut(|(gk, gv)| {
+                                let row = |p: usize| {
+                                    let s = batch.slot_seen(t, base + p);
+                                    (pages[s / ps], s % ps)
+                                };
+                                let keys = gk.gather(head_dim, end - base, |p| {
+                                    let (pg, r) = row(p);
+                                    (pool.keys(pg, layer, kvh), r)
+                                });
+                                let values = gv.gather(head_dim, end - base, |p| {
+                                    let (pg, r) = row(p);
+                                    (pool.values(pg, layer, kvh), r)
+                                });
+                                simd::attend_group(
+                                    isa,
+                                    qg,
+                                    head_dim,
+                                    keys,
+                                    values,
+                                    at - base..end - base,
+                                    scale,
+                                    part,
+                                );
+                            });
+                        }
+                        at = end;
                     }
-                    at = end;
                 }
             }
         });
