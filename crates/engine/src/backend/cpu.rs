@@ -229,7 +229,7 @@ impl Cpu {
                     / ps
                     * ps;
                 let shared = shared.min((split + 1) * ATTENTION_SPLIT);
-                let mut rest = first;
+                let mut own_from = first;
                 if nt > 1 && first < shared {
                     let mut qs = [&[][..]; simd::MAX_TILE];
                     for (j, t) in (t0..t1).enumerate() {
@@ -253,13 +253,13 @@ impl Cpu {
                         );
                         at = shared.min(base + ps);
                     }
-                    rest = shared;
+                    own_from = shared;
                 }
                 for (j, t) in (t0..t1).enumerate() {
                     let part = &mut parts[j];
                     let (m, l, o) = (&mut *part.m, &mut *part.l, &mut *part.o);
                     let direct = batch.direct[t] as usize;
-                    let range = rest.min(batch.position(t) + 1)..end_of(t);
+                    let range = own_from.min(batch.position(t) + 1)..end_of(t);
                     let qg = qg(t);
                     let mut at = range.start;
                     while at < range.end {

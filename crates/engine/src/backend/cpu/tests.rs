@@ -206,7 +206,7 @@ fn attention_case(heads: usize, kv_heads: usize, hd: usize) {
         recurrent: 0,
     };
     for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Fp8] {
-        for page_size in [32, 7] {
+        for page_size in [32, 7, 64] {
             let mut kv = KvCache::new(
                 shape,
                 KvConfig {
