@@ -334,6 +334,30 @@ fn layout_kind(w: &QMatrix) -> u8 {
     }
 }
 
+/// The quantized kernels' walk: tokens in tiles of up to `width`, and for each tile the row units
+/// (groups, or half groups) `units` a few at a time, `per(tile tokens)` of them (one at a time where fewer
+/// are left); calls `f(first unit, units, first token, tokens)`.
+fn for_tiles(
+    tokens: usize,
+    width: usize,
+    units: std::ops::Range<usize>,
+    per: impl Fn(usize) -> usize,
+    mut f: impl FnMut(usize, usize, usize, usize),
+) {
+    let mut t = 0;
+    while t < tokens {
+        let nt = (tokens - t).min(width);
+        let per = per(nt);
+        let mut u = units.start;
+        while u < units.end {
+            let nu = if u + per <= units.end { per } else { 1 };
+            f(u, nu, t, nt);
+            u += nu;
+        }
+        t += nt;
+    }
+}
+
 /// [`matmul`] on AVX-512 VNNI: tokens in tiles of up to 8, each tile over `rows`' groups a few at a time
 /// (more groups for fewer tokens, so enough sums are in flight to hide `vpdpbusd`'s latency).
 ///
@@ -341,49 +365,41 @@ fn layout_kind(w: &QMatrix) -> u8 {
 /// AVX-512 F/BW/VL/VNNI was detected, and [`matmul`]'s asserted shapes hold (`out` is `x.n * w.rows`).
 #[cfg(target_arch = "x86_64")]
 unsafe fn matmul_avx512(w: &QMatrix, x: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
-    let (g0, g1) = (rows.start / GROUP, rows.end.div_ceil(GROUP));
-    let mut t = 0;
-    while t < x.n {
-        let nt = (x.n - t).min(8);
-        let per = match nt {
-            1 | 2 => 4,
-            3 | 4 => 2,
-            _ => 1,
-        };
-        let mut g = g0;
-        while g < g1 {
-            let ng = if g + per <= g1 { per } else { 1 };
-            macro_rules! k {
-                ($g:literal, $t:literal) => {
-                    match layout_kind(w) {
-                        NIB16 => groups_avx512::<NIB16, $g, $t>(w, g, x, t, rows.end, out),
-                        NIB32 => groups_avx512::<NIB32, $g, $t>(w, g, x, t, rows.end, out),
-                        _ => groups_avx512::<BYTE, $g, $t>(w, g, x, t, rows.end, out),
-                    }
-                };
-            }
-            // SAFETY: the caller's contract; groups g..g + ng are inside rows' and tokens t..t + nt exist.
-            unsafe {
-                match (ng, nt) {
-                    (4, 1) => k!(4, 1),
-                    (4, 2) => k!(4, 2),
-                    (2, 3) => k!(2, 3),
-                    (2, 4) => k!(2, 4),
-                    (1, 1) => k!(1, 1),
-                    (1, 2) => k!(1, 2),
-                    (1, 3) => k!(1, 3),
-                    (1, 4) => k!(1, 4),
-                    (1, 5) => k!(1, 5),
-                    (1, 6) => k!(1, 6),
-                    (1, 7) => k!(1, 7),
-                    (1, 8) => k!(1, 8),
-                    _ => unreachable!("group counts follow the tile width"),
+    let groups = rows.start / GROUP..rows.end.div_ceil(GROUP);
+    let per = |nt: usize| match nt {
+        1 | 2 => 4,
+        3 | 4 => 2,
+        _ => 1,
+    };
+    for_tiles(x.n, 8, groups, per, |g, ng, t, nt| {
+        macro_rules! k {
+            ($g:literal, $t:literal) => {
+                match layout_kind(w) {
+                    NIB16 => groups_avx512::<NIB16, $g, $t>(w, g, x, t, rows.end, out),
+                    NIB32 => groups_avx512::<NIB32, $g, $t>(w, g, x, t, rows.end, out),
+                    _ => groups_avx512::<BYTE, $g, $t>(w, g, x, t, rows.end, out),
                 }
-            }
-            g += ng;
+            };
         }
-        t += nt;
-    }
+        // SAFETY: the caller's contract; groups g..g + ng are inside rows' and tokens t..t + nt exist.
+        unsafe {
+            match (ng, nt) {
+                (4, 1) => k!(4, 1),
+                (4, 2) => k!(4, 2),
+                (2, 3) => k!(2, 3),
+                (2, 4) => k!(2, 4),
+                (1, 1) => k!(1, 1),
+                (1, 2) => k!(1, 2),
+                (1, 3) => k!(1, 3),
+                (1, 4) => k!(1, 4),
+                (1, 5) => k!(1, 5),
+                (1, 6) => k!(1, 6),
+                (1, 7) => k!(1, 7),
+                (1, 8) => k!(1, 8),
+                _ => unreachable!("group counts follow the tile width"),
+            }
+        }
+    });
 }
 
 /// Groups `g0..g0+G` of `w` (16 rows each, one per lane) against tokens `t0..t0+T` of `x`, AVX-512 VNNI;
@@ -480,39 +496,31 @@ unsafe fn groups_avx512<const L: u8, const G: usize, const T: usize>(
 /// AVX2/FMA/F16C were detected, and [`matmul`]'s asserted shapes hold (`out` is `x.n * w.rows`).
 #[cfg(target_arch = "x86_64")]
 unsafe fn matmul_avx2(w: &QMatrix, x: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
-    let (h0, h1) = (rows.start / 8, rows.end.div_ceil(8));
-    let mut t = 0;
-    while t < x.n {
-        let nt = (x.n - t).min(4);
-        let per = if nt <= 2 { 2 } else { 1 };
-        let mut h = h0;
-        while h < h1 {
-            let nh = if h + per <= h1 { per } else { 1 };
-            macro_rules! k {
-                ($h:literal, $t:literal) => {
-                    match layout_kind(w) {
-                        NIB16 => halves_avx2::<NIB16, $h, $t>(w, h, x, t, rows.end, out),
-                        NIB32 => halves_avx2::<NIB32, $h, $t>(w, h, x, t, rows.end, out),
-                        _ => halves_avx2::<BYTE, $h, $t>(w, h, x, t, rows.end, out),
-                    }
-                };
-            }
-            // SAFETY: the caller's contract; halves h..h + nh are inside rows' and tokens t..t + nt exist.
-            unsafe {
-                match (nh, nt) {
-                    (2, 1) => k!(2, 1),
-                    (2, 2) => k!(2, 2),
-                    (1, 1) => k!(1, 1),
-                    (1, 2) => k!(1, 2),
-                    (1, 3) => k!(1, 3),
-                    (1, 4) => k!(1, 4),
-                    _ => unreachable!("half counts follow the tile width"),
+    let halves = rows.start / 8..rows.end.div_ceil(8);
+    let per = |nt: usize| if nt <= 2 { 2 } else { 1 };
+    for_tiles(x.n, 4, halves, per, |h, nh, t, nt| {
+        macro_rules! k {
+            ($h:literal, $t:literal) => {
+                match layout_kind(w) {
+                    NIB16 => halves_avx2::<NIB16, $h, $t>(w, h, x, t, rows.end, out),
+                    NIB32 => halves_avx2::<NIB32, $h, $t>(w, h, x, t, rows.end, out),
+                    _ => halves_avx2::<BYTE, $h, $t>(w, h, x, t, rows.end, out),
                 }
-            }
-            h += nh;
+            };
         }
-        t += nt;
-    }
+        // SAFETY: the caller's contract; halves h..h + nh are inside rows' and tokens t..t + nt exist.
+        unsafe {
+            match (nh, nt) {
+                (2, 1) => k!(2, 1),
+                (2, 2) => k!(2, 2),
+                (1, 1) => k!(1, 1),
+                (1, 2) => k!(1, 2),
+                (1, 3) => k!(1, 3),
+                (1, 4) => k!(1, 4),
+                _ => unreachable!("half counts follow the tile width"),
+            }
+        }
+    });
 }
 
 /// Half groups `h0..h0+H` (rows `8h..8h+8`) of `w` against tokens `t0..t0+T` of `x`, AVX2: `pmaddubsw`
@@ -532,15 +540,12 @@ unsafe fn halves_avx2<const L: u8, const H: usize, const T: usize>(
     // SAFETY: as for groups_avx512; a half group reads its 32-byte halves of the group block's vectors.
     unsafe {
         let (nb, bb) = (w.blocks, w.block_bytes);
-        let half: [*const u8; H] = std::array::from_fn(|k| {
-            let h = h0 + k;
-            w.data.as_ptr().add((h / 2) * nb * bb + 32 * (h % 2))
-        });
-        // The scales' offset inside the group block for the half (8 f16 or 8 f32 per half).
-        let soff: [usize; H] = std::array::from_fn(|k| {
-            let part = (h0 + k) % 2;
-            if L == NIB32 { 32 * part } else { 16 * part }
-        });
+        let grp: [*const u8; H] =
+            std::array::from_fn(|k| w.data.as_ptr().add((h0 + k) / 2 * nb * bb));
+        // The half's bytes in each 64-byte weight vector, and its scales' offset (8 f16 or 8 f32 a half).
+        let lanes: [usize; H] = std::array::from_fn(|k| 32 * ((h0 + k) % 2));
+        let soff: [usize; H] =
+            std::array::from_fn(|k| if L == NIB32 { lanes[k] } else { lanes[k] / 2 });
         let xq: [*const u8; T] =
             std::array::from_fn(|t| x.q.as_ptr().add((t0 + t) * x.cols).cast::<u8>());
         let base: [usize; T] = std::array::from_fn(|t| (t0 + t) * x.blocks);
@@ -551,11 +556,12 @@ unsafe fn halves_avx2<const L: u8, const H: usize, const T: usize>(
         let mut acc = [[_mm256_setzero_ps(); T]; H];
         for b in 0..nb {
             for (k, acc_k) in acc.iter_mut().enumerate() {
-                let rec = half[k].add(b * bb);
+                let rec = grp[k].add(b * bb);
+                let wv = |v: usize| _mm256_loadu_si256(rec.add(64 * v + lanes[k]).cast());
                 let mut isum = [_mm256_setzero_si256(); T];
                 if L == BYTE {
                     for v in 0..8 {
-                        let q = _mm256_xor_si256(_mm256_loadu_si256(rec.add(64 * v).cast()), flip);
+                        let q = _mm256_xor_si256(wv(v), flip);
                         let aq = _mm256_sign_epi8(q, q);
                         for (t, s) in isum.iter_mut().enumerate() {
                             let xs = _mm256_sign_epi8(bcast(xq[t].add(32 * b + 4 * v)), q);
@@ -569,7 +575,7 @@ unsafe fn halves_avx2<const L: u8, const H: usize, const T: usize>(
                     }
                 } else {
                     for v in 0..4 {
-                        let raw = _mm256_loadu_si256(rec.add(64 * v).cast());
+                        let raw = wv(v);
                         let lo = _mm256_and_si256(raw, m4);
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
                         for (t, s) in isum.iter_mut().enumerate() {
@@ -583,19 +589,18 @@ unsafe fn halves_avx2<const L: u8, const H: usize, const T: usize>(
                         }
                     }
                 }
-                // `rec` is offset by the half's 32 bytes; the scales sit after the 256 (512) bytes of integers.
-                let sc = rec.sub(32 * ((h0 + k) % 2));
+                // The scales sit after the 256 (512) bytes of integers.
                 let (d, m) = match L {
                     NIB16 => (
-                        _mm256_cvtph_ps(_mm_loadu_si128(sc.add(256 + soff[k]).cast())),
-                        _mm256_cvtph_ps(_mm_loadu_si128(sc.add(288 + soff[k]).cast())),
+                        _mm256_cvtph_ps(_mm_loadu_si128(rec.add(256 + soff[k]).cast())),
+                        _mm256_cvtph_ps(_mm_loadu_si128(rec.add(288 + soff[k]).cast())),
                     ),
                     NIB32 => (
-                        _mm256_loadu_ps(sc.add(256 + soff[k]).cast()),
-                        _mm256_loadu_ps(sc.add(320 + soff[k]).cast()),
+                        _mm256_loadu_ps(rec.add(256 + soff[k]).cast()),
+                        _mm256_loadu_ps(rec.add(320 + soff[k]).cast()),
                     ),
                     _ => {
-                        let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(512 + soff[k]).cast()));
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(512 + soff[k]).cast()));
                         (d, _mm256_mul_ps(d, _mm256_set1_ps(-128.0)))
                     }
                 };
