@@ -388,62 +388,84 @@ fn a_tiny_kv_budget_preempts_but_completes_every_request() {
     eprintln!("tiny budget: {stats:?}, {kv:?}");
 }
 
+/// What storing the KV cache in f16 or FP8 (E4M3) costs in logits, against f32 KV. It is measured at the
+/// reference precision (f32 activations, f64 sums), where a change in the attention kernel's summation
+/// order moves logits by ~1e-5: the error is then the storage format's own, and a first token that moves
+/// means the format moved it. At the quantized precision the same comparison is dominated by the 8-bit
+/// activations, which amplify any last-bit difference (f16 KV alone moves the likely tokens' log-probabilities by up to
+/// ~0.45 nats there, and first tokens sit within 0.23-0.29 nats of the runner-up on three of the prompts), so
+/// that run is reported and held only to a bound that a wrong scale or a broken conversion would break.
 #[test]
 fn fp8_kv_cache_stays_close_to_f32() {
-    let mk = |kv_dtype| {
-        quantized(EngineConfig {
+    let mk = |kv_dtype, precision| {
+        let g = Arc::new(Gguf::open(default_model()).unwrap());
+        let cfg = EngineConfig {
+            threads: 2,
             context: 1024,
             kv_dtype,
+            precision,
             ..EngineConfig::default()
-        })
+        };
+        Engine::from_gguf(g, &cfg).unwrap()
     };
-    let mut f32e = mk(KvDtype::F32);
-    let mut report = Vec::new();
-    for dtype in [KvDtype::F16, KvDtype::Fp8] {
-        let mut e = mk(dtype);
-        let (mut worst, mut top1, mut greedy_same, mut greedy_total, mut n) = (0f32, 0, 0, 0, 0);
-        for prompt in fixture_prompts() {
-            f32e.reset();
-            e.reset();
-            let (mut sa, mut sb) = (f32e.session(), e.session());
-            sa.prefill(&prompt).unwrap();
-            sb.prefill(&prompt).unwrap();
-            let (a, b) = (log_softmax(sa.logits()), log_softmax(sb.logits()));
-            drop((sa, sb));
-            // Distance on the tokens that matter: the f32 run's top 10.
-            let mut order: Vec<usize> = (0..a.len()).collect();
-            order.sort_by(|&i, &j| a[j].total_cmp(&a[i]));
-            for &i in &order[..10] {
-                worst = worst.max((a[i] - b[i]).abs());
-            }
-            top1 += usize::from(argmax(&a) == argmax(&b));
-            n += 1;
-            let g = |e: &mut Engine| {
+    for precision in [Precision::Reference, Precision::Quantized] {
+        // The reference precision is slow: its run skips the one long prompt (613 tokens), so the paged
+        // kernels' many-page walk is held at the quantized precision only (the others span up to 4 pages).
+        let prompts: Vec<_> = fixture_prompts()
+            .into_iter()
+            .filter(|p| precision == Precision::Quantized || p.len() <= 256)
+            .collect();
+        let mut f32e = mk(KvDtype::F32, precision);
+        let want: Vec<Vec<f32>> = prompts
+            .iter()
+            .map(|p| {
+                f32e.reset();
+                let mut s = f32e.session();
+                s.prefill(p).unwrap();
+                log_softmax(s.logits())
+            })
+            .collect();
+        for dtype in [KvDtype::F16, KvDtype::Fp8] {
+            let mut e = mk(dtype, precision);
+            let (mut worst, mut top1) = (0f32, 0);
+            for (p, a) in prompts.iter().zip(&want) {
                 e.reset();
-                e.generate(&Request::greedy(prompt.clone(), 32), &mut |_| {})
-                    .unwrap()
-                    .tokens
-            };
-            let (ga, gb) = (g(&mut f32e), g(&mut e));
-            greedy_same += ga.iter().zip(&gb).take_while(|(x, y)| x == y).count();
-            greedy_total += ga.len();
+                let mut s = e.session();
+                s.prefill(p).unwrap();
+                let b = log_softmax(s.logits());
+                // Distance on the tokens that matter: the f32 run's top 10.
+                let mut order: Vec<usize> = (0..a.len()).collect();
+                order.sort_by(|&i, &j| a[j].total_cmp(&a[i]));
+                for &i in &order[..10] {
+                    worst = worst.max((a[i] - b[i]).abs());
+                }
+                top1 += usize::from(argmax(a) == argmax(&b));
+            }
+            let n = prompts.len();
+            eprintln!(
+                "{precision:?} precision, {} KV: top-10 logprob error max {worst:.3}, top-1 agreement {top1}/{n}",
+                dtype.name()
+            );
+            if precision == Precision::Reference {
+                // f16 keeps 11 significant bits (measured 0.003); E4M3 keeps 4 (~3% per element,
+                // measured up to 0.63): no first token may change, and the likely tokens stay within a nat.
+                let bound = if dtype == KvDtype::F16 { 0.02 } else { 1.0 };
+                assert_eq!(top1, n, "{}: the first token changed", dtype.name());
+                assert!(worst < bound, "{}: logprob error {worst}", dtype.name());
+            } else {
+                assert!(
+                    worst < 2.0,
+                    "{}: quantized logprob error {worst}",
+                    dtype.name()
+                );
+                assert!(
+                    top1 + 2 >= n,
+                    "{}: first tokens changed on {} of {n}",
+                    dtype.name(),
+                    n - top1
+                );
+            }
         }
-        let line = format!(
-            "{}: top-10 logprob error max {worst:.3}, top-1 agreement {top1}/{n}, greedy tokens equal before the first split {greedy_same}/{greedy_total}",
-            dtype.name()
-        );
-        eprintln!("{line}");
-        report.push((dtype, worst, top1, n, greedy_same, greedy_total));
-    }
-    for (dtype, worst, top1, n, same, total) in report {
-        // E4M3 keeps 3 mantissa bits (~3% error per element): the next token must not change on any
-        // fixture prompt, and log-probabilities of the likely tokens stay within one nat.
-        assert_eq!(top1, n, "{}: the first token changed", dtype.name());
-        let bound = if dtype == KvDtype::F16 { 0.5 } else { 1.0 };
-        assert!(worst < bound, "{}: logprob error {worst}", dtype.name());
-        // Greedy agreement is reported, not asserted: a 135M model's continuations part at the first
-        // near-tie, and where that falls moves with any change in summation order.
-        eprintln!("{}: greedy {same}/{total}", dtype.name());
     }
 }
 

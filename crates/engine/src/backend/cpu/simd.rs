@@ -707,9 +707,9 @@ pub fn attend_group(
     if let Some((k, v, fp8)) = kernel_rows(isa, hd, keys, values) {
         let mut rows = [QRow::NONE; MAX_GROUP];
         QRow::group(q, hd, &mut part, range.end, &mut rows);
-        // SAFETY: AVX-512 was detected (kernel_rows); each row points at its own head's query and state
+        // SAFETY: AVX-512 or AVX2 was detected (kernel_rows); each row points at its own head's query and state
         // (QRow::group checks the lengths); the kernel asserts that `range` is inside the page.
-        unsafe { attend_rows(hd, &rows[..g], k, v, fp8, range.start, scale) };
+        unsafe { attend_rows(isa, hd, &rows[..g], k, v, fp8, range.start, scale) };
         return;
     }
     let mut scores = [[0f32; GROUP_CHUNK]; MAX_GROUP];
@@ -803,9 +803,9 @@ pub fn attend_tile(
                 n += g;
             }
         }
-        // SAFETY: AVX-512 was detected (kernel_rows); each row points at its own token's and head's query
+        // SAFETY: AVX-512 or AVX2 was detected (kernel_rows); each row points at its own token's and head's query
         // and state (QRow::group checks the lengths); the kernel asserts that every end is inside the page.
-        unsafe { attend_rows(hd, &rows[..n], k, v, fp8, start, scale) };
+        unsafe { attend_rows(isa, hd, &rows[..n], k, v, fp8, start, scale) };
         return;
     }
     if nt == 1 {
@@ -1227,15 +1227,15 @@ impl QRow {
 const MAX_ROWS: usize = MAX_TILE * MAX_GROUP;
 
 #[cfg(target_arch = "x86_64")]
-/// The AVX-512 kernel's view of a page's keys and values, when it has a form for them: 32-, 64- or 128-wide
-/// heads over f16 or FP8 pages on an AVX-512 machine. `(keys, values, fp8)`.
+/// The row kernels' view of a page's keys and values, when they have a form for them: 32-, 64- or 128-wide
+/// heads over f16 or FP8 pages on an AVX-512 or AVX2 machine. `(keys, values, fp8)`.
 fn kernel_rows(
     isa: Isa,
     hd: usize,
     keys: KvSlice<'_>,
     values: KvSlice<'_>,
 ) -> Option<(Rows, Rows, bool)> {
-    if isa != Isa::Avx512Vnni || !matches!(hd, 32 | 64 | 128) {
+    if isa == Isa::Scalar || !matches!(hd, 32 | 64 | 128) {
         return None;
     }
     match (keys, values) {
@@ -1260,14 +1260,19 @@ fn kernel_rows(
     }
 }
 
-/// Runs [`attend_rows_avx512`] for `hd`-wide rows (which [`kernel_rows`] accepted).
+/// Runs [`attend_rows_avx512`] or [`attend_rows_avx2`] for `hd`-wide rows (which [`kernel_rows`] accepted).
 ///
 /// # Safety
-/// AVX-512 F/BW/VL was detected; every row's pointers are valid for its `hd`-float query and output and its
-/// `m`/`l`, no two rows share state, and no row's `end` is past the rows of `keys`/`values` (the kernel
-/// asserts that last part).
+/// `isa` was detected; every row's pointers are valid for its `hd`-float query and output and its
+/// `m`/`l`, no two rows share state, and no row's `end` is past the rows of `keys`/`values` (the kernels
+/// assert that last part).
 #[cfg(target_arch = "x86_64")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "attention needs its shape spelled out"
+)]
 unsafe fn attend_rows(
+    isa: Isa,
     hd: usize,
     rows: &[QRow],
     keys: Rows,
@@ -1278,14 +1283,42 @@ unsafe fn attend_rows(
 ) {
     // SAFETY: the caller's contract is the kernels'.
     unsafe {
-        match (hd, fp8) {
-            (32, false) => attend_rows_avx512::<2, false>(rows, keys, values, start, scale),
-            (64, false) => attend_rows_avx512::<4, false>(rows, keys, values, start, scale),
-            (128, false) => attend_rows_avx512::<8, false>(rows, keys, values, start, scale),
-            (32, true) => attend_rows_avx512::<2, true>(rows, keys, values, start, scale),
-            (64, true) => attend_rows_avx512::<4, true>(rows, keys, values, start, scale),
-            (128, true) => attend_rows_avx512::<8, true>(rows, keys, values, start, scale),
-            _ => unreachable!("kernel_rows accepts 32-, 64- and 128-wide heads"),
+        match (isa, hd, fp8) {
+            (Isa::Avx512Vnni, 32, false) => {
+                attend_rows_avx512::<2, false>(rows, keys, values, start, scale)
+            }
+            (Isa::Avx512Vnni, 64, false) => {
+                attend_rows_avx512::<4, false>(rows, keys, values, start, scale)
+            }
+            (Isa::Avx512Vnni, 128, false) => {
+                attend_rows_avx512::<8, false>(rows, keys, values, start, scale)
+            }
+            (Isa::Avx512Vnni, 32, true) => {
+                attend_rows_avx512::<2, true>(rows, keys, values, start, scale)
+            }
+            (Isa::Avx512Vnni, 64, true) => {
+                attend_rows_avx512::<4, true>(rows, keys, values, start, scale)
+            }
+            (Isa::Avx512Vnni, 128, true) => {
+                attend_rows_avx512::<8, true>(rows, keys, values, start, scale)
+            }
+            (Isa::Avx2, 32, false) => {
+                attend_rows_avx2::<4, false>(rows, keys, values, start, scale)
+            }
+            (Isa::Avx2, 64, false) => {
+                attend_rows_avx2::<8, false>(rows, keys, values, start, scale)
+            }
+            (Isa::Avx2, 128, false) => {
+                attend_rows_avx2::<16, false>(rows, keys, values, start, scale)
+            }
+            (Isa::Avx2, 32, true) => attend_rows_avx2::<4, true>(rows, keys, values, start, scale),
+            (Isa::Avx2, 64, true) => attend_rows_avx2::<8, true>(rows, keys, values, start, scale),
+            (Isa::Avx2, 128, true) => {
+                attend_rows_avx2::<16, true>(rows, keys, values, start, scale)
+            }
+            _ => {
+                unreachable!("kernel_rows accepts 32-, 64- and 128-wide heads on AVX-512 and AVX2")
+            }
         }
     }
 }
@@ -1607,6 +1640,319 @@ unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
                     6 => group!(6),
                     7 => group!(7),
                     _ => group!(8),
+                }
+                a += n;
+            }
+            at += block;
+        }
+    }
+}
+
+/// Eight elements of `rows` starting at element `at`, as f32 (E4M3 times 2^-8, before `rows.scale`): the
+/// AVX2 form of [`load16`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load8<const FP8: bool>(rows: Rows, at: usize) -> __m256 {
+    // SAFETY: the caller keeps `at + 8` within the `rows.len` elements behind `rows.ptr`.
+    unsafe {
+        if FP8 {
+            let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(rows.ptr.add(at) as *const __m128i));
+            let sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
+            let mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7);
+            _mm256_cvtph_ps(_mm_or_si128(sign, mag))
+        } else {
+            _mm256_cvtph_ps(_mm_loadu_si128(rows.ptr.add(2 * at) as *const __m128i))
+        }
+    }
+}
+
+/// The sums of 8 vectors as one vector: lane `s` holds `((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))`
+/// for `x = v[s]`, the same tree whichever slot a vector takes (so a dot product's bits do not depend on
+/// which others share the reduction).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn sum8(v: &[__m256; 8]) -> __m256 {
+    // Pairs, then quads, within each 128-bit half: q0 = [v0..v3 low halves' sums | v0..v3 high halves'].
+    let q0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    let q1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    _mm256_add_ps(
+        _mm256_permute2f128_ps(q0, q1, 0x20),
+        _mm256_permute2f128_ps(q0, q1, 0x31),
+    )
+}
+
+/// Where the AVX2 kernel reads a block's key or value rows: converted on the stack (`staged`), or straight
+/// from the page. Either way a row is the same f32 vectors, so the choice changes no bits.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Src8 {
+    /// The page's rows (read when `staged` is null), from position `at`.
+    rows: Rows,
+    at: usize,
+    /// Converted rows of the block, `V` vectors each, or null.
+    staged: *const __m256,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Src8 {
+    /// Vector `i` (of `V`) of row `j` of the block (E4M3 before `rows.scale`, as [`load8`]).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn vec<const V: usize, const FP8: bool>(self, j: usize, i: usize) -> __m256 {
+        // SAFETY: the caller keeps row `j` inside the block (staged) or the page (direct), and i < V.
+        unsafe {
+            if self.staged.is_null() {
+                load8::<FP8>(self.rows, (self.at + j) * 8 * V + 8 * i)
+            } else {
+                *self.staged.add(j * V + i)
+            }
+        }
+    }
+}
+
+/// Scores of `N` (1 to 4) query rows against the block's keys `0..n`, times `ks`, into `s[r][..n]`, AVX2:
+/// each key vector loaded once for all `N` rows, `8 / N` keys of each row per reduction ([`sum8`]). A
+/// score is `q[0] k[0]`, then a fused multiply-add per vector in order, then the lanes' tree, whatever `N`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_avx2<const V: usize, const N: usize, const FP8: bool>(
+    q: [*const f32; N],
+    keys: Src8,
+    n: usize,
+    ks: __m256,
+    s: [*mut f32; N],
+) {
+    // SAFETY: the caller keeps each q[r] valid for 8 * V floats, s[r] for n floats and keys for n rows.
+    unsafe {
+        let k = 8 / N;
+        let mut c = 0;
+        while c < n {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let m = (n - c).min(k);
+            if m == k {
+                for i in 0..V {
+                    let qv: [__m256; N] = std::array::from_fn(|r| _mm256_loadu_ps(q[r].add(8 * i)));
+                    for j in 0..k {
+                        let kv = keys.vec::<V, FP8>(c + j, i);
+                        for r in 0..N {
+                            acc[r * k + j] = if i == 0 {
+                                _mm256_mul_ps(qv[r], kv)
+                            } else {
+                                _mm256_fmadd_ps(qv[r], kv, acc[r * k + j])
+                            };
+                        }
+                    }
+                }
+            } else {
+                for i in 0..V {
+                    let qv: [__m256; N] = std::array::from_fn(|r| _mm256_loadu_ps(q[r].add(8 * i)));
+                    for j in 0..m {
+                        let kv = keys.vec::<V, FP8>(c + j, i);
+                        for r in 0..N {
+                            acc[r * k + j] = if i == 0 {
+                                _mm256_mul_ps(qv[r], kv)
+                            } else {
+                                _mm256_fmadd_ps(qv[r], kv, acc[r * k + j])
+                            };
+                        }
+                    }
+                }
+            }
+            let mut t = [0f32; 8];
+            _mm256_storeu_ps(t.as_mut_ptr(), _mm256_mul_ps(sum8(&acc), ks));
+            for r in 0..N {
+                for j in 0..m {
+                    *s[r].add(c + j) = t[r * k + j];
+                }
+            }
+            c += k;
+        }
+    }
+}
+
+/// The value pass of `N` (1 or 2) rows over output vectors `c0..c0 + 4`, AVX2: each row's outputs (rescaled
+/// by its `corr`) stay in registers while the block's value vectors stream past, each loaded once for
+/// both rows; row `r` adds `p[r][j] * v[j]` for its own `j < count[r]` only, in order of `j`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[expect(
+    clippy::needless_range_loop,
+    reason = "index loops: iterator adapters over vectors are not inlined into SIMD code"
+)]
+unsafe fn values_avx2<const V: usize, const N: usize, const FP8: bool>(
+    o: [*mut f32; N],
+    p: [*const f32; N],
+    count: [usize; N],
+    corr: [f32; N],
+    vals: Src8,
+    c0: usize,
+) {
+    // SAFETY: the caller keeps `o[r]` valid for 8 * V floats, `p[r]` for count[r] floats, `vals` for
+    // max(count) rows and c0 + 4 <= V.
+    unsafe {
+        let mut acc: [[__m256; 4]; N] = std::array::from_fn(|r| {
+            let c = _mm256_set1_ps(corr[r]);
+            std::array::from_fn(|i| _mm256_mul_ps(_mm256_loadu_ps(o[r].add(8 * (c0 + i))), c))
+        });
+        let all = count.iter().copied().min().unwrap_or(0);
+        let n = count.iter().copied().max().unwrap_or(0);
+        for j in 0..all {
+            let v: [__m256; 4] = std::array::from_fn(|i| vals.vec::<V, FP8>(j, c0 + i));
+            for r in 0..N {
+                let pv = _mm256_set1_ps(*p[r].add(j));
+                for i in 0..4 {
+                    acc[r][i] = _mm256_fmadd_ps(pv, v[i], acc[r][i]);
+                }
+            }
+        }
+        for j in all..n {
+            let v: [__m256; 4] = std::array::from_fn(|i| vals.vec::<V, FP8>(j, c0 + i));
+            for r in 0..N {
+                if j < count[r] {
+                    let pv = _mm256_set1_ps(*p[r].add(j));
+                    for i in 0..4 {
+                        acc[r][i] = _mm256_fmadd_ps(pv, v[i], acc[r][i]);
+                    }
+                }
+            }
+        }
+        for r in 0..N {
+            for i in 0..4 {
+                _mm256_storeu_ps(o[r].add(8 * (c0 + i)), acc[r][i]);
+            }
+        }
+    }
+}
+
+/// [`attend_rows_avx512`] for AVX2 machines, `head_dim == 8 * V`: each row attends `start..row.end` in
+/// blocks of [`GROUP_CHUNK`] positions from `start`.
+///
+/// Per block: scores four rows at a time, eight dot products per reduction ([`scores_avx2`]); the softmax
+/// step is [`softmax_step`]'s arithmetic with a vector max (the same value; the weights then times the value
+/// scale); then the outputs two rows at a time, 32 lanes per pass, in registers while the value vectors
+/// stream past. With up to four rows (a decode step's group) keys and values are converted as they are
+/// read; with more (a tile) each key and value row is converted once onto the stack for all of them. A
+/// row's arithmetic is the same either way and whichever rows share the call, so a token's bits do not
+/// depend on its tile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_rows_avx2<const V: usize, const FP8: bool>(
+    rows: &[QRow],
+    keys: Rows,
+    values: Rows,
+    start: usize,
+    scale: f32,
+) {
+    use std::mem::MaybeUninit;
+    let hd = 8 * V;
+    let last = rows.iter().map(|r| r.end).max().unwrap_or(start);
+    assert!(rows.len() <= MAX_ROWS && last * hd <= keys.len && last * hd <= values.len);
+    let direct = rows.len() <= 4;
+    // SAFETY: positions below `last` are inside `keys`/`values` (asserted above); the caller keeps each
+    // row's pointers valid and disjoint. The stack buffers are written before they are read: keys and
+    // values up to the block (when staged), scores up to each row's count.
+    unsafe {
+        let ks = _mm256_set1_ps(scale * keys.scale);
+        let mut kf = [MaybeUninit::<__m256>::uninit(); GROUP_CHUNK * 16];
+        let mut vf = [MaybeUninit::<__m256>::uninit(); GROUP_CHUNK * 16];
+        let mut scores = [MaybeUninit::<f32>::uninit(); GROUP_CHUNK * MAX_ROWS];
+        let (kp, vp) = (
+            kf.as_mut_ptr().cast::<__m256>(),
+            vf.as_mut_ptr().cast::<__m256>(),
+        );
+        let sbase = scores.as_mut_ptr().cast::<f32>();
+        let sp = |a: usize| sbase.add(a * GROUP_CHUNK);
+        let mut active = [0usize; MAX_ROWS];
+        let mut count = [0usize; MAX_ROWS];
+        let mut corr = [0f32; MAX_ROWS];
+        let mut at = start;
+        while at < last {
+            let block = (last - at).min(GROUP_CHUNK);
+            let mut na = 0;
+            for (r, row) in rows.iter().enumerate() {
+                if row.end > at {
+                    active[na] = r;
+                    count[na] = (row.end - at).min(GROUP_CHUNK);
+                    na += 1;
+                }
+            }
+            let src = |r: Rows, staged: *mut __m256| Src8 {
+                rows: r,
+                at,
+                staged: if direct { std::ptr::null() } else { staged },
+            };
+            let (ksrc, vsrc) = (src(keys, kp), src(values, vp));
+            if !direct {
+                for j in 0..block {
+                    for i in 0..V {
+                        kp.add(j * V + i)
+                            .write(load8::<FP8>(keys, (at + j) * hd + 8 * i));
+                    }
+                }
+            }
+            let mut a = 0;
+            while a < na {
+                let n = (na - a).min(4);
+                macro_rules! scores {
+                    ($n:literal) => {
+                        scores_avx2::<V, $n, FP8>(
+                            std::array::from_fn(|r| rows[active[a + r]].q),
+                            ksrc,
+                            block,
+                            ks,
+                            std::array::from_fn(|r| sp(a + r)),
+                        )
+                    };
+                }
+                match n {
+                    1 => scores!(1),
+                    2 => scores!(2),
+                    3 => scores!(3),
+                    _ => scores!(4),
+                }
+                a += n;
+            }
+            for a in 0..na {
+                let row = rows[active[a]];
+                let sl = std::slice::from_raw_parts_mut(sp(a), count[a]);
+                let new_m = (*row.m).max(max(Isa::Avx2, sl));
+                corr[a] = (*row.m - new_m).exp();
+                *row.m = new_m;
+                *row.l = *row.l * corr[a] + exp_sub(Isa::Avx2, sl, new_m);
+                if values.scale != 1.0 {
+                    sl.iter_mut().for_each(|x| *x *= values.scale);
+                }
+            }
+            if !direct {
+                for j in 0..block {
+                    for i in 0..V {
+                        vp.add(j * V + i)
+                            .write(load8::<FP8>(values, (at + j) * hd + 8 * i));
+                    }
+                }
+            }
+            let mut a = 0;
+            while a < na {
+                let n = (na - a).min(2);
+                for c0 in (0..V).step_by(4) {
+                    macro_rules! pass {
+                        ($n:literal) => {
+                            values_avx2::<V, $n, FP8>(
+                                std::array::from_fn(|r| rows[active[a + r]].o),
+                                std::array::from_fn(|r| sp(a + r).cast_const()),
+                                std::array::from_fn(|r| count[a + r]),
+                                std::array::from_fn(|r| corr[a + r]),
+                                vsrc,
+                                c0,
+                            )
+                        };
+                    }
+                    match n {
+                        1 => pass!(1),
+                        _ => pass!(2),
+                    }
                 }
                 a += n;
             }

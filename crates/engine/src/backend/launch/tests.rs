@@ -869,7 +869,11 @@ fn attention_case(d: &dyn TestDev, heads: usize, kv_heads: usize, hd: usize) {
             let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
             let scale: Vec<f64> = w64.iter().map(|v| 1.0 + v.abs()).collect();
             let what = format!("{dtype:?}, pages of {page_size}, {heads}/{kv_heads} heads of {hd}");
-            close(&out.f32s(), &w64, &scale, 1e-5, &what);
+            // Two f32 attentions that sum in different orders: each is held to 1e-4 of the reference
+            // (`simd_attention_matches_reference`), and against an f64 softmax the AVX2 kernel and the
+            // scalar reference were measured at up to 3.5e-5 and 5.1e-5 on such data, so 1e-5 between two
+            // of them held only for the orders it was set on (the scalar path missed it at 2.0e-5).
+            close(&out.f32s(), &w64, &scale, 1e-4, &what);
             for s in seqs {
                 kv.release(s, None);
             }
