@@ -290,6 +290,16 @@ fn every_request_counts_in_the_latency_metrics() {
     // Five requests, each with several tokens: all five in both histograms.
     assert_eq!(count("thorn_time_to_first_token_seconds_count"), 5, "{m}");
     assert_eq!(count("thorn_time_per_output_token_seconds_count"), 5, "{m}");
+    // The engine's wall time by phase: prompts were prefilled, tokens decoded and chosen, steps planned.
+    let seconds = |phase: &str| -> f64 {
+        let key = format!("thorn_engine_seconds_total{{phase=\"{phase}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(key.as_str())?.parse().ok())
+            .unwrap_or_else(|| panic!("{key} missing from /metrics:\n{m}"))
+    };
+    for phase in ["prefill", "decode", "sample", "plan"] {
+        assert!(seconds(phase) > 0.0, "no {phase} time in /metrics:\n{m}");
+    }
 }
 
 #[test]

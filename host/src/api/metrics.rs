@@ -1,6 +1,6 @@
 //! Server metrics in the Prometheus text format (`GET /metrics`): requests by endpoint and status, tokens,
 //! prompt tokens served from the cache, time to first token and time per output token histograms, queue
-//! depth, cancellations, and plugin calls and failures.
+//! depth, cancellations, plugin calls and failures, and the engine's wall time by phase.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -238,6 +238,26 @@ impl Metrics {
             u8::from(busy)
         );
         let (sched, kv) = (&engine.scheduler, &engine.kv);
+        let _ = writeln!(
+            out,
+            "# HELP thorn_engine_seconds_total Wall time of the engine's steps by phase: forward passes over \
+             prompt tokens (prefill) and over generated ones (decode, forced runs, draft-tree verification), \
+             choosing tokens (sampling, grammar, detokenizing), and planning (admission, drafting trees).\n\
+             # TYPE thorn_engine_seconds_total counter"
+        );
+        let t = sched.time;
+        for (phase, ns) in [
+            ("prefill", t.prefill),
+            ("decode", t.decode),
+            ("sample", t.sample),
+            ("plan", t.plan),
+        ] {
+            let _ = writeln!(
+                out,
+                "thorn_engine_seconds_total{{phase=\"{phase}\"}} {}",
+                ns as f64 / 1e9
+            );
+        }
         for (name, kind, help, v) in [
             (
                 "thorn_running_sequences",

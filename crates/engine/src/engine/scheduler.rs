@@ -104,6 +104,29 @@ pub struct SchedulerStats {
     pub finished: u64,
     /// Tokens in the largest forward pass (bounded by `step_tokens` plus one per other decode).
     pub max_step_tokens: u64,
+    /// Where the engine thread's steps spent their wall time.
+    pub time: StepTimes,
+}
+
+/// Wall time of the scheduler's steps by phase, in nanoseconds (what the server's
+/// `thorn_engine_seconds_total` reports). A pass that carries prompt tokens and decodes together is split
+/// between `prefill` and `decode` by its share of tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepTimes {
+    /// Forward passes over prompt tokens.
+    pub prefill: u64,
+    /// Forward passes over generated tokens: decode steps, grammar-forced runs and draft-tree verification.
+    pub decode: u64,
+    /// Choosing tokens from the logits: sampling, grammar masks and forced tokens, accepting a tree's path,
+    /// detokenizing and streaming.
+    pub sample: u64,
+    /// Admission, planning and drafting trees.
+    pub plan: u64,
+}
+
+/// Nanoseconds of a duration, saturating.
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The batch scheduler; runs on the engine's thread. `'a` bounds what its sequences borrow (a lone
@@ -218,19 +241,36 @@ impl<'a> Scheduler<'a> {
 
     /// Runs one step: admission, one batched forward pass, sampling. Returns whether it did anything.
     pub fn step(&mut self, engine: &mut Engine) -> bool {
+        let t0 = Instant::now();
+        let ran = self.step_inner(engine, t0);
+        if let Some((t_pass, t_sampled)) = ran.1 {
+            self.stats.time.sample += nanos(t_sampled - t_pass);
+        } else if ran.0 {
+            self.stats.time.plan += nanos(t0.elapsed());
+        }
+        ran.0
+    }
+
+    /// [`Self::step`], returning whether it did anything and, when a pass ran, when it ended and when its
+    /// tokens were chosen (the phases before the pass are added here).
+    fn step_inner(
+        &mut self,
+        engine: &mut Engine,
+        t0: Instant,
+    ) -> (bool, Option<(Instant, Instant)>) {
         self.sweep_cancelled(engine);
         self.admit(engine);
         if self.running.is_empty() {
-            return false;
+            return (false, None);
         }
         if let Err(e) = self.plan(engine) {
             // Only a single sequence that cannot fit even alone gets here.
             let a = self.running.remove(self.plan_victim());
             self.finish(engine, a, Some(e.into()));
-            return true;
+            return (true, None);
         }
         if self.plan.is_empty() {
-            return true;
+            return (true, None);
         }
         self.stats.steps += 1;
         self.stats.batched_sequences += self.plan.len() as u64;
@@ -250,7 +290,26 @@ impl<'a> Scheduler<'a> {
             }
         }
         self.stats.max_step_tokens = self.stats.max_step_tokens.max(self.step.tokens() as u64);
-        let pass = match engine.execute(&mut self.step) {
+        // Prompt tokens of the pass: shares of sequences whose prompt is not all in yet.
+        let prompt: usize = self
+            .plan
+            .iter()
+            .filter(|p| !p.tree && self.running[p.i].first.is_none())
+            .map(|p| p.n)
+            .sum();
+        let total = self.step.tokens().max(1);
+        let t_pass = Instant::now();
+        self.stats.time.plan += nanos(t_pass - t0);
+        let pass = engine.execute(&mut self.step);
+        let t_done = Instant::now();
+        let pass_ns = nanos(t_done - t_pass);
+        let share = |n: usize| u128::try_from(n).unwrap_or(u128::MAX);
+        let prefill_ns =
+            u64::try_from(u128::from(pass_ns) * share(prompt.min(total)) / share(total))
+                .unwrap_or(pass_ns);
+        self.stats.time.prefill += prefill_ns;
+        self.stats.time.decode += pass_ns - prefill_ns;
+        let pass = match pass {
             Ok(p) => p,
             Err(e) => {
                 for ran in self.step.drain() {
@@ -262,7 +321,7 @@ impl<'a> Scheduler<'a> {
                     let a = self.running.remove(i);
                     self.finish(engine, a, Some(e.shared()));
                 }
-                return true;
+                return (true, Some((t_done, Instant::now())));
             }
         };
         let Pass {
@@ -327,7 +386,7 @@ impl<'a> Scheduler<'a> {
             let a = self.running.remove(i);
             self.finish(engine, a, err);
         }
-        true
+        (true, Some((t_done, Instant::now())))
     }
 
     fn sweep_cancelled(&mut self, engine: &mut Engine) {
