@@ -750,9 +750,10 @@ fn fold_scores(isa: Isa, row: &mut [f32], h: usize, hd: usize, part: &mut Partia
 
 /// The softmax state's part of [`fold_scores`]: moves the running max `m` to the block's, rescales the
 /// denominator `l` to it and adds the block's weights `exp(s - m)` (written over the scores); returns the
-/// factor the output must be rescaled by. The AVX-512 kernel calls it too.
+/// factor the output must be rescaled by. Both row kernels call it too. The block's max comes from [`max`]
+/// (vectorised; the same value as a scalar fold for NaN-free scores, so no bits move).
 fn softmax_step(isa: Isa, m: &mut f32, l: &mut f32, row: &mut [f32]) -> f32 {
-    let cmax = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let cmax = max(isa, row);
     let new_m = m.max(cmax);
     let corr = (*m - new_m).exp();
     *m = new_m;
@@ -1830,8 +1831,7 @@ unsafe fn values_avx2<const V: usize, const N: usize, const FP8: bool>(
 /// blocks of [`GROUP_CHUNK`] positions from `start`.
 ///
 /// Per block: scores four rows at a time, eight dot products per reduction ([`scores_avx2`]); the softmax
-/// step is [`softmax_step`]'s arithmetic with a vector max (the same value; the weights then times the value
-/// scale); then the outputs two rows at a time, 32 lanes per pass, in registers while the value vectors
+/// step is [`softmax_step`] (the weights then times the value scale); then the outputs two rows at a time, 32 lanes per pass, in registers while the value vectors
 /// stream past. With up to four rows (a decode step's group) keys and values are converted as they are
 /// read; with more (a tile) each key and value row is converted once onto the stack for all of them. A
 /// row's arithmetic is the same either way and whichever rows share the call, so a token's bits do not
@@ -1917,10 +1917,7 @@ unsafe fn attend_rows_avx2<const V: usize, const FP8: bool>(
             for a in 0..na {
                 let row = rows[active[a]];
                 let sl = std::slice::from_raw_parts_mut(sp(a), count[a]);
-                let new_m = (*row.m).max(max(Isa::Avx2, sl));
-                corr[a] = (*row.m - new_m).exp();
-                *row.m = new_m;
-                *row.l = *row.l * corr[a] + exp_sub(Isa::Avx2, sl, new_m);
+                corr[a] = softmax_step(Isa::Avx2, &mut *row.m, &mut *row.l, sl);
                 if values.scale != 1.0 {
                     sl.iter_mut().for_each(|x| *x *= values.scale);
                 }
