@@ -53,6 +53,48 @@ pub fn default_model() -> PathBuf {
     })
 }
 
+/// The Python interpreter that has the pinned real clients (`tests/clients/requirements.txt`):
+/// `THORN_TEST_PYTHON`, else `target/pyclients/bin/python` (`scripts/test` installs it). `None`, with a line
+/// saying the client test is skipped, when there is none; with `THORN_REQUIRE_PYCLIENTS=1` (CI) a missing
+/// interpreter fails the test instead.
+pub fn client_python() -> Option<PathBuf> {
+    let found = std::env::var_os("THORN_TEST_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| Some(root().join("target/pyclients/bin/python")))
+        .filter(|p| p.exists());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("THORN_REQUIRE_PYCLIENTS").is_none_or(|v| v != "1"),
+            "THORN_REQUIRE_PYCLIENTS=1 but no client interpreter: run scripts/test, which installs \
+             tests/clients/requirements.txt into target/pyclients"
+        );
+        eprintln!("skip: the real-client test (no target/pyclients: scripts/test installs it)");
+    }
+    found
+}
+
+/// Runs `tests/clients/<script>` with the client interpreter and `args`; its stdout parsed as JSON.
+pub fn run_client(python: &Path, script: &str, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(python)
+        .arg(root().join("tests/clients").join(script))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {script}: {e}"));
+    assert!(
+        out.status.success(),
+        "{script} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{script} printed no JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
 /// Compares `actual` with `tests/golden/<name>`; with `BLESS=1` rewrites the file instead.
 pub fn golden(name: &str, actual: &str) {
     let path = root().join("tests/golden").join(name);

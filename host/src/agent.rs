@@ -24,6 +24,7 @@ use thorn_engine::sample::SamplingParams;
 use thorn_engine::tokenizer::{TokenId, Tokenizer};
 use thorn_plugin::{Caller, PluginSet};
 use thorn_tools::chat::{ChatTemplate, Message, Role, ToolCall};
+use thorn_tools::{CallDelta, CallStreamer, call_id};
 use thorn_tools::{GuideError, ToolGrammars};
 use thorn_tools::{OPEN, ResponseFormat, ToolChoice, ToolError, ToolSet, complete_calls_prefix};
 use tokio::sync::mpsc;
@@ -200,6 +201,22 @@ pub struct Outcome {
     /// When the answer's first token was sampled, whatever it was (text, or a tool call's name or
     /// arguments): time to first token counts from the request to this.
     pub first_token: Option<std::time::Instant>,
+    /// Where the calls streamed as they were generated ([`Event::CallStart`]) are not exactly the calls
+    /// returned (a streaming response must not end as if they were).
+    pub streamed: StreamedCalls,
+}
+
+/// How the tool calls streamed during a request relate to the ones it returned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum StreamedCalls {
+    /// Every streamed call is a returned or run call, with the same id, name and arguments.
+    #[default]
+    Exact,
+    /// Generation stopped at `max_tokens` inside a call: it was streamed in part and is not returned.
+    Truncated,
+    /// The reply failed validation after its calls were streamed, or parsed to other calls (a bug: the
+    /// grammar guarantees valid calls); the message says what differed.
+    Mismatch(String),
 }
 
 /// What a streaming caller sees as it happens.
@@ -212,6 +229,29 @@ pub enum Event {
     },
     /// Answer text.
     Content(String),
+    /// A tool call is being generated: its name is complete. `host`: a host tool (run by thorn, then its
+    /// result streams as [`Event::HostResult`]); `index` counts the request's client calls and its host
+    /// calls separately, from 0.
+    CallStart {
+        /// Whether thorn runs it.
+        host: bool,
+        /// Its place among the request's calls of its kind.
+        index: usize,
+        /// The call id it is returned (or run) with.
+        id: String,
+        /// The tool's name.
+        name: String,
+    },
+    /// More of a call's arguments: compact JSON text; a call's fragments concatenate to exactly its
+    /// returned `arguments` (unless [`Outcome::streamed`] says otherwise).
+    CallArguments {
+        /// Whether thorn runs it.
+        host: bool,
+        /// Its place among the request's calls of its kind.
+        index: usize,
+        /// The fragment.
+        text: String,
+    },
     /// A host tool is being called.
     HostCall(Box<ToolCall>),
     /// A host tool returned (or failed).
@@ -333,31 +373,44 @@ pub struct Agent {
     raw_special: bool,
 }
 
-/// Splits streamed text into answer text and tool-call markup: text that might be the start of
-/// `<tool_call>` is held back until it is known not to be; everything from the trigger on is not content.
+/// What the [`Splitter`] makes of generated text.
+enum Split {
+    /// Answer text.
+    Content(String),
+    /// A streamed tool call's progress.
+    Call(CallDelta),
+}
+
+/// Splits streamed text into answer text and tool calls: text that might be the start of `<tool_call>` is
+/// held back until it is known not to be; everything from the trigger on is not content but goes to the
+/// [`CallStreamer`], which turns it into call deltas.
 #[derive(Debug, Default)]
 struct Splitter {
     held: String,
     in_calls: bool,
+    calls: CallStreamer,
 }
 
 impl Splitter {
-    fn push(&mut self, text: &str, active: bool, out: &mut dyn FnMut(String)) {
+    fn push(&mut self, text: &str, active: bool, out: &mut dyn FnMut(Split)) {
         if !active {
-            out(text.to_owned());
+            out(Split::Content(text.to_owned()));
             return;
         }
         if self.in_calls {
+            self.calls.push(text, &mut |d| out(Split::Call(d)));
             return;
         }
         self.held.push_str(text);
         if let Some(i) = self.held.find(OPEN) {
             let before = self.held[..i].to_owned();
             self.in_calls = true;
+            let calls = self.held.split_off(i);
             self.held.clear();
             if !before.is_empty() {
-                out(before);
+                out(Split::Content(before));
             }
+            self.calls.push(&calls, &mut |d| out(Split::Call(d)));
             return;
         }
         // Keep the longest suffix that is a prefix of the trigger.
@@ -371,16 +424,51 @@ impl Splitter {
         let cut = self.held.len() - keep;
         if cut > 0 {
             let emit: String = self.held.drain(..cut).collect();
-            out(emit);
+            out(Split::Content(emit));
         }
     }
 
-    fn finish(&mut self, out: &mut dyn FnMut(String)) {
+    fn finish(&mut self, out: &mut dyn FnMut(Split)) {
         if !self.in_calls && !self.held.is_empty() {
-            out(std::mem::take(&mut self.held));
+            out(Split::Content(std::mem::take(&mut self.held)));
         }
-        self.held.clear();
-        self.in_calls = false;
+        *self = Splitter::default();
+    }
+}
+
+/// The calls one round streamed: id, whether thorn runs it, its index among its kind, its arguments text.
+#[derive(Debug, Default)]
+struct RoundCalls {
+    calls: Vec<(String, String, bool, usize, String)>,
+}
+
+impl RoundCalls {
+    /// Checks the round's validated calls against what was streamed and gives them the streamed ids.
+    /// `truncated`: generation stopped at `max_tokens`, so the last streamed call may be cut off.
+    fn settle(&self, calls: &mut [ToolCall], truncated: bool) -> StreamedCalls {
+        let streamed = &self.calls;
+        if streamed.len() < calls.len() || (streamed.len() > calls.len() + usize::from(truncated)) {
+            return StreamedCalls::Mismatch(format!(
+                "{} calls streamed, {} returned",
+                streamed.len(),
+                calls.len()
+            ));
+        }
+        for (c, (id, name, _, _, args)) in calls.iter_mut().zip(streamed) {
+            let want = c.function.arguments.to_string();
+            if c.function.name != *name || want != *args {
+                return StreamedCalls::Mismatch(format!(
+                    "streamed {name}({args}), returned {}({want})",
+                    c.function.name
+                ));
+            }
+            c.id.clone_from(id);
+        }
+        if streamed.len() > calls.len() {
+            StreamedCalls::Truncated
+        } else {
+            StreamedCalls::Exact
+        }
     }
 }
 
@@ -607,6 +695,7 @@ impl Agent {
             logprobs,
             rounds: 1,
             first_token: generation.stats.first_token,
+            streamed: StreamedCalls::Exact,
         })
     }
 
@@ -637,7 +726,10 @@ impl Agent {
             logprobs: Vec::new(),
             rounds: 0,
             first_token: None,
+            streamed: StreamedCalls::Exact,
         };
+        // Calls streamed so far, client and host, each counted from 0 (a client's deltas carry these).
+        let (mut client_index, mut host_index) = (0usize, 0usize);
         let none = Arc::new(ToolSet::default());
         loop {
             let last = out.rounds == max_rounds;
@@ -669,16 +761,54 @@ impl Agent {
             let calls_possible = choice != ToolChoice::None && !all.is_empty();
             let mut splitter = Splitter::default();
             let mut round_content = String::new();
+            let mut round_calls = RoundCalls::default();
             let generation = {
                 let content = &mut out.content;
                 let round = &mut round_content;
+                let streamed = &mut round_calls;
                 let first_round = out.rounds == 0;
+                let host_tools = &turn.host_tools;
+                let (client_index, host_index) = (&mut client_index, &mut host_index);
                 let mut emit = |ev: Event| {
                     if let Event::Content(s) = &ev {
                         content.push_str(s);
                         round.push_str(s);
                     }
                     on_event(ev);
+                };
+                let mut split = |piece: Split, emit: &mut dyn FnMut(Event)| match piece {
+                    Split::Content(s) => emit(Event::Content(s)),
+                    Split::Call(CallDelta::Begin { name, .. }) => {
+                        let host = host_tools.contains(&name);
+                        let counter = if host {
+                            &mut *host_index
+                        } else {
+                            &mut *client_index
+                        };
+                        let index = *counter;
+                        *counter += 1;
+                        let id = call_id();
+                        streamed
+                            .calls
+                            .push((id.clone(), name.clone(), host, index, String::new()));
+                        emit(Event::CallStart {
+                            host,
+                            index,
+                            id,
+                            name,
+                        });
+                    }
+                    Split::Call(CallDelta::Arguments { index, text }) => {
+                        if let Some((_, _, host, i, args)) = streamed.calls.get_mut(index) {
+                            args.push_str(&text);
+                            emit(Event::CallArguments {
+                                host: *host,
+                                index: *i,
+                                text,
+                            });
+                        }
+                    }
+                    Split::Call(CallDelta::End { .. }) => {}
                 };
                 let g = self
                     .generate(
@@ -693,12 +823,12 @@ impl Agent {
                             }
                             Piece::Started(_) => {}
                             Piece::Text(t) => {
-                                splitter.push(t, calls_possible, &mut |s| emit(Event::Content(s)))
+                                splitter.push(t, calls_possible, &mut |p| split(p, &mut emit))
                             }
                         },
                     )
                     .await;
-                splitter.finish(&mut |s| emit(Event::Content(s)));
+                splitter.finish(&mut |p| split(p, &mut emit));
                 g
             };
             let (generation, logprobs) = generation?;
@@ -717,10 +847,22 @@ impl Agent {
             } else {
                 generation.text.as_str()
             };
+            let truncated = generation.finish == FinishReason::Length;
             let calls = match shown.reply(text) {
-                Ok(r) => r.calls,
+                Ok(mut r) => {
+                    let settled = round_calls.settle(&mut r.calls, truncated);
+                    if out.streamed == StreamedCalls::Exact {
+                        out.streamed = settled;
+                    }
+                    r.calls
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "unparseable tool calls are returned as text");
+                    if !round_calls.calls.is_empty() && out.streamed == StreamedCalls::Exact {
+                        out.streamed = StreamedCalls::Mismatch(format!(
+                            "the streamed tool calls failed validation: {e}"
+                        ));
+                    }
                     Vec::new()
                 }
             };
@@ -814,14 +956,99 @@ mod tests {
     }
 
     fn split(pieces: &[&str]) -> (String, bool) {
+        let (content, calls) = split_all(pieces);
+        (content, !calls.is_empty() || pieces.concat().contains(OPEN))
+    }
+
+    /// Content, and the calls' deltas, of streamed pieces.
+    fn split_all(pieces: &[&str]) -> (String, Vec<CallDelta>) {
         let mut s = Splitter::default();
-        let mut got = String::new();
+        let (mut got, mut calls) = (String::new(), Vec::new());
+        let mut take = |p: Split| match p {
+            Split::Content(t) => got.push_str(&t),
+            Split::Call(d) => calls.push(d),
+        };
         for p in pieces {
-            s.push(p, true, &mut |t| got.push_str(&t));
+            s.push(p, true, &mut take);
         }
-        let in_calls = s.in_calls;
-        s.finish(&mut |t| got.push_str(&t));
-        (got, in_calls)
+        s.finish(&mut take);
+        (got, calls)
+    }
+
+    #[test]
+    fn splitter_streams_the_calls_it_holds_back() {
+        let (content, calls) = split_all(&[
+            "Sure. <tool",
+            "_call>{\"name\":\"add\",\"argu",
+            "ments\":{\"a\":1,",
+            "\"b\":2}}</tool_call><tool_call>{\"name\":\"neg\",\"arguments\":{\"x\":3}}</tool_call>",
+        ]);
+        assert_eq!(content, "Sure. ");
+        let text = |i: usize| -> String {
+            calls
+                .iter()
+                .filter_map(|d| match d {
+                    CallDelta::Arguments { index, text } if *index == i => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(
+            calls[0],
+            CallDelta::Begin {
+                index: 0,
+                name: "add".into()
+            }
+        );
+        assert_eq!(text(0), "{\"a\":1,\"b\":2}");
+        assert_eq!(text(1), "{\"x\":3}");
+        // Arguments arrived in two pieces for the first call.
+        let pieces = calls
+            .iter()
+            .filter(|d| matches!(d, CallDelta::Arguments { index: 0, .. }))
+            .count();
+        assert_eq!(pieces, 2);
+        assert_eq!(calls.last(), Some(&CallDelta::End { index: 1 }));
+    }
+
+    fn call(name: &str, args: Value) -> ToolCall {
+        ToolCall {
+            id: "call_x".into(),
+            kind: "function",
+            function: thorn_tools::chat::FunctionCall {
+                name: name.into(),
+                arguments: args,
+            },
+        }
+    }
+
+    #[test]
+    fn streamed_calls_settle_against_the_reply() {
+        let streamed = RoundCalls {
+            calls: vec![
+                ("call_a".into(), "f".into(), false, 0, "{\"a\":1}".into()),
+                ("call_b".into(), "g".into(), true, 0, "{\"b\":".into()),
+            ],
+        };
+        // The truncated second call is not returned; the first gets its streamed id.
+        let mut calls = vec![call("f", serde_json::json!({"a": 1}))];
+        assert_eq!(streamed.settle(&mut calls, true), StreamedCalls::Truncated);
+        assert_eq!(calls[0].id, "call_a");
+        // Without truncation the missing call is a mismatch, and so are other arguments.
+        assert!(matches!(
+            streamed.settle(&mut calls, false),
+            StreamedCalls::Mismatch(_)
+        ));
+        let one = RoundCalls {
+            calls: streamed.calls[..1].to_vec(),
+        };
+        let mut other = vec![call("f", serde_json::json!({"a": 2}))];
+        assert!(matches!(
+            one.settle(&mut other, false),
+            StreamedCalls::Mismatch(_)
+        ));
+        let mut same = vec![call("f", serde_json::json!({"a": 1}))];
+        assert_eq!(one.settle(&mut same, false), StreamedCalls::Exact);
     }
 
     #[test]

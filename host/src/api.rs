@@ -11,11 +11,22 @@
 //! status. A client that goes away cancels its request: the response future or stream is dropped, which
 //! sets the request's cancel flag, and the engine stops at its next step.
 //!
+//! Streamed tool calls arrive as they are generated, in OpenAI's form: a call's first `tool_calls` delta
+//! carries its `index`, `id`, `type` and `function.name` with `arguments: ""`, later deltas argument
+//! fragments that concatenate to exactly the non-streamed call's `arguments` (the agent re-serializes
+//! them as they are lexed, [`thorn_tools::CallStreamer`]); the last chunk says `finish_reason:
+//! "tool_calls"`. Tool-call markup never reaches `content`. The reply is still validated when it ends: if
+//! it ever disagreed with what was streamed (the grammar makes that a bug), the stream ends with an error
+//! event instead of a finish; a call cut off by `max_tokens` ends the stream with `finish_reason:
+//! "length"`.
+//!
 //! Host tools: a request asks for one by naming it in the `thorn:` namespace,
 //! `{"type": "function", "function": {"name": "thorn:calculator"}}` (a plugin: all its functions) or
 //! `"thorn:evaluate"` (one function). It runs in the host, with the plugin's own schema and grants; the
-//! streamed response shows each call and result as `thorn_host_tool_call` / `thorn_host_tool_result`
-//! deltas, and the final message lists them as `thorn_host_tool_calls`. Any other tool is a client tool,
+//! streamed response shows each host call as it is generated (`thorn_host_tool_calls` deltas, in
+//! `tool_calls`' form, indexed among the request's host calls), then as it runs and returns
+//! (`thorn_host_tool_call` / `thorn_host_tool_result`), and the final message lists them as
+//! `thorn_host_tool_calls`. Any other tool is a client tool,
 //! whatever its name: a client tool is never reinterpreted as a host plugin (one with the same name as a
 //! requested host tool is a 400). With API keys, a key may be limited to some host tools ([`auth`]).
 //!
@@ -28,7 +39,7 @@ pub mod listen;
 pub mod metrics;
 pub mod wire;
 
-use crate::agent::{Agent, Event, Finish, Outcome, Turn};
+use crate::agent::{Agent, Event, Finish, Outcome, StreamedCalls, Turn};
 use auth::{ApiKey, Keys};
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, State};
@@ -818,11 +829,7 @@ fn chat_json<'a>(
                 role: "assistant",
                 content: (!only_calls).then_some(out.content.as_str()),
                 refusal: None,
-                tool_calls: out
-                    .tool_calls
-                    .iter()
-                    .map(|c| wire::ToolCallOut::of(c, None))
-                    .collect(),
+                tool_calls: out.tool_calls.iter().map(wire::ToolCallOut::of).collect(),
                 thorn_host_tool_calls: out.host_calls.iter().map(wire::HostCallOut::of).collect(),
             },
             logprobs: shape
@@ -895,6 +902,8 @@ fn stream_chat(
         if !send(chunk(first, None, None, None)).await {
             return;
         }
+        // Client calls whose deltas went out as they were generated.
+        let mut client_calls = 0usize;
         let outcome = match early {
             Some(o) => Ok(o),
             None => loop {
@@ -903,6 +912,48 @@ fn stream_chat(
                         let d = wire::Delta {
                             content: Some(&t),
                             ..wire::Delta::default()
+                        };
+                        if !send(chunk(d, None, None, None)).await {
+                            return;
+                        }
+                    }
+                    Some(Msg::Event(Event::CallStart {
+                        host,
+                        index,
+                        id,
+                        name,
+                    })) => {
+                        if !host {
+                            client_calls += 1;
+                        }
+                        let calls = Some(vec![wire::ToolCallDelta::start(index, &id, &name)]);
+                        let d = if host {
+                            wire::Delta {
+                                thorn_host_tool_calls: calls,
+                                ..wire::Delta::default()
+                            }
+                        } else {
+                            wire::Delta {
+                                tool_calls: calls,
+                                ..wire::Delta::default()
+                            }
+                        };
+                        if !send(chunk(d, None, None, None)).await {
+                            return;
+                        }
+                    }
+                    Some(Msg::Event(Event::CallArguments { host, index, text })) => {
+                        let calls = Some(vec![wire::ToolCallDelta::arguments(index, &text)]);
+                        let d = if host {
+                            wire::Delta {
+                                thorn_host_tool_calls: calls,
+                                ..wire::Delta::default()
+                            }
+                        } else {
+                            wire::Delta {
+                                tool_calls: calls,
+                                ..wire::Delta::default()
+                            }
                         };
                         if !send(chunk(d, None, None, None)).await {
                             return;
@@ -937,32 +988,50 @@ fn stream_chat(
             },
         };
         match outcome {
+            Ok(out) if matches!(out.streamed, StreamedCalls::Mismatch(_)) => {
+                account(&st, &out, t0);
+                // The deltas sent are not the calls the request returns: say so instead of ending as if
+                // they were (the grammar makes this a bug, never a model's slip).
+                let StreamedCalls::Mismatch(why) = &out.streamed else {
+                    unreachable!()
+                };
+                let e = ApiError::Internal(format!("streamed tool calls: {why}"));
+                let _ = tx.send(sse_json(&e.body())).await;
+            }
             Ok(out) => {
                 account(&st, &out, t0);
-                if !out.tool_calls.is_empty() {
-                    let calls = out
-                        .tool_calls
-                        .iter()
-                        .enumerate()
-                        .map(|(i, c)| wire::ToolCallOut::of(c, Some(i)))
-                        .collect();
+                // Calls not streamed (none are, unless this is a bug) go out whole, as one delta each.
+                let args: Vec<String> = out
+                    .tool_calls
+                    .iter()
+                    .map(|c| c.function.arguments.to_string())
+                    .collect();
+                for (i, (c, a)) in out
+                    .tool_calls
+                    .iter()
+                    .zip(&args)
+                    .enumerate()
+                    .skip(client_calls)
+                {
+                    let mut whole = wire::ToolCallDelta::start(i, &c.id, &c.function.name);
+                    whole.function.arguments = a;
                     let d = wire::Delta {
-                        tool_calls: Some(calls),
+                        tool_calls: Some(vec![whole]),
                         ..wire::Delta::default()
                     };
                     if !send(chunk(d, None, None, None)).await {
                         return;
                     }
                 }
+                // A call cut off by max_tokens was streamed in part: the response ends at its length.
+                let finish = match out.streamed {
+                    StreamedCalls::Truncated => "length",
+                    _ => out.finish.as_str(),
+                };
                 let logprobs = shape
                     .logprobs
                     .then(|| wire::ChatLogprobs::of(&out.logprobs));
-                let last = chunk(
-                    wire::Delta::default(),
-                    Some(out.finish.as_str()),
-                    logprobs,
-                    None,
-                );
+                let last = chunk(wire::Delta::default(), Some(finish), logprobs, None);
                 if !send(last).await {
                     return;
                 }

@@ -293,7 +293,8 @@ fn printer() -> impl FnMut(Event) + Send {
                     Err(e) => writeln!(out, "[tool error] {e}"),
                 };
             }
-            Event::Started { .. } => {}
+            // A call is printed whole when it runs (above), not as it is generated.
+            Event::Started { .. } | Event::CallStart { .. } | Event::CallArguments { .. } => {}
         }
         let _ = out.flush();
     }

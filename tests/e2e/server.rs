@@ -335,14 +335,46 @@ fn client_tools_come_back_as_openai_tool_calls() {
         .filter(|d| *d != "[DONE]")
         .map(|d| serde_json::from_str(d).unwrap())
         .collect();
-    let delta = chunks
+    // The call streams: a first delta with index, id, type, name and empty arguments, then argument
+    // fragments that concatenate to the non-streamed call's arguments; no markup in the content.
+    let deltas: Vec<&Value> = chunks
         .iter()
-        .find(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
-        .expect("a tool_calls delta");
-    assert_eq!(
-        delta["choices"][0]["delta"]["tool_calls"][0]["function"]["name"],
-        "get_weather"
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    let first = deltas.first().expect("tool_calls deltas");
+    assert_eq!(first["index"], 0);
+    assert_eq!(first["type"], "function");
+    assert!(
+        first["id"].as_str().unwrap().starts_with("call_"),
+        "{first}"
     );
+    assert_eq!(first["function"]["name"], "get_weather");
+    assert_eq!(first["function"]["arguments"], "");
+    let fragments: Vec<&str> = deltas[1..]
+        .iter()
+        .map(|d| {
+            assert_eq!(d["index"], 0, "{d}");
+            assert!(
+                d.get("id").is_none() && d["function"].get("name").is_none(),
+                "{d}"
+            );
+            d["function"]["arguments"].as_str().unwrap()
+        })
+        .collect();
+    assert!(
+        fragments.len() >= 2,
+        "arguments in one piece: {fragments:?}"
+    );
+    assert_eq!(
+        fragments.concat(),
+        call["function"]["arguments"].as_str().unwrap()
+    );
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert!(!content.contains("tool_call"), "{content:?}");
     assert_eq!(
         chunks.last().unwrap()["choices"][0]["finish_reason"],
         "tool_calls"
@@ -357,6 +389,42 @@ fn client_tools_come_back_as_openai_tool_calls() {
     ]);
     let r = chat(json!({"messages": history, "tools": tools, "temperature": 0, "max_tokens": 32}));
     assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn the_openai_sdk_accumulates_a_streamed_tool_call() {
+    let Some(python) = thorn_tests::client_python() else {
+        return;
+    };
+    let base = format!("http://{}", server().addr);
+    let r = thorn_tests::run_client(&python, "openai_stream_tool_call.py", &[&base]);
+    let deltas: Vec<&str> = r["argument_deltas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert!(deltas.len() >= 2, "{r}");
+    let (done, fin, plain) = (&r["done"][0], &r["final_calls"], &r["plain_calls"]);
+    assert_eq!(r["done"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(done["name"], "get_weather", "{r}");
+    // What the SDK accumulated is the concatenation of the deltas, parses, and equals the non-streamed
+    // call (same greedy decode; only the id differs).
+    assert_eq!(done["arguments"], deltas.concat(), "{r}");
+    assert_eq!(fin.as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(fin[0]["arguments"], done["arguments"], "{r}");
+    assert_eq!(fin[0]["name"], plain[0]["name"], "{r}");
+    assert_eq!(fin[0]["arguments"], plain[0]["arguments"], "{r}");
+    assert_ne!(fin[0]["id"], plain[0]["id"], "{r}");
+    let args: Value = serde_json::from_str(fin[0]["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        args["city"].is_string() && ["c", "f"].contains(&args["unit"].as_str().unwrap()),
+        "{r}"
+    );
+    assert_eq!(r["final_finish_reason"], "tool_calls", "{r}");
+    assert_eq!(r["plain_finish_reason"], "tool_calls", "{r}");
+    assert_eq!(r["streamed_content"], "", "{r}");
+    assert!(r["chunks_with_calls"].as_u64().unwrap() >= 3, "{r}");
 }
 
 fn host_calls(v: &Value) -> Vec<Value> {
@@ -402,8 +470,32 @@ fn host_plugins_run_inside_the_request() {
         "tool_choice": "required", "temperature": 0, "max_tokens": 200, "stream": true}));
     let data = r.sse();
     assert!(
-        data.iter().any(|d| d.contains("thorn_host_tool_call")),
+        data.iter().any(|d| d.contains("thorn_host_tool_call\"")),
         "{data:?}"
+    );
+    // The host call streamed as it was generated, in tool_calls' form, and reassembles to the call run.
+    let events: Vec<Value> = data
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["thorn_host_tool_calls"].as_array())
+        .flatten()
+        .filter(|d| d["index"] == 0)
+        .map(|d| d["function"]["arguments"].as_str().unwrap().to_owned())
+        .collect();
+    let run = events
+        .iter()
+        .find_map(|e| e["choices"][0]["delta"].get("thorn_host_tool_call"))
+        .expect("the call about to run");
+    assert_eq!(streamed, run["arguments"].as_str().unwrap(), "{data:?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| e["choices"][0]["delta"].get("tool_calls").is_none()),
+        "a host call is not the client's: {data:?}"
     );
     assert!(
         data.iter().any(|d| d.contains("thorn_host_tool_result")),

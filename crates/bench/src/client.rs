@@ -133,6 +133,10 @@ impl Endpoint {
                 }
                 got = true;
             }
+            // A host call being generated (thorn runs it) is output too.
+            if delta["thorn_host_tool_calls"].is_array() {
+                got = true;
+            }
             // Reasoning deltas count as output too (servers that think first).
             if delta["reasoning_content"]
                 .as_str()

@@ -16,10 +16,12 @@ pub mod chat;
 mod choice;
 pub mod grammar;
 mod parse;
+mod stream;
 
 pub use choice::{ResponseFormat, ToolChoice};
 pub use grammar::{GuideError, ToolGrammars};
 pub use parse::{CLOSE, OPEN, ParsedCall, complete_calls_prefix, parse_tool_calls};
+pub use stream::{CallDelta, CallStreamer};
 
 use crate::chat::{
     ChatTemplate, FunctionCall, Message, Quote, RenderOptions, Role, TemplateError, ToolCall,
@@ -400,7 +402,7 @@ impl ToolSet {
 
 /// A fresh call id: `call_` and 24 hex digits: 64 random bits from the OS and a process-wide counter, so ids
 /// never repeat within a process and are not guessable across them.
-fn call_id() -> String {
+pub fn call_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let random = getrandom::u64().unwrap_or_else(|_| {

@@ -334,9 +334,6 @@ pub struct ToolCallOut<'a> {
     pub kind: &'static str,
     /// Name and arguments.
     pub function: FunctionOut<'a>,
-    /// Its place among the calls (streamed deltas only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub index: Option<usize>,
 }
 
 /// A tool call's function.
@@ -349,8 +346,8 @@ pub struct FunctionOut<'a> {
 }
 
 impl<'a> ToolCallOut<'a> {
-    /// The wire form of `c` (`index` for streamed deltas).
-    pub fn of(c: &'a thorn_tools::chat::ToolCall, index: Option<usize>) -> Self {
+    /// The wire form of `c`.
+    pub fn of(c: &'a thorn_tools::chat::ToolCall) -> Self {
         ToolCallOut {
             id: &c.id,
             kind: "function",
@@ -358,7 +355,59 @@ impl<'a> ToolCallOut<'a> {
                 name: &c.function.name,
                 arguments: c.function.arguments.to_string(),
             },
+        }
+    }
+}
+
+/// A streamed piece of a tool call (OpenAI's `choices[].delta.tool_calls[]`).
+#[derive(Debug, Serialize)]
+pub struct ToolCallDelta<'a> {
+    /// Which call of the response it belongs to.
+    pub index: usize,
+    /// `call_...` (the call's first delta).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<&'a str>,
+    /// `function` (the call's first delta).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The name (first delta) and an arguments fragment.
+    pub function: FunctionDelta<'a>,
+}
+
+/// A streamed piece of a call's function.
+#[derive(Debug, Serialize)]
+pub struct FunctionDelta<'a> {
+    /// The function (the call's first delta).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<&'a str>,
+    /// More of the arguments' JSON text (`""` in the first delta).
+    pub arguments: &'a str,
+}
+
+impl<'a> ToolCallDelta<'a> {
+    /// A call's first delta.
+    pub fn start(index: usize, id: &'a str, name: &'a str) -> Self {
+        ToolCallDelta {
             index,
+            id: Some(id),
+            kind: Some("function"),
+            function: FunctionDelta {
+                name: Some(name),
+                arguments: "",
+            },
+        }
+    }
+
+    /// An arguments fragment of call `index`.
+    pub fn arguments(index: usize, text: &'a str) -> Self {
+        ToolCallDelta {
+            index,
+            id: None,
+            kind: None,
+            function: FunctionDelta {
+                name: None,
+                arguments: text,
+            },
         }
     }
 }
@@ -514,9 +563,14 @@ pub struct Delta<'a> {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<&'a str>,
-    /// The client's tool calls (once, complete, before the last chunk).
+    /// The client's tool calls as they are generated: a call's first delta has its index, id, type, name
+    /// and empty arguments, later ones its index and an arguments fragment.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<Vec<ToolCallOut<'a>>>,
+    pub tool_calls: Option<Vec<ToolCallDelta<'a>>>,
+    /// Host tool calls as they are generated, in the same form (thorn runs them; their outcomes follow as
+    /// `thorn_host_tool_result`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thorn_host_tool_calls: Option<Vec<ToolCallDelta<'a>>>,
     /// A host call about to run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thorn_host_tool_call: Option<HostCallOut<'a>>,
@@ -688,7 +742,7 @@ mod response_tests {
                     role: "assistant",
                     content: None,
                     refusal: None,
-                    tool_calls: vec![ToolCallOut::of(&call, None)],
+                    tool_calls: vec![ToolCallOut::of(&call)],
                     thorn_host_tool_calls: vec![],
                 },
                 logprobs: None,
@@ -707,14 +761,23 @@ mod response_tests {
                 r#""total_tokens":0,"prompt_tokens_details":{"cached_tokens":0}}}"#
             )
         );
-        // A streamed delta carries only its own fields; a streamed call has its index last.
+        // A streamed delta carries only its own fields: a call's first delta its index, id, type and name
+        // with empty arguments, later ones the index and a fragment.
         let d = Delta {
-            tool_calls: Some(vec![ToolCallOut::of(&call, Some(0))]),
+            tool_calls: Some(vec![ToolCallDelta::start(0, "call_1", "f")]),
             ..Delta::default()
         };
         assert_eq!(
             serde_json::to_string(&d).unwrap(),
-            r#"{"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"},"index":0}]}"#
+            r#"{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}"#
+        );
+        let d = Delta {
+            thorn_host_tool_calls: Some(vec![ToolCallDelta::arguments(2, "{\"a\":")]),
+            ..Delta::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&d).unwrap(),
+            r#"{"thorn_host_tool_calls":[{"index":2,"function":{"arguments":"{\"a\":"}}]}"#
         );
         assert_eq!(serde_json::to_string(&Delta::default()).unwrap(), "{}");
     }
