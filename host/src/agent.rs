@@ -192,6 +192,8 @@ pub struct Outcome {
     pub host_calls: Vec<HostCall>,
     /// Why it ended.
     pub finish: Finish,
+    /// The stop string the last round ended on, if it did.
+    pub stop_string: Option<String>,
     /// Token counts.
     pub usage: Usage,
     /// Per-token log-probabilities of the last round (when asked for).
@@ -577,6 +579,19 @@ impl Agent {
     /// that rejects what cannot fit the context without tokenizing it at all.
     async fn encode(&self, prompt: PromptText) -> Result<Vec<TokenId>, AgentError> {
         let context = self.model.context;
+        let ids = self.tokenize(prompt).await?;
+        if ids.len() + 1 > context {
+            return Err(AgentError::ContextLength {
+                prompt: ids.len(),
+                context,
+            });
+        }
+        Ok(ids)
+    }
+
+    /// Tokenizes a prompt off the engine thread, after the byte-length check (no context check).
+    async fn tokenize(&self, prompt: PromptText) -> Result<Vec<TokenId>, AgentError> {
+        let context = self.model.context;
         let bytes = prompt.len();
         if bytes > self.model.max_prompt_bytes() {
             return Err(AgentError::PromptBytes { bytes, context });
@@ -590,13 +605,36 @@ impl Agent {
         .await
         .map_err(|_| AgentError::Lost)?
         .map_err(EngineError::from)?;
-        if ids.len() + 1 > context {
-            return Err(AgentError::ContextLength {
-                prompt: ids.len(),
-                context,
+        Ok(ids)
+    }
+
+    /// The tokens `turn`'s first round would prompt the model with (its conversation and the tools it
+    /// shows, rendered by the chat template), whether or not they fit the context.
+    pub async fn count_tokens(&self, turn: &Turn) -> Result<usize, AgentError> {
+        let all = ToolSet::new(&turn.tools)?;
+        turn.tool_choice.check(&all)?;
+        let shown = if turn.tool_choice == ToolChoice::None {
+            ToolSet::default()
+        } else {
+            all
+        };
+        let template = self.model.template.as_ref().ok_or(AgentError::NoTemplate)?;
+        let data: usize = turn.messages.iter().map(Message::data_len).sum();
+        if data > self.model.max_prompt_bytes() {
+            return Err(AgentError::PromptBytes {
+                bytes: data,
+                context: self.model.context,
             });
         }
-        Ok(ids)
+        let tok = &self.model.tokenizer;
+        let text = shown.render(
+            template,
+            &turn.messages,
+            &self.model.bos,
+            &self.model.eos,
+            &|s| tok.quote(s),
+        )?;
+        Ok(self.tokenize(PromptText::Chat(text)).await?.len())
     }
 
     /// Runs one generation on the engine thread, streaming its text through `on_text`.
@@ -687,6 +725,7 @@ impl Agent {
             tool_calls: Vec::new(),
             host_calls: Vec::new(),
             finish: generation.finish.into(),
+            stop_string: generation.stop_string.clone(),
             usage: Usage {
                 prompt_tokens: generation.stats.prompt_tokens,
                 cached_tokens: generation.stats.cached_tokens,
@@ -722,6 +761,7 @@ impl Agent {
             tool_calls: Vec::new(),
             host_calls: Vec::new(),
             finish: Finish::Stop,
+            stop_string: None,
             usage: Usage::default(),
             logprobs: Vec::new(),
             rounds: 0,
@@ -839,6 +879,7 @@ impl Agent {
             out.usage.completion_tokens += generation.stats.generated;
             out.logprobs = logprobs;
             out.finish = generation.finish.into();
+            out.stop_string.clone_from(&generation.stop_string);
             if generation.finish == FinishReason::Cancelled || !calls_possible {
                 return Ok(out);
             }

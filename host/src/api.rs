@@ -1,7 +1,8 @@
 //! The OpenAI-compatible HTTP API (axum).
 //!
 //! Routes: `POST /v1/chat/completions` (streamed or not; tools, tool_choice, parallel_tool_calls,
-//! response_format, sampling, stop, max tokens, logprobs), `POST /v1/completions`, `GET /v1/models`,
+//! response_format, sampling, stop, max tokens, logprobs), `POST /v1/completions`, Anthropic's
+//! `POST /v1/messages` and `/v1/messages/count_tokens` ([`anthropic`]), `GET /v1/models`,
 //! `GET /health` and `GET /metrics` (Prometheus). Wire types ([`wire`]) are converted to the agent's domain
 //! types here, and every failure is one [`ApiError`] rendered as OpenAI's error body with the right status.
 //!
@@ -33,6 +34,7 @@
 //! Connections, headers and bodies are bounded by [`listen`]; `/health` is open (for probes), `/metrics`
 //! needs a key allowed to read it when `metrics_auth` is on.
 
+pub mod anthropic;
 pub mod auth;
 pub mod error;
 pub mod listen;
@@ -141,6 +143,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))

@@ -427,6 +427,93 @@ fn the_openai_sdk_accumulates_a_streamed_tool_call() {
     assert!(r["chunks_with_calls"].as_u64().unwrap() >= 3, "{r}");
 }
 
+#[test]
+fn the_anthropic_sdk_speaks_the_messages_api() {
+    let Some(python) = thorn_tests::client_python() else {
+        return;
+    };
+    let base = format!("http://{}", server().addr);
+    let r = thorn_tests::run_client(&python, "anthropic_messages.py", &[&base]);
+    // Not streamed: a forced call is a tool_use block with object input.
+    let plain = &r["plain"];
+    assert_eq!(plain["stop_reason"], "tool_use", "{r}");
+    let call = plain["blocks"].as_array().unwrap().last().unwrap();
+    assert_eq!(call["type"], "tool_use", "{r}");
+    assert_eq!(call["name"], "get_weather", "{r}");
+    assert!(call["input"]["city"].is_string(), "{r}");
+    assert!(call["id"].as_str().unwrap().starts_with("call_"), "{r}");
+    let usage = &plain["usage"];
+    assert!(
+        usage["input_tokens"].as_u64().unwrap()
+            + usage["cache_read_input_tokens"].as_u64().unwrap()
+            > 20,
+        "{r}"
+    );
+    assert!(usage["output_tokens"].as_u64().unwrap() > 0, "{r}");
+    // Streamed: the SDK accumulated several input_json_delta fragments into the same call.
+    let stream = &r["stream"];
+    let fragments: Vec<&str> = stream["fragments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(fragments.len() >= 2, "{r}");
+    let streamed = stream["blocks"].as_array().unwrap().last().unwrap();
+    assert_eq!(streamed["input"], call["input"], "{r}");
+    assert_eq!(streamed["name"], "get_weather", "{r}");
+    let joined: Value = serde_json::from_str(&fragments.concat()).unwrap();
+    assert_eq!(joined, call["input"], "{r}");
+    assert_eq!(stream["stop_reason"], "tool_use", "{r}");
+    assert!(
+        stream["texts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| !t.as_str().unwrap().contains("tool_call")),
+        "{r}"
+    );
+    // The result went back as a tool_result and the model answered.
+    assert_eq!(r["follow"]["stop_reason"], "end_turn", "{r}");
+    assert_eq!(r["follow"]["types"][0], "text", "{r}");
+    // Text streams and reassembles; count_tokens counts.
+    assert!(!r["text"]["text"].as_str().unwrap().is_empty(), "{r}");
+    assert_eq!(r["text"]["text"], r["text"]["final_text"], "{r}");
+    assert!(
+        ["end_turn", "max_tokens"].contains(&r["text"]["stop_reason"].as_str().unwrap()),
+        "{r}"
+    );
+    assert!(r["count"].as_u64().unwrap() > 20, "{r}");
+    assert_eq!(r["stopped"], json!({"stop_reason": "stop_sequence", "stop_sequence": " "}), "{r}");
+    // A host tool ran inside the request: the SDK read the stream to its end, and the final message lists
+    // the host call with its result.
+    assert_eq!(
+        r["host"]["stop_reason"], r["host_plain"]["stop_reason"],
+        "{r}"
+    );
+    let hosted = &r["host_plain"]["thorn_host_tool_calls"][0];
+    assert_eq!(hosted["name"], "evaluate", "{r}");
+    assert_eq!(hosted["result"]["value"], 51.0, "{r}");
+    assert!(
+        r["host"]["events"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("message_stop")),
+        "{r}"
+    );
+    // Errors are the SDK's typed exceptions with Anthropic's bodies.
+    assert_eq!(r["errors"]["model"], json!([404, "not_found_error"]), "{r}");
+    assert_eq!(r["errors"]["image"][0], 400, "{r}");
+    assert_eq!(r["errors"]["image"][1], "invalid_request_error", "{r}");
+    assert!(
+        r["errors"]["image"][2]
+            .as_str()
+            .unwrap()
+            .contains("messages[0].content[0].type"),
+        "{r}"
+    );
+}
+
 fn host_calls(v: &Value) -> Vec<Value> {
     v["choices"][0]["message"]["thorn_host_tool_calls"]
         .as_array()
@@ -689,6 +776,72 @@ fn api_keys_and_a_full_queue() {
         body.as_bytes(),
     );
     assert_eq!(r.status, 200, "{}", r.body);
+    // The Messages API takes the same keys as `x-api-key` (or Bearer) and answers in Anthropic's shape.
+    let m = json!({"model": "smollm2", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let r = http(s.addr, "POST", "/v1/messages", &[], m.as_bytes());
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert_eq!(r.json()["type"], "error");
+    assert_eq!(
+        r.json()["error"]["type"],
+        "authentication_error",
+        "{}",
+        r.body
+    );
+    let r = http(
+        s.addr,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", "wrong")],
+        m.as_bytes(),
+    );
+    assert_eq!(r.status, 401, "{}", r.body);
+    for auth in [("x-api-key", "sekrit"), ("Authorization", "Bearer sekrit")] {
+        let r = http(s.addr, "POST", "/v1/messages", &[auth], m.as_bytes());
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["type"], "message", "{}", r.body);
+    }
+    // Bad bodies are 400s in Anthropic's shape, naming the field.
+    for (bad, field) in [
+        (
+            json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}),
+            "max_tokens",
+        ),
+        (
+            json!({"model": "smollm2", "max_tokens": 2, "temperature": 1.5,
+            "messages": [{"role": "user", "content": "hi"}]}),
+            "temperature",
+        ),
+        (
+            json!({"model": "smollm2", "max_tokens": 2, "tool_choice": {"type": "some"},
+            "messages": [{"role": "user", "content": "hi"}]}),
+            "tool_choice.type",
+        ),
+    ] {
+        let r = http(
+            s.addr,
+            "POST",
+            "/v1/messages",
+            &[("x-api-key", "sekrit")],
+            bad.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert_eq!(
+            r.json()["error"]["type"],
+            "invalid_request_error",
+            "{}",
+            r.body
+        );
+        assert!(
+            r.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(field),
+            "{}",
+            r.body
+        );
+    }
 
     // One long generation running, one waiting: the next is refused with 429 and Retry-After. The long
     // one cannot end early (at least 400 integers, some 800 tokens), so the queue is still full when the

@@ -326,6 +326,8 @@ pub struct Generation {
     pub sampled: Vec<Sampled>,
     /// Why it ended.
     pub finish: FinishReason,
+    /// The request's stop string it ended on ([`FinishReason::Stop`] from a stop string, not a token).
+    pub stop_string: Option<String>,
     /// Timings.
     pub stats: Stats,
 }
@@ -686,6 +688,7 @@ impl Engine {
             text: d.text,
             sampled: d.sampled,
             finish: d.finish,
+            stop_string: d.stop_string,
             stats,
         }
     }

@@ -57,6 +57,8 @@ pub struct Decoded {
     pub sampled: Vec<Sampled>,
     /// Why it ended.
     pub finish: FinishReason,
+    /// The request's stop string it ended on, if it did.
+    pub stop_string: Option<String>,
     /// Forward passes run for it after the prompt.
     pub forward_passes: usize,
 }
@@ -467,6 +469,12 @@ impl<'g> Decoder<'g> {
             self.detok.finish(&mut self.delta);
             self.stop.push(&self.delta, on_text);
         }
+        // The tool-call trigger ends prose like a stop string, but it is not one of the request's.
+        let stop_string = self
+            .stop
+            .matched()
+            .filter(|m| self.trigger.as_deref() != Some(*m) && self.req.stop.iter().any(|s| s == m))
+            .map(str::to_owned);
         let mut text = self.prose;
         text.push_str(&self.stop.finish(on_text));
         Decoded {
@@ -474,6 +482,7 @@ impl<'g> Decoder<'g> {
             text,
             sampled: self.sampled,
             finish,
+            stop_string,
             forward_passes: self.forward_passes,
         }
     }
