@@ -428,6 +428,66 @@ fn the_openai_sdk_accumulates_a_streamed_tool_call() {
 }
 
 #[test]
+fn the_openai_agents_sdk_runs_an_agent_with_a_function_tool() {
+    let Some(python) = thorn_tests::client_python() else {
+        return;
+    };
+    let base = format!("http://{}", server().addr);
+    let r = thorn_tests::run_client(&python, "openai_agents_tool.py", &[&base]);
+    for mode in ["plain", "stream"] {
+        let run = &r[mode];
+        // The tool ran once, on the city the model asked about, and the run ended with an answer.
+        let calls = run["calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{mode}: {r}");
+        assert!(!calls[0].as_str().unwrap().is_empty(), "{mode}: {r}");
+        assert!(!run["final"].as_str().unwrap().is_empty(), "{mode}: {r}");
+    }
+    assert_eq!(r["plain"]["calls"], r["stream"]["calls"], "{r}");
+    let kinds: Vec<&str> = r["plain"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "tool_call_item",
+            "tool_call_output_item",
+            "message_output_item"
+        ],
+        "{r}"
+    );
+    let events = r["stream"]["events"].as_array().unwrap();
+    for e in [
+        "item:tool_call_item",
+        "item:tool_call_output_item",
+        "raw_response_event",
+    ] {
+        assert!(events.contains(&json!(e)), "{e}: {r}");
+    }
+}
+
+#[test]
+fn langchain_bind_tools_parses_the_call_invoked_and_streamed() {
+    let Some(python) = thorn_tests::client_python() else {
+        return;
+    };
+    let base = format!("http://{}", server().addr);
+    let r = thorn_tests::run_client(&python, "langchain_bind_tools.py", &[&base]);
+    let (inv, st) = (&r["invoked"], &r["streamed"]);
+    assert_eq!(inv.as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(inv[0]["name"], "get_weather", "{r}");
+    assert!(inv[0]["args"]["city"].is_string(), "{r}");
+    // LangChain merged the streamed chunks into the same call (only the id differs).
+    assert_eq!(st.as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(st[0]["name"], inv[0]["name"], "{r}");
+    assert_eq!(st[0]["args"], inv[0]["args"], "{r}");
+    assert!(r["chunks_with_call_parts"].as_u64().unwrap() >= 3, "{r}");
+    assert_eq!(r["invalid"], json!([]), "{r}");
+}
+
+#[test]
 fn the_anthropic_sdk_speaks_the_messages_api() {
     let Some(python) = thorn_tests::client_python() else {
         return;
@@ -484,7 +544,11 @@ fn the_anthropic_sdk_speaks_the_messages_api() {
         "{r}"
     );
     assert!(r["count"].as_u64().unwrap() > 20, "{r}");
-    assert_eq!(r["stopped"], json!({"stop_reason": "stop_sequence", "stop_sequence": " "}), "{r}");
+    assert_eq!(
+        r["stopped"],
+        json!({"stop_reason": "stop_sequence", "stop_sequence": " "}),
+        "{r}"
+    );
     // A host tool ran inside the request: the SDK read the stream to its end, and the final message lists
     // the host call with its result.
     assert_eq!(
