@@ -186,6 +186,8 @@ impl Finish {
 pub struct Outcome {
     /// The answer's text (all rounds' prose, as streamed).
     pub content: String,
+    /// What a thinking model reasoned (all rounds' `<think>` text, as streamed; empty when it did not).
+    pub reasoning: String,
     /// Calls for the client to run.
     pub tool_calls: Vec<ToolCall>,
     /// Host tool calls run on the way, in order.
@@ -231,6 +233,8 @@ pub enum Event {
     },
     /// Answer text.
     Content(String),
+    /// Reasoning text: what a thinking model writes inside `<think>` before it answers.
+    Reasoning(String),
     /// A tool call is being generated: its name is complete. `host`: a host tool (run by thorn, then its
     /// result streams as [`Event::HostResult`]); `index` counts the request's client calls and its host
     /// calls separately, from 0.
@@ -375,10 +379,50 @@ pub struct Agent {
     raw_special: bool,
 }
 
+/// Where a thinking model's reasoning starts and ends.
+const THINK_OPEN: &str = "<think>";
+/// See [`THINK_OPEN`].
+const THINK_CLOSE: &str = "</think>";
+
+/// The part of a generation that answers (calls included): after the reasoning, if the model reasoned
+/// (`opened`: the prompt opened the reasoning block itself).
+fn answer_part(text: &str, opened: bool) -> &str {
+    let starts = opened || text.trim_start().starts_with(THINK_OPEN);
+    if !starts {
+        return text;
+    }
+    match text.find(THINK_CLOSE) {
+        Some(i) => text[i + THINK_CLOSE.len()..].trim_start(),
+        None => "",
+    }
+}
+
+/// The longest suffix of `s` that is a proper prefix of `tag` (text to hold back: it may become the tag).
+fn tag_prefix_len(s: &str, tag: &str) -> usize {
+    (1..tag.len().min(s.len() + 1))
+        .rev()
+        .find(|&k| s.is_char_boundary(s.len() - k) && tag.starts_with(&s[s.len() - k..]))
+        .unwrap_or(0)
+}
+
+/// Whether the [`Splitter`] is in a reasoning block.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+enum Think {
+    /// At the start: the output may open one.
+    #[default]
+    Maybe,
+    /// Inside one.
+    Inside,
+    /// Past it, or there was none.
+    Off,
+}
+
 /// What the [`Splitter`] makes of generated text.
 enum Split {
     /// Answer text.
     Content(String),
+    /// Reasoning text.
+    Reasoning(String),
     /// A streamed tool call's progress.
     Call(CallDelta),
 }
@@ -391,10 +435,70 @@ struct Splitter {
     held: String,
     in_calls: bool,
     calls: CallStreamer,
+    think: Think,
+    /// Reasoning (or the output's start) held back: it may be the start of a tag.
+    think_held: String,
 }
 
 impl Splitter {
+    /// A splitter for a round whose prompt already opened the reasoning block (`opened`).
+    fn new(opened: bool) -> Self {
+        Splitter {
+            think: if opened { Think::Inside } else { Think::Maybe },
+            ..Splitter::default()
+        }
+    }
+
     fn push(&mut self, text: &str, active: bool, out: &mut dyn FnMut(Split)) {
+        if self.think != Think::Off {
+            let Some(rest) = self.reason(text, out) else {
+                return;
+            };
+            if !rest.is_empty() {
+                self.answer(&rest, active, out);
+            }
+            return;
+        }
+        self.answer(text, active, out);
+    }
+
+    /// Takes a reasoning block off the front of the output: `None` while inside it (or still unsure
+    /// whether one starts), else the answer text after it.
+    fn reason(&mut self, text: &str, out: &mut dyn FnMut(Split)) -> Option<String> {
+        self.think_held.push_str(text);
+        if self.think == Think::Maybe {
+            let t = self.think_held.trim_start();
+            if let Some(after) = t.strip_prefix(THINK_OPEN) {
+                self.think_held = after.to_owned();
+                self.think = Think::Inside;
+            } else if THINK_OPEN.starts_with(t) {
+                return None;
+            } else {
+                self.think = Think::Off;
+                return Some(std::mem::take(&mut self.think_held));
+            }
+        }
+        if let Some(i) = self.think_held.find(THINK_CLOSE) {
+            let reasoning = self.think_held[..i].to_owned();
+            let rest = self.think_held[i + THINK_CLOSE.len()..]
+                .trim_start()
+                .to_owned();
+            self.think_held.clear();
+            self.think = Think::Off;
+            if !reasoning.is_empty() {
+                out(Split::Reasoning(reasoning));
+            }
+            return Some(rest);
+        }
+        let cut = self.think_held.len() - tag_prefix_len(&self.think_held, THINK_CLOSE);
+        if cut > 0 {
+            let r: String = self.think_held.drain(..cut).collect();
+            out(Split::Reasoning(r));
+        }
+        None
+    }
+
+    fn answer(&mut self, text: &str, active: bool, out: &mut dyn FnMut(Split)) {
         if !active {
             out(Split::Content(text.to_owned()));
             return;
@@ -416,14 +520,7 @@ impl Splitter {
             return;
         }
         // Keep the longest suffix that is a prefix of the trigger.
-        let keep = (1..OPEN.len().min(self.held.len() + 1))
-            .rev()
-            .find(|&k| {
-                self.held.is_char_boundary(self.held.len() - k)
-                    && OPEN.starts_with(&self.held[self.held.len() - k..])
-            })
-            .unwrap_or(0);
-        let cut = self.held.len() - keep;
+        let cut = self.held.len() - tag_prefix_len(&self.held, OPEN);
         if cut > 0 {
             let emit: String = self.held.drain(..cut).collect();
             out(Split::Content(emit));
@@ -431,6 +528,17 @@ impl Splitter {
     }
 
     fn finish(&mut self, out: &mut dyn FnMut(Split)) {
+        match self.think {
+            // Output shorter than the tag: it was answer text.
+            Think::Maybe if !self.think_held.is_empty() => {
+                out(Split::Content(std::mem::take(&mut self.think_held)))
+            }
+            // Reasoning cut off (max_tokens): what there is of it.
+            Think::Inside if !self.think_held.is_empty() => {
+                out(Split::Reasoning(std::mem::take(&mut self.think_held)))
+            }
+            _ => {}
+        }
         if !self.in_calls && !self.held.is_empty() {
             out(Split::Content(std::mem::take(&mut self.held)));
         }
@@ -722,6 +830,7 @@ impl Agent {
             .await?;
         Ok(Outcome {
             content,
+            reasoning: String::new(),
             tool_calls: Vec::new(),
             host_calls: Vec::new(),
             finish: generation.finish.into(),
@@ -758,6 +867,7 @@ impl Agent {
         let mut choice = turn.tool_choice.clone();
         let mut out = Outcome {
             content: String::new(),
+            reasoning: String::new(),
             tool_calls: Vec::new(),
             host_calls: Vec::new(),
             finish: Finish::Stop,
@@ -799,25 +909,38 @@ impl Agent {
                 &|s| tok.quote(s),
             )?;
             let calls_possible = choice != ToolChoice::None && !all.is_empty();
-            let mut splitter = Splitter::default();
+            // A thinking model's template may open the reasoning block in the prompt itself.
+            let opened = prompt_text.trim_end().ends_with(THINK_OPEN);
+            let mut splitter = Splitter::new(opened);
             let mut round_content = String::new();
+            let mut round_reasoning = String::new();
             let mut round_calls = RoundCalls::default();
             let generation = {
                 let content = &mut out.content;
+                let reasoning = &mut out.reasoning;
                 let round = &mut round_content;
+                let round_r = &mut round_reasoning;
                 let streamed = &mut round_calls;
                 let first_round = out.rounds == 0;
                 let host_tools = &turn.host_tools;
                 let (client_index, host_index) = (&mut client_index, &mut host_index);
                 let mut emit = |ev: Event| {
-                    if let Event::Content(s) = &ev {
-                        content.push_str(s);
-                        round.push_str(s);
+                    match &ev {
+                        Event::Content(s) => {
+                            content.push_str(s);
+                            round.push_str(s);
+                        }
+                        Event::Reasoning(s) => {
+                            reasoning.push_str(s);
+                            round_r.push_str(s);
+                        }
+                        _ => {}
                     }
                     on_event(ev);
                 };
                 let mut split = |piece: Split, emit: &mut dyn FnMut(Event)| match piece {
                     Split::Content(s) => emit(Event::Content(s)),
+                    Split::Reasoning(s) => emit(Event::Reasoning(s)),
                     Split::Call(CallDelta::Begin { name, .. }) => {
                         let host = host_tools.contains(&name);
                         let counter = if host {
@@ -883,10 +1006,12 @@ impl Agent {
             if generation.finish == FinishReason::Cancelled || !calls_possible {
                 return Ok(out);
             }
+            // Calls are read from the answer only, never from the reasoning before it.
+            let answer = answer_part(&generation.text, opened);
             let text = if generation.finish == FinishReason::Length {
-                complete_calls_prefix(&generation.text)
+                complete_calls_prefix(answer)
             } else {
-                generation.text.as_str()
+                answer
             };
             let truncated = generation.finish == FinishReason::Length;
             let calls = match shown.reply(text) {
@@ -920,6 +1045,7 @@ impl Agent {
             }
             // Run the host calls, tell the model what they returned, and go again.
             let mut assistant = Message::assistant(round_content.trim());
+            assistant.reasoning_content = (!round_reasoning.is_empty()).then_some(round_reasoning);
             assistant.tool_calls = host.iter().chain(&client).cloned().collect();
             messages.push(assistant);
             for call in host {
@@ -1007,6 +1133,7 @@ mod tests {
         let (mut got, mut calls) = (String::new(), Vec::new());
         let mut take = |p: Split| match p {
             Split::Content(t) => got.push_str(&t),
+            Split::Reasoning(_) => panic!("no reasoning here"),
             Split::Call(d) => calls.push(d),
         };
         for p in pieces {
@@ -1014,6 +1141,67 @@ mod tests {
         }
         s.finish(&mut take);
         (got, calls)
+    }
+
+    /// Content, reasoning and call deltas of streamed pieces, for a prompt that did or did not open the
+    /// reasoning block.
+    fn split_thinking(opened: bool, pieces: &[&str]) -> (String, String, usize) {
+        let mut s = Splitter::new(opened);
+        let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), 0);
+        let mut take = |p: Split| match p {
+            Split::Content(t) => content.push_str(&t),
+            Split::Reasoning(t) => reasoning.push_str(&t),
+            Split::Call(CallDelta::Begin { .. }) => calls += 1,
+            Split::Call(_) => {}
+        };
+        for p in pieces {
+            s.push(p, true, &mut take);
+        }
+        s.finish(&mut take);
+        (content, reasoning, calls)
+    }
+
+    #[test]
+    fn splitter_takes_the_reasoning_off_the_front() {
+        // Opened by the model, split anywhere, then a call.
+        assert_eq!(
+            split_thinking(
+                false,
+                &[
+                    "\n<thi",
+                    "nk>Let me <tool_call> think.</th",
+                    "ink>\n\nSure. <tool_call>{\"name\":\"f\"}"
+                ]
+            ),
+            ("Sure. ".into(), "Let me <tool_call> think.".into(), 1)
+        );
+        // Opened by the prompt.
+        assert_eq!(
+            split_thinking(true, &["Hm.", "</think>", "Hi"]),
+            ("Hi".into(), "Hm.".into(), 0)
+        );
+        // No reasoning: a `<` at the start is text; so is a short answer.
+        assert_eq!(
+            split_thinking(false, &["<", "b>"]),
+            ("<b>".into(), String::new(), 0)
+        );
+        assert_eq!(
+            split_thinking(false, &["<t"]),
+            ("<t".into(), String::new(), 0)
+        );
+        // Cut off inside the reasoning: it is all reasoning.
+        assert_eq!(
+            split_thinking(false, &["<think>still going</"]),
+            (String::new(), "still going</".into(), 0)
+        );
+        // The reply's calls are read after the reasoning only.
+        assert_eq!(answer_part("<think>a <tool_call></think> b", false), "b");
+        assert_eq!(answer_part("x</think>y", true), "y");
+        assert_eq!(answer_part("<think>unfinished", false), "");
+        assert_eq!(
+            answer_part("plain </think> text", false),
+            "plain </think> text"
+        );
     }
 
     #[test]

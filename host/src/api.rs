@@ -418,6 +418,7 @@ fn messages_of(wire: Vec<wire::WireMessage>) -> Result<Vec<Message>, ApiError> {
         }
         msg.tool_call_id = m.tool_call_id;
         msg.name = m.name;
+        msg.reasoning_content = m.reasoning_content.filter(|_| role == Role::Assistant);
         out.push(msg);
     }
     Ok(out)
@@ -835,6 +836,7 @@ fn chat_json<'a>(
                 refusal: None,
                 tool_calls: out.tool_calls.iter().map(wire::ToolCallOut::of).collect(),
                 thorn_host_tool_calls: out.host_calls.iter().map(wire::HostCallOut::of).collect(),
+                reasoning_content: (!out.reasoning.is_empty()).then_some(out.reasoning.as_str()),
             },
             logprobs: shape
                 .logprobs
@@ -915,6 +917,15 @@ fn stream_chat(
                     Some(Msg::Event(Event::Content(t))) => {
                         let d = wire::Delta {
                             content: Some(&t),
+                            ..wire::Delta::default()
+                        };
+                        if !send(chunk(d, None, None, None)).await {
+                            return;
+                        }
+                    }
+                    Some(Msg::Event(Event::Reasoning(t))) => {
+                        let d = wire::Delta {
+                            reasoning_content: Some(&t),
                             ..wire::Delta::default()
                         };
                         if !send(chunk(d, None, None, None)).await {

@@ -280,6 +280,10 @@ fn printer() -> impl FnMut(Event) + Send {
             Event::Content(t) => {
                 let _ = out.write_all(t.as_bytes());
             }
+            // A thinking model's reasoning goes to stderr: stdout is the transcript.
+            Event::Reasoning(t) => {
+                let _ = std::io::stderr().write_all(t.as_bytes());
+            }
             Event::HostCall(c) => {
                 let _ = writeln!(
                     out,

@@ -383,12 +383,21 @@ fn client_tools_come_back_as_openai_tool_calls() {
     // The client's result goes back in and the model answers.
     let history = json!([
         {"role": "user", "content": "What's the weather in Paris?"},
-        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        {"role": "assistant", "content": null, "reasoning_content": "I should look it up.",
+            "tool_calls": [{"id": "call_1", "type": "function",
             "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21, \"sky\": \"sunny\"}"}
     ]);
     let r = chat(json!({"messages": history, "tools": tools, "temperature": 0, "max_tokens": 32}));
     assert_eq!(r.status, 200, "{}", r.body);
+    // SmolLM2 does not think: no reasoning comes back.
+    assert!(
+        r.json()["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{}",
+        r.body
+    );
 }
 
 #[test]

@@ -61,6 +61,10 @@ pub struct Message {
     /// Name of the tool that produced a tool message.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant message's reasoning (what a thinking model wrote inside `<think>`), rendered back where
+    /// the template has a place for it (templates read `message.reasoning_content`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -72,6 +76,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            reasoning_content: None,
         }
     }
 
@@ -102,6 +107,7 @@ impl Message {
             + calls
             + self.tool_call_id.as_ref().map_or(0, String::len)
             + self.name.as_ref().map_or(0, String::len)
+            + self.reasoning_content.as_ref().map_or(0, String::len)
     }
 
     /// This message with every string quoted as data ([`RenderOptions::quote`]).
@@ -124,6 +130,7 @@ impl Message {
                 .collect(),
             tool_call_id: self.tool_call_id.as_deref().map(s),
             name: self.name.as_deref().map(s),
+            reasoning_content: self.reasoning_content.as_deref().map(s),
         }
     }
 }

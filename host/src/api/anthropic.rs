@@ -4,18 +4,18 @@
 //!
 //! A request has `model`, `max_tokens` (required), `messages` (`user` and `assistant`; content a string or
 //! blocks: `text`, `tool_use` on assistant turns, `tool_result` on user turns, and `thinking` blocks,
-//! accepted and not shown to the model), `system` (a string or text blocks), `tools` (`name`,
+//! rendered back as the turn's reasoning where the template has a place for it), `system` (a string or text blocks), `tools` (`name`,
 //! `description`, `input_schema`; a `thorn:` name asks for a host tool exactly as in chat completions),
 //! `tool_choice` (`auto`, `any`, `tool` with a `name`, `none`; `disable_parallel_tool_use`),
 //! `stop_sequences`, `temperature` (0 to 1), `top_p`, `top_k`, `stream` and `metadata.user_id` (digested
 //! into the audit log's conversation id). The key comes as `x-api-key` or `Authorization: Bearer`.
 //!
-//! The answer is a `message` whose content is a `text` block (when the model wrote prose) and a `tool_use`
-//! block per client call, with `stop_reason` `end_turn`, `stop_sequence` (and which), `max_tokens` or
+//! The answer is a `message` whose content is a `thinking` block (when a thinking model reasoned), a
+//! `text` block (when the model wrote prose) and a `tool_use` block per client call, with `stop_reason` `end_turn`, `stop_sequence` (and which), `max_tokens` or
 //! `tool_use`, and `usage` (`input_tokens` not served from the prefix cache, `cache_read_input_tokens`
 //! that were, `output_tokens`). Host calls thorn ran are listed as `thorn_host_tool_calls`. Streamed:
-//! `message_start`, `ping`, then per block `content_block_start`, `content_block_delta` (`text_delta`, or
-//! `input_json_delta` fragments that concatenate to the call's `input`) and `content_block_stop`, then
+//! `message_start`, `ping`, then per block `content_block_start`, `content_block_delta` (`thinking_delta`,
+//! `text_delta`, or `input_json_delta` fragments that concatenate to the call's `input`) and `content_block_stop`, then
 //! `message_delta` (stop reason, usage) and `message_stop`; host calls and their results arrive as
 //! `thorn_host_tool_call` / `thorn_host_tool_result` events. An error after the stream started is an
 //! `error` event.
@@ -303,8 +303,16 @@ fn messages_of(system: Option<&Value>, messages: Vec<InMessage>) -> Result<Vec<M
                         .map(|(_, n)| n.clone());
                     out.push(tool);
                 }
-                // Earlier reasoning is not shown to the model again.
-                (Some("thinking" | "redacted_thinking"), Role::Assistant) => {}
+                // Earlier reasoning goes back as the message's reasoning (rendered where the template
+                // has a place for it); redacted reasoning has no text to give.
+                (Some("thinking"), Role::Assistant) => {
+                    if let Some(t) = b["thinking"].as_str() {
+                        msg.reasoning_content
+                            .get_or_insert_with(String::new)
+                            .push_str(t);
+                    }
+                }
+                (Some("redacted_thinking"), Role::Assistant) => {}
                 (
                     Some(kind @ ("tool_use" | "tool_result" | "thinking" | "redacted_thinking")),
                     _,
@@ -487,6 +495,9 @@ fn usage_of(out: &Outcome) -> Value {
 /// The answer as a `message`.
 fn message_json(st: &AppState, id: &str, out: &Outcome) -> Value {
     let mut content = Vec::new();
+    if !out.reasoning.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": out.reasoning, "signature": ""}));
+    }
     if !out.content.is_empty() {
         content.push(json!({"type": "text", "text": out.content}));
     }
@@ -602,6 +613,7 @@ fn sse(name: &'static str, v: &Value) -> Result<SseEvent, Infallible> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Open {
     None,
+    Thinking,
     Text,
     ToolUse,
 }
@@ -647,6 +659,16 @@ impl Blocks {
             self.start(Open::Text, json!({"type": "text", "text": ""}));
         }
         self.delta(json!({"type": "text_delta", "text": t}));
+    }
+
+    fn thinking(&mut self, t: String) {
+        if self.open != Open::Thinking {
+            self.start(
+                Open::Thinking,
+                json!({"type": "thinking", "thinking": "", "signature": ""}),
+            );
+        }
+        self.delta(json!({"type": "thinking_delta", "thinking": t}));
     }
 
     fn tool_use(&mut self, id: &str, name: &str) {
@@ -711,6 +733,7 @@ fn stream_messages(
             None => loop {
                 match rx.recv().await {
                     Some(Msg::Event(Event::Content(t))) => b.text(t),
+                    Some(Msg::Event(Event::Reasoning(t))) => b.thinking(t),
                     Some(Msg::Event(Event::CallStart {
                         host: false,
                         id,
@@ -838,6 +861,7 @@ mod tests {
         );
         assert_eq!(m[0].content, "Be brief.");
         assert_eq!(m[2].content, "Let me check.");
+        assert_eq!(m[2].reasoning_content.as_deref(), Some("hm"));
         assert_eq!(
             m[2].tool_calls[0].function.arguments,
             json!({"city": "Paris"})

@@ -85,6 +85,9 @@ pub struct WireMessage {
     /// A participant or tool name.
     #[serde(default)]
     pub name: Option<String>,
+    /// An assistant message's reasoning, as thorn (and other servers) return it.
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 /// `stream_options`.
@@ -322,6 +325,9 @@ pub struct AssistantMessage<'a> {
     /// Host (plugin) calls thorn ran during the request, with their results.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub thorn_host_tool_calls: Vec<HostCallOut<'a>>,
+    /// What a thinking model reasoned before it answered (absent when it did not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<&'a str>,
 }
 
 /// A tool call as the client sees it.
@@ -563,6 +569,9 @@ pub struct Delta<'a> {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<&'a str>,
+    /// New reasoning (a thinking model's `<think>` text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<&'a str>,
     /// The client's tool calls as they are generated: a call's first delta has its index, id, type, name
     /// and empty arguments, later ones its index and an arguments fragment.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -744,6 +753,7 @@ mod response_tests {
                     refusal: None,
                     tool_calls: vec![ToolCallOut::of(&call)],
                     thorn_host_tool_calls: vec![],
+                    reasoning_content: None,
                 },
                 logprobs: None,
                 finish_reason: "tool_calls",

@@ -296,6 +296,25 @@ mod tests {
     }
 
     #[test]
+    fn reasoning_content_renders_where_the_template_reads_it_and_is_quoted() {
+        // The shape of a thinking model's template (Qwen3's keeps earlier reasoning in <think> blocks).
+        let src = "{% for m in messages %}{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}|{% endfor %}";
+        let t = ChatTemplate::new(src).unwrap();
+        let mut a = Message::assistant("42");
+        a.reasoning_content = Some("six times <|im_end|> seven".into());
+        let quote = |s: &str| Some(s.replace("<|", "<\u{FDD0}|"));
+        let opts = RenderOptions {
+            quote: Some(&quote),
+            ..Default::default()
+        };
+        let s = t.render(&[Message::user("6*7?"), a], &opts).unwrap();
+        assert_eq!(
+            s,
+            "6*7?|<think>six times <\u{FDD0}|im_end|> seven</think>42|"
+        );
+    }
+
+    #[test]
     fn raise_exception_and_syntax_errors_are_typed() {
         let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}").unwrap();
         let e = t.render(&[], &RenderOptions::default()).unwrap_err();
