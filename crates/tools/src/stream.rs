@@ -569,6 +569,91 @@ mod tests {
         assert_eq!(s.begun(), 1);
     }
 
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// JSON values a model could write as arguments.
+        fn value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(|n| serde_json::json!(n)),
+                (-1e6f64..1e6).prop_map(|f| serde_json::json!(f)),
+                "[ -~\\n\\t\u{e9}\u{1F600}\u{1}]{0,12}".prop_map(Value::String),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    prop::collection::vec(("[a-z_]{1,6}", inner), 0..4)
+                        .prop_map(|kv| { Value::Object(kv.into_iter().collect()) }),
+                ]
+            })
+        }
+
+        /// `v` written as a model might: pretty or compact, strings with some characters escaped
+        /// (`\uXXXX`, `\/`) that serde_json would write literally.
+        fn write(v: &Value, pretty: bool, escape_all: bool) -> String {
+            let text = if pretty {
+                serde_json::to_string_pretty(v).unwrap()
+            } else {
+                serde_json::to_string(v).unwrap()
+            };
+            if !escape_all {
+                return text;
+            }
+            // Re-escape every non-ASCII character and `/` inside strings (outside strings there are none).
+            let mut out = String::new();
+            for c in text.chars() {
+                match c {
+                    '/' => out.push_str("\\/"),
+                    c if !c.is_ascii() => {
+                        let mut buf = [0u16; 2];
+                        for u in c.encode_utf16(&mut buf) {
+                            out.push_str(&format!("\\u{u:04X}"));
+                        }
+                    }
+                    c => out.push(c),
+                }
+            }
+            out
+        }
+
+        proptest! {
+            #[test]
+            fn any_arguments_in_any_pieces_reassemble_to_the_parse(
+                args in prop::collection::vec(("[a-z]{1,5}", value()), 0..5),
+                pretty in any::<bool>(),
+                escape_all in any::<bool>(),
+                cuts in prop::collection::vec(0usize..400, 0..12),
+            ) {
+                let args = Value::Object(args.into_iter().collect());
+                let call = serde_json::json!({"name": "f", "arguments": args});
+                let text = format!("<tool_call>{}</tool_call>", write(&call, pretty, escape_all));
+                // Split at character boundaries near the cuts.
+                let mut at: Vec<usize> = cuts
+                    .iter()
+                    .map(|&c| text.floor_char_boundary(c.min(text.len())))
+                    .collect();
+                at.sort_unstable();
+                at.dedup();
+                let mut pieces = Vec::new();
+                let mut from = 0;
+                for a in at {
+                    pieces.push(&text[from..a]);
+                    from = a;
+                }
+                pieces.push(&text[from..]);
+                let got = stream(&pieces);
+                let (_, parsed) = crate::parse_tool_calls(&text).unwrap();
+                prop_assert_eq!(got.len(), 1);
+                prop_assert_eq!(&got[0].0, "f");
+                prop_assert_eq!(&got[0].1, &parsed[0].arguments.to_string());
+                prop_assert!(got[0].3);
+            }
+        }
+    }
+
     #[test]
     fn a_truncated_call_streams_what_it_has() {
         let got = stream(&[r#"<tool_call>{"name":"f","arguments":{"a":"lo"#]);
