@@ -206,6 +206,9 @@ enum BenchCmd {
     Bfcl(BfclBenchArgs),
     /// The MLPerf Edge Agentic replay (teacher-forced SWE-agent conversations) against an endpoint.
     Agentic(AgenticBenchArgs),
+    /// Tool use out of the box: 40 tasks over the five example plugins and 10 prompts that need no tool,
+    /// against a thorn endpoint with the plugins installed (`scripts/up`).
+    Tasks(TasksBenchArgs),
     /// Speculative decoding: tokens per forward pass and decode speed with no speculation, a 3-token chain
     /// and the draft tree, on BFCL tool calls and the replay set's assistant turns.
     Spec(SpecBenchArgs),
@@ -258,6 +261,18 @@ struct BfclBenchArgs {
     /// MLPerf's deterministic sample (995 questions).
     #[arg(long)]
     mlperf: bool,
+}
+
+#[derive(clap::Args)]
+struct TasksBenchArgs {
+    #[command(flatten)]
+    endpoint: EndpointArgs,
+    /// `tool_choice` for every request.
+    #[arg(long, default_value = "auto")]
+    tool_choice: String,
+    /// The design's name in the report.
+    #[arg(long, default_value = "default")]
+    label: String,
 }
 
 #[derive(clap::Args)]
@@ -481,6 +496,18 @@ fn main() -> Result<()> {
             concurrency: a.concurrency,
             max_tokens: a.endpoint.max_tokens,
             tokenizer_model: resolve(&cache, a.tokenizer_model)?,
+            json: a.endpoint.json,
+            markdown: a.endpoint.markdown,
+        }),
+        Cmd::Bench {
+            cmd: BenchCmd::Tasks(a),
+        } => thorn_bench::tasks::run(&thorn_bench::tasks::Opts {
+            endpoint: a.endpoint.endpoint,
+            api_key: a.endpoint.api_key,
+            model: a.endpoint.model_name,
+            tool_choice: a.tool_choice,
+            max_tokens: a.endpoint.max_tokens,
+            label: a.label,
             json: a.endpoint.json,
             markdown: a.endpoint.markdown,
         }),

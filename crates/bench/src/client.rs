@@ -65,6 +65,22 @@ impl Endpoint {
             .context("the endpoint lists no model")
     }
 
+    /// Sends a chat request unstreamed and returns the completion (or the error body, for any status).
+    pub fn chat_json(&self, body: &Value) -> Result<Value> {
+        let mut req = self
+            .agent
+            .post(format!("{}/v1/chat/completions", self.base))
+            .header("Content-Type", "application/json");
+        if let Some(k) = &self.key {
+            req = req.header("Authorization", &format!("Bearer {k}"));
+        }
+        let mut resp = req
+            .send(body.to_string().as_bytes())
+            .with_context(|| format!("POST {}/v1/chat/completions", self.base))?;
+        let text = resp.body_mut().read_to_string()?;
+        serde_json::from_str(&text).with_context(|| format!("a response that is not JSON: {text}"))
+    }
+
     /// Sends a chat request (`body` without `stream`) and reads the streamed answer.
     pub fn chat(&self, body: &Value) -> Result<Reply> {
         let mut body = body.clone();

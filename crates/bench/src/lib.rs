@@ -9,6 +9,7 @@
 //! `thorn bench spec`: speculative decoding on BFCL tool calls and trajectory turns ([`spec`]).
 //! `thorn bench bfcl` and `thorn bench agentic`: BFCL accuracy and the MLPerf Edge Agentic replay against any
 //! OpenAI-compatible endpoint ([`bfcl::run`], [`agentic`]), so thorn and its peers are measured by the same code.
+//! `thorn bench tasks`: whether the agent uses the example plugins when it should, and only then ([`tasks`]).
 
 pub mod agentic;
 pub mod bfcl;
@@ -16,6 +17,7 @@ pub mod chart;
 mod client;
 pub mod grammar;
 pub mod spec;
+pub mod tasks;
 
 use anyhow::{Context, Result};
 use std::path::Path;

@@ -1,0 +1,313 @@
+//! `thorn bench tasks`: does the agent use its tools when it should, and only then?
+//!
+//! The task set (`data/tasks.jsonl`, built in) has 40 tasks over the five example plugins (calculator,
+//! units, files, memory, robot_arm), each naming the host function that answers it, the arguments that
+//! function must get (a subset: numbers to 1e-6, strings case-insensitively) and text the final answer must
+//! contain (one of the listed spellings); and 10 prompts that need no tool. Every task is one chat request
+//! to an endpoint with all five plugins offered as host tools (`thorn:<plugin>`), `tool_choice` as asked
+//! (default `auto`), temperature 0. A tool task is right when the expected function was called without
+//! error with matching arguments and the answer contains what it should; a no-tool prompt is right when
+//! no tool was called. The files tasks read the `README.txt` that `scripts/install-plugins` puts in the
+//! workspace; the memory tasks run in order (a recall follows its remember).
+
+use crate::client::Endpoint;
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The built-in task set.
+const TASKS: &str = include_str!("../data/tasks.jsonl");
+
+/// The example plugins the tasks use.
+pub const PLUGINS: [&str; 5] = ["calculator", "units", "files", "memory", "robot_arm"];
+
+/// One task.
+#[derive(Debug, Clone)]
+pub struct Task {
+    /// Name.
+    pub id: String,
+    /// The user's message.
+    pub prompt: String,
+    /// The host function that answers it (`None`: no tool should be called).
+    pub tool: Option<String>,
+    /// Arguments the call must have (a subset).
+    pub args: Option<Value>,
+    /// The answer must contain one of these (empty: no check).
+    pub expect: Vec<String>,
+}
+
+/// Parses the built-in task set.
+pub fn builtin() -> Result<Vec<Task>> {
+    TASKS
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            let v: Value =
+                serde_json::from_str(l).with_context(|| format!("tasks line {}", i + 1))?;
+            Ok(Task {
+                id: v["id"].as_str().context("a task needs an id")?.to_owned(),
+                prompt: v["prompt"]
+                    .as_str()
+                    .context("a task needs a prompt")?
+                    .to_owned(),
+                tool: v["tool"].as_str().map(str::to_owned),
+                args: v.get("args").cloned(),
+                expect: v["expect"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|s| s.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// Whether `got` has every field of `want` (numbers to 1e-6, strings case-insensitively equal).
+fn args_match(want: &Value, got: &Value) -> bool {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => w
+            .iter()
+            .all(|(k, wv)| g.get(k).is_some_and(|gv| args_match(wv, gv))),
+        (Value::Number(w), Value::Number(g)) => {
+            (w.as_f64().unwrap_or(f64::NAN) - g.as_f64().unwrap_or(f64::NAN)).abs() < 1e-6
+        }
+        (Value::String(w), Value::String(g)) => w.eq_ignore_ascii_case(g.trim()),
+        (w, g) => w == g,
+    }
+}
+
+/// What one task's answer was judged to be.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// The expected function was called without error (or, for a no-tool prompt, nothing was called).
+    pub called: bool,
+    /// Its arguments matched.
+    pub args: bool,
+    /// The answer had what it should.
+    pub answer: bool,
+}
+
+impl Verdict {
+    /// All three.
+    pub fn right(&self) -> bool {
+        self.called && self.args && self.answer
+    }
+}
+
+/// Judges a chat completion (thorn's, with `message.thorn_host_tool_calls`) for `task`.
+pub fn judge(task: &Task, completion: &Value) -> Verdict {
+    let msg = &completion["choices"][0]["message"];
+    let calls = msg["thorn_host_tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let content = msg["content"].as_str().unwrap_or("").to_lowercase();
+    let Some(tool) = &task.tool else {
+        let none = calls.is_empty();
+        return Verdict {
+            called: none,
+            args: true,
+            answer: true,
+        };
+    };
+    let ok: Vec<&Value> = calls
+        .iter()
+        .filter(|c| c["name"] == tool.as_str() && c.get("error").is_none_or(Value::is_null))
+        .collect();
+    let args = ok.iter().any(|c| {
+        let got: Value = c["arguments"]
+            .as_str()
+            .and_then(|a| serde_json::from_str(a).ok())
+            .unwrap_or(Value::Null);
+        task.args.as_ref().is_none_or(|w| args_match(w, &got))
+    });
+    // The answer itself must state the value: a tool result the model then ignores does not count.
+    let answer = task.expect.is_empty()
+        || task.expect.iter().any(|e| {
+            content.contains(&e.to_lowercase())
+                || content.replace(',', "").contains(&e.to_lowercase())
+        });
+    Verdict {
+        called: !ok.is_empty(),
+        args: !ok.is_empty() && args,
+        answer,
+    }
+}
+
+/// What `thorn bench tasks` runs.
+#[derive(Debug, Clone)]
+pub struct Opts {
+    /// Endpoint base URL.
+    pub endpoint: String,
+    /// API key.
+    pub api_key: Option<String>,
+    /// Model name (default: the endpoint's first).
+    pub model: Option<String>,
+    /// `tool_choice` for every request (`auto`, `required`).
+    pub tool_choice: String,
+    /// Most new tokens per request (each round).
+    pub max_tokens: usize,
+    /// The design's label in the report.
+    pub label: String,
+    /// JSON report.
+    pub json: Option<PathBuf>,
+    /// Markdown summary.
+    pub markdown: Option<PathBuf>,
+}
+
+/// Runs the task set against the endpoint and prints (and writes) the report.
+pub fn run(o: &Opts) -> Result<()> {
+    let ep = Endpoint::new(&o.endpoint, o.api_key.clone(), Duration::from_secs(600));
+    let model = match &o.model {
+        Some(m) => m.clone(),
+        None => ep.model()?,
+    };
+    let tools: Vec<Value> = PLUGINS
+        .iter()
+        .map(|p| json!({"type": "function", "function": {"name": format!("thorn:{p}")}}))
+        .collect();
+    let tasks = builtin()?;
+    let mut rows = Vec::new();
+    let (mut tool_right, mut tool_n, mut plain_right, mut plain_n) = (0, 0, 0, 0);
+    for t in &tasks {
+        let body = json!({"model": model, "messages": [{"role": "user", "content": t.prompt}],
+            "tools": tools, "tool_choice": o.tool_choice, "temperature": 0,
+            "max_tokens": o.max_tokens, "conversation_id": "bench-tasks"});
+        let v = ep.chat_json(&body)?;
+        if v.get("error").is_some() {
+            bail!("{}: {}", t.id, v["error"]);
+        }
+        let verdict = judge(t, &v);
+        if t.tool.is_some() {
+            tool_n += 1;
+            tool_right += usize::from(verdict.right());
+        } else {
+            plain_n += 1;
+            plain_right += usize::from(verdict.right());
+        }
+        let msg = &v["choices"][0]["message"];
+        let calls: Vec<Value> = msg["thorn_host_tool_calls"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|c| json!([c["name"], c["arguments"]]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        eprintln!(
+            "{:<20} {} {}",
+            t.id,
+            if verdict.right() { "right" } else { "wrong" },
+            serde_json::to_string(&calls).unwrap_or_default()
+        );
+        rows.push(
+            json!({"id": t.id, "tool": t.tool, "right": verdict.right(), "called": verdict.called,
+            "args": verdict.args, "answer": verdict.answer, "calls": calls,
+            "content": msg["content"]}),
+        );
+    }
+    let report = json!({"label": o.label, "model": model, "tool_choice": o.tool_choice,
+        "tool_tasks": tool_n, "tool_right": tool_right, "no_tool_prompts": plain_n,
+        "no_tool_right": plain_right, "tasks": rows});
+    let pct = |a: usize, n: usize| 100.0 * a as f64 / n.max(1) as f64;
+    let md = format!(
+        "| design | tool tasks right | no-tool prompts without a call |\n|---|---:|---:|\n| {} (`tool_choice: {}`) | {tool_right}/{tool_n} ({:.0}%) | {plain_right}/{plain_n} ({:.0}%) |\n",
+        o.label,
+        o.tool_choice,
+        pct(tool_right, tool_n),
+        pct(plain_right, plain_n)
+    );
+    println!("{md}");
+    if let Some(p) = &o.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+    }
+    if let Some(p) = &o.markdown {
+        std::fs::write(p, &md)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_task_set_has_forty_tool_tasks_and_ten_plain_prompts() {
+        let t = builtin().unwrap();
+        assert_eq!(t.iter().filter(|t| t.tool.is_some()).count(), 40);
+        assert_eq!(t.iter().filter(|t| t.tool.is_none()).count(), 10);
+        let mut ids: Vec<&str> = t.iter().map(|t| t.id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 50, "ids are unique");
+    }
+
+    #[test]
+    fn judging_checks_the_call_its_arguments_and_the_answer() {
+        let task = Task {
+            id: "u".into(),
+            prompt: String::new(),
+            tool: Some("convert".into()),
+            args: Some(json!({"value": 10, "from": "km"})),
+            expect: vec!["6.21".into()],
+        };
+        let reply = |name: &str, args: &str, error: Value, content: &str| {
+            json!({"choices": [{"message": {"content": content, "thorn_host_tool_calls": [
+                {"name": name, "arguments": args, "error": error}]}}]})
+        };
+        let right = reply(
+            "convert",
+            r#"{"value":10.0,"from":"KM","to":"mi"}"#,
+            Value::Null,
+            "About 6.21 miles.",
+        );
+        assert!(judge(&task, &right).right());
+        let wrong_args = reply(
+            "convert",
+            r#"{"value":1,"from":"km","to":"mi"}"#,
+            Value::Null,
+            "6.21",
+        );
+        assert_eq!(
+            judge(&task, &wrong_args),
+            Verdict {
+                called: true,
+                args: false,
+                answer: true
+            }
+        );
+        let failed = reply(
+            "convert",
+            r#"{"value":10,"from":"km"}"#,
+            json!("bad unit"),
+            "6.21",
+        );
+        assert!(!judge(&task, &failed).called);
+        let no_answer = reply(
+            "convert",
+            r#"{"value":10,"from":"km"}"#,
+            Value::Null,
+            "Done.",
+        );
+        assert!(!judge(&task, &no_answer).answer);
+        let plain = Task {
+            tool: None,
+            args: None,
+            expect: vec![],
+            ..task
+        };
+        assert!(
+            judge(
+                &plain,
+                &json!({"choices": [{"message": {"content": "Paris"}}]})
+            )
+            .right()
+        );
+        assert!(!judge(&plain, &right).right());
+    }
+}
