@@ -72,6 +72,7 @@ fuzz_target!(|data: &[u8]| {
                     });
                     c.tool_call_id = c.tool_call_id.map(|_| "x".into());
                     c.name = c.name.map(|_| "x".into());
+                    c.reasoning_content = c.reasoning_content.map(|_| "x".into());
                     c
                 })
                 .collect();
