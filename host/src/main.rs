@@ -273,6 +273,10 @@ struct TasksBenchArgs {
     /// The design's name in the report.
     #[arg(long, default_value = "default")]
     label: String,
+    /// Offer each task only its own plugin (no tools for the no-tool prompts): the ceiling of a perfect
+    /// tool router, to measure designs against.
+    #[arg(long)]
+    oracle_tools: bool,
 }
 
 #[derive(clap::Args)]
@@ -508,6 +512,7 @@ fn main() -> Result<()> {
             tool_choice: a.tool_choice,
             max_tokens: a.endpoint.max_tokens,
             label: a.label,
+            oracle_tools: a.oracle_tools,
             json: a.endpoint.json,
             markdown: a.endpoint.markdown,
         }),

@@ -22,6 +22,18 @@ const TASKS: &str = include_str!("../data/tasks.jsonl");
 /// The example plugins the tasks use.
 pub const PLUGINS: [&str; 5] = ["calculator", "units", "files", "memory", "robot_arm"];
 
+/// The example plugin that provides `function`.
+pub fn plugin_of(function: &str) -> Option<&'static str> {
+    Some(match function {
+        "evaluate" => "calculator",
+        "convert" => "units",
+        "list_files" | "read_file" | "search_files" => "files",
+        "remember" | "recall" | "forget" | "list_keys" => "memory",
+        "move_joints" | "arm_state" | "arm_home" => "robot_arm",
+        _ => return None,
+    })
+}
+
 /// One task.
 #[derive(Debug, Clone)]
 pub struct Task {
@@ -154,6 +166,9 @@ pub struct Opts {
     pub max_tokens: usize,
     /// The design's label in the report.
     pub label: String,
+    /// Offer each tool task only its own plugin, and a no-tool prompt no tools: the ceiling of a perfect
+    /// tool router (it reads the answer key, so it is a bound to measure designs against, not a design).
+    pub oracle_tools: bool,
     /// JSON report.
     pub json: Option<PathBuf>,
     /// Markdown summary.
@@ -175,9 +190,21 @@ pub fn run(o: &Opts) -> Result<()> {
     let mut rows = Vec::new();
     let (mut tool_right, mut tool_n, mut plain_right, mut plain_n) = (0, 0, 0, 0);
     for t in &tasks {
-        let body = json!({"model": model, "messages": [{"role": "user", "content": t.prompt}],
+        let mut body = json!({"model": model, "messages": [{"role": "user", "content": t.prompt}],
             "tools": tools, "tool_choice": o.tool_choice, "temperature": 0,
             "max_tokens": o.max_tokens, "conversation_id": "bench-tasks"});
+        if o.oracle_tools {
+            match t.tool.as_deref().and_then(plugin_of) {
+                Some(p) => {
+                    body["tools"] =
+                        json!([{"type": "function", "function": {"name": format!("thorn:{p}")}}])
+                }
+                None => {
+                    body.as_object_mut()
+                        .map(|b| (b.remove("tools"), b.remove("tool_choice")));
+                }
+            }
+        }
         let v = ep.chat_json(&body)?;
         if v.get("error").is_some() {
             bail!("{}: {}", t.id, v["error"]);
@@ -245,6 +272,11 @@ mod tests {
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids.len(), 50, "ids are unique");
+        for task in &t {
+            if let Some(f) = &task.tool {
+                assert!(plugin_of(f).is_some(), "{f}: no example plugin provides it");
+            }
+        }
     }
 
     #[test]
