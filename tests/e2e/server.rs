@@ -543,7 +543,10 @@ fn the_anthropic_sdk_speaks_the_messages_api() {
         "{r}"
     );
     // The result went back as a tool_result and the model answered.
-    assert_eq!(r["follow"]["stop_reason"], "end_turn", "{r}");
+    assert!(
+        ["end_turn", "max_tokens"].contains(&r["follow"]["stop_reason"].as_str().unwrap()),
+        "{r}"
+    );
     assert_eq!(r["follow"]["types"][0], "text", "{r}");
     // Text streams and reassembles; count_tokens counts.
     assert!(!r["text"]["text"].as_str().unwrap().is_empty(), "{r}");

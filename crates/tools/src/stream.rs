@@ -6,8 +6,9 @@
 //! arguments** ([`CallDelta::Arguments`]), so the fragments concatenate to exactly the `arguments` of the
 //! non-streamed reply, whatever whitespace or escapes the model wrote: the value is re-serialized as it is
 //! lexed (whitespace dropped, each decoded string character escaped as serde_json escapes it, each number
-//! or literal re-printed through serde_json once it ends). A string argument streams character by
-//! character, so a long one arrives in many fragments.
+//! or literal re-printed through serde_json once it ends). A fragment ends with every key, string, number
+//! or literal and with every piece of text fed, so a call arrives in several deltas even when speculation
+//! or a forced run commits all of it in one step, and a long string streams as it is generated.
 //!
 //! The streamer accepts the forms [`crate::parse_tool_calls`] accepts: `"parameters"` for `"arguments"`,
 //! arguments given as a JSON string holding the object (sent whole when that string ends), arguments before
@@ -258,7 +259,8 @@ impl Default for CallStreamer {
 
 impl CallStreamer {
     /// Feeds generated text (from the first opening tag on, or any part of what follows it); `out` gets
-    /// the deltas it completes, arguments gathered into one fragment per push.
+    /// the deltas it completes (an arguments fragment at each key, string, number or literal, and at the
+    /// end of the text).
     pub fn push(&mut self, text: &str, out: &mut dyn FnMut(CallDelta)) {
         for c in text.chars() {
             match self.at {
@@ -445,12 +447,19 @@ impl CallStreamer {
             }
             Tok::Colon => p.push(':'),
             Tok::Comma => p.push(','),
-            Tok::StrStart | Tok::StrEnd => p.push('"'),
+            Tok::StrStart => p.push('"'),
+            Tok::StrEnd => {
+                p.push('"');
+                self.flush(out);
+            }
             Tok::StrChar(c) => escape_into(c, p),
-            Tok::Scalar => match serde_json::from_str::<serde_json::Value>(scalar) {
-                Ok(v) => p.push_str(&v.to_string()),
-                Err(_) => p.push_str(scalar),
-            },
+            Tok::Scalar => {
+                match serde_json::from_str::<serde_json::Value>(scalar) {
+                    Ok(v) => p.push_str(&v.to_string()),
+                    Err(_) => p.push_str(scalar),
+                }
+                self.flush(out);
+            }
         }
     }
 
@@ -566,6 +575,18 @@ mod tests {
                 CallDelta::End { index: 0 },
             ]
         );
+        // A whole call in one piece still arrives in a fragment per key and value.
+        let mut s = CallStreamer::default();
+        let mut parts = Vec::new();
+        s.push(
+            r#"<tool_call>{"name":"f","arguments":{"city":"Paris","n":2}}</tool_call>"#,
+            &mut |d| {
+                if let CallDelta::Arguments { text, .. } = d {
+                    parts.push(text)
+                }
+            },
+        );
+        assert_eq!(parts, [r#"{"city""#, r#":"Paris""#, r#","n""#, ":2", "}"]);
         assert_eq!(s.begun(), 1);
     }
 
