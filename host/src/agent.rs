@@ -546,10 +546,25 @@ impl Splitter {
     }
 }
 
-/// The calls one round streamed: id, whether thorn runs it, its index among its kind, its arguments text.
+/// A call one round streamed.
+#[derive(Debug, Clone)]
+struct Streamed {
+    /// The id it was streamed with.
+    id: String,
+    /// The tool's name.
+    name: String,
+    /// Whether thorn runs it.
+    host: bool,
+    /// Its index among the request's calls of its kind.
+    index: usize,
+    /// The arguments text streamed so far.
+    args: String,
+}
+
+/// The calls one round streamed.
 #[derive(Debug, Default)]
 struct RoundCalls {
-    calls: Vec<(String, String, bool, usize, String)>,
+    calls: Vec<Streamed>,
 }
 
 impl RoundCalls {
@@ -564,15 +579,15 @@ impl RoundCalls {
                 calls.len()
             ));
         }
-        for (c, (id, name, _, _, args)) in calls.iter_mut().zip(streamed) {
+        for (c, s) in calls.iter_mut().zip(streamed) {
             let want = c.function.arguments.to_string();
-            if c.function.name != *name || want != *args {
+            if c.function.name != s.name || want != s.args {
                 return StreamedCalls::Mismatch(format!(
-                    "streamed {name}({args}), returned {}({want})",
-                    c.function.name
+                    "streamed {}({}), returned {}({want})",
+                    s.name, s.args, c.function.name
                 ));
             }
-            c.id.clone_from(id);
+            c.id.clone_from(&s.id);
         }
         if streamed.len() > calls.len() {
             StreamedCalls::Truncated
@@ -951,9 +966,13 @@ impl Agent {
                         let index = *counter;
                         *counter += 1;
                         let id = call_id();
-                        streamed
-                            .calls
-                            .push((id.clone(), name.clone(), host, index, String::new()));
+                        streamed.calls.push(Streamed {
+                            id: id.clone(),
+                            name: name.clone(),
+                            host,
+                            index,
+                            args: String::new(),
+                        });
                         emit(Event::CallStart {
                             host,
                             index,
@@ -962,11 +981,11 @@ impl Agent {
                         });
                     }
                     Split::Call(CallDelta::Arguments { index, text }) => {
-                        if let Some((_, _, host, i, args)) = streamed.calls.get_mut(index) {
-                            args.push_str(&text);
+                        if let Some(s) = streamed.calls.get_mut(index) {
+                            s.args.push_str(&text);
                             emit(Event::CallArguments {
-                                host: *host,
-                                index: *i,
+                                host: s.host,
+                                index: s.index,
                                 text,
                             });
                         }
@@ -1254,10 +1273,17 @@ mod tests {
 
     #[test]
     fn streamed_calls_settle_against_the_reply() {
+        let s = |id: &str, name: &str, host, args: &str| Streamed {
+            id: id.into(),
+            name: name.into(),
+            host,
+            index: 0,
+            args: args.into(),
+        };
         let streamed = RoundCalls {
             calls: vec![
-                ("call_a".into(), "f".into(), false, 0, "{\"a\":1}".into()),
-                ("call_b".into(), "g".into(), true, 0, "{\"b\":".into()),
+                s("call_a", "f", false, "{\"a\":1}"),
+                s("call_b", "g", true, "{\"b\":"),
             ],
         };
         // The truncated second call is not returned; the first gets its streamed id.

@@ -262,15 +262,27 @@ fn check_model_name(served: &str, model: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-/// Records the status of every response.
+/// Records the status of every response; an error is rendered as OpenAI's body.
 fn finish(st: &AppState, endpoint: &str, r: Result<Response, ApiError>) -> Response {
+    finish_as(st, endpoint, r, ApiError::body)
+}
+
+/// [`finish`] with the error body `render` makes (Anthropic's, for its routes).
+fn finish_as(
+    st: &AppState,
+    endpoint: &str,
+    r: Result<Response, ApiError>,
+    render: fn(&ApiError) -> serde_json::Value,
+) -> Response {
     let r = match r {
         Ok(r) => r,
-        Err(ApiError::TooLarge { .. }) => ApiError::TooLarge {
-            limit: st.config.max_body,
+        Err(ApiError::TooLarge { .. }) => {
+            let e = ApiError::TooLarge {
+                limit: st.config.max_body,
+            };
+            e.respond(render(&e))
         }
-        .into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => e.respond(render(&e)),
     };
     st.metrics.request(endpoint, r.status().as_u16());
     r
@@ -564,6 +576,27 @@ fn stops(stop: Option<wire::Stop>) -> Result<Vec<String>, ApiError> {
     Ok(v)
 }
 
+/// Reads a body (under [`read_body`]'s limits) and parses it as `T`; the body's budget is released at once.
+async fn read_json<T: DeserializeOwned>(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
+    let (bytes, _permit) = read_body(st, headers, body).await?;
+    parse_body(&bytes)
+}
+
+/// The error a streamed response ends with when its calls were not the ones returned (the grammar makes
+/// that a bug, never a model's slip): clients must not take the deltas sent as the answer.
+fn stream_error(out: &Outcome) -> Option<ApiError> {
+    match &out.streamed {
+        StreamedCalls::Mismatch(why) => {
+            Some(ApiError::Internal(format!("streamed tool calls: {why}")))
+        }
+        _ => None,
+    }
+}
+
 /// Parses a chat request body as the server does (for tools and fuzzing: the same errors, the same paths).
 pub fn parse_chat_request(body: &[u8]) -> Result<wire::ChatRequest, ApiError> {
     parse_body(body)
@@ -769,9 +802,7 @@ async fn chat(
             key: authorize(&st, &headers)?,
             peer: peer.map(|Extension(Peer(p))| p),
         };
-        let (bytes, permit) = read_body(&st, &headers, body).await?;
-        let req: wire::ChatRequest = parse_body(&bytes)?;
-        drop((bytes, permit));
+        let req: wire::ChatRequest = read_json(&st, &headers, body).await?;
         let (turn, shape) = turn_of(&st, req, &caller)?;
         let t0 = Instant::now();
         let (mut rx, cancel) = spawn(&st, chat_work(turn));
@@ -941,35 +972,15 @@ fn stream_chat(
                         if !host {
                             client_calls += 1;
                         }
-                        let calls = Some(vec![wire::ToolCallDelta::start(index, &id, &name)]);
-                        let d = if host {
-                            wire::Delta {
-                                thorn_host_tool_calls: calls,
-                                ..wire::Delta::default()
-                            }
-                        } else {
-                            wire::Delta {
-                                tool_calls: calls,
-                                ..wire::Delta::default()
-                            }
-                        };
+                        let d =
+                            wire::Delta::call(host, wire::ToolCallDelta::start(index, &id, &name));
                         if !send(chunk(d, None, None, None)).await {
                             return;
                         }
                     }
                     Some(Msg::Event(Event::CallArguments { host, index, text })) => {
-                        let calls = Some(vec![wire::ToolCallDelta::arguments(index, &text)]);
-                        let d = if host {
-                            wire::Delta {
-                                thorn_host_tool_calls: calls,
-                                ..wire::Delta::default()
-                            }
-                        } else {
-                            wire::Delta {
-                                tool_calls: calls,
-                                ..wire::Delta::default()
-                            }
-                        };
+                        let d =
+                            wire::Delta::call(host, wire::ToolCallDelta::arguments(index, &text));
                         if !send(chunk(d, None, None, None)).await {
                             return;
                         }
@@ -1003,14 +1014,9 @@ fn stream_chat(
             },
         };
         match outcome {
-            Ok(out) if matches!(out.streamed, StreamedCalls::Mismatch(_)) => {
+            Ok(out) if stream_error(&out).is_some() => {
                 account(&st, &out, t0);
-                // The deltas sent are not the calls the request returns: say so instead of ending as if
-                // they were (the grammar makes this a bug, never a model's slip).
-                let StreamedCalls::Mismatch(why) = &out.streamed else {
-                    unreachable!()
-                };
-                let e = ApiError::Internal(format!("streamed tool calls: {why}"));
+                let e = stream_error(&out).expect("checked");
                 let _ = tx.send(sse_json(&e.body())).await;
             }
             Ok(out) => {
@@ -1030,10 +1036,7 @@ fn stream_chat(
                 {
                     let mut whole = wire::ToolCallDelta::start(i, &c.id, &c.function.name);
                     whole.function.arguments = a;
-                    let d = wire::Delta {
-                        tool_calls: Some(vec![whole]),
-                        ..wire::Delta::default()
-                    };
+                    let d = wire::Delta::call(false, whole);
                     if !send(chunk(d, None, None, None)).await {
                         return;
                     }
@@ -1077,9 +1080,7 @@ fn stream_chat(
 async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     let r = async {
         authorize(&st, &headers)?;
-        let (bytes, permit) = read_body(&st, &headers, body).await?;
-        let req: wire::CompletionRequest = parse_body(&bytes)?;
-        drop((bytes, permit));
+        let req: wire::CompletionRequest = read_json(&st, &headers, body).await?;
         check_model(&st, req.model.as_deref())?;
         if req.n.is_some_and(|n| n != 1) {
             return Err(ApiError::bad("only n = 1 is supported", Some("n")));

@@ -92,18 +92,7 @@ out["stopped"] = {"stop_reason": stopped.stop_reason, "stop_sequence": stopped.s
 out["count"] = client.messages.count_tokens(model=served, tools=[weather], messages=ask).input_tokens
 
 # A host tool: thorn runs the calculator inside the request; streamed events stay readable by the SDK.
-with client.messages.stream(
-    model=served,
-    max_tokens=200,
-    extra_body={"temperature": 0},
-    tools=[{"name": "thorn:calculator"}],
-    tool_choice={"type": "any"},
-    messages=[{"role": "user", "content": "What is 17 * 3?"}],
-) as s:
-    kinds = [ev.type for ev in s]
-    host_final = s.get_final_message()
-out["host"] = {"events": sorted(set(kinds)), "stop_reason": host_final.stop_reason}
-host_plain = client.messages.create(
+host_request = dict(
     model=served,
     max_tokens=200,
     extra_body={"temperature": 0},
@@ -111,6 +100,11 @@ host_plain = client.messages.create(
     tool_choice={"type": "any"},
     messages=[{"role": "user", "content": "What is 17 * 3?"}],
 )
+with client.messages.stream(**host_request) as s:
+    kinds = [ev.type for ev in s]
+    host_final = s.get_final_message()
+out["host"] = {"events": sorted(set(kinds)), "stop_reason": host_final.stop_reason}
+host_plain = client.messages.create(**host_request)
 out["host_plain"] = host_plain.to_dict()
 
 # Errors arrive as the SDK's typed exceptions.

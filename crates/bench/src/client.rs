@@ -65,8 +65,8 @@ impl Endpoint {
             .context("the endpoint lists no model")
     }
 
-    /// Sends a chat request unstreamed and returns the completion (or the error body, for any status).
-    pub fn chat_json(&self, body: &Value) -> Result<Value> {
+    /// POSTs `body` to the chat completions route (with the key, if any).
+    fn post_chat(&self, body: &Value) -> Result<ureq::http::Response<ureq::Body>> {
         let mut req = self
             .agent
             .post(format!("{}/v1/chat/completions", self.base))
@@ -74,10 +74,13 @@ impl Endpoint {
         if let Some(k) = &self.key {
             req = req.header("Authorization", &format!("Bearer {k}"));
         }
-        let mut resp = req
-            .send(body.to_string().as_bytes())
-            .with_context(|| format!("POST {}/v1/chat/completions", self.base))?;
-        let text = resp.body_mut().read_to_string()?;
+        req.send(body.to_string().as_bytes())
+            .with_context(|| format!("POST {}/v1/chat/completions", self.base))
+    }
+
+    /// Sends a chat request unstreamed and returns the completion (or the error body, for any status).
+    pub fn chat_json(&self, body: &Value) -> Result<Value> {
+        let text = self.post_chat(body)?.body_mut().read_to_string()?;
         serde_json::from_str(&text).with_context(|| format!("a response that is not JSON: {text}"))
     }
 
@@ -87,16 +90,7 @@ impl Endpoint {
         body["stream"] = json!(true);
         body["stream_options"] = json!({"include_usage": true});
         let t0 = Instant::now();
-        let mut req = self
-            .agent
-            .post(format!("{}/v1/chat/completions", self.base))
-            .header("Content-Type", "application/json");
-        if let Some(k) = &self.key {
-            req = req.header("Authorization", &format!("Bearer {k}"));
-        }
-        let mut resp = req
-            .send(body.to_string().as_bytes())
-            .with_context(|| format!("POST {}/v1/chat/completions", self.base))?;
+        let mut resp = self.post_chat(&body)?;
         let status = resp.status().as_u16();
         if status != 200 {
             let text = resp.body_mut().read_to_string().unwrap_or_default();

@@ -200,8 +200,10 @@ pub fn run(o: &Opts) -> Result<()> {
                         json!([{"type": "function", "function": {"name": format!("thorn:{p}")}}])
                 }
                 None => {
-                    body.as_object_mut()
-                        .map(|b| (b.remove("tools"), b.remove("tool_choice")));
+                    if let Some(b) = body.as_object_mut() {
+                        b.remove("tools");
+                        b.remove("tool_choice");
+                    }
                 }
             }
         }

@@ -22,13 +22,13 @@
 
 use super::{
     ApiError, ApiKey, AppState, Caller, CancelOnDrop, Msg, Peer, StreamedCalls, account, chat_work,
-    collect, conversation_of, new_id, parse_body, read_body, sampling, spawn, started, tools_of,
+    collect, conversation_of, new_id, read_json, sampling, spawn, started, tools_of,
 };
 use crate::agent::{Event, Finish, Outcome, Turn};
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Json, Response};
 use serde::Deserialize;
@@ -83,24 +83,6 @@ pub struct InMessage {
     pub content: Value,
 }
 
-/// A `count_tokens` request: a Messages request without the generation fields.
-#[derive(Debug, Deserialize)]
-pub struct CountRequest {
-    /// The served model's name.
-    pub model: String,
-    /// The conversation.
-    pub messages: Vec<InMessage>,
-    /// Instructions.
-    #[serde(default)]
-    pub system: Option<Value>,
-    /// Tools.
-    #[serde(default)]
-    pub tools: Option<Vec<Value>>,
-    /// Tool choice.
-    #[serde(default)]
-    pub tool_choice: Option<Value>,
-}
-
 /// Anthropic's error `type` for a status.
 fn error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
@@ -132,25 +114,7 @@ fn error_body(e: &ApiError) -> Value {
 
 /// Records the status of a response and renders an error as Anthropic's body.
 fn finish(st: &AppState, endpoint: &str, r: Result<Response, ApiError>) -> Response {
-    let r = match r {
-        Ok(r) => r,
-        Err(e) => {
-            let e = match e {
-                ApiError::TooLarge { .. } => ApiError::TooLarge {
-                    limit: st.config.max_body,
-                },
-                e => e,
-            };
-            let mut r = (e.status(), Json(error_body(&e))).into_response();
-            if matches!(e, ApiError::Busy(_) | ApiError::BodiesBusy) {
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            r
-        }
-    };
-    st.metrics.request(endpoint, r.status().as_u16());
-    r
+    super::finish_as(st, endpoint, r, error_body)
 }
 
 /// The key from `x-api-key`, else `Authorization: Bearer`.
@@ -541,9 +505,7 @@ pub async fn messages(
             key: authorize(&st, &headers)?,
             peer: peer.map(|Extension(Peer(p))| p),
         };
-        let (bytes, permit) = read_body(&st, &headers, body).await?;
-        let req: MessagesRequest = parse_body(&bytes)?;
-        drop((bytes, permit));
+        let req: MessagesRequest = read_json(&st, &headers, body).await?;
         let (turn, stream) = turn_of(&st, req, &caller)?;
         let t0 = Instant::now();
         let (mut rx, cancel) = spawn(&st, chat_work(turn));
@@ -577,27 +539,10 @@ pub async fn count_tokens(
             key: authorize(&st, &headers)?,
             peer: None,
         };
-        let (bytes, permit) = read_body(&st, &headers, body).await?;
-        let req: CountRequest = parse_body(&bytes)?;
-        drop((bytes, permit));
-        let (turn, _) = turn_of(
-            &st,
-            MessagesRequest {
-                model: req.model,
-                max_tokens: Some(1),
-                messages: req.messages,
-                system: req.system,
-                tools: req.tools,
-                tool_choice: req.tool_choice,
-                stop_sequences: None,
-                temperature: None,
-                top_p: None,
-                top_k: None,
-                stream: None,
-                metadata: None,
-            },
-            &caller,
-        )?;
+        // A Messages request without the generation fields (those it has are ignored).
+        let mut req: MessagesRequest = read_json(&st, &headers, body).await?;
+        req.max_tokens = Some(1);
+        let (turn, _) = turn_of(&st, req, &caller)?;
         let n = st.agent.count_tokens(&turn).await.map_err(ApiError::from)?;
         Ok(Json(json!({ "input_tokens": n })).into_response())
     }
@@ -775,10 +720,7 @@ fn stream_messages(
         let out = match outcome {
             Ok(out) => {
                 account(&st, &out, t0);
-                if let StreamedCalls::Mismatch(why) = &out.streamed {
-                    // The deltas sent are not the calls the request returns (the grammar makes this a
-                    // bug): say so instead of ending as if they were.
-                    let e = ApiError::Internal(format!("streamed tool calls: {why}"));
+                if let Some(e) = super::stream_error(&out) {
                     let _ = tx.send(sse("error", &error_body(&e))).await;
                     return;
                 }

@@ -118,9 +118,10 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut r = (self.status(), axum::Json(self.body())).into_response();
+impl ApiError {
+    /// The response: this error's status and headers (`Retry-After`, `WWW-Authenticate`) with `body`.
+    pub fn respond(&self, body: serde_json::Value) -> Response {
+        let mut r = (self.status(), axum::Json(body)).into_response();
         if matches!(self, ApiError::Busy(_) | ApiError::BodiesBusy) {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -130,6 +131,12 @@ impl IntoResponse for ApiError {
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         r
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.respond(self.body())
     }
 }
 

@@ -588,6 +588,25 @@ pub struct Delta<'a> {
     pub thorn_host_tool_result: Option<HostCallOut<'a>>,
 }
 
+impl<'a> Delta<'a> {
+    /// A delta carrying one piece of a call: under `thorn_host_tool_calls` for a host call, else
+    /// `tool_calls`.
+    pub fn call(host: bool, piece: ToolCallDelta<'a>) -> Self {
+        let calls = Some(vec![piece]);
+        if host {
+            Delta {
+                thorn_host_tool_calls: calls,
+                ..Delta::default()
+            }
+        } else {
+            Delta {
+                tool_calls: calls,
+                ..Delta::default()
+            }
+        }
+    }
+}
+
 /// `text_completion` (and its streamed chunks).
 #[derive(Debug, Serialize)]
 pub struct TextCompletion<'a> {

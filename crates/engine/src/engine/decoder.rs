@@ -469,11 +469,11 @@ impl<'g> Decoder<'g> {
             self.detok.finish(&mut self.delta);
             self.stop.push(&self.delta, on_text);
         }
-        // The tool-call trigger ends prose like a stop string, but it is not one of the request's.
+        // Only the request's own stop strings (the tool-call trigger ends prose the same way).
         let stop_string = self
             .stop
             .matched()
-            .filter(|m| self.trigger.as_deref() != Some(*m) && self.req.stop.iter().any(|s| s == m))
+            .filter(|m| self.req.stop.iter().any(|s| s == m))
             .map(str::to_owned);
         let mut text = self.prose;
         text.push_str(&self.stop.finish(on_text));
