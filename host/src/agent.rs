@@ -29,6 +29,9 @@ use thorn_tools::{GuideError, ToolGrammars};
 use thorn_tools::{OPEN, ResponseFormat, ToolChoice, ToolError, ToolSet, complete_calls_prefix};
 use tokio::sync::mpsc;
 
+mod tool_use;
+pub use tool_use::{Answers, Routing, ToolUse, router_for};
+
 /// Why a request failed (as opposed to a tool failing, which the model is told about).
 #[derive(Debug, Error)]
 pub enum AgentError {
@@ -109,6 +112,8 @@ pub struct Turn {
     /// Whether to speculate (draft and verify); the output is the same either way. Defaults to on, subject
     /// to the server's `--speculation`.
     pub speculation: bool,
+    /// How host tools are put in front of the model (`None`: the agent's default, [`Agent::with_tool_use`]).
+    pub tool_use: Option<ToolUse>,
 }
 
 /// One generated token's log-probability, with the most likely alternatives.
@@ -208,6 +213,9 @@ pub struct Outcome {
     /// Where the calls streamed as they were generated ([`Event::CallStart`]) are not exactly the calls
     /// returned (a streaming response must not end as if they were).
     pub streamed: StreamedCalls,
+    /// The host functions the tool router offered the model (empty: none, so it answered without tools);
+    /// `None` when the request was not routed ([`ToolUse`]).
+    pub routed: Option<Vec<String>>,
 }
 
 /// How the tool calls streamed during a request relate to the ones it returned.
@@ -377,6 +385,7 @@ pub struct Agent {
     max_tool_rounds: usize,
     max_host_calls: usize,
     raw_special: bool,
+    tool_use: ToolUse,
 }
 
 /// Where a thinking model's reasoning starts and ends.
@@ -663,7 +672,20 @@ impl Agent {
             max_tool_rounds: max_tool_rounds.max(1),
             max_host_calls: Self::MAX_HOST_CALLS,
             raw_special: false,
+            tool_use: ToolUse::default(),
         }
+    }
+
+    /// Sets how host tools are put in front of the model when a request does not say
+    /// ([`ToolUse::default`]: routed, with examples, answered by templates).
+    pub fn with_tool_use(mut self, tool_use: ToolUse) -> Self {
+        self.tool_use = tool_use;
+        self
+    }
+
+    /// The default [`ToolUse`].
+    pub fn tool_use(&self) -> ToolUse {
+        self.tool_use
     }
 
     /// Default most host tool calls per request (all rounds together).
@@ -859,6 +881,7 @@ impl Agent {
             rounds: 1,
             first_token: generation.stats.first_token,
             streamed: StreamedCalls::Exact,
+            routed: None,
         })
     }
 
@@ -878,8 +901,14 @@ impl Agent {
             key_id: turn.key_id.clone(),
             peer: turn.peer.clone(),
         };
+        let policy = turn.tool_use.unwrap_or(self.tool_use);
+        let plan = tool_use::plan(&self.plugins, &all, &turn, policy)?;
+        // The round the router shaped is the first; what follows it is decided when it ends.
+        let mut routed_round = plan.routed.as_ref().is_some_and(|r| !r.is_empty());
+        let all = plan.shown;
         let mut messages = turn.messages.clone();
-        let mut choice = turn.tool_choice.clone();
+        tool_use::insert_examples(&mut messages, plan.examples);
+        let mut choice = plan.choice;
         let mut out = Outcome {
             content: String::new(),
             reasoning: String::new(),
@@ -892,11 +921,13 @@ impl Agent {
             rounds: 0,
             first_token: None,
             streamed: StreamedCalls::Exact,
+            routed: plan.routed,
         };
         // Calls streamed so far, client and host, each counted from 0 (a client's deltas carry these).
         let (mut client_index, mut host_index) = (0usize, 0usize);
         let none = Arc::new(ToolSet::default());
         loop {
+            let routed = std::mem::take(&mut routed_round);
             let last = out.rounds == max_rounds;
             if last && out.rounds > 0 {
                 // The tool budget is spent: this round must answer.
@@ -1063,6 +1094,7 @@ impl Agent {
                 return Ok(out);
             }
             // Run the host calls, tell the model what they returned, and go again.
+            let ran_from = out.host_calls.len();
             let mut assistant = Message::assistant(round_content.trim());
             assistant.reasoning_content = (!round_reasoning.is_empty()).then_some(round_reasoning);
             assistant.tool_calls = host.iter().chain(&client).cloned().collect();
@@ -1117,6 +1149,24 @@ impl Agent {
             // A required or named choice was met by the calls made; the model may now answer.
             if matches!(choice, ToolChoice::Required | ToolChoice::Function(_)) {
                 choice = ToolChoice::Auto;
+            }
+            if routed {
+                // The router's call is made: its template answers, else the model does, without tools.
+                if policy.answers == Answers::Template
+                    && let Some(text) =
+                        tool_use::template_answer(&self.plugins, &out.host_calls[ran_from..])
+                {
+                    if !out.content.is_empty() {
+                        out.content.push('\n');
+                        on_event(Event::Content("\n".into()));
+                    }
+                    out.content.push_str(&text);
+                    on_event(Event::Content(text));
+                    out.finish = Finish::Stop;
+                    out.stop_string = None;
+                    return Ok(out);
+                }
+                choice = ToolChoice::None;
             }
         }
     }

@@ -617,7 +617,10 @@ fn turn_of(
     r: wire::ChatRequest,
     caller: &Caller,
 ) -> Result<(Turn, Shape), ApiError> {
-    turn_from(&st.agent.model().name, st.agent.plugins(), r, caller)
+    let opts = r.thorn_tool_use;
+    let (mut turn, shape) = turn_from(&st.agent.model().name, st.agent.plugins(), r, caller)?;
+    turn.tool_use = opts.map(|o| o.over(st.agent.tool_use()));
+    Ok((turn, shape))
 }
 
 fn turn_from(
@@ -695,6 +698,8 @@ fn turn_from(
         peer: caller.peer.map(|p| p.to_string()),
         logprobs,
         speculation: r.speculation.unwrap_or(true),
+        // Set by `turn_of`, over the server's default.
+        tool_use: None,
     };
     Ok((turn, shape))
 }
@@ -868,6 +873,7 @@ fn chat_json<'a>(
                 tool_calls: out.tool_calls.iter().map(wire::ToolCallOut::of).collect(),
                 thorn_host_tool_calls: out.host_calls.iter().map(wire::HostCallOut::of).collect(),
                 reasoning_content: (!out.reasoning.is_empty()).then_some(out.reasoning.as_str()),
+                thorn_routed_tools: out.routed.as_deref(),
             },
             logprobs: shape
                 .logprobs
@@ -1129,6 +1135,8 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             peer: None,
             logprobs: req.logprobs.is_some(),
             speculation: req.speculation.unwrap_or(true),
+
+            tool_use: None,
         };
         let shape = Shape {
             stream: req.stream.unwrap_or(false),

@@ -277,6 +277,13 @@ struct TasksBenchArgs {
     /// tool router, to measure designs against.
     #[arg(long)]
     oracle_tools: bool,
+    /// `thorn_tool_use` for every request, as JSON (e.g. `{"routing": "off"}`; default: the server's).
+    #[arg(long)]
+    tool_use: Option<String>,
+    /// Which task set: `main` (40 tool tasks, 10 plain prompts) or `heldout` (20 and 10, written before
+    /// any design was tuned on `main`).
+    #[arg(long, default_value = "main")]
+    set: String,
 }
 
 #[derive(clap::Args)]
@@ -513,6 +520,13 @@ fn main() -> Result<()> {
             max_tokens: a.endpoint.max_tokens,
             label: a.label,
             oracle_tools: a.oracle_tools,
+            tool_use: a
+                .tool_use
+                .as_deref()
+                .map(serde_json::from_str)
+                .transpose()
+                .context("--tool-use is not JSON")?,
+            set: a.set,
             json: a.endpoint.json,
             markdown: a.endpoint.markdown,
         }),

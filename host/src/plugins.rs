@@ -48,6 +48,17 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// How the agent's tool router scores every installed function for each message (the functions it
+    /// would offer are marked; none marked: it answers without tools). For plugin authors tuning
+    /// descriptions and examples.
+    Route {
+        /// Messages, as a user would write them.
+        #[arg(required = true)]
+        messages: Vec<String>,
+        /// Functions to show per message.
+        #[arg(long, default_value_t = 4)]
+        top: usize,
+    },
     /// Loads plugins under the policy and instantiates each once; exits non-zero if any is refused.
     Check {
         /// Installed plugin names, or files written as paths (with a / or ending in .wasm) (default: every
@@ -240,7 +251,11 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             let manifest = json!({
                 "name": m.name, "version": m.version, "description": m.description,
                 "functions": m.functions.iter().map(|f| json!({"name": f.name,
-                    "description": f.description, "parameters": f.parameters, "returns": f.returns}))
+                    "description": f.description, "parameters": f.parameters, "returns": f.returns,
+                    "examples": f.examples.iter().map(|e| json!({"request": e.request,
+                        "arguments": e.arguments})).collect::<Vec<_>>(),
+                    "from_request": f.from_request,
+                    "answer": f.answer.as_ref().map(thorn_tools::AnswerTemplate::source)}))
                     .collect::<Vec<_>>(),
                 "capabilities": m.capabilities,
             });
@@ -256,6 +271,15 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
                 if let Some(r) = &f.returns {
                     println!("  returns:    {r}");
                 }
+                for e in &f.examples {
+                    println!("  example:    {:?} -> {}", e.request, e.arguments);
+                }
+                if !f.from_request.is_empty() {
+                    println!("  from the request: {}", f.from_request.join(", "));
+                }
+                if let Some(a) = &f.answer {
+                    println!("  answer:     {}", a.source());
+                }
             }
             let req = c.requests();
             println!(
@@ -270,6 +294,32 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             match verdict(&c, &policy) {
                 Ok(v) => println!("policy {}: {v}", policy_path.display()),
                 Err(e) => println!("policy {}: REFUSED: {e}", policy_path.display()),
+            }
+            Ok(())
+        }
+        Cmd::Route { messages, top } => {
+            let set =
+                thorn_plugin::PluginSet::load_dir(&host(cache)?, &dir, &policy(&policy_path)?)?;
+            let router = thorn::agent::router_for(&set, set.tools());
+            let cfg = thorn_tools::RouteConfig::default();
+            for m in &messages {
+                let routed: Vec<usize> = router.route(m, &cfg).iter().map(|r| r.index).collect();
+                println!("{m}");
+                for r in router.rank(m).iter().take(top) {
+                    println!(
+                        "  {} {:<14} score {:5.2}  coverage {:4.2}",
+                        if routed.contains(&r.index) { '*' } else { ' ' },
+                        set.tools().tools()[r.index].name,
+                        r.score,
+                        r.coverage
+                    );
+                }
+                if routed.is_empty() {
+                    println!(
+                        "  (no tool: score >= {} and coverage >= {} needed)",
+                        cfg.min_score, cfg.min_coverage
+                    );
+                }
             }
             Ok(())
         }

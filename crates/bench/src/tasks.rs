@@ -18,6 +18,9 @@ use std::time::Duration;
 
 /// The built-in task set.
 const TASKS: &str = include_str!("../data/tasks.jsonl");
+/// The held-out set: other wording of the same kinds of task, written before any design was tuned on
+/// [`TASKS`], so a design's figure on it says whether it generalizes.
+const HELDOUT: &str = include_str!("../data/tasks-heldout.jsonl");
 
 /// The example plugins the tasks use.
 pub const PLUGINS: [&str; 5] = ["calculator", "units", "files", "memory", "robot_arm"];
@@ -51,8 +54,17 @@ pub struct Task {
 
 /// Parses the built-in task set.
 pub fn builtin() -> Result<Vec<Task>> {
-    TASKS
-        .lines()
+    parse(TASKS)
+}
+
+/// Parses the held-out set.
+pub fn heldout() -> Result<Vec<Task>> {
+    parse(HELDOUT)
+}
+
+/// Parses a task set (JSON lines).
+fn parse(text: &str) -> Result<Vec<Task>> {
+    text.lines()
         .filter(|l| !l.trim().is_empty())
         .enumerate()
         .map(|(i, l)| {
@@ -169,6 +181,10 @@ pub struct Opts {
     /// Offer each tool task only its own plugin, and a no-tool prompt no tools: the ceiling of a perfect
     /// tool router (it reads the answer key, so it is a bound to measure designs against, not a design).
     pub oracle_tools: bool,
+    /// `thorn_tool_use` for every request (`None`: the server's default).
+    pub tool_use: Option<Value>,
+    /// `main` or `heldout`.
+    pub set: String,
     /// JSON report.
     pub json: Option<PathBuf>,
     /// Markdown summary.
@@ -186,13 +202,20 @@ pub fn run(o: &Opts) -> Result<()> {
         .iter()
         .map(|p| json!({"type": "function", "function": {"name": format!("thorn:{p}")}}))
         .collect();
-    let tasks = builtin()?;
+    let tasks = match o.set.as_str() {
+        "main" => builtin()?,
+        "heldout" => heldout()?,
+        s => bail!("no task set {s:?} (main, heldout)"),
+    };
     let mut rows = Vec::new();
     let (mut tool_right, mut tool_n, mut plain_right, mut plain_n) = (0, 0, 0, 0);
     for t in &tasks {
         let mut body = json!({"model": model, "messages": [{"role": "user", "content": t.prompt}],
             "tools": tools, "tool_choice": o.tool_choice, "temperature": 0,
             "max_tokens": o.max_tokens, "conversation_id": "bench-tasks"});
+        if let Some(u) = &o.tool_use {
+            body["thorn_tool_use"] = u.clone();
+        }
         if o.oracle_tools {
             match t.tool.as_deref().and_then(plugin_of) {
                 Some(p) => {
@@ -229,18 +252,20 @@ pub fn run(o: &Opts) -> Result<()> {
             })
             .unwrap_or_default();
         eprintln!(
-            "{:<20} {} {}",
+            "{:<20} {} {} {}",
             t.id,
             if verdict.right() { "right" } else { "wrong" },
-            serde_json::to_string(&calls).unwrap_or_default()
+            serde_json::to_string(&calls).unwrap_or_default(),
+            msg["thorn_routed_tools"]
         );
         rows.push(
             json!({"id": t.id, "tool": t.tool, "right": verdict.right(), "called": verdict.called,
             "args": verdict.args, "answer": verdict.answer, "calls": calls,
-            "content": msg["content"]}),
+            "routed": msg["thorn_routed_tools"], "content": msg["content"]}),
         );
     }
     let report = json!({"label": o.label, "model": model, "tool_choice": o.tool_choice,
+        "tool_use": o.tool_use, "set": o.set,
         "tool_tasks": tool_n, "tool_right": tool_right, "no_tool_prompts": plain_n,
         "no_tool_right": plain_right, "tasks": rows});
     let pct = |a: usize, n: usize| 100.0 * a as f64 / n.max(1) as f64;

@@ -248,6 +248,13 @@ pub struct FunctionDef {
     pub parameters: Value,
     /// JSON schema of its result, if declared.
     pub returns: Option<Value>,
+    /// Example requests and their arguments (each valid against `parameters`).
+    pub examples: Vec<thorn_tools::Example>,
+    /// How a result reads as an answer.
+    pub answer: Option<thorn_tools::AnswerTemplate>,
+    /// String parameters whose value the request spells out (each a top-level `"type": "string"`
+    /// property of `parameters`).
+    pub from_request: Vec<String>,
 }
 
 /// A validated manifest.
@@ -572,6 +579,25 @@ impl PluginHost {
             path: shown.clone(),
             msg: e.to_string(),
         })?;
+        // An example must be a call the model could make: it is shown to the model as one.
+        for f in &manifest.functions {
+            for (i, e) in f.examples.iter().enumerate() {
+                let call = thorn_tools::ParsedCall {
+                    name: f.name.clone(),
+                    arguments: e.arguments.clone(),
+                };
+                plugin
+                    .tools
+                    .check(&call)
+                    .map_err(|err| PluginError::Manifest {
+                        path: shown.clone(),
+                        msg: format!(
+                            "function {:?}: example {i} does not fit its parameters: {err}",
+                            f.name
+                        ),
+                    })?;
+            }
+        }
         plugin.name = manifest.name.clone();
         plugin.manifest = manifest;
         Ok(Candidate { plugin })
@@ -603,19 +629,49 @@ impl PluginHost {
             return Err(bad(errors.join("; ")));
         }
         let s = |k: &str| v[k].as_str().unwrap_or("").to_owned();
-        let functions = v["functions"]
-            .as_array()
-            .map(|fs| {
-                fs.iter()
-                    .map(|f| FunctionDef {
-                        name: f["name"].as_str().unwrap_or("").to_owned(),
-                        description: f["description"].as_str().unwrap_or("").to_owned(),
-                        parameters: f["parameters"].clone(),
-                        returns: f.get("returns").cloned(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut functions = Vec::new();
+        for f in v["functions"].as_array().into_iter().flatten() {
+            let name = f["name"].as_str().unwrap_or("").to_owned();
+            let examples = f["examples"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| thorn_tools::Example {
+                    request: e["request"].as_str().unwrap_or("").to_owned(),
+                    arguments: e["arguments"].clone(),
+                })
+                .collect();
+            let answer = match f["answer"].as_str() {
+                Some(src) => Some(
+                    thorn_tools::AnswerTemplate::new(src)
+                        .map_err(|e| bad(format!("function {name:?}: {e}")))?,
+                ),
+                None => None,
+            };
+            let from_request: Vec<String> = f["from_request"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p.as_str().map(str::to_owned))
+                .collect();
+            if let Some(p) = from_request
+                .iter()
+                .find(|p| f["parameters"]["properties"][p.as_str()]["type"] != "string")
+            {
+                return Err(bad(format!(
+                    "function {name:?}: from_request names {p:?}, which is not a string parameter"
+                )));
+            }
+            functions.push(FunctionDef {
+                from_request,
+                description: f["description"].as_str().unwrap_or("").to_owned(),
+                parameters: f["parameters"].clone(),
+                returns: f.get("returns").cloned(),
+                examples,
+                answer,
+                name,
+            });
+        }
         Ok(Manifest {
             name: s("name"),
             version: s("version"),

@@ -16,12 +16,16 @@ pub mod chat;
 mod choice;
 pub mod grammar;
 mod parse;
+pub mod route;
 mod stream;
+pub mod usage;
 
 pub use choice::{ResponseFormat, ToolChoice};
 pub use grammar::{GuideError, ToolGrammars};
 pub use parse::{CLOSE, OPEN, ParsedCall, complete_calls_prefix, parse_tool_calls};
+pub use route::{Ranked, RouteConfig, RouteDoc, Router};
 pub use stream::{CallDelta, CallStreamer};
+pub use usage::{AnswerError, AnswerTemplate, Example, quote_from_request, request_spans};
 
 use crate::chat::{
     ChatTemplate, FunctionCall, Message, Quote, RenderOptions, Role, TemplateError, ToolCall,
@@ -179,6 +183,27 @@ impl ToolSet {
     /// Whether there are no tools.
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
+    }
+
+    /// This set with tool `name` decoded and validated under `parameters` instead of its own schema; the
+    /// prompt still shows the definition as given. For a per-request narrowing of a schema (a routed call
+    /// whose quoted values must come from the request), so `parameters` should admit a subset of what the
+    /// tool's schema admits.
+    pub fn narrowed(&self, name: &str, parameters: Value) -> Result<ToolSet, ToolError> {
+        let mut set = ToolSet::new(&self.definitions)?;
+        let Some(t) = set.tools.iter_mut().find(|t| t.name == name) else {
+            return Err(ToolError::UnknownTool(name.to_owned()));
+        };
+        check_schema_size(&parameters).map_err(|msg| ToolError::Schema {
+            tool: name.to_owned(),
+            msg,
+        })?;
+        t.validator = jsonschema::validator_for(&parameters).map_err(|e| ToolError::Schema {
+            tool: name.to_owned(),
+            msg: e.to_string(),
+        })?;
+        t.parameters = parameters;
+        Ok(set)
     }
 
     /// The tools.

@@ -72,6 +72,9 @@ pub struct MessagesRequest {
     /// `user_id`.
     #[serde(default)]
     pub metadata: Option<Value>,
+    /// thorn: how host tools are put in front of the model (as on `/v1/chat/completions`).
+    #[serde(default)]
+    pub thorn_tool_use: Option<super::wire::ToolUseOpts>,
 }
 
 /// A message of the conversation.
@@ -430,6 +433,7 @@ fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, 
         peer: caller.peer.map(|p| p.to_string()),
         logprobs: false,
         speculation: true,
+        tool_use: r.thorn_tool_use.map(|o| o.over(st.agent.tool_use())),
     };
     Ok((turn, r.stream.unwrap_or(false)))
 }

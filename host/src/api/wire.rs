@@ -179,6 +179,62 @@ pub struct ChatRequest {
     /// thorn: conversation id for the plugin audit log (1 to 128 of `A-Z a-z 0-9 . _ : -`).
     #[serde(default)]
     pub conversation_id: Option<String>,
+    /// thorn: how host tools are put in front of the model (default: the server's).
+    #[serde(default)]
+    pub thorn_tool_use: Option<ToolUseOpts>,
+}
+
+/// `thorn_tool_use`: each field left out keeps the server's setting (`thorn::agent::ToolUse`).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolUseOpts {
+    /// `"lexical"` (the router picks the host functions shown, or none) or `"off"` (the model sees all).
+    #[serde(default)]
+    pub routing: Option<RoutingOpt>,
+    /// Show the plugins' example calls.
+    #[serde(default)]
+    pub examples: Option<bool>,
+    /// `"template"` (a routed call's answer template answers) or `"model"`.
+    #[serde(default)]
+    pub answers: Option<AnswersOpt>,
+}
+
+/// See [`ToolUseOpts::routing`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoutingOpt {
+    /// `"off"`.
+    Off,
+    /// `"lexical"`.
+    Lexical,
+}
+
+/// See [`ToolUseOpts::answers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AnswersOpt {
+    /// `"model"`.
+    Model,
+    /// `"template"`.
+    Template,
+}
+
+impl ToolUseOpts {
+    /// `base` with the fields given here replaced.
+    pub fn over(self, base: crate::agent::ToolUse) -> crate::agent::ToolUse {
+        use crate::agent::{Answers, Routing};
+        crate::agent::ToolUse {
+            routing: self.routing.map_or(base.routing, |r| match r {
+                RoutingOpt::Off => Routing::Off,
+                RoutingOpt::Lexical => Routing::Lexical,
+            }),
+            examples: self.examples.unwrap_or(base.examples),
+            answers: self.answers.map_or(base.answers, |a| match a {
+                AnswersOpt::Model => Answers::Model,
+                AnswersOpt::Template => Answers::Template,
+            }),
+        }
+    }
 }
 
 /// `prompt` of a completion: a string or a list with one string.
@@ -328,6 +384,10 @@ pub struct AssistantMessage<'a> {
     /// What a thinking model reasoned before it answered (absent when it did not).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<&'a str>,
+    /// The host functions thorn's tool router showed the model (`[]`: none, it answered without tools);
+    /// absent when the request was not routed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thorn_routed_tools: Option<&'a [String]>,
 }
 
 /// A tool call as the client sees it.

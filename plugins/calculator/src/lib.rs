@@ -4,7 +4,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use thorn_plugin_sdk::Plugin;
+use thorn_plugin_sdk::{Plugin, json};
 
 /// Arguments of `evaluate`.
 #[derive(Deserialize, JsonSchema)]
@@ -214,13 +214,22 @@ thorn_plugin_sdk::plugin!(
     Plugin::new(
         "calculator",
         "0.1.0",
-        "Evaluates arithmetic expressions exactly as written."
+        "A calculator: computes arithmetic exactly, so an answer never rests on mental math."
     )
     .function(
         "evaluate",
-        "Evaluate an arithmetic expression and return its value.",
+        "Calculates the value of an arithmetic expression: add or plus (+), subtract or minus (-), multiply or \
+         times (*), divide (/), remainder or modulo (%), power (^), parentheses, percent (as division by \
+         100), pi, e, and the functions sqrt abs ln log10 exp sin cos tan floor ceil round.",
         |x: Expr| evaluate(&x.expression).map(|value| Answer { value }),
     )
+    .example("What is 12 times 9?", json!({"expression": "12 * 9"}))
+    .example("Add 4.5 and 3.25.", json!({"expression": "4.5 + 3.25"}))
+    .example("What is 3 to the power of 4?", json!({"expression": "3 ^ 4"}))
+    .example("What is 20 percent of 80?", json!({"expression": "20 / 100 * 80"}))
+    .example("Find the square root of 81.", json!({"expression": "sqrt(81)"}))
+    .example("Take 50 minus 8 and divide it by 6.", json!({"expression": "(50 - 8) / 6"}))
+    .answer("{{ arguments.expression }} = {{ result.value | num }}")
 );
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::{Component, Path, PathBuf};
-use thorn_plugin_sdk::Plugin;
+use thorn_plugin_sdk::{Plugin, json};
 
 /// Where the granted directory appears inside the sandbox.
 pub const ROOT: &str = "/data";
@@ -22,7 +22,7 @@ fn default_dot() -> String {
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct List {
-    /// A directory, relative to the granted root (`.` is the root).
+    /// A directory in the workspace, relative to its root; `.` (the default) is the whole workspace.
     #[serde(default = "default_dot")]
     #[schemars(length(max = 1024))]
     pub path: String,
@@ -233,12 +233,28 @@ thorn_plugin_sdk::plugin!(
         "Lists, reads and searches the text files of one directory the operator has granted (read-only)."
     )
     .wants_dir(ROOT, "read")
-    .function("list_files", "Lists a directory: names, kinds and sizes.", list)
-    .function("read_file", "Reads a text file (or a slice of a large one).", read)
+    .function("list_files", "Lists the files and folders in a directory of the workspace.", list)
+    .example("What is in the notes folder?", json!({"path": "notes"}))
+    .example("What files do you have?", json!({"path": "."}))
+    .from_request(&["path"])
+    .answer(
+        "{% for f in result %}{{ f.name }}{% if f.kind == 'dir' %}/{% endif %}{% if not loop.last %}, {% endif %}{% else %}{{ arguments.path }} is empty.{% endfor %}"
+    )
+    .function("read_file", "Reads the text of a file in the workspace (or a slice of a large one).", read)
+    .example("Show me the contents of todo.txt.", json!({"path": "todo.txt"}))
+    .example("Print notes/plan.md.", json!({"path": "notes/plan.md"}))
+    .from_request(&["path"])
+    .answer("{{ result.path }}:\n{{ result.content }}{% if result.truncated %} …{% endif %}")
     .function(
         "search_files",
-        "Finds the lines containing a text, case-insensitively, in the files under a directory.",
+        "Searches the workspace's files for a word or text and finds the lines that contain it (case-insensitive).",
         search
+    )
+    .example("Which files mention \"invoice\"?", json!({"query": "invoice"}))
+    .example("Find where the word budget appears.", json!({"query": "budget"}))
+    .from_request(&["query", "path"])
+    .answer(
+        "{% for m in result.matches %}{{ m.path }}:{{ m.line }}: {{ m.text }}\n{% else %}No line contains \"{{ arguments.query }}\".{% endfor %}"
     )
 );
 

@@ -6,7 +6,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use thorn_plugin_sdk::Plugin;
+use thorn_plugin_sdk::{Plugin, json};
 
 /// Where the granted directory appears inside the sandbox.
 pub const ROOT: &str = "/memory";
@@ -38,7 +38,7 @@ pub struct Key {
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Prefix {
-    /// Only keys that start with this.
+    /// Only keys that start with this text; empty (the default) lists every key.
     #[serde(default)]
     #[schemars(length(max = 128))]
     pub prefix: String,
@@ -142,23 +142,51 @@ thorn_plugin_sdk::plugin!(
     .wants_dir(ROOT, "read-write")
     .function(
         "remember",
-        "Stores a note under a key, replacing any previous one.",
+        "Remembers a note: stores (saves) a value under a key, replacing any previous one.",
         remember
     )
+    .example(
+        "Remember that my bike lock combination is 2468; use the key bike.",
+        json!({"key": "bike", "value": "2468"})
+    )
+    .example(
+        "Save \"Tuesday 10am\" as the note dentist.",
+        json!({"key": "dentist", "value": "Tuesday 10am"})
+    )
+    .from_request(&["key", "value"])
+    .answer("Remembered {{ result.key }}: {{ result.value }}")
     .function(
         "recall",
-        "Returns the note stored under a key (null if none).",
+        "Recalls the note (value) stored under a key, or null if there is none.",
         recall
+    )
+    .example("Look up my note called dentist.", json!({"key": "dentist"}))
+    .example("What is the value of the key bike?", json!({"key": "bike"}))
+    .from_request(&["key"])
+    .answer(
+        "{% if result.value is not none %}{{ result.key }}: {{ result.value }}{% else %}Nothing is stored under {{ arguments.key }}.{% endif %}"
     )
     .function(
         "forget",
-        "Deletes the note under a key; returns whether one existed.",
+        "Forgets (deletes) the note under a key; returns whether one existed.",
         forget
+    )
+    .example("Remove the bike note from memory.", json!({"key": "bike"}))
+    .example("Erase what you stored under dentist.", json!({"key": "dentist"}))
+    .from_request(&["key"])
+    .answer(
+        "{% if result %}Forgot {{ arguments.key }}.{% else %}Nothing was stored under {{ arguments.key }}.{% endif %}"
     )
     .function(
         "list_keys",
-        "Lists the stored keys, optionally only those with a prefix.",
+        "Lists the keys of the stored notes, optionally only those with a prefix.",
         list_keys
+    )
+    .example("What notes have you stored?", json!({"prefix": ""}))
+    .example("Which notes do you remember?", json!({"prefix": ""}))
+    .from_request(&["prefix"])
+    .answer(
+        "{% if result %}Stored keys: {{ result | join(', ') }}{% else %}No notes are stored{% if arguments.prefix %} under {{ arguments.prefix }}{% endif %}.{% endif %}"
     )
 );
 

@@ -6,7 +6,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use thorn_plugin_sdk::Plugin;
+use thorn_plugin_sdk::{Plugin, json};
 
 /// Where the granted state directory appears inside the sandbox.
 pub const STATE: &str = "/state/arm.json";
@@ -225,11 +225,28 @@ thorn_plugin_sdk::plugin!(
     .wants_dir("/state", "read-write")
     .function(
         "move_joints",
-        "Moves the arm's joints to absolute angles in degrees and/or sets the gripper; joints left out stay put. Refuses moves outside the joint limits or into the table.",
+        "Moves (rotates, turns, bends) the arm's joints to absolute angles in degrees and/or opens or closes the gripper; joints left out stay put. Refuses moves outside the joint limits or into the table.",
         move_joints
     )
-    .function("arm_state", "Reports the joint angles, the gripper and the tool tip position.", state)
-    .function("arm_home", "Moves the arm back to its home pose.", home)
+    .example("Swing the base of the arm to -30 degrees.", json!({"base": -30}))
+    .example(
+        "Raise the shoulder to 15 degrees and bend the elbow to 60.",
+        json!({"shoulder": 15, "elbow": 60})
+    )
+    .example("Set the gripper to 25 percent open.", json!({"gripper": 25}))
+    .example("Tilt the wrist down to -45 degrees.", json!({"wrist": -45}))
+    .answer("Moved in {{ result.motion_seconds | num }} s: base {{ result.base | num }}°, shoulder {{ result.shoulder | num }}°, elbow {{ result.elbow | num }}°, wrist {{ result.wrist | num }}°, gripper {{ result.gripper | num }}% open, tool tip at ({{ result.tool | map('num') | join(', ') }}) m.")
+    .function(
+        "arm_state",
+        "Reports the arm's current state: where it is, its joint angles, the gripper and the tool tip position.",
+        state
+    )
+    .example("What pose is the arm in?", json!({}))
+    .example("Read the arm's joint positions.", json!({}))
+    .answer("The arm is at base {{ result.base | num }}°, shoulder {{ result.shoulder | num }}°, elbow {{ result.elbow | num }}°, wrist {{ result.wrist | num }}°, gripper {{ result.gripper | num }}% open, tool tip at ({{ result.tool | map('num') | join(', ') }}) m.")
+    .function("arm_home", "Moves (resets) the arm back to its home pose.", home)
+    .example("Return the arm to its rest pose.", json!({}))
+    .answer("Back home in {{ result.motion_seconds | num }} s: base {{ result.base | num }}°, shoulder {{ result.shoulder | num }}°, elbow {{ result.elbow | num }}°, wrist {{ result.wrist | num }}°, gripper {{ result.gripper | num }}% open, tool tip at ({{ result.tool | map('num') | join(', ') }}) m.")
 );
 
 #[cfg(test)]

@@ -60,6 +60,9 @@ struct Function {
     description: String,
     parameters: Schema,
     returns: Schema,
+    examples: Vec<Value>,
+    answer: Option<String>,
+    from_request: Vec<String>,
     run: Handler,
 }
 
@@ -116,6 +119,9 @@ impl Plugin {
             description: description.into(),
             parameters: Schema::Of(schema_of::<A>),
             returns: Schema::Of(schema_of::<R>),
+            examples: Vec::new(),
+            answer: None,
+            from_request: Vec::new(),
             run,
         });
         self
@@ -133,8 +139,43 @@ impl Plugin {
             description: description.into(),
             parameters: Schema::Given(parameters),
             returns: Schema::Given(Value::Bool(true)),
+            examples: Vec::new(),
+            answer: None,
+            from_request: Vec::new(),
             run: Box::new(f),
         });
+        self
+    }
+
+    /// Adds an example to the function added last: a request a user might make and the arguments it maps
+    /// to. The host checks each against the function's parameters, shows them to a model as earlier turns
+    /// of the conversation, and its tool router reads their words. A few varied ones help a small model
+    /// most (at most 8).
+    pub fn example(mut self, request: &str, arguments: Value) -> Self {
+        if let Some(f) = self.functions.last_mut() {
+            f.examples
+                .push(json!({"request": request, "arguments": arguments}));
+        }
+        self
+    }
+
+    /// Names string parameters of the function added last whose value the user's request spells out (a
+    /// key, a file name, a search term): when the host's agent routed the call, each is decoded as one of
+    /// the request's own word spans, so a small model copies it rather than inventing one.
+    pub fn from_request(mut self, params: &[&str]) -> Self {
+        if let Some(f) = self.functions.last_mut() {
+            f.from_request = params.iter().map(|p| (*p).to_owned()).collect();
+        }
+        self
+    }
+
+    /// Sets how a result of the function added last reads as an answer: a Jinja template over `arguments`
+    /// and `result`, e.g. `{{ arguments.expression }} = {{ result.value | num }}`. When the host's agent
+    /// routed the call, the rendered text is its answer, exactly as the function computed it.
+    pub fn answer(mut self, template: &str) -> Self {
+        if let Some(f) = self.functions.last_mut() {
+            f.answer = Some(template.into());
+        }
         self
     }
 
@@ -169,8 +210,18 @@ impl Plugin {
             .functions
             .iter()
             .map(|f| {
-                json!({"name": f.name, "description": f.description, "parameters": f.parameters.get(),
-                    "returns": f.returns.get()})
+                let mut v = json!({"name": f.name, "description": f.description,
+                    "parameters": f.parameters.get(), "returns": f.returns.get()});
+                if !f.examples.is_empty() {
+                    v["examples"] = Value::Array(f.examples.clone());
+                }
+                if let Some(a) = &f.answer {
+                    v["answer"] = json!(a);
+                }
+                if !f.from_request.is_empty() {
+                    v["from_request"] = json!(f.from_request);
+                }
+                v
             })
             .collect();
         json!({
