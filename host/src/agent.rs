@@ -782,13 +782,18 @@ impl Agent {
         Ok(self.tokenize(PromptText::Chat(text)).await?.len())
     }
 
-    /// Runs one generation on the engine thread, streaming its text through `on_text`.
+    /// Runs one generation on the engine thread, streaming its text through `on_text`. A `copying`
+    /// generation (a routed call, whose arguments come from the request) runs without repetition
+    /// penalties: they exist to stop prose from looping, and here they would push the model off the very
+    /// words it must copy (`17 * 3` became `24*3` under the CLI's 1.1).
+    #[expect(clippy::too_many_arguments, reason = "one round's inputs, spelled out")]
     async fn generate(
         &self,
         prompt: PromptText,
         tools: Arc<ToolSet>,
         choice: ToolChoice,
         turn: &Turn,
+        copying: bool,
         cancel: &Arc<AtomicBool>,
         on: &mut (dyn FnMut(Piece<'_>) + Send),
     ) -> Result<(Generation, Vec<TokenLogprob>), AgentError> {
@@ -804,6 +809,11 @@ impl Agent {
             speculate: turn.speculation,
             ..Request::greedy(prompt, turn.max_tokens)
         };
+        if copying {
+            req.sampling.repetition_penalty = 1.0;
+            req.sampling.presence_penalty = 0.0;
+            req.sampling.frequency_penalty = 0.0;
+        }
         let logprobs = turn.logprobs;
         self.engine.generate(Box::new(move |engine: &mut Engine| {
             let prepared = (|| -> Result<Submission, AgentError> {
@@ -855,6 +865,7 @@ impl Agent {
                 Arc::new(ToolSet::default()),
                 ToolChoice::None,
                 turn,
+                false,
                 &cancel,
                 &mut |p| match p {
                     Piece::Started(n) => on_event(Event::Started { prompt_tokens: n }),
@@ -1029,6 +1040,7 @@ impl Agent {
                         Arc::clone(&shown),
                         choice.clone(),
                         &turn,
+                        routed,
                         &cancel,
                         &mut |piece| match piece {
                             Piece::Started(n) if first_round => {

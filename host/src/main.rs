@@ -284,6 +284,10 @@ struct TasksBenchArgs {
     /// any design was tuned on `main`).
     #[arg(long, default_value = "main")]
     set: String,
+    /// Measure the "tool-first round with an answer function" design: offer a client tool `answer(text)`
+    /// beside the plugins and force a call; a call to it is the answer.
+    #[arg(long)]
+    answer_tool: bool,
 }
 
 #[derive(clap::Args)]
@@ -527,6 +531,7 @@ fn main() -> Result<()> {
                 .transpose()
                 .context("--tool-use is not JSON")?,
             set: a.set,
+            answer_tool: a.answer_tool,
             json: a.endpoint.json,
             markdown: a.endpoint.markdown,
         }),

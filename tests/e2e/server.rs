@@ -668,6 +668,99 @@ fn host_plugins_run_inside_the_request() {
 }
 
 #[test]
+fn host_tools_are_used_out_of_the_box() {
+    // The default tool use: the router picks the function, the call is forced, the template answers.
+    let tools = json!([{"type": "function", "function": {"name": "thorn:calculator"}},
+        {"type": "function", "function": {"name": "thorn:files"}}]);
+    let ask = |text: &str, extra: Value| {
+        let mut body = json!({"messages": user(text), "tools": tools, "temperature": 0,
+            "max_tokens": 200});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        chat(body)
+    };
+    let r = ask("What is 17 * 3? Use the calculator.", json!({}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["thorn_routed_tools"], json!(["evaluate"]), "{v}");
+    let calls = host_calls(&v);
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["result"]["value"], 51.0, "{v}");
+    let args: Value = serde_json::from_str(calls[0]["arguments"].as_str().unwrap()).unwrap();
+    // The answer is the calculator's template: the value exactly as computed.
+    assert_eq!(
+        msg["content"],
+        format!("{} = 51", args["expression"].as_str().unwrap()),
+        "{v}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    // Streamed, the same answer arrives as content deltas after the call.
+    let data = ask(
+        "What is 17 * 3? Use the calculator.",
+        json!({"stream": true}),
+    )
+    .sse();
+    let content: String = data
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|e| {
+            e["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(content, msg["content"].as_str().unwrap(), "{data:?}");
+
+    // A message no tool is about gets no tools at all: an answer, never a call.
+    let r = ask("What is the capital of France?", json!({}));
+    let v = r.json();
+    assert_eq!(
+        v["choices"][0]["message"]["thorn_routed_tools"],
+        json!([]),
+        "{v}"
+    );
+    assert!(host_calls(&v).is_empty(), "{v}");
+    assert!(v["choices"][0]["message"]["content"].is_string());
+
+    // A from_request value is decoded as one of the request's own word spans.
+    let text = "Read the file notes.txt please.";
+    let v = ask(text, json!({})).json();
+    assert_eq!(
+        v["choices"][0]["message"]["thorn_routed_tools"],
+        json!(["read_file"]),
+        "{v}"
+    );
+    let calls = host_calls(&v);
+    let args: Value = serde_json::from_str(calls[0]["arguments"].as_str().unwrap()).unwrap();
+    let path = args["path"].as_str().unwrap();
+    assert!(
+        thorn_tools::request_spans(text).iter().any(|s| s == path),
+        "{path:?} is not a span of {text:?}"
+    );
+
+    // The request can turn it off, and a bad setting is the client's error.
+    let v = ask(
+        "What is 17 * 3?",
+        json!({"thorn_tool_use": {"routing": "off"}}),
+    )
+    .json();
+    assert!(
+        v["choices"][0]["message"]
+            .get("thorn_routed_tools")
+            .is_none(),
+        "{v}"
+    );
+    for bad in [json!({"routing": "sideways"}), json!({"bogus": true})] {
+        let r = ask("What is 17 * 3?", json!({"thorn_tool_use": bad}));
+        assert_eq!(r.status, 400, "{}", r.body);
+    }
+}
+
+#[test]
 fn a_hostile_plugins_failure_goes_back_to_the_model() {
     let r = chat(
         json!({"messages": user("Call spin with n = 3 and target \"x\"."),

@@ -183,6 +183,10 @@ pub struct Opts {
     pub oracle_tools: bool,
     /// `thorn_tool_use` for every request (`None`: the server's default).
     pub tool_use: Option<Value>,
+    /// The "tool-first round with an answer function" design: every request also offers a client tool
+    /// `answer(text)` and forces a call (`required`); a call to it is the answer. (A client tool in the
+    /// request turns thorn's own routing off.)
+    pub answer_tool: bool,
     /// `main` or `heldout`.
     pub set: String,
     /// JSON report.
@@ -216,6 +220,20 @@ pub fn run(o: &Opts) -> Result<()> {
         if let Some(u) = &o.tool_use {
             body["thorn_tool_use"] = u.clone();
         }
+        if o.answer_tool {
+            body["tool_choice"] = json!("required");
+            body["parallel_tool_calls"] = json!(false);
+            if let Some(list) = body["tools"].as_array_mut() {
+                list.push(json!({"type": "function", "function": {"name": "answer",
+                    "description": "Answers the user directly, when no other tool is needed.",
+                    "parameters": {"type": "object", "properties": {"text": {"type": "string",
+                        "description": "The answer."}}, "required": ["text"]}}}));
+            } else {
+                body["tools"] = json!([{"type": "function", "function": {"name": "answer",
+                    "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                    "required": ["text"]}}}]);
+            }
+        }
         if o.oracle_tools {
             match t.tool.as_deref().and_then(plugin_of) {
                 Some(p) => {
@@ -230,9 +248,29 @@ pub fn run(o: &Opts) -> Result<()> {
                 }
             }
         }
-        let v = ep.chat_json(&body)?;
+        let mut v = ep.chat_json(&body)?;
         if v.get("error").is_some() {
             bail!("{}: {}", t.id, v["error"]);
+        }
+        if o.answer_tool {
+            // The answer function's text is the answer.
+            let msg = &mut v["choices"][0]["message"];
+            let text = msg["tool_calls"].as_array().and_then(|calls| {
+                calls
+                    .iter()
+                    .find(|c| c["function"]["name"] == "answer")
+                    .map(|c| {
+                        let args: Value = c["function"]["arguments"]
+                            .as_str()
+                            .and_then(|a| serde_json::from_str(a).ok())
+                            .unwrap_or(Value::Null);
+                        args["text"].as_str().unwrap_or("").to_owned()
+                    })
+            });
+            if let Some(text) = text {
+                let before = msg["content"].as_str().unwrap_or("").to_owned();
+                msg["content"] = json!(format!("{before}{text}"));
+            }
         }
         let verdict = judge(t, &v);
         if t.tool.is_some() {
@@ -265,7 +303,7 @@ pub fn run(o: &Opts) -> Result<()> {
         );
     }
     let report = json!({"label": o.label, "model": model, "tool_choice": o.tool_choice,
-        "tool_use": o.tool_use, "set": o.set,
+        "tool_use": o.tool_use, "set": o.set, "answer_tool": o.answer_tool,
         "tool_tasks": tool_n, "tool_right": tool_right, "no_tool_prompts": plain_n,
         "no_tool_right": plain_right, "tasks": rows});
     let pct = |a: usize, n: usize| 100.0 * a as f64 / n.max(1) as f64;

@@ -579,25 +579,10 @@ impl PluginHost {
             path: shown.clone(),
             msg: e.to_string(),
         })?;
-        // An example must be a call the model could make: it is shown to the model as one.
-        for f in &manifest.functions {
-            for (i, e) in f.examples.iter().enumerate() {
-                let call = thorn_tools::ParsedCall {
-                    name: f.name.clone(),
-                    arguments: e.arguments.clone(),
-                };
-                plugin
-                    .tools
-                    .check(&call)
-                    .map_err(|err| PluginError::Manifest {
-                        path: shown.clone(),
-                        msg: format!(
-                            "function {:?}: example {i} does not fit its parameters: {err}",
-                            f.name
-                        ),
-                    })?;
-            }
-        }
+        check_usage(&manifest, &plugin.tools).map_err(|msg| PluginError::Manifest {
+            path: shown.clone(),
+            msg,
+        })?;
         plugin.name = manifest.name.clone();
         plugin.manifest = manifest;
         Ok(Candidate { plugin })
@@ -654,14 +639,6 @@ impl PluginHost {
                 .flatten()
                 .filter_map(|p| p.as_str().map(str::to_owned))
                 .collect();
-            if let Some(p) = from_request
-                .iter()
-                .find(|p| f["parameters"]["properties"][p.as_str()]["type"] != "string")
-            {
-                return Err(bad(format!(
-                    "function {name:?}: from_request names {p:?}, which is not a string parameter"
-                )));
-            }
             functions.push(FunctionDef {
                 from_request,
                 description: f["description"].as_str().unwrap_or("").to_owned(),
@@ -680,6 +657,37 @@ impl PluginHost {
             capabilities: v.get("capabilities").cloned().unwrap_or(Value::Null),
         })
     }
+}
+
+/// Checks what a manifest says about using its functions against their schemas: every example must be a
+/// call the model could make (it is shown to the model as one), and `from_request` may name only string
+/// parameters.
+fn check_usage(manifest: &Manifest, tools: &ToolSet) -> Result<(), String> {
+    for f in &manifest.functions {
+        for (i, e) in f.examples.iter().enumerate() {
+            let call = thorn_tools::ParsedCall {
+                name: f.name.clone(),
+                arguments: e.arguments.clone(),
+            };
+            tools.check(&call).map_err(|err| {
+                format!(
+                    "function {:?}: example {i} does not fit its parameters: {err}",
+                    f.name
+                )
+            })?;
+        }
+        if let Some(p) = f
+            .from_request
+            .iter()
+            .find(|p| f.parameters["properties"][p.as_str()]["type"] != "string")
+        {
+            return Err(format!(
+                "function {:?}: from_request names {p:?}, which is not a string parameter",
+                f.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A compiled component whose manifest has been read, not yet admitted by a policy.
@@ -1181,5 +1189,59 @@ impl Plugin {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod usage_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn manifest(examples: Vec<thorn_tools::Example>, from_request: &[&str]) -> (Manifest, ToolSet) {
+        let parameters = json!({"type": "object", "properties": {"key": {"type": "string"},
+            "n": {"type": "integer"}}, "required": ["key"], "additionalProperties": false});
+        let tools = ToolSet::new(&[json!({"type": "function", "function": {"name": "f",
+            "description": "", "parameters": parameters}})])
+        .unwrap();
+        let m = Manifest {
+            name: "p".into(),
+            version: "1".into(),
+            description: String::new(),
+            functions: vec![FunctionDef {
+                name: "f".into(),
+                description: String::new(),
+                parameters,
+                returns: None,
+                examples,
+                answer: None,
+                from_request: from_request.iter().map(|s| (*s).to_owned()).collect(),
+            }],
+            capabilities: Value::Null,
+        };
+        (m, tools)
+    }
+
+    fn example(arguments: Value) -> thorn_tools::Example {
+        thorn_tools::Example {
+            request: "r".into(),
+            arguments,
+        }
+    }
+
+    #[test]
+    fn examples_must_fit_the_schema_and_from_request_names_strings() {
+        let (m, t) = manifest(vec![example(json!({"key": "a", "n": 1}))], &["key"]);
+        assert_eq!(check_usage(&m, &t), Ok(()));
+        let (m, t) = manifest(vec![example(json!({"n": 1}))], &[]);
+        let e = check_usage(&m, &t).unwrap_err();
+        assert!(e.contains("example 0 does not fit"), "{e}");
+        let (m, t) = manifest(vec![], &["n"]);
+        assert!(
+            check_usage(&m, &t)
+                .unwrap_err()
+                .contains("not a string parameter")
+        );
+        let (m, t) = manifest(vec![], &["absent"]);
+        assert!(check_usage(&m, &t).is_err());
     }
 }

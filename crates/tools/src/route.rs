@@ -64,7 +64,7 @@ impl Default for RouteConfig {
     fn default() -> Self {
         RouteConfig {
             min_score: 2.0,
-            min_coverage: 0.5,
+            min_coverage: 0.4,
             keep: 0.9,
             max_tools: 3,
         }

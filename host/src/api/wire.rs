@@ -833,6 +833,7 @@ mod response_tests {
                     tool_calls: vec![ToolCallOut::of(&call)],
                     thorn_host_tool_calls: vec![],
                     reasoning_content: None,
+                    thorn_routed_tools: None,
                 },
                 logprobs: None,
                 finish_reason: "tool_calls",
