@@ -96,25 +96,32 @@ fn units_converts_and_its_schema_lists_the_units() {
         .call("convert", &json!({"value": 3, "from": "mi", "to": "km"}))
         .unwrap();
     assert_eq!(out["value"], 4.828032);
+    // Units as people write them, which a small model copies from the request.
+    let out = p
+        .call(
+            "convert",
+            &json!({"value": 6, "from": "feet", "to": "Meters"}),
+        )
+        .unwrap();
+    assert_eq!(out["value"], 1.8288);
     let err = p
         .call("convert", &json!({"value": 1, "from": "kg", "to": "m"}))
         .unwrap_err();
     assert!(tool_error(&err, "cannot convert"), "{err}");
-    // An unknown unit is a schema violation: it never reaches the plugin.
+    // An unknown unit is the tool's error, naming the units it knows.
     let err = p
         .call(
             "convert",
             &json!({"value": 1, "from": "furlong", "to": "m"}),
         )
         .unwrap_err();
-    assert!(matches!(err, PluginError::Arguments(_)), "{err}");
-    let params = &p.manifest().functions[0].parameters;
-    assert!(
-        params["properties"]["to"]["enum"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("kWh"))
-    );
+    assert!(tool_error(&err, "unknown unit"), "{err}");
+    assert!(tool_error(&err, "kWh"), "{err}");
+    // The schema is a string; the description gives every symbol with its name.
+    let f = &p.manifest().functions[0];
+    assert_eq!(f.parameters["properties"]["to"]["type"], "string");
+    assert!(f.description.contains("kWh = kilowatt hour"), "{}", f.description);
+    assert_eq!(f.from_request, ["from", "to"]);
 }
 
 #[test]

@@ -32,9 +32,12 @@ const ANSWER_FUEL: u64 = 100_000;
 pub const SPAN_WORDS: usize = 8;
 /// Most spans offered for one value (the grammar's enum).
 pub const MAX_SPANS: usize = 512;
+/// Longest span, in bytes: a value a request spells out is short, and the enum must stay far below the
+/// schema limits ([`crate::schema_limits`]) whatever the request holds.
+pub const SPAN_BYTES: usize = 64;
 
-/// The contiguous word spans of `text` (at most [`SPAN_WORDS`] words, at most [`MAX_SPANS`], first
-/// occurrence first): words split at white space, each with surrounding quotes and punctuation taken off
+/// The contiguous word spans of `text` (at most [`SPAN_WORDS`] words and [`SPAN_BYTES`] bytes, at most
+/// [`MAX_SPANS`], first occurrence first): words split at white space, each with surrounding quotes and punctuation taken off
 /// (`"hunter2".` -> `hunter2`, `README.txt` stays), joined by one space.
 pub fn request_spans(text: &str) -> Vec<String> {
     const EDGE: &[char] = &[
@@ -51,6 +54,9 @@ pub fn request_spans(text: &str) -> Vec<String> {
     for n in 1..=SPAN_WORDS.min(words.len()) {
         for w in words.windows(n) {
             let span = w.join(" ");
+            if span.len() > SPAN_BYTES {
+                continue;
+            }
             if seen.insert(span.clone()) {
                 out.push(span);
                 if out.len() == MAX_SPANS {
@@ -247,6 +253,13 @@ mod tests {
         assert_eq!(request_spans(&long).len(), SPAN_WORDS, "repeats count once");
         let many: String = (0..2000).map(|i| format!("w{i} ")).collect();
         assert_eq!(request_spans(&many).len(), MAX_SPANS);
+        // However long the request, the spans fit a schema's enum.
+        let huge = format!("{} key {}", "x".repeat(100_000), "y".repeat(70));
+        assert_eq!(request_spans(&huge), ["key"]);
+        let spans = request_spans(&"abcdefgh ".repeat(5000));
+        let params = json!({"type": "object", "properties": {"k": {"type": "string"}}});
+        let q = quote_from_request(&params, &["k".to_owned()], &spans);
+        assert!(crate::check_schema_size(&q).is_ok());
     }
 
     #[test]
