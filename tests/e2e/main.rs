@@ -5,6 +5,7 @@ mod bfcl;
 mod chat_template;
 mod engine;
 mod hybrid;
+mod mcp;
 mod model_file;
 mod plugins;
 mod server;

@@ -255,6 +255,40 @@ pub struct FunctionDef {
     /// String parameters whose value the request spells out (each a top-level `"type": "string"`
     /// property of `parameters`).
     pub from_request: Vec<String>,
+    /// What a call does, as hints for clients (MCP tool annotations).
+    pub annotations: Annotations,
+}
+
+/// A function's MCP tool annotations: hints for clients (an agent asking a person before a destructive
+/// call), never what the host enforces (the policy is).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Annotations {
+    /// `readOnlyHint`: it changes nothing.
+    pub read_only: Option<bool>,
+    /// `destructiveHint`: it may change or destroy something irreversibly.
+    pub destructive: Option<bool>,
+    /// `idempotentHint`: calling it again with the same arguments does nothing more.
+    pub idempotent: Option<bool>,
+    /// `openWorldHint`: it reaches outside the host.
+    pub open_world: Option<bool>,
+}
+
+impl Annotations {
+    /// From a manifest's `annotations` object (already validated against the manifest schema).
+    pub fn from_manifest(v: &Value) -> Self {
+        let hint = |k: &str| v.get(k).and_then(Value::as_bool);
+        Annotations {
+            read_only: hint("readOnlyHint"),
+            destructive: hint("destructiveHint"),
+            idempotent: hint("idempotentHint"),
+            open_world: hint("openWorldHint"),
+        }
+    }
+
+    /// Whether any hint is given.
+    pub fn is_empty(&self) -> bool {
+        *self == Annotations::default()
+    }
 }
 
 /// A validated manifest.
@@ -640,6 +674,7 @@ impl PluginHost {
                 .filter_map(|p| p.as_str().map(str::to_owned))
                 .collect();
             functions.push(FunctionDef {
+                annotations: Annotations::from_manifest(&f["annotations"]),
                 from_request,
                 description: f["description"].as_str().unwrap_or("").to_owned(),
                 parameters: f["parameters"].clone(),
@@ -1215,6 +1250,7 @@ mod usage_tests {
                 examples,
                 answer: None,
                 from_request: from_request.iter().map(|s| (*s).to_owned()).collect(),
+                annotations: Annotations::default(),
             }],
             capabilities: Value::Null,
         };

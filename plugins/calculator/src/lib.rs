@@ -223,6 +223,7 @@ thorn_plugin_sdk::plugin!(
          100), pi, e, and the functions sqrt abs ln log10 exp sin cos tan floor ceil round.",
         |x: Expr| evaluate(&x.expression).map(|value| Answer { value }),
     )
+    .read_only()
     .example("What is 12 times 9?", json!({"expression": "12 * 9"}))
     .example("Add 4.5 and 3.25.", json!({"expression": "4.5 + 3.25"}))
     .example("What is 3 to the power of 4?", json!({"expression": "3 ^ 4"}))

@@ -240,11 +240,13 @@ thorn_plugin_sdk::plugin!(
     .answer(
         "{% for f in result %}{{ f.name }}{% if f.kind == 'dir' %}/{% endif %}{% if not loop.last %}, {% endif %}{% else %}{{ arguments.path }} is empty.{% endfor %}"
     )
+    .read_only()
     .function("read_file", "Reads the text of a file in the workspace (or a slice of a large one).", read)
     .example("Show me the contents of todo.txt.", json!({"path": "todo.txt"}))
     .example("Print notes/plan.md.", json!({"path": "notes/plan.md"}))
     .from_request(&["path"])
     .answer("{{ result.path }}:\n{{ result.content }}{% if result.truncated %} …{% endif %}")
+    .read_only()
     .function(
         "search_files",
         "Searches the workspace's files for a word or text and finds the lines that contain it (case-insensitive).",
@@ -256,6 +258,7 @@ thorn_plugin_sdk::plugin!(
     .answer(
         "{% for m in result.matches %}{{ m.path }}:{{ m.line }}: {{ m.text }}\n{% else %}No line contains \"{{ arguments.query }}\".{% endfor %}"
     )
+    .read_only()
 );
 
 #[cfg(test)]

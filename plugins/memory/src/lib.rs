@@ -155,6 +155,7 @@ thorn_plugin_sdk::plugin!(
     )
     .from_request(&["key", "value"])
     .answer("Remembered {{ result.key }}: {{ result.value }}")
+    .destructive(true)
     .function(
         "recall",
         "Recalls the note (value) stored under a key, or null if there is none.",
@@ -166,6 +167,7 @@ thorn_plugin_sdk::plugin!(
     .answer(
         "{% if result.value is not none %}{{ result.key }}: {{ result.value }}{% else %}Nothing is stored under {{ arguments.key }}.{% endif %}"
     )
+    .read_only()
     .function(
         "forget",
         "Forgets (deletes) the note under a key; returns whether one existed.",
@@ -177,6 +179,7 @@ thorn_plugin_sdk::plugin!(
     .answer(
         "{% if result %}Forgot {{ arguments.key }}.{% else %}Nothing was stored under {{ arguments.key }}.{% endif %}"
     )
+    .destructive(true)
     .function(
         "list_keys",
         "Lists the keys of the stored notes, optionally only those with a prefix.",
@@ -188,6 +191,7 @@ thorn_plugin_sdk::plugin!(
     .answer(
         "{% if result %}Stored keys: {{ result | join(', ') }}{% else %}No notes are stored{% if arguments.prefix %} under {{ arguments.prefix }}{% endif %}.{% endif %}"
     )
+    .read_only()
 );
 
 #[cfg(test)]

@@ -236,6 +236,7 @@ thorn_plugin_sdk::plugin!(
     .example("Set the gripper to 25 percent open.", json!({"gripper": 25}))
     .example("Tilt the wrist down to -45 degrees.", json!({"wrist": -45}))
     .answer("Moved in {{ result.motion_seconds | num }} s: base {{ result.base | num }}°, shoulder {{ result.shoulder | num }}°, elbow {{ result.elbow | num }}°, wrist {{ result.wrist | num }}°, gripper {{ result.gripper | num }}% open, tool tip at ({{ result.tool | map('num') | join(', ') }}) m.")
+    .destructive(true)
     .function(
         "arm_state",
         "Reports the arm's current state: where it is, its joint angles, the gripper and the tool tip position.",
@@ -244,9 +245,11 @@ thorn_plugin_sdk::plugin!(
     .example("What pose is the arm in?", json!({}))
     .example("Read the arm's joint positions.", json!({}))
     .answer("The arm is at base {{ result.base | num }}°, shoulder {{ result.shoulder | num }}°, elbow {{ result.elbow | num }}°, wrist {{ result.wrist | num }}°, gripper {{ result.gripper | num }}% open, tool tip at ({{ result.tool | map('num') | join(', ') }}) m.")
+    .read_only()
     .function("arm_home", "Moves (resets) the arm back to its home pose.", home)
     .example("Return the arm to its rest pose.", json!({}))
     .answer("Back home in {{ result.motion_seconds | num }} s: base {{ result.base | num }}°, shoulder {{ result.shoulder | num }}°, elbow {{ result.elbow | num }}°, wrist {{ result.wrist | num }}°, gripper {{ result.gripper | num }}% open, tool tip at ({{ result.tool | map('num') | join(', ') }}) m.")
+    .destructive(true)
 );
 
 #[cfg(test)]

@@ -63,6 +63,7 @@ struct Function {
     examples: Vec<Value>,
     answer: Option<String>,
     from_request: Vec<String>,
+    annotations: serde_json::Map<String, Value>,
     run: Handler,
 }
 
@@ -122,6 +123,7 @@ impl Plugin {
             examples: Vec::new(),
             answer: None,
             from_request: Vec::new(),
+            annotations: serde_json::Map::new(),
             run,
         });
         self
@@ -142,6 +144,7 @@ impl Plugin {
             examples: Vec::new(),
             answer: None,
             from_request: Vec::new(),
+            annotations: serde_json::Map::new(),
             run: Box::new(f),
         });
         self
@@ -167,6 +170,31 @@ impl Plugin {
             f.from_request = params.iter().map(|p| (*p).to_owned()).collect();
         }
         self
+    }
+
+    /// Marks the function added last as changing nothing (MCP `readOnlyHint`; also idempotent and not
+    /// destructive). Hints for clients: the host's policy is what limits a plugin.
+    pub fn read_only(mut self) -> Self {
+        for (k, v) in [("readOnlyHint", true), ("destructiveHint", false), ("idempotentHint", true)] {
+            self.hint(k, v);
+        }
+        self
+    }
+
+    /// Marks the function added last as one that may change or destroy something irreversibly (MCP
+    /// `destructiveHint`), and whether calling it again with the same arguments does nothing more
+    /// (`idempotentHint`).
+    pub fn destructive(mut self, idempotent: bool) -> Self {
+        for (k, v) in [("readOnlyHint", false), ("destructiveHint", true), ("idempotentHint", idempotent)] {
+            self.hint(k, v);
+        }
+        self
+    }
+
+    fn hint(&mut self, key: &str, on: bool) {
+        if let Some(f) = self.functions.last_mut() {
+            f.annotations.insert(key.into(), Value::Bool(on));
+        }
     }
 
     /// Sets how a result of the function added last reads as an answer: a Jinja template over `arguments`
@@ -220,6 +248,9 @@ impl Plugin {
                 }
                 if !f.from_request.is_empty() {
                     v["from_request"] = json!(f.from_request);
+                }
+                if !f.annotations.is_empty() {
+                    v["annotations"] = Value::Object(f.annotations.clone());
                 }
                 v
             })

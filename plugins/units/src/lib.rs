@@ -211,6 +211,7 @@ thorn_plugin_sdk::plugin!(
         "Converts amounts between units of length, mass, temperature, volume, speed, time, data, angle, pressure and energy."
     )
     .function("convert", &convert_description(), convert)
+    .read_only()
     .from_request(&["from", "to"])
     .example(
         "How many kilometers is 5 miles?",
