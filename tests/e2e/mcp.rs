@@ -16,7 +16,9 @@ fn an_mcp_client_lists_and_calls_the_sandboxed_tools_over_stdio() {
     let thorn = thorn_tests::thorn_binary();
     let dir = tempfile::tempdir().unwrap();
     let installed = dir.path().join("plugins");
+    let data = dir.path().join("data");
     std::fs::create_dir_all(&installed).unwrap();
+    std::fs::create_dir_all(&data).unwrap();
     let host = PluginHost::with_config(HostConfig::default()).unwrap();
     let mut entries = serde_json::Map::new();
     for name in ["calculator", "hostile"] {
@@ -24,7 +26,10 @@ fn an_mcp_client_lists_and_calls_the_sandboxed_tools_over_stdio() {
         std::fs::copy(&wasm, installed.join(format!("{name}.wasm"))).unwrap();
         let sha = host.open(&wasm).unwrap().sha256().to_owned();
         let entry = match name {
-            "hostile" => json!({"sha256": sha, "limits": {"timeout_ms": 300}}),
+            "hostile" => json!({"sha256": sha,
+                "filesystem": [{"guest": "/data", "host": data, "access": "read"}],
+                "env": {"THORN_TEST_VAR": "x"}, "network": ["127.0.0.1:*"],
+                "limits": {"timeout_ms": 300}}),
             _ => json!({ "sha256": sha }),
         };
         entries.insert(name.into(), entry);
@@ -50,8 +55,14 @@ fn an_mcp_client_lists_and_calls_the_sandboxed_tools_over_stdio() {
 
     // Every function of every admitted plugin, with its schemas and the manifest's hints.
     let evaluate = &out["tools"]["evaluate"];
-    assert_eq!(evaluate["inputSchema"]["properties"]["expression"]["type"], "string");
-    assert_eq!(evaluate["outputSchema"]["properties"]["value"]["type"], "number");
+    assert_eq!(
+        evaluate["inputSchema"]["properties"]["expression"]["type"],
+        "string"
+    );
+    assert_eq!(
+        evaluate["outputSchema"]["properties"]["value"]["type"],
+        "number"
+    );
     assert_eq!(evaluate["annotations"]["readOnlyHint"], true, "{evaluate}");
     assert_eq!(evaluate["annotations"]["destructiveHint"], false);
     assert!(out["tools"]["spin"].is_object(), "{}", out["tools"]);
@@ -79,7 +90,10 @@ fn an_mcp_client_lists_and_calls_the_sandboxed_tools_over_stdio() {
 
     // Every call that reached a plugin was audited, as the MCP caller's.
     let log = std::fs::read_to_string(&audit).unwrap();
-    let records: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let records: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert!(
         records
             .iter()

@@ -120,7 +120,11 @@ fn units_converts_and_its_schema_lists_the_units() {
     // The schema is a string; the description gives every symbol with its name.
     let f = &p.manifest().functions[0];
     assert_eq!(f.parameters["properties"]["to"]["type"], "string");
-    assert!(f.description.contains("kWh = kilowatt hour"), "{}", f.description);
+    assert!(
+        f.description.contains("kWh = kilowatt hour"),
+        "{}",
+        f.description
+    );
     assert_eq!(f.from_request, ["from", "to"]);
 }
 

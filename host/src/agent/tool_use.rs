@@ -154,7 +154,9 @@ pub(super) fn plan(
                 match shown.narrowed(name, narrowed) {
                     Ok(set) => shown = set,
                     // The spans are bounded, so this is not expected; the call is then decoded freely.
-                    Err(e) => tracing::warn!(function = %name, error = %e, "request spans not applied"),
+                    Err(e) => {
+                        tracing::warn!(function = %name, error = %e, "request spans not applied")
+                    }
                 }
             }
             plan.shown = Arc::new(shown);

@@ -175,7 +175,11 @@ impl Plugin {
     /// Marks the function added last as changing nothing (MCP `readOnlyHint`; also idempotent and not
     /// destructive). Hints for clients: the host's policy is what limits a plugin.
     pub fn read_only(mut self) -> Self {
-        for (k, v) in [("readOnlyHint", true), ("destructiveHint", false), ("idempotentHint", true)] {
+        for (k, v) in [
+            ("readOnlyHint", true),
+            ("destructiveHint", false),
+            ("idempotentHint", true),
+        ] {
             self.hint(k, v);
         }
         self
@@ -185,7 +189,11 @@ impl Plugin {
     /// `destructiveHint`), and whether calling it again with the same arguments does nothing more
     /// (`idempotentHint`).
     pub fn destructive(mut self, idempotent: bool) -> Self {
-        for (k, v) in [("readOnlyHint", false), ("destructiveHint", true), ("idempotentHint", idempotent)] {
+        for (k, v) in [
+            ("readOnlyHint", false),
+            ("destructiveHint", true),
+            ("idempotentHint", idempotent),
+        ] {
             self.hint(k, v);
         }
         self
