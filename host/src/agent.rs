@@ -783,9 +783,11 @@ impl Agent {
     }
 
     /// Runs one generation on the engine thread, streaming its text through `on_text`. A `copying`
-    /// generation (a routed call, whose arguments come from the request) runs without repetition
-    /// penalties: they exist to stop prose from looping, and here they would push the model off the very
-    /// words it must copy (`17 * 3` became `24*3` under the CLI's 1.1).
+    /// generation (a routed call, whose arguments come from the request) is greedy and runs without
+    /// repetition penalties: its arguments are read off the request, so sampling only adds errors (`thorn
+    /// chat`'s temperature 0.7 turned `17 * 3` into `17 / 3` one time in three), and penalties exist to
+    /// stop prose from looping, where here they push the model off the very words it must copy (`17 * 3`
+    /// became `24*3` under the CLI's 1.1). The rounds after it sample as the request asks.
     #[expect(clippy::too_many_arguments, reason = "one round's inputs, spelled out")]
     async fn generate(
         &self,
@@ -810,6 +812,7 @@ impl Agent {
             ..Request::greedy(prompt, turn.max_tokens)
         };
         if copying {
+            req.sampling.temperature = 0.0;
             req.sampling.repetition_penalty = 1.0;
             req.sampling.presence_penalty = 0.0;
             req.sampling.frequency_penalty = 0.0;

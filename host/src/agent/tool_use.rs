@@ -8,7 +8,8 @@
 //!    message. None passes: the round is generated with no tools (an answer, never a call). Some pass:
 //!    only those are shown, and a call is forced (the function named when there is one).
 //!    A shown function's `from_request` parameters are decoded as word spans of the message
-//!    ([`thorn_tools::quote_from_request`]).
+//!    ([`thorn_tools::quote_from_request`]), and the routed round is greedy, without repetition
+//!    penalties: its arguments are read off the request.
 //! 2. **Examples** (`examples`): the manifest's examples of the shown functions go into the prompt as
 //!    earlier turns, a request and its call each, after the system message (at most
 //!    [`MAX_EXAMPLE_TURNS`], only when at most [`MAX_EXAMPLE_FUNCTIONS`] functions are shown).
