@@ -169,6 +169,38 @@ pub fn plugin_wasm(name: &str) -> PathBuf {
     p
 }
 
+/// Copies the test plugins `names` into `installed` and returns the policy's `plugins` entries: each pinned
+/// by its sha256, with the fields `grants(name)` gives (an object) added.
+pub fn install_plugins(
+    host: &thorn_plugin::PluginHost,
+    installed: &Path,
+    names: &[&str],
+    grants: impl Fn(&str) -> serde_json::Value,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut entries = serde_json::Map::new();
+    for name in names {
+        let wasm = plugin_wasm(name);
+        std::fs::copy(&wasm, installed.join(format!("{name}.wasm"))).expect("copy a test plugin");
+        let sha = host
+            .open(&wasm)
+            .expect("open a test plugin")
+            .sha256()
+            .to_owned();
+        let mut entry = serde_json::json!({ "sha256": sha });
+        if let (Some(e), serde_json::Value::Object(g)) = (entry.as_object_mut(), grants(name)) {
+            e.extend(g);
+        }
+        entries.insert((*name).into(), entry);
+    }
+    entries
+}
+
+/// What the hostile test plugin asks for, granted (`data` as its `/data`), with a 300 ms deadline.
+pub fn hostile_grants(data: &Path) -> serde_json::Value {
+    serde_json::json!({"filesystem": [{"guest": "/data", "host": data, "access": "read"}],
+        "env": {"THORN_TEST_VAR": "x"}, "network": ["127.0.0.1:*"], "limits": {"timeout_ms": 300}})
+}
+
 /// A request sampled at temperature 1.0 with `seed`, for at most `max` tokens.
 pub fn sampled(prompt: Vec<u32>, seed: u64, max: usize) -> thorn_engine::engine::Request {
     thorn_engine::engine::Request {

@@ -182,16 +182,7 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
         engine.kv_config().dtype.name(),
         (kv.pages_total * kv.page_bytes) as f64 / (1u64 << 20) as f64
     );
-    let (dir, policy_path) = a.place.resolve();
-    let host = PluginHost::with_config(HostConfig {
-        cache_dir: Some(cache.join("cwasm")),
-        ..HostConfig::default()
-    })?;
-    let policy = Policy::load(&policy_path)?;
-    let plugins = PluginSet::load_dir(&host, &dir, &policy)?;
-    for r in plugins.refused() {
-        eprintln!("plugin refused: {}: {}", r.path.display(), r.error);
-    }
+    let (plugins, dir) = load_plugins(cache, &a.place)?;
     eprintln!(
         "model {name} ({context} tokens of context, {threads} threads); {} plugin(s) with {} tool(s) from {}",
         plugins.plugins().len(),
@@ -214,11 +205,8 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
     .with_tool_use(a.tool_use()))
 }
 
-/// `thorn mcp`: the admitted plugins as MCP tools over stdio. Stdout carries only the protocol; what
-/// thorn has to say goes to stderr.
-pub fn mcp(cache: &Path, place: &Place, conversation: String) -> Result<()> {
-    use rmcp::ServiceExt;
-    thorn_plugin::validate_conversation_id(&conversation)?;
+/// The plugins in `place` that its policy admits (each refusal printed), and their directory.
+fn load_plugins(cache: &Path, place: &Place) -> Result<(PluginSet, PathBuf)> {
     let (dir, policy_path) = place.resolve();
     let host = PluginHost::with_config(HostConfig {
         cache_dir: Some(cache.join("cwasm")),
@@ -229,6 +217,15 @@ pub fn mcp(cache: &Path, place: &Place, conversation: String) -> Result<()> {
     for r in plugins.refused() {
         eprintln!("plugin refused: {}: {}", r.path.display(), r.error);
     }
+    Ok((plugins, dir))
+}
+
+/// `thorn mcp`: the admitted plugins as MCP tools over stdio. Stdout carries only the protocol; what
+/// thorn has to say goes to stderr.
+pub fn mcp(cache: &Path, place: &Place, conversation: String) -> Result<()> {
+    use rmcp::ServiceExt;
+    thorn_plugin::validate_conversation_id(&conversation)?;
+    let (plugins, dir) = load_plugins(cache, place)?;
     eprintln!(
         "thorn mcp: {} plugin(s) with {} tool(s) from {} on stdio",
         plugins.plugins().len(),

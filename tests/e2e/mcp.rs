@@ -6,7 +6,6 @@
 
 use serde_json::{Value, json};
 use thorn_plugin::{HostConfig, PluginHost};
-use thorn_tests::plugin_wasm;
 
 #[test]
 fn an_mcp_client_lists_and_calls_the_sandboxed_tools_over_stdio() {
@@ -20,20 +19,13 @@ fn an_mcp_client_lists_and_calls_the_sandboxed_tools_over_stdio() {
     std::fs::create_dir_all(&installed).unwrap();
     std::fs::create_dir_all(&data).unwrap();
     let host = PluginHost::with_config(HostConfig::default()).unwrap();
-    let mut entries = serde_json::Map::new();
-    for name in ["calculator", "hostile"] {
-        let wasm = plugin_wasm(name);
-        std::fs::copy(&wasm, installed.join(format!("{name}.wasm"))).unwrap();
-        let sha = host.open(&wasm).unwrap().sha256().to_owned();
-        let entry = match name {
-            "hostile" => json!({"sha256": sha,
-                "filesystem": [{"guest": "/data", "host": data, "access": "read"}],
-                "env": {"THORN_TEST_VAR": "x"}, "network": ["127.0.0.1:*"],
-                "limits": {"timeout_ms": 300}}),
-            _ => json!({ "sha256": sha }),
-        };
-        entries.insert(name.into(), entry);
-    }
+    let entries =
+        thorn_tests::install_plugins(&host, &installed, &["calculator", "hostile"], |name| {
+            match name {
+                "hostile" => thorn_tests::hostile_grants(&data),
+                _ => json!({}),
+            }
+        });
     let audit = dir.path().join("audit.jsonl");
     let policy = dir.path().join("policy.json");
     std::fs::write(

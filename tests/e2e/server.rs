@@ -14,7 +14,7 @@ use thorn::api::{AppState, ServerConfig};
 use thorn_engine::engine::scheduler::SchedulerConfig;
 use thorn_engine::engine::{Engine, EngineConfig};
 use thorn_plugin::{HostConfig, PluginHost, PluginSet, Policy};
-use thorn_tests::{default_model, http, http_send, plugin_wasm, read_http};
+use thorn_tests::{default_model, http, http_send, read_http};
 
 struct Server {
     addr: SocketAddr,
@@ -51,22 +51,16 @@ fn start_tuned(
         max_memory: 256 << 20,
     })
     .unwrap();
-    let mut entries = serde_json::Map::new();
-    for name in ["calculator", "files", "hostile"] {
-        let wasm = plugin_wasm(name);
-        std::fs::copy(&wasm, installed.join(format!("{name}.wasm"))).unwrap();
-        let sha = host.open(&wasm).unwrap().sha256().to_owned();
-        let entry = match name {
-            "files" => json!({"sha256": sha,
-                "filesystem": [{"guest": "/data", "host": docs, "access": "read"}]}),
-            "hostile" => json!({"sha256": sha,
-                "filesystem": [{"guest": "/data", "host": data, "access": "read"}],
-                "env": {"THORN_TEST_VAR": "x"}, "network": ["127.0.0.1:*"],
-                "limits": {"timeout_ms": 300}}),
-            _ => json!({ "sha256": sha }),
-        };
-        entries.insert(name.into(), entry);
-    }
+    let entries = thorn_tests::install_plugins(
+        &host,
+        &installed,
+        &["calculator", "files", "hostile"],
+        |name| match name {
+            "files" => json!({"filesystem": [{"guest": "/data", "host": docs, "access": "read"}]}),
+            "hostile" => thorn_tests::hostile_grants(&data),
+            _ => json!({}),
+        },
+    );
     let policy_path = dir.path().join("policy.json");
     std::fs::write(&policy_path, json!({ "plugins": entries }).to_string()).unwrap();
     let policy = Policy::load(&policy_path).unwrap();
