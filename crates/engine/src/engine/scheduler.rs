@@ -141,6 +141,10 @@ pub struct Scheduler<'a> {
     plan: Vec<Share>,
     /// The planned step handed to the engine (its sequences moved in for the pass).
     step: StepPlan,
+    /// Where the number of waiting sequences is published as soon as admission changes it (the server's
+    /// queue limit reads it), so a sequence that finishes within its first step never still counts as
+    /// waiting when its client hears the answer and sends the next request.
+    waiting_gauge: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl std::fmt::Debug for Scheduler<'_> {
@@ -163,6 +167,11 @@ impl<'a> Scheduler<'a> {
             },
             ..Scheduler::default()
         }
+    }
+
+    /// Publishes [`Self::waiting`] to `gauge` after every admission.
+    pub fn set_waiting_gauge(&mut self, gauge: std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        self.waiting_gauge = Some(gauge);
     }
 
     /// Sequences waiting for admission.
@@ -260,6 +269,10 @@ impl<'a> Scheduler<'a> {
     ) -> (bool, Option<(Instant, Instant)>) {
         self.sweep_cancelled(engine);
         self.admit(engine);
+        // Before any sequence of this step can finish and answer its client.
+        if let Some(g) = &self.waiting_gauge {
+            g.store(self.waiting.len(), std::sync::atomic::Ordering::SeqCst);
+        }
         if self.running.is_empty() {
             return (false, None);
         }

@@ -47,8 +47,8 @@ pub enum SubmitError {
 struct Shared {
     /// Work sent and not yet taken off the channel.
     queued: AtomicUsize,
-    /// Generations taken but not yet admitted to the batch.
-    pending: AtomicUsize,
+    /// Generations taken but not yet admitted to the batch (the scheduler updates it as it admits).
+    pending: Arc<AtomicUsize>,
     /// Sequences in the batch (or an exclusive job running).
     running: AtomicUsize,
     stats: Mutex<(SchedulerStats, KvStats, SpecStats)>,
@@ -100,6 +100,7 @@ impl EngineService {
             .name("thorn-engine".into())
             .spawn(move || {
                 let mut sched = Scheduler::new(cfg);
+                sched.set_waiting_gauge(Arc::clone(&sh.pending));
                 loop {
                     // Block only when there is nothing to step.
                     let first = if sched.is_idle() {
