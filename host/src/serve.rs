@@ -56,49 +56,24 @@ pub struct AgentArgs {
     /// Host tools on a small model: route each user message to the host functions it is about (or to
     /// none) and force the call (`lexical`), or show the model every requested tool (`off`). Applies to
     /// requests whose tools are all host tools, with tool_choice auto.
-    #[arg(long, value_enum, default_value_t = RoutingArg::Lexical, help_heading = "Tool use")]
-    pub tool_routing: RoutingArg,
+    #[arg(long, default_value = "lexical", help_heading = "Tool use")]
+    pub tool_routing: thorn::agent::Routing,
     /// Show the model the plugins' example calls for the functions it is offered (at most 3 functions).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, help_heading = "Tool use")]
     pub tool_examples: bool,
     /// Who words the answer after a routed call: the function's answer template (`template`, where it
     /// has one) or the model (`model`).
-    #[arg(long, value_enum, default_value_t = AnswersArg::Template, help_heading = "Tool use")]
-    pub tool_answers: AnswersArg,
-}
-
-/// `--tool-routing`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum RoutingArg {
-    /// The model sees every requested tool.
-    Off,
-    /// Lexical retrieval over the tools' descriptions and examples.
-    Lexical,
-}
-
-/// `--tool-answers`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum AnswersArg {
-    /// The model answers from the results.
-    Model,
-    /// The answer template of the function, where it has one.
-    Template,
+    #[arg(long, default_value = "template", help_heading = "Tool use")]
+    pub tool_answers: thorn::agent::Answers,
 }
 
 impl AgentArgs {
     /// The tool-use policy the flags ask for.
     pub fn tool_use(&self) -> thorn::agent::ToolUse {
-        use thorn::agent::{Answers, Routing, ToolUse};
-        ToolUse {
-            routing: match self.tool_routing {
-                RoutingArg::Off => Routing::Off,
-                RoutingArg::Lexical => Routing::Lexical,
-            },
+        thorn::agent::ToolUse {
+            routing: self.tool_routing,
             examples: self.tool_examples,
-            answers: match self.tool_answers {
-                AnswersArg::Model => Answers::Model,
-                AnswersArg::Template => Answers::Template,
-            },
+            answers: self.tool_answers,
         }
     }
 }

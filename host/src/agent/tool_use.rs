@@ -32,8 +32,10 @@ pub const MAX_EXAMPLE_TURNS: usize = 8;
 /// Examples are shown only when at most this many functions are.
 pub const MAX_EXAMPLE_FUNCTIONS: usize = 3;
 
-/// Whether the router decides which host tools the model sees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Whether the router decides which host tools the model sees (`"off"`, `"lexical"` on the wire and the
+/// command line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Routing {
     /// The model sees every requested tool and decides.
     Off,
@@ -41,8 +43,9 @@ pub enum Routing {
     Lexical,
 }
 
-/// Who words the answer after a routed call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Who words the answer after a routed call (`"model"`, `"template"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Answers {
     /// The model, from the results.
     Model,
@@ -71,13 +74,26 @@ impl Default for ToolUse {
     }
 }
 
-impl ToolUse {
-    /// The model decides everything, as with any OpenAI-compatible server.
-    pub const PLAIN: ToolUse = ToolUse {
-        routing: Routing::Off,
-        examples: false,
-        answers: Answers::Model,
-    };
+impl std::str::FromStr for Routing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Routing::Off),
+            "lexical" => Ok(Routing::Lexical),
+            _ => Err(format!("{s:?}: routing is off or lexical")),
+        }
+    }
+}
+
+impl std::str::FromStr for Answers {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "model" => Ok(Answers::Model),
+            "template" => Ok(Answers::Template),
+            _ => Err(format!("{s:?}: answers are model or template")),
+        }
+    }
 }
 
 /// The first round of a turn, as tool use shapes it.

@@ -190,49 +190,22 @@ pub struct ChatRequest {
 pub struct ToolUseOpts {
     /// `"lexical"` (the router picks the host functions shown, or none) or `"off"` (the model sees all).
     #[serde(default)]
-    pub routing: Option<RoutingOpt>,
+    pub routing: Option<crate::agent::Routing>,
     /// Show the plugins' example calls.
     #[serde(default)]
     pub examples: Option<bool>,
     /// `"template"` (a routed call's answer template answers) or `"model"`.
     #[serde(default)]
-    pub answers: Option<AnswersOpt>,
-}
-
-/// See [`ToolUseOpts::routing`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RoutingOpt {
-    /// `"off"`.
-    Off,
-    /// `"lexical"`.
-    Lexical,
-}
-
-/// See [`ToolUseOpts::answers`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AnswersOpt {
-    /// `"model"`.
-    Model,
-    /// `"template"`.
-    Template,
+    pub answers: Option<crate::agent::Answers>,
 }
 
 impl ToolUseOpts {
     /// `base` with the fields given here replaced.
     pub fn over(self, base: crate::agent::ToolUse) -> crate::agent::ToolUse {
-        use crate::agent::{Answers, Routing};
         crate::agent::ToolUse {
-            routing: self.routing.map_or(base.routing, |r| match r {
-                RoutingOpt::Off => Routing::Off,
-                RoutingOpt::Lexical => Routing::Lexical,
-            }),
+            routing: self.routing.unwrap_or(base.routing),
             examples: self.examples.unwrap_or(base.examples),
-            answers: self.answers.map_or(base.answers, |a| match a {
-                AnswersOpt::Model => Answers::Model,
-                AnswersOpt::Template => Answers::Template,
-            }),
+            answers: self.answers.unwrap_or(base.answers),
         }
     }
 }
