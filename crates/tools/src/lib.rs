@@ -185,13 +185,12 @@ impl ToolSet {
         self.tools.is_empty()
     }
 
-    /// This set with tool `name` decoded and validated under `parameters` instead of its own schema; the
+    /// Decodes and validates tool `name` under `parameters` instead of its own schema from now on; the
     /// prompt still shows the definition as given. For a per-request narrowing of a schema (a routed call
     /// whose quoted values must come from the request), so `parameters` should admit a subset of what the
-    /// tool's schema admits.
-    pub fn narrowed(&self, name: &str, parameters: Value) -> Result<ToolSet, ToolError> {
-        let mut set = ToolSet::new(&self.definitions)?;
-        let Some(t) = set.tools.iter_mut().find(|t| t.name == name) else {
+    /// tool's schema admits. On an error the set is unchanged.
+    pub fn narrow(&mut self, name: &str, parameters: Value) -> Result<(), ToolError> {
+        let Some(t) = self.tools.iter_mut().find(|t| t.name == name) else {
             return Err(ToolError::UnknownTool(name.to_owned()));
         };
         check_schema_size(&parameters).map_err(|msg| ToolError::Schema {
@@ -203,7 +202,7 @@ impl ToolSet {
             msg: e.to_string(),
         })?;
         t.parameters = parameters;
-        Ok(set)
+        Ok(())
     }
 
     /// The tools.

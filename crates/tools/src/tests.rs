@@ -300,3 +300,33 @@ fn oversized_consts_enums_and_patterns_are_refused_with_the_limit() {
         .is_ok()
     );
 }
+
+#[test]
+fn a_narrowed_tool_validates_under_its_new_schema_and_keeps_its_prompt() {
+    let def = json!({"type": "function", "function": {"name": "recall", "parameters": {"type": "object",
+        "properties": {"key": {"type": "string"}}, "required": ["key"]}}});
+    let mut set = ToolSet::new(std::slice::from_ref(&def)).unwrap();
+    let call = |key: &str| ParsedCall {
+        name: "recall".into(),
+        arguments: json!({ "key": key }),
+    };
+    assert!(set.check(&call("anything")).is_ok());
+    let narrow = json!({"type": "object", "properties": {"key": {"type": "string",
+        "enum": ["locker"]}}, "required": ["key"]});
+    set.narrow("recall", narrow.clone()).unwrap();
+    assert!(set.check(&call("locker")).is_ok());
+    assert!(set.check(&call("dentist")).is_err());
+    assert_eq!(
+        set.definitions(),
+        &[def],
+        "the prompt shows the tool as defined"
+    );
+    assert_eq!(set.get("recall").unwrap().parameters, narrow);
+    assert!(matches!(
+        set.narrow("nope", json!({"type": "object"})),
+        Err(ToolError::UnknownTool(_))
+    ));
+    // A schema that does not compile leaves the tool as it was.
+    assert!(set.narrow("recall", json!({"type": 7})).is_err());
+    assert!(set.check(&call("dentist")).is_err());
+}

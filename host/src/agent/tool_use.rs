@@ -156,24 +156,19 @@ pub(super) fn plan(
             let mut shown = ToolSet::new(&defs)?;
             // Values the request spells out are decoded as its own words.
             let spans = thorn_tools::request_spans(&user.content);
-            for name in &names {
-                let Some(def) = function_def(plugins, name).0 else {
-                    continue;
+            for name in names.iter().filter(|_| !spans.is_empty()) {
+                let from_request = match function_def(plugins, name).0 {
+                    Some(def) if !def.from_request.is_empty() => &def.from_request,
+                    _ => continue,
                 };
                 let Some(tool) = shown.get(name) else {
                     continue;
                 };
-                if def.from_request.is_empty() || spans.is_empty() {
-                    continue;
-                }
                 let narrowed =
-                    thorn_tools::quote_from_request(&tool.parameters, &def.from_request, &spans);
-                match shown.narrowed(name, narrowed) {
-                    Ok(set) => shown = set,
-                    // The spans are bounded, so this is not expected; the call is then decoded freely.
-                    Err(e) => {
-                        tracing::warn!(function = %name, error = %e, "request spans not applied")
-                    }
+                    thorn_tools::quote_from_request(&tool.parameters, from_request, &spans);
+                // The spans are bounded, so this is not expected; the call is then decoded freely.
+                if let Err(e) = shown.narrow(name, narrowed) {
+                    tracing::warn!(function = %name, error = %e, "request spans not applied");
                 }
             }
             plan.shown = Arc::new(shown);
