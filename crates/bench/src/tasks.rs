@@ -223,15 +223,12 @@ pub fn run(o: &Opts) -> Result<()> {
         if o.answer_tool {
             body["tool_choice"] = json!("required");
             body["parallel_tool_calls"] = json!(false);
+            let answer = json!({"type": "function", "function": {"name": "answer",
+                "description": "Answers the user directly, when no other tool is needed.",
+                "parameters": {"type": "object", "properties": {"text": {"type": "string",
+                    "description": "The answer."}}, "required": ["text"]}}});
             if let Some(list) = body["tools"].as_array_mut() {
-                list.push(json!({"type": "function", "function": {"name": "answer",
-                    "description": "Answers the user directly, when no other tool is needed.",
-                    "parameters": {"type": "object", "properties": {"text": {"type": "string",
-                        "description": "The answer."}}, "required": ["text"]}}}));
-            } else {
-                body["tools"] = json!([{"type": "function", "function": {"name": "answer",
-                    "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
-                    "required": ["text"]}}}]);
+                list.push(answer);
             }
         }
         if o.oracle_tools {
