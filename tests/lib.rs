@@ -90,6 +90,93 @@ pub fn thorn_binary() -> PathBuf {
     bin
 }
 
+/// A `thorn serve` process on a free loopback port, killed when dropped. Its stderr is collected (and
+/// printed by [`ServeProcess::log`] for a failing test).
+pub struct ServeProcess {
+    child: std::process::Child,
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl ServeProcess {
+    /// Starts `thorn serve --port 0 ARGS` with the default model, one thread and no speculation, and
+    /// waits until it listens.
+    pub fn start(args: &[&str]) -> Self {
+        use std::io::BufRead;
+        let model = default_model();
+        let mut child = std::process::Command::new(thorn_binary())
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--threads",
+                "1",
+                "--speculation",
+                "off",
+            ])
+            .arg("--model")
+            .arg(&model)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start thorn serve");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = std::sync::Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(rest) = line.split("serving the OpenAI API on http://").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
+                    let _ = tx.send(addr);
+                }
+                let mut l = sink.lock().unwrap_or_else(|e| e.into_inner());
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        // Generous: loading the model and compiling plugins on a loaded machine.
+        let addr = rx
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!("thorn serve did not start:\n{}", log.lock().unwrap())
+            });
+        ServeProcess {
+            child,
+            addr: addr.parse().expect("a socket address"),
+            log,
+        }
+    }
+
+    /// What it has written to stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A SHA-256 digest in hex (API key files and policies pin digests).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Runs `tests/clients/<script>` with the client interpreter and `args`; its stdout parsed as JSON.
 pub fn run_client(python: &Path, script: &str, args: &[&str]) -> serde_json::Value {
     let out = std::process::Command::new(python)

@@ -18,7 +18,7 @@ struct Model {
     tok: Arc<Tokenizer>,
     template: ChatTemplate,
     grammars: GrammarFactory,
-    plugins: PluginSet,
+    plugins: Arc<PluginSet>,
 }
 
 fn model() -> &'static Model {
@@ -30,7 +30,7 @@ fn model() -> &'static Model {
         let tok = Arc::new(Tokenizer::from_gguf(&g).expect("its tokenizer builds"));
         let template = ChatTemplate::new(g.get_str("tokenizer.chat_template").unwrap()).unwrap();
         let grammars = GrammarFactory::new(Arc::clone(&tok)).unwrap();
-        Model { tok, template, grammars, plugins: PluginSet::default() }
+        Model { tok, template, grammars, plugins: Arc::new(PluginSet::default()) }
     })
 }
 
@@ -43,7 +43,7 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     };
-    let turn = match chat_turn("smollm2", &m.plugins, req) {
+    let turn = match chat_turn("smollm2", Arc::clone(&m.plugins), req) {
         Ok(t) => t,
         Err(e) => {
             assert!(e.status().is_client_error(), "{e}");

@@ -22,7 +22,7 @@ use thorn_engine::engine::service::{EngineService, SubmitError};
 use thorn_engine::engine::{Engine, EngineError, FinishReason, Generation, Request};
 use thorn_engine::sample::SamplingParams;
 use thorn_engine::tokenizer::{TokenId, Tokenizer};
-use thorn_plugin::{Caller, PluginSet};
+use thorn_plugin::{Caller, LiveSet, PluginSet};
 use thorn_tools::chat::{ChatTemplate, Message, Role, ToolCall};
 use thorn_tools::{CallDelta, CallStreamer, call_id};
 use thorn_tools::{GuideError, ToolGrammars};
@@ -114,6 +114,9 @@ pub struct Turn {
     pub speculation: bool,
     /// How host tools are put in front of the model (`None`: the agent's default, [`Agent::with_tool_use`]).
     pub tool_use: Option<ToolUse>,
+    /// The plugins `host_tools` were resolved in ([`Agent::plugins`] when the request arrived): the whole
+    /// turn runs in this set even if the served one is replaced meanwhile.
+    pub plugins: Arc<PluginSet>,
 }
 
 /// One generated token's log-probability, with the most likely alternatives.
@@ -381,7 +384,7 @@ impl PromptText {
 pub struct Agent {
     engine: EngineService,
     model: Arc<ModelInfo>,
-    plugins: Arc<PluginSet>,
+    plugins: Arc<LiveSet>,
     max_tool_rounds: usize,
     max_host_calls: usize,
     raw_special: bool,
@@ -668,7 +671,7 @@ impl Agent {
         Agent {
             engine,
             model: Arc::new(model),
-            plugins,
+            plugins: Arc::new(LiveSet::new(plugins)),
             max_tool_rounds: max_tool_rounds.max(1),
             max_host_calls: Self::MAX_HOST_CALLS,
             raw_special: false,
@@ -715,8 +718,14 @@ impl Agent {
         &self.model
     }
 
-    /// The installed plugins.
-    pub fn plugins(&self) -> &PluginSet {
+    /// The plugins served now (a snapshot: a request keeps the one it started with, [`Turn::plugins`]).
+    pub fn plugins(&self) -> Arc<PluginSet> {
+        self.plugins.current()
+    }
+
+    /// The served plugin set itself: what a watcher replaces when the operator installs or approves a
+    /// plugin, and what MCP sessions subscribe to.
+    pub fn live_plugins(&self) -> &Arc<LiveSet> {
         &self.plugins
     }
 
@@ -916,7 +925,7 @@ impl Agent {
             peer: turn.peer.clone(),
         };
         let policy = turn.tool_use.unwrap_or(self.tool_use);
-        let plan = tool_use::plan(&self.plugins, &all, &turn, policy)?;
+        let plan = tool_use::plan(&turn.plugins, &all, &turn, policy)?;
         // The round the router shaped is the first; what follows it is decided when it ends.
         let mut routed_round = plan.routed.as_ref().is_some_and(|r| !r.is_empty());
         let all = plan.shown;
@@ -1127,7 +1136,7 @@ impl Agent {
                     )
                 } else {
                     host_calls_left -= 1;
-                    let (res, _) = self
+                    let (res, _) = turn
                         .plugins
                         .call_async(&caller, &call.function.name, &call.function.arguments)
                         .await;
@@ -1169,7 +1178,7 @@ impl Agent {
                 // The router's call is made: its template answers, else the model does, without tools.
                 if policy.answers == Answers::Template
                     && let Some(text) =
-                        tool_use::template_answer(&self.plugins, &out.host_calls[ran_from..])
+                        tool_use::template_answer(&turn.plugins, &out.host_calls[ran_from..])
                 {
                     if !out.content.is_empty() {
                         out.content.push('\n');

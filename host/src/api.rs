@@ -31,6 +31,8 @@
 //! whatever its name: a client tool is never reinterpreted as a host plugin (one with the same name as a
 //! requested host tool is a 400). With API keys, a key may be limited to some host tools ([`auth`]).
 //!
+//! `/mcp` serves the same host tools to MCP clients over Streamable HTTP, under the same keys ([`mcp`]).
+//!
 //! Connections, headers and bodies are bounded by [`listen`]; `/health` is open (for probes), `/metrics`
 //! needs a key allowed to read it when `metrics_auth` is on.
 
@@ -38,6 +40,7 @@ pub mod anthropic;
 pub mod auth;
 pub mod error;
 pub mod listen;
+pub mod mcp;
 pub mod metrics;
 pub mod wire;
 
@@ -76,6 +79,8 @@ pub struct ServerConfig {
     pub metrics_auth: bool,
     /// Connection and transfer limits.
     pub http: HttpLimits,
+    /// `/mcp` ([`mcp`]).
+    pub mcp: mcp::McpHttp,
 }
 
 impl Default for ServerConfig {
@@ -85,6 +90,7 @@ impl Default for ServerConfig {
             max_body: 8 << 20,
             metrics_auth: false,
             http: HttpLimits::default(),
+            mcp: mcp::McpHttp::default(),
         }
     }
 }
@@ -150,7 +156,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
-        .with_state(state)
+        .with_state(Arc::clone(&state))
+        .merge(mcp::routes(&state))
 }
 
 /// Sets the flag when dropped: a response that is dropped before it ends cancels its request.
@@ -606,7 +613,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<wire::ChatRequest, ApiError> {
 /// `plugins` installed and no API keys.
 pub fn chat_turn(
     model: &str,
-    plugins: &thorn_plugin::PluginSet,
+    plugins: Arc<thorn_plugin::PluginSet>,
     r: wire::ChatRequest,
 ) -> Result<Turn, ApiError> {
     turn_from(model, plugins, r, &Caller::default()).map(|(t, _)| t)
@@ -625,7 +632,7 @@ fn turn_of(
 
 fn turn_from(
     model: &str,
-    plugins: &thorn_plugin::PluginSet,
+    plugins: Arc<thorn_plugin::PluginSet>,
     r: wire::ChatRequest,
     caller: &Caller,
 ) -> Result<(Turn, Shape), ApiError> {
@@ -659,7 +666,7 @@ fn turn_from(
     sampling.min_p = r.min_p.unwrap_or(0.0);
     sampling.repetition_penalty = r.repetition_penalty.unwrap_or(1.0);
     sampling.top_logprobs = top_logprobs as usize;
-    let (tools, host_tools) = tools_of(plugins, r.tools.unwrap_or_default(), caller.key.as_ref())?;
+    let (tools, host_tools) = tools_of(&plugins, r.tools.unwrap_or_default(), caller.key.as_ref())?;
     let tool_choice = match &r.tool_choice {
         None => ToolChoice::Auto,
         Some(v) => ToolChoice::from_openai(v)
@@ -698,6 +705,7 @@ fn turn_from(
         peer: caller.peer.map(|p| p.to_string()),
         logprobs,
         speculation: r.speculation.unwrap_or(true),
+        plugins,
         // Set by `turn_of`, over the server's default.
         tool_use: None,
     };
@@ -1135,8 +1143,8 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             peer: None,
             logprobs: req.logprobs.is_some(),
             speculation: req.speculation.unwrap_or(true),
-
             tool_use: None,
+            plugins: st.agent.plugins(),
         };
         let shape = Shape {
             stream: req.stream.unwrap_or(false),

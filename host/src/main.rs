@@ -82,6 +82,10 @@ enum Cmd {
         /// The conversation id the audit log records for these calls.
         #[arg(long, default_value = "mcp")]
         conversation: String,
+        /// Seconds between looks at the plugin directory and policy: changes are served and the client
+        /// is told (`notifications/tools/list_changed`); 0: load once.
+        #[arg(long, default_value_t = 2)]
+        plugin_poll: u64,
     },
     /// Tool plugins: list, inspect, check, call, install, approve, grant.
     Plugins {
@@ -641,7 +645,8 @@ fn main() -> Result<()> {
         Cmd::Mcp {
             place,
             conversation,
-        } => serve::mcp(&cache, &place, conversation),
+            plugin_poll,
+        } => serve::mcp(&cache, &place, conversation, plugin_poll),
         Cmd::Serve(a) => serve::serve(&cache, a),
         Cmd::Chat {
             agent,

@@ -1,9 +1,10 @@
 //! thorn as an MCP server: every admitted plugin function is an MCP tool.
 //!
 //! `thorn mcp` serves the Model Context Protocol over stdio (newline-delimited JSON-RPC, for desktop
-//! agents that start their tools as child processes), with the `rmcp` SDK doing the protocol (its
-//! supported revisions, 2025-11-25 and 2026-07-28 included). Each function of each plugin the operator's
-//! policy admits is one tool:
+//! agents that start their tools as child processes) and `thorn serve` over Streamable HTTP at `/mcp`
+//! ([`crate::api::mcp`]: the same API keys, Host and Origin checks), with the `rmcp` SDK doing the protocol
+//! (its supported revisions, 2025-11-25 and 2026-07-28 included). Each function of each plugin the
+//! operator's policy admits is one tool:
 //! - `inputSchema` is the function's `parameters`, `outputSchema` its `returns` (when it is an object
 //!   schema), the description its own, and `annotations` the manifest's hints (`readOnlyHint`,
 //!   `destructiveHint`, `idempotentHint`, `openWorldHint`: the robot arm's moves are destructive);
@@ -17,82 +18,112 @@
 //!
 //! Results are the plugin's JSON: `structuredContent`, and the same JSON as one text block for clients
 //! that read only text.
+//!
+//! Over HTTP, the request's API key (put in the request's extensions by the API layer as an
+//! [`McpIdentity`]) limits what is listed and what may be called, exactly as for host tools in a chat
+//! request: a tool outside the key's allow-list is not listed, and calling it is a protocol error that
+//! names the key. The caller in the audit log is the key's id and the client's address.
+//!
+//! The tool list follows the served plugin set ([`LiveSet`]): when the operator installs or approves a
+//! plugin while thorn runs, every session is told with `notifications/tools/list_changed`, over the
+//! session's stream for the 2025 revisions and over `subscriptions/listen` for 2026-07-28.
 
+use crate::api::auth::ApiKey;
 use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     InitializeResult, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, Tool, ToolAnnotations,
+    ServerConfig, SubscriptionFilter, Tool, ToolAnnotations,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer, SubscriptionContext};
 use serde_json::Value;
 use std::sync::Arc;
-use thorn_plugin::{Caller, PluginSet};
+use thorn_plugin::{Caller, LiveSet, PluginSet};
 
-/// The MCP tools of a plugin set, and how a call is made.
+/// Who an HTTP request is: its API key (none when the server has no keys) and address. The API layer
+/// puts it in the request's extensions; rmcp hands them to the handler.
+#[derive(Debug, Clone, Default)]
+pub struct McpIdentity {
+    /// The key the request presented.
+    pub key: Option<ApiKey>,
+    /// The client's address.
+    pub peer: Option<String>,
+}
+
+/// The MCP tools of the served plugin set, and how a call is made.
 #[derive(Clone)]
 pub struct McpTools {
-    plugins: Arc<PluginSet>,
+    plugins: Arc<LiveSet>,
     caller: Caller,
 }
 
 impl std::fmt::Debug for McpTools {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("McpTools")
-            .field("plugins", &self.plugins.plugins().len())
+            .field("plugins", &self.plugins.current().plugins().len())
             .finish()
     }
 }
 
+/// The identity an HTTP request carried, if it came over HTTP.
+fn identity(ext: &rmcp::model::Extensions) -> Option<&McpIdentity> {
+    ext.get::<axum::http::request::Parts>()
+        .and_then(|p| p.extensions.get::<McpIdentity>())
+}
+
 impl McpTools {
-    /// Serves `plugins`' functions; calls are audited as `caller`'s.
-    pub fn new(plugins: Arc<PluginSet>, caller: Caller) -> Self {
+    /// Serves `plugins`' functions; calls are audited as `caller`'s (over HTTP, with the request's key
+    /// id and address in place of `caller`'s).
+    pub fn new(plugins: Arc<LiveSet>, caller: Caller) -> Self {
         McpTools { plugins, caller }
     }
 
-    /// Every function as an MCP tool, in the plugin set's order.
-    pub fn tools(&self) -> Vec<Tool> {
+    /// Every function `key` may use as an MCP tool, in the plugin set's order.
+    pub fn tools(&self, key: Option<&ApiKey>) -> Vec<Tool> {
+        let set = self.plugins.current();
         let mut out = Vec::new();
-        for p in self.plugins.plugins() {
+        for p in set.plugins() {
             for f in &p.manifest().functions {
-                let object = |v: &Value| v.as_object().cloned().map(Arc::new);
-                let input = object(&f.parameters).unwrap_or_default();
-                let mut tool = Tool::new(f.name.clone(), f.description.clone(), input);
-                tool.output_schema = f
-                    .returns
-                    .as_ref()
-                    .filter(|r| r["type"] == "object")
-                    .and_then(object);
-                let a = &f.annotations;
-                if !a.is_empty() {
-                    let mut hints = ToolAnnotations::new();
-                    if let Some(v) = a.read_only {
-                        hints = hints.read_only(v);
-                    }
-                    if let Some(v) = a.destructive {
-                        hints = hints.destructive(v);
-                    }
-                    if let Some(v) = a.idempotent {
-                        hints = hints.idempotent(v);
-                    }
-                    if let Some(v) = a.open_world {
-                        hints = hints.open_world(v);
-                    }
-                    tool.annotations = Some(hints);
+                if key.is_some_and(|k| !k.may_use(p.name(), &f.name)) {
+                    continue;
                 }
-                out.push(tool);
+                out.push(tool_of(f));
             }
         }
         out
     }
 
-    /// Runs tool `name` on `arguments` (`None`: no arguments) as a host call: `None` when no plugin has
-    /// it, else its result, or its failure as an error result.
-    pub async fn call(&self, name: &str, arguments: Option<JsonObject>) -> Option<CallToolResult> {
-        self.plugins.plugin_for(name)?;
+    /// Runs tool `name` on `arguments` (`None`: no arguments) as a host call for `who` (`None`: this
+    /// server's own caller): its result, or its failure as an error result; `Err` when there is no such
+    /// tool or `who`'s key may not use it.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        who: Option<&McpIdentity>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        let set: Arc<PluginSet> = self.plugins.current();
+        let Some(plugin) = set.plugin_for(name) else {
+            return Err(rmcp::ErrorData::invalid_params(
+                format!("no tool is called {name:?}"),
+                None,
+            ));
+        };
+        let key = who.and_then(|w| w.key.as_ref());
+        if let Some(k) = key.filter(|k| !k.may_use(plugin.name(), name)) {
+            return Err(rmcp::ErrorData::invalid_params(
+                format!("API key {:?} may not use the tool {name:?}", k.id()),
+                None,
+            ));
+        }
+        let mut caller = self.caller.clone();
+        if let Some(w) = who {
+            caller.key_id = key.map(|k| k.id().to_owned());
+            caller.peer = w.peer.clone().or(caller.peer);
+        }
         let args = Value::Object(arguments.unwrap_or_default());
-        let (result, _) = self.plugins.call_async(&self.caller, name, &args).await;
-        Some(match result {
+        let (result, _) = set.call_async(&caller, name, &args).await;
+        Ok(match result {
             Ok(v) => {
                 let mut r = CallToolResult::success(vec![ContentBlock::text(v.to_string())]);
                 // Structured content is an object in MCP; other JSON results are text only.
@@ -106,35 +137,119 @@ impl McpTools {
     }
 }
 
+/// One plugin function as an MCP tool.
+fn tool_of(f: &thorn_plugin::FunctionDef) -> Tool {
+    let object = |v: &Value| v.as_object().cloned().map(Arc::new);
+    let input = object(&f.parameters).unwrap_or_default();
+    let mut tool = Tool::new(f.name.clone(), f.description.clone(), input);
+    tool.output_schema = f
+        .returns
+        .as_ref()
+        .filter(|r| r["type"] == "object")
+        .and_then(object);
+    let a = &f.annotations;
+    if !a.is_empty() {
+        let mut hints = ToolAnnotations::new();
+        if let Some(v) = a.read_only {
+            hints = hints.read_only(v);
+        }
+        if let Some(v) = a.destructive {
+            hints = hints.destructive(v);
+        }
+        if let Some(v) = a.idempotent {
+            hints = hints.idempotent(v);
+        }
+        if let Some(v) = a.open_world {
+            hints = hints.open_world(v);
+        }
+        tool.annotations = Some(hints);
+    }
+    tool
+}
+
 impl ServerHandler for McpTools {
     fn get_info(&self) -> ServerConfig {
-        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("thorn", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "thorn's sandboxed WebAssembly tools. Each call is validated against the tool's \
-                 schema, runs under the operator's policy and is audited.",
-            )
+        InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new("thorn", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "thorn's sandboxed WebAssembly tools. Each call is validated against the tool's \
+             schema, runs under the operator's policy and is audited.",
+        )
     }
 
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, rmcp::ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools()))
+        let key = identity(&context.extensions).and_then(|w| w.key.as_ref());
+        Ok(ListToolsResult::with_all_items(self.tools(key)))
     }
 
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, rmcp::ErrorData> {
-        match self.call(&request.name, request.arguments).await {
-            Some(r) => Ok(r.into()),
-            None => Err(rmcp::ErrorData::invalid_params(
-                format!("no tool is called {:?}", request.name),
-                None,
-            )),
+        let who = identity(&context.extensions);
+        self.call(&request.name, request.arguments, who)
+            .await
+            .map(Into::into)
+    }
+
+    /// The 2025 revisions: a session is told of each change on its own stream until it goes away.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let mut changes = self.plugins.subscribe();
+        changes.mark_unchanged();
+        let peer = context.peer;
+        tokio::spawn(async move {
+            // Checked now and then too, so a session that went away without a change since does not
+            // keep its watcher.
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(30));
+            loop {
+                tokio::select! {
+                    changed = changes.changed() => {
+                        if changed.is_err() || peer.notify_tool_list_changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    _ = tick.tick() => {
+                        if peer.is_transport_closed() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// 2026-07-28: `subscriptions/listen` for `tools_list_changed` is honoured.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        accepted.tools_list_changed = requested.tools_list_changed;
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), rmcp::ErrorData> {
+        let mut changes = self.plugins.subscribe();
+        changes.mark_unchanged();
+        loop {
+            tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() || context.sink().notify_tool_list_changed().await.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
         }
     }
 }

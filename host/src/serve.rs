@@ -11,10 +11,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use thorn::agent::{Agent, Event, Turn};
 use thorn::api::auth::Keys;
+use thorn::api::mcp::McpHttp;
 use thorn::api::{AppState, HttpLimits, ServerConfig};
 use thorn_engine::engine::{Engine, EngineConfig};
 use thorn_engine::sample::SamplingParams;
-use thorn_plugin::{HostConfig, PluginHost, PluginSet, Policy};
+use thorn_plugin::{Fingerprint, HostConfig, LiveSet, PluginHost, PluginSet, Policy};
 use thorn_tools::chat::Message;
 use thorn_tools::{ResponseFormat, ToolChoice};
 
@@ -118,6 +119,25 @@ pub struct ServeArgs {
     /// Seconds until a response must start (0: no limit); a streamed one starts once admitted.
     #[arg(long, default_value_t = 0)]
     pub request_timeout: u64,
+    /// Seconds between looks at the plugin directory and policy: a plugin installed, approved or
+    /// removed while thorn runs is served (or dropped) without a restart, and MCP clients are told
+    /// (0: load once at start).
+    #[arg(long, default_value_t = 2)]
+    pub plugin_poll: u64,
+    /// Do not serve `/mcp` (thorn's tools over MCP's Streamable HTTP).
+    #[arg(long, help_heading = "MCP")]
+    pub no_mcp: bool,
+    /// A `Host` `/mcp` accepts besides loopback (`name` or `name:port`; repeatable): the name remote
+    /// MCP clients reach this server by. Others get 403 (DNS rebinding).
+    #[arg(long, help_heading = "MCP")]
+    pub mcp_allowed_host: Vec<String>,
+    /// A browser origin allowed to call `/mcp` (`https://app.example:443`, `http://localhost:*`;
+    /// repeatable). By default a request carrying any `Origin` is refused.
+    #[arg(long, help_heading = "MCP")]
+    pub mcp_allowed_origin: Vec<String>,
+    /// Most MCP sessions open at once.
+    #[arg(long, default_value_t = 256, help_heading = "MCP")]
+    pub mcp_max_sessions: usize,
 }
 
 /// Loads the model onto its engine thread and the plugins under the policy.
@@ -157,7 +177,7 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
         engine.kv_config().dtype.name(),
         (kv.pages_total * kv.page_bytes) as f64 / (1u64 << 20) as f64
     );
-    let (plugins, dir) = load_plugins(cache, &a.place)?;
+    let (plugins, dir) = load_plugins(cache, &a.place, None)?;
     eprintln!(
         "model {name} ({context} tokens of context, {threads} threads); {} plugin(s) with {} tool(s) from {}",
         plugins.plugins().len(),
@@ -180,27 +200,75 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
     .with_tool_use(a.tool_use()))
 }
 
-/// The plugins in `place` that its policy admits (each refusal printed), and their directory.
-fn load_plugins(cache: &Path, place: &Place) -> Result<(PluginSet, PathBuf)> {
+/// The plugins in `place` that its policy admits (each refusal printed), and their directory; `previous`
+/// is the set they replace, if any (its audit log is kept).
+fn load_plugins(
+    cache: &Path,
+    place: &Place,
+    previous: Option<&PluginSet>,
+) -> Result<(PluginSet, PathBuf)> {
     let (dir, policy_path) = place.resolve();
     let host = PluginHost::with_config(HostConfig {
         cache_dir: Some(cache.join("cwasm")),
         ..HostConfig::default()
     })?;
     let policy = Policy::load(&policy_path)?;
-    let plugins = PluginSet::load_dir(&host, &dir, &policy)?;
+    let plugins = PluginSet::load_dir_after(&host, &dir, &policy, previous)?;
     for r in plugins.refused() {
         eprintln!("plugin refused: {}: {}", r.path.display(), r.error);
     }
     Ok((plugins, dir))
 }
 
+/// Keeps `live` in step with `place`: every `every`, when the plugin directory or the policy changed,
+/// loads the set anew and serves it (a set that fails to load is reported and the old one kept). Runs on
+/// its own thread: loading compiles components, which must not stall the async workers.
+pub fn watch_plugins(cache: &Path, place: &Place, live: Arc<LiveSet>, every: Duration) {
+    if every.is_zero() {
+        return;
+    }
+    let (cache, place) = (cache.to_owned(), place.clone());
+    let (dir, policy) = place.resolve();
+    let mut seen = Fingerprint::of(&dir, &policy);
+    let spawned = std::thread::Builder::new()
+        .name("thorn-plugin-watch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                let now = Fingerprint::of(&dir, &policy);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                let previous = live.current();
+                match load_plugins(&cache, &place, Some(&previous)) {
+                    Ok((set, _)) => {
+                        let (n, tools) = (set.plugins().len(), set.tools().tools().len());
+                        let changed = live.replace(Arc::new(set));
+                        eprintln!(
+                            "plugins reloaded: {n} plugin(s) with {tools} tool(s){}",
+                            if changed {
+                                " (the tool list changed)"
+                            } else {
+                                ""
+                            }
+                        );
+                    }
+                    Err(e) => eprintln!("plugins not reloaded (still serving the old set): {e:#}"),
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("warning: cannot watch the plugins for changes: {e}");
+    }
+}
+
 /// `thorn mcp`: the admitted plugins as MCP tools over stdio. Stdout carries only the protocol; what
 /// thorn has to say goes to stderr.
-pub fn mcp(cache: &Path, place: &Place, conversation: String) -> Result<()> {
+pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) -> Result<()> {
     use rmcp::ServiceExt;
     thorn_plugin::validate_conversation_id(&conversation)?;
-    let (plugins, dir) = load_plugins(cache, place)?;
+    let (plugins, dir) = load_plugins(cache, place, None)?;
     eprintln!(
         "thorn mcp: {} plugin(s) with {} tool(s) from {} on stdio",
         plugins.plugins().len(),
@@ -212,7 +280,14 @@ pub fn mcp(cache: &Path, place: &Place, conversation: String) -> Result<()> {
         key_id: None,
         peer: Some("mcp-stdio".into()),
     };
-    let tools = thorn::mcp::McpTools::new(Arc::new(plugins), caller);
+    let live = Arc::new(LiveSet::new(Arc::new(plugins)));
+    watch_plugins(
+        cache,
+        place,
+        Arc::clone(&live),
+        Duration::from_secs(plugin_poll),
+    );
+    let tools = thorn::mcp::McpTools::new(live, caller);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -271,7 +346,24 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
             request_timeout: (a.request_timeout > 0)
                 .then(|| Duration::from_secs(a.request_timeout)),
         },
+        mcp: McpHttp {
+            enabled: !a.no_mcp,
+            allowed_hosts: a.mcp_allowed_host.clone(),
+            allowed_origins: a.mcp_allowed_origin.clone(),
+            max_sessions: a.mcp_max_sessions.max(1),
+        },
     };
+    if !a.no_mcp && !is_loopback(&a.host) && a.mcp_allowed_host.is_empty() {
+        eprintln!(
+            "note: /mcp accepts only loopback Host names; add --mcp-allowed-host NAME for the name remote MCP clients use"
+        );
+    }
+    watch_plugins(
+        cache,
+        &a.agent.place,
+        Arc::clone(agent.live_plugins()),
+        Duration::from_secs(a.plugin_poll),
+    );
     let state = Arc::new(AppState::new(agent, config));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -283,8 +375,9 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("listening on {addr}"))?;
         eprintln!(
-            "serving the OpenAI API on http://{} (POST /v1/chat/completions, GET /v1/models, /health, /metrics); ctrl-c stops",
-            listener.local_addr()?
+            "serving the OpenAI API on http://{} (POST /v1/chat/completions, GET /v1/models, /health, /metrics{}); ctrl-c stops",
+            listener.local_addr()?,
+            if a.no_mcp { "" } else { ", MCP at /mcp" }
         );
         thorn::api::serve(listener, state).await?;
         anyhow::Ok(())
@@ -292,10 +385,9 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
 }
 
 /// Every installed plugin's functions as host tools.
-fn all_tools(agent: &Agent) -> (Vec<serde_json::Value>, Vec<String>) {
-    let defs = agent.plugins().tools().definitions().to_vec();
-    let names = agent
-        .plugins()
+fn all_tools(plugins: &PluginSet) -> (Vec<serde_json::Value>, Vec<String>) {
+    let defs = plugins.tools().definitions().to_vec();
+    let names = plugins
         .tools()
         .tools()
         .iter()
@@ -305,7 +397,8 @@ fn all_tools(agent: &Agent) -> (Vec<serde_json::Value>, Vec<String>) {
 }
 
 fn turn(agent: &Agent, messages: Vec<Message>, temperature: f32, seed: Option<u64>) -> Turn {
-    let (tools, host_tools) = all_tools(agent);
+    let plugins = agent.plugins();
+    let (tools, host_tools) = all_tools(&plugins);
     Turn {
         messages,
         tools,
@@ -329,6 +422,7 @@ fn turn(agent: &Agent, messages: Vec<Message>, temperature: f32, seed: Option<u6
         logprobs: false,
         speculation: true,
         tool_use: None,
+        plugins,
     }
 }
 

@@ -1,8 +1,8 @@
-//! thorn as an MCP server, driven by the MCP Python SDK (`tests/clients/mcp_stdio.py`, pinned in
-//! `tests/clients/requirements.txt`): `thorn mcp` started as a child process over stdio, as a desktop agent
-//! starts its tools. The calculator and the hostile plugin are installed with a policy; the client lists
-//! the tools, calls one, makes a schema violation, hits a plugin timeout and an unknown tool, and then
-//! calls again.
+//! thorn as an MCP server, driven by the MCP Python SDK (pinned in `tests/clients/requirements.txt`):
+//! `thorn mcp` started as a child process over stdio, as a desktop agent starts its tools
+//! (`tests/clients/mcp_stdio.py`: list, a call, a schema violation, a plugin timeout, an unknown tool,
+//! and a call after all of that), and `thorn serve`'s `/mcp` over Streamable HTTP under API keys, with a
+//! plugin installed while clients are connected (`tests/clients/mcp_http.py`).
 
 use serde_json::{Value, json};
 use thorn_plugin::{HostConfig, PluginHost};
@@ -93,4 +93,188 @@ fn an_mcp_client_lists_and_calls_the_sandboxed_tools_over_stdio() {
         "{log}"
     );
     assert!(records.iter().any(|r| r["function"] == "spin"), "{log}");
+}
+
+/// `thorn serve`'s `/mcp` with two API keys (one limited to the calculator), driven by the MCP Python
+/// SDK over Streamable HTTP (`tests/clients/mcp_http.py`): a 2025-11-25 session and a 2026-07-28
+/// client list and call, a key is refused a tool outside its allow-list, requests without a key or
+/// with a foreign Host or Origin are refused before the protocol, and installing and approving a
+/// plugin while both are connected tells both that the tool list changed and serves the new tool.
+#[test]
+fn mcp_clients_list_and_call_over_http_under_the_api_keys() {
+    let Some(python) = thorn_tests::client_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let installed = dir.path().join("plugins");
+    let docs = dir.path().join("docs");
+    for d in [&installed, &docs] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(docs.join("notes.txt"), "The launch code is 4242.\n").unwrap();
+    let host = PluginHost::with_config(HostConfig::default()).unwrap();
+    let mut entries = thorn_tests::install_plugins(
+        &host,
+        &installed,
+        &["calculator", "files"],
+        |name| match name {
+            "files" => {
+                json!({"filesystem": [{"guest": "/data", "host": docs, "access": "read"}]})
+            }
+            _ => json!({}),
+        },
+    );
+    let audit = dir.path().join("audit.jsonl");
+    let policy = dir.path().join("policy.json");
+    let write_policy = |path: &std::path::Path, entries: &serde_json::Map<String, Value>| {
+        std::fs::write(
+            path,
+            json!({"plugins": entries, "audit": {"path": audit}}).to_string(),
+        )
+        .unwrap();
+    };
+    write_policy(&policy, &entries);
+    // What the operator will approve while the server runs.
+    let units = thorn_tests::plugin_wasm("units");
+    let units_sha = host.open(&units).unwrap().sha256().to_owned();
+    entries.insert("units".into(), json!({ "sha256": units_sha }));
+    let next_policy = dir.path().join("policy.next.json");
+    write_policy(&next_policy, &entries);
+    let keys = dir.path().join("keys.json");
+    std::fs::write(
+        &keys,
+        json!({"keys": [
+            {"id": "admin", "sha256": thorn_tests::sha256_hex(b"adm1n")},
+            {"id": "robot", "sha256": thorn_tests::sha256_hex(b"r0b0t"), "tools": ["calculator"]}]})
+        .to_string(),
+    )
+    .unwrap();
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let server = thorn_tests::ServeProcess::start(&[
+        "--context",
+        "1024",
+        "--plugins",
+        &path(&installed),
+        "--policy",
+        &path(&policy),
+        "--api-keys",
+        &path(&keys),
+        "--plugin-poll",
+        "1",
+    ]);
+    let url = format!("http://{}/mcp", server.addr);
+    let out = thorn_tests::run_client(
+        &python,
+        "mcp_http.py",
+        &[
+            &url,
+            "adm1n",
+            "r0b0t",
+            &path(&units),
+            &path(&installed),
+            &path(&next_policy),
+            &path(&policy),
+        ],
+    );
+    eprintln!("{out}\n--- server ---\n{}", server.log());
+
+    // The guards in front of the protocol.
+    for (case, status) in [
+        ("no_key", 401),
+        ("wrong_key", 401),
+        ("evil_origin", 403),
+        ("evil_host", 403),
+        ("good_raw", 200),
+    ] {
+        assert_eq!(out[case]["status"], status, "{case}: {}", out[case]);
+    }
+    assert!(
+        out["evil_origin"]["body"]
+            .as_str()
+            .unwrap()
+            .contains("Origin")
+    );
+    assert!(out["evil_host"]["body"].as_str().unwrap().contains("Host"));
+
+    // A 2025-11-25 session with the full key: every tool, with its schemas and hints.
+    assert_eq!(out["legacy_version"], "2025-11-25");
+    let tools = out["tools"].as_object().unwrap();
+    let mut names: Vec<&str> = tools.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["evaluate", "list_files", "read_file", "search_files"]
+    );
+    assert_eq!(tools["read_file"]["annotations"]["readOnlyHint"], true);
+    assert_eq!(out["call"]["structuredContent"]["value"], 51.0);
+    assert_eq!(out["bad_arguments"]["isError"], true);
+    assert!(
+        out["unknown"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no_such_tool"),
+        "{}",
+        out["unknown"]
+    );
+
+    // The robot's key sees and runs only the calculator.
+    assert_eq!(out["robot_tools"], json!(["evaluate"]));
+    let denied = out["robot_denied"]["error"].as_str().unwrap();
+    assert!(
+        denied.contains("robot") && denied.contains("read_file"),
+        "{denied}"
+    );
+    assert_eq!(out["robot_call"]["structuredContent"]["value"], 1024.0);
+
+    // Installing and approving a plugin reaches both kinds of client, and its tool is served.
+    assert_eq!(out["modern_event"], "ToolsListChanged", "{out}");
+    assert!(
+        out["legacy_notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "ToolListChangedNotification"),
+        "{out}"
+    );
+    assert_eq!(
+        out["tools_after"],
+        json!([
+            "convert",
+            "evaluate",
+            "list_files",
+            "read_file",
+            "search_files"
+        ])
+    );
+    assert_eq!(
+        out["robot_tools_after"],
+        json!(["evaluate"]),
+        "allow-lists hold for new tools"
+    );
+    assert_eq!(out["new_call"]["structuredContent"]["value"], 1000.0);
+    // ... and to the chat API, which serves the same live set.
+    let health = thorn_tests::http(server.addr, "GET", "/health", &[], b"").json();
+    assert_eq!(health["plugins"], 3, "{health}");
+
+    // Every call is audited under the key that made it, with the client's address.
+    let log = std::fs::read_to_string(&audit).unwrap();
+    let records: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let by = |key: &str, function: &str| {
+        records.iter().any(|r| {
+            r["key_id"] == key
+                && r["function"] == function
+                && r["phase"] == "intent"
+                && r["peer"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("127.0.0.1:"))
+        })
+    };
+    assert!(by("admin", "evaluate") && by("admin", "convert"), "{log}");
+    assert!(
+        by("robot", "evaluate") && !by("robot", "read_file"),
+        "{log}"
+    );
 }

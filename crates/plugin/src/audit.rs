@@ -207,6 +207,11 @@ impl AuditLog {
         &self.path
     }
 
+    /// When it rotates.
+    pub fn rotation(&self) -> Rotation {
+        self.rotation
+    }
+
     /// A fresh call id: this process's random prefix and a counter, unique across restarts.
     pub fn call_id(&self) -> String {
         let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;

@@ -32,6 +32,7 @@ mod cache;
 mod caller;
 mod limiter;
 mod linker;
+pub mod live;
 pub mod policy;
 mod set;
 mod trail;
@@ -39,6 +40,7 @@ mod trail;
 pub use audit::{AuditError, AuditLog, Outcome, Phase, Record, Rotation};
 pub use caller::{Caller, CallerError, MAX_ID_BYTES, validate_conversation_id};
 pub use limiter::MemoryCap;
+pub use live::{Fingerprint, LiveSet};
 pub use policy::{Access, Grant, NetRule, Policy, PolicyError, Preopen, Requests};
 pub use set::{PluginSet, Refusal, components};
 

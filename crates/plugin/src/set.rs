@@ -67,8 +67,30 @@ impl PluginSet {
     /// the others serve. The audit log named by the policy is opened here, and failing to open it is an
     /// error: plugins never run unaudited under a policy file.
     pub fn load_dir(host: &PluginHost, dir: &Path, policy: &Policy) -> Result<Self, PluginError> {
+        Self::load_dir_after(host, dir, policy, None)
+    }
+
+    /// [`PluginSet::load_dir`] for a set that replaces `previous` while the process runs: when the policy
+    /// names the same audit log with the same rotation, the new set writes through `previous`'s handle,
+    /// so one process keeps one writer per log (its group commit and rotation stay coordinated) and calls
+    /// still running in the old set and new calls share the file safely.
+    pub fn load_dir_after(
+        host: &PluginHost,
+        dir: &Path,
+        policy: &Policy,
+        previous: Option<&PluginSet>,
+    ) -> Result<Self, PluginError> {
+        let reuse = |p: &Path| {
+            previous
+                .and_then(|s| s.audit.as_ref())
+                .filter(|log| log.path() == p && log.rotation() == policy.audit_rotation())
+                .map(Arc::clone)
+        };
         let audit = match policy.audit_path() {
-            Some(p) => Some(Arc::new(AuditLog::open_with(&p, policy.audit_rotation())?)),
+            Some(p) => Some(match reuse(&p) {
+                Some(log) => log,
+                None => Arc::new(AuditLog::open_with(&p, policy.audit_rotation())?),
+            }),
             None => None,
         };
         let mut set = PluginSet {
@@ -142,6 +164,15 @@ impl PluginSet {
             .into());
         }
         host.open_bytes(path, &bytes)?.admit(policy)
+    }
+
+    /// A set with these tool definitions and no plugins behind them (for tests of what reads the tools).
+    #[cfg(test)]
+    pub(crate) fn from_tools(defs: &[Value]) -> Self {
+        PluginSet {
+            tools: ToolSet::new(defs).expect("valid test tools"),
+            ..PluginSet::default()
+        }
     }
 
     /// The loaded plugins.

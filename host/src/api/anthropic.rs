@@ -401,8 +401,9 @@ fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, 
     super::in_range(r.temperature, 0.0, 1.0, "temperature")?;
     let mut sampling = sampling(r.temperature, r.top_p, None, None, None)?;
     sampling.top_k = r.top_k.unwrap_or(0) as usize;
+    let plugins = st.agent.plugins();
     let (tools, host_tools) = tools_of(
-        st.agent.plugins(),
+        &plugins,
         tool_defs(r.tools.unwrap_or_default())?,
         caller.key.as_ref(),
     )?;
@@ -434,6 +435,7 @@ fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, 
         logprobs: false,
         speculation: true,
         tool_use: r.thorn_tool_use.map(|o| o.over(st.agent.tool_use())),
+        plugins,
     };
     Ok((turn, r.stream.unwrap_or(false)))
 }

@@ -1,0 +1,120 @@
+//! `/mcp`: thorn's sandboxed tools over MCP's Streamable HTTP transport, on the same port and under the
+//! same API keys as the OpenAI routes.
+//!
+//! The protocol is `rmcp`'s [`StreamableHttpService`] serving [`McpTools`]; this module puts thorn's
+//! rules in front of it:
+//! - **Keys.** With keys configured, every `/mcp` request needs `Authorization: Bearer <key>` (401
+//!   otherwise, before rmcp sees it). The key travels to the handler as an [`McpIdentity`] in the
+//!   request's extensions, so a key's tool allow-list limits what `tools/list` shows and what
+//!   `tools/call` runs, and the audit log names the key and the client's address.
+//! - **DNS rebinding.** The `Host` header must name an allowed host (loopback by default:
+//!   `--mcp-allowed-host` adds the names a remote client uses) and a request that carries an `Origin`
+//!   header (a browser's) is refused unless that origin is allowed (`--mcp-allowed-origin`; none by
+//!   default). Both answer 403.
+//! - **Bounds.** Bodies are capped at the server's `max_body`; at most `max_sessions` sessions (the 2025
+//!   revisions keep one per client) live at once, a new one past that is a 429 with `Retry-After`, and
+//!   an idle session is dropped after five minutes.
+
+use super::auth::ApiKey;
+use super::listen::Peer;
+use super::{ApiError, AppState};
+use crate::mcp::{McpIdentity, McpTools};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use std::sync::Arc;
+use thorn_plugin::Caller;
+
+/// How `/mcp` is served.
+#[derive(Debug, Clone)]
+pub struct McpHttp {
+    /// Whether `/mcp` is served at all.
+    pub enabled: bool,
+    /// Hosts (`name` or `name:port`) a request's `Host` header may name (empty: loopback only).
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (`scheme://host:port`, `:*` for any port) allowed to call; none: a request with
+    /// an `Origin` header is refused.
+    pub allowed_origins: Vec<String>,
+    /// Most live sessions.
+    pub max_sessions: usize,
+}
+
+impl Default for McpHttp {
+    fn default() -> Self {
+        McpHttp {
+            enabled: true,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            max_sessions: 256,
+        }
+    }
+}
+
+/// The hosts allowed when none are configured.
+const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// What the guard in front of rmcp needs.
+#[derive(Clone)]
+struct Guard {
+    state: Arc<AppState>,
+    sessions: Arc<LocalSessionManager>,
+}
+
+/// The `/mcp` route over `state` (nothing when it is disabled).
+pub(super) fn routes(state: &Arc<AppState>) -> Router {
+    let cfg = &state.config.mcp;
+    if !cfg.enabled {
+        return Router::new();
+    }
+    let mut http = StreamableHttpServerConfig::default()
+        .with_max_request_body_bytes(state.config.max_body)
+        .enforce_origin_validation()
+        .with_allowed_origins(cfg.allowed_origins.iter().cloned());
+    http = if cfg.allowed_hosts.is_empty() {
+        http.with_allowed_hosts(LOOPBACK)
+    } else {
+        http.with_allowed_hosts(cfg.allowed_hosts.iter().cloned())
+    };
+    let sessions = Arc::new(LocalSessionManager::default());
+    let live = Arc::clone(state.agent.live_plugins());
+    let caller = Caller {
+        conversation: Some("mcp".into()),
+        key_id: None,
+        peer: None,
+    };
+    let service = StreamableHttpService::new(
+        move || Ok(McpTools::new(Arc::clone(&live), caller.clone())),
+        Arc::clone(&sessions),
+        http,
+    );
+    let guard = Guard {
+        state: Arc::clone(state),
+        sessions,
+    };
+    Router::new()
+        .route_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(guard, admit))
+}
+
+/// Checks the key and the session bound, then hands the request to rmcp with its [`McpIdentity`].
+async fn admit(State(g): State<Guard>, mut req: Request<Body>, next: Next) -> Response {
+    let key: Option<ApiKey> = match super::authorize(&g.state, req.headers()) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    let opens_session =
+        req.method() == axum::http::Method::POST && !req.headers().contains_key("mcp-session-id");
+    if opens_session {
+        let live = g.sessions.sessions.read().await.len();
+        if live >= g.state.config.mcp.max_sessions {
+            return ApiError::Busy(format!("{live} MCP sessions are open")).into_response();
+        }
+    }
+    let peer = req.extensions().get::<Peer>().map(|Peer(p)| p.to_string());
+    req.extensions_mut().insert(McpIdentity { key, peer });
+    next.run(req).await
+}
