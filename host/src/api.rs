@@ -303,6 +303,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         queue_depth: e.waiting(),
         busy: e.busy(),
         plugins: st.agent.plugins().plugins().len(),
+        mcp_servers: st.agent.plugins().servers().len(),
     })
     .into_response()
 }
@@ -470,15 +471,13 @@ fn tools_of(
             defs.push(t);
             continue;
         };
-        let functions: Vec<(&str, &str)> = if let Some(p) =
-            plugins.plugins().iter().find(|p| p.name() == wanted)
-        {
+        let functions: Vec<(&str, &str)> = if let Some(p) = plugins.provider_named(wanted) {
             p.manifest()
                 .functions
                 .iter()
                 .map(|f| (p.name(), f.name.as_str()))
                 .collect()
-        } else if let Some(p) = plugins.plugin_for(wanted) {
+        } else if let Some(p) = plugins.provider_for(wanted) {
             vec![(p.name(), wanted)]
         } else {
             return Err(ApiError::bad(

@@ -204,11 +204,33 @@ fn verdict(c: &Candidate, policy: &Policy) -> std::result::Result<String, String
     }
 }
 
+/// The external MCP servers the policy names, marked as running outside the sandbox.
+fn print_servers(policy: &Policy) {
+    for s in policy.mcp_servers() {
+        let tools = s
+            .tools
+            .as_ref()
+            .map_or_else(|| "every tool it lists".to_owned(), |t| t.join(","));
+        println!(
+            "{:<12} UNSANDBOXED external MCP server (runs as this user, outside the wasm sandbox): {} {}; tools {tools} as {}_<tool>; {:?} per call, {} KiB results, {} at once",
+            s.name,
+            s.program.display(),
+            s.args.join(" "),
+            s.name,
+            s.timeout,
+            s.max_output >> 10,
+            s.max_concurrent
+        );
+    }
+}
+
 pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
     let (dir, policy_path) = place.resolve();
     match cmd {
         Cmd::List => {
             let files = components(&dir)?;
+            let policy = policy(&policy_path)?;
+            print_servers(&policy);
             if files.is_empty() {
                 println!(
                     "no plugins in {} (install one with `thorn plugins install FILE --approve`)",
@@ -217,7 +239,6 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
                 return Ok(());
             }
             let host = host(cache)?;
-            let policy = policy(&policy_path)?;
             println!(
                 "{:<12} {:<8} {:<14} {:<44} status",
                 "plugin", "version", "sha256", "functions"

@@ -179,8 +179,9 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
     );
     let (plugins, dir) = load_plugins(cache, &a.place, None)?;
     eprintln!(
-        "model {name} ({context} tokens of context, {threads} threads); {} plugin(s) with {} tool(s) from {}",
+        "model {name} ({context} tokens of context, {threads} threads); {} plugin(s){} with {} tool(s) from {}",
         plugins.plugins().len(),
+        servers_note(&plugins),
         plugins.tools().tools().len(),
         dir.display()
     );
@@ -218,6 +219,14 @@ fn load_plugins(
         eprintln!("plugin refused: {}: {}", r.path.display(), r.error);
     }
     Ok((plugins, dir))
+}
+
+/// ` and N external MCP server(s) (not sandboxed)`, when the policy names any.
+fn servers_note(plugins: &PluginSet) -> String {
+    match plugins.servers().len() {
+        0 => String::new(),
+        n => format!(" and {n} external MCP server(s) (not sandboxed)"),
+    }
 }
 
 /// Keeps `live` in step with `place`: every `every`, when the plugin directory or the policy changed,

@@ -278,3 +278,178 @@ fn mcp_clients_list_and_call_over_http_under_the_api_keys() {
         "{log}"
     );
 }
+
+/// The policy's entry for the test MCP server (`tests/clients/mcp_server.py`, the MCP Python SDK), with
+/// the tools `tools` allowed, logging each start to `log`.
+fn test_server(python: &std::path::Path, log: &std::path::Path, tools: &[&str]) -> Value {
+    let script = thorn_tests::root().join("tests/clients/mcp_server.py");
+    json!({"command": [python, script, log], "tools": tools, "timeout_ms": 3000,
+        "max_output_kib": 64, "max_concurrent": 2})
+}
+
+/// External MCP servers named by the policy become host tools `<server>_<tool>`, bounded where they
+/// cross: only allowed tools, schemas checked before a call is sent, no shadowing, and a server that
+/// fails, floods, hangs, speaks malformed JSON-RPC or dies ends each call with a typed error while the
+/// set keeps serving (and the server is started again).
+#[test]
+fn external_mcp_servers_are_policy_gated_host_tools() {
+    let Some(python) = thorn_tests::client_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let installed = dir.path().join("plugins");
+    let docs = dir.path().join("docs");
+    for d in [&installed, &docs] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let host = PluginHost::with_config(HostConfig::default()).unwrap();
+    let entries = thorn_tests::install_plugins(
+        &host,
+        &installed,
+        &["calculator", "files"],
+        |name| match name {
+            "files" => {
+                json!({"filesystem": [{"guest": "/data", "host": docs, "access": "read"}]})
+            }
+            _ => json!({}),
+        },
+    );
+    let audit = dir.path().join("audit.jsonl");
+    let starts = dir.path().join("starts.log");
+    let clash_starts = dir.path().join("clash.log");
+    let policy_path = dir.path().join("policy.json");
+
+    // Not named by the policy: never started.
+    std::fs::write(
+        &policy_path,
+        json!({"plugins": entries, "audit": {"path": audit}}).to_string(),
+    )
+    .unwrap();
+    let policy = thorn_plugin::Policy::load(&policy_path).unwrap();
+    let set = thorn_plugin::PluginSet::load_dir(&host, &installed, &policy).unwrap();
+    assert!(set.servers().is_empty() && !starts.exists());
+
+    let allowed = ["forecast", "fail", "huge", "hang", "garbage", "missing"];
+    std::fs::write(
+        &policy_path,
+        json!({"plugins": entries, "audit": {"path": audit}, "mcp_servers": {
+            "weather": test_server(&python, &starts, &allowed),
+            "list": test_server(&python, &clash_starts, &["files"])}})
+        .to_string(),
+    )
+    .unwrap();
+    let policy = thorn_plugin::Policy::load(&policy_path).unwrap();
+    let set = thorn_plugin::PluginSet::load_dir(&host, &installed, &policy).unwrap();
+    let names: Vec<&str> = set
+        .tools()
+        .tools()
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
+    for n in [
+        "evaluate",
+        "list_files",
+        "weather_forecast",
+        "weather_fail",
+        "weather_hang",
+    ] {
+        assert!(names.contains(&n), "{n} in {names:?}");
+    }
+    assert!(!names.contains(&"weather_secret"), "not allowed: {names:?}");
+    let refusals: Vec<String> = set.refused().iter().map(|r| r.error.to_string()).collect();
+    eprintln!("{refusals:#?}");
+    // `list_files` stays the files plugin's: the server's tool of that name is refused.
+    assert!(
+        refusals
+            .iter()
+            .any(|r| r.contains("list_files") && r.contains("shadows")),
+        "{refusals:?}"
+    );
+    assert!(matches!(
+        set.provider_for("list_files"),
+        Some(thorn_plugin::Provider::Plugin(_))
+    ));
+    // An allowed tool the server does not have is reported, not invented.
+    assert!(
+        refusals.iter().any(|r| r.contains("\"missing\"")),
+        "{refusals:?}"
+    );
+    let weather = set.provider_named("weather").unwrap();
+    assert!(!weather.sandboxed());
+    let f = weather
+        .manifest()
+        .functions
+        .iter()
+        .find(|f| f.name == "weather_forecast")
+        .unwrap();
+    assert_eq!(
+        f.parameters["properties"]["city"]["type"], "string",
+        "{f:?}"
+    );
+
+    let caller = thorn_plugin::Caller {
+        conversation: Some("ext-test".into()),
+        ..Default::default()
+    };
+    let call = |tool: &str, args: Value| set.call(&caller, tool, &args).0;
+    let ok = call("weather_forecast", json!({"city": "Oslo"})).unwrap();
+    assert_eq!(ok, json!({"city": "Oslo", "temp_c": 21.5, "sky": "clear"}));
+    // Checked against the server's schema before anything is sent.
+    let e = call("weather_forecast", json!({"city": 5})).unwrap_err();
+    assert_eq!(e.kind(), "arguments", "{e}");
+    let e = call("weather_secret", json!({})).unwrap_err();
+    assert_eq!(e.kind(), "unknown_function", "{e}");
+    let e = call("weather_fail", json!({"reason": "dust"})).unwrap_err();
+    assert_eq!(e.kind(), "tool", "{e}");
+    // (The SDK words the error itself: "Error executing tool fail".)
+    assert!(e.to_string().contains("fail"), "{e}");
+    // A result over the cap is refused; one far over it is dropped unread and the call times out.
+    let e = call("weather_huge", json!({"kib": 100})).unwrap_err();
+    assert_eq!(e.kind(), "output", "{e}");
+    let e = call("weather_huge", json!({"kib": 4096})).unwrap_err();
+    assert_eq!(e.kind(), "timeout", "{e}");
+    let e = call("weather_hang", json!({})).unwrap_err();
+    assert_eq!(e.kind(), "timeout", "{e}");
+    // Calls still work after all of that, on the same process.
+    assert_eq!(
+        call("weather_forecast", json!({"city": "Rome"})).unwrap()["city"],
+        "Rome"
+    );
+    let started = || std::fs::read_to_string(&starts).unwrap().lines().count();
+    assert_eq!(started(), 1);
+    // Malformed JSON-RPC and an exit: a typed error, and the next call starts the server again.
+    let e = call("weather_garbage", json!({})).unwrap_err();
+    assert!(
+        ["mcp_server", "timeout"].contains(&e.kind()),
+        "{}: {e}",
+        e.kind()
+    );
+    assert_eq!(
+        call("weather_forecast", json!({"city": "Lima"})).unwrap()["city"],
+        "Lima"
+    );
+    assert_eq!(started(), 2);
+
+    // Audited as plugin calls are, under the server's name and its entry's digest.
+    let log = std::fs::read_to_string(&audit).unwrap();
+    let records: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let intents = |f: &str| {
+        records
+            .iter()
+            .filter(|r| r["function"] == f && r["phase"] == "intent")
+            .count()
+    };
+    assert_eq!(intents("weather_forecast"), 3, "{log}");
+    assert_eq!(intents("weather_secret"), 0, "{log}");
+    assert!(records.iter().all(|r| r["function"] != "weather_forecast"
+        || (r["plugin"] == "weather" && r["plugin_sha256"].as_str().unwrap().len() == 64)));
+    assert!(
+        records
+            .iter()
+            .any(|r| r["function"] == "weather_hang" && r["error_kind"] == "timeout"),
+        "{log}"
+    );
+}

@@ -30,6 +30,7 @@
 pub mod audit;
 mod cache;
 mod caller;
+pub mod external;
 mod limiter;
 mod linker;
 pub mod live;
@@ -39,10 +40,11 @@ mod trail;
 
 pub use audit::{AuditError, AuditLog, Outcome, Phase, Record, Rotation};
 pub use caller::{Caller, CallerError, MAX_ID_BYTES, validate_conversation_id};
+pub use external::McpServer;
 pub use limiter::MemoryCap;
 pub use live::{Fingerprint, LiveSet};
-pub use policy::{Access, Grant, NetRule, Policy, PolicyError, Preopen, Requests};
-pub use set::{PluginSet, Refusal, components};
+pub use policy::{Access, Grant, NetRule, Policy, PolicyError, Preopen, Requests, ServerSpec};
+pub use set::{PluginSet, Provider, Refusal, components};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -165,6 +167,14 @@ pub enum PluginError {
     /// The caller's conversation id, key id or peer address is malformed (an API maps it to 400).
     #[error(transparent)]
     Caller(#[from] CallerError),
+    /// An external MCP server could not be started, or failed a call (exited, malformed JSON-RPC).
+    #[error("MCP server {server:?}: {msg}")]
+    Server {
+        /// The server's name in the policy.
+        server: String,
+        /// What went wrong.
+        msg: String,
+    },
     /// The guest tried to hold more resources (open files, sockets, streams) than allowed at once.
     #[error("plugin {plugin:?}: resource limit exceeded ({limit} open handles)")]
     ResourceLimit {
@@ -194,6 +204,7 @@ impl PluginError {
             PluginError::Audit(_) => "audit",
             PluginError::Caller(_) => "caller",
             PluginError::ResourceLimit { .. } => "resource_limit",
+            PluginError::Server { .. } => "mcp_server",
         }
     }
 }
@@ -355,7 +366,7 @@ const ON_DEMAND_SLOTS: usize = 1024;
 /// What must live as long as any plugin: the epoch ticker (a guest only yields, and is only interrupted,
 /// while epochs advance) and the runtime synchronous calls run on. Every [`Plugin`] holds it, so dropping
 /// the [`PluginHost`] first is harmless.
-struct Shared {
+pub(crate) struct Shared {
     runtime: Option<tokio::runtime::Runtime>,
     stop: Arc<AtomicBool>,
 }
@@ -381,6 +392,26 @@ pub struct PluginHost {
     handle: tokio::runtime::Handle,
     shared: Arc<Shared>,
     manifest_validator: jsonschema::Validator,
+}
+
+impl PluginHost {
+    /// Runs `fut` on the host's runtime from synchronous code (from a thread of its own when the
+    /// caller is inside a runtime), and a token that keeps that runtime alive for what it spawned.
+    pub(crate) fn block_on<F: std::future::Future + Send>(&self, fut: F) -> (F::Output, Arc<Shared>)
+    where
+        F::Output: Send,
+    {
+        let out = if tokio::runtime::Handle::try_current().is_ok() {
+            std::thread::scope(|s| {
+                s.spawn(|| self.handle.block_on(fut))
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            })
+        } else {
+            self.handle.block_on(fut)
+        };
+        (out, Arc::clone(&self.shared))
+    }
 }
 
 impl std::fmt::Debug for PluginHost {
@@ -940,10 +971,17 @@ impl Plugin {
     ) -> (Result<Value, PluginError>, CallReport) {
         let t0 = Instant::now();
         let mut report = CallReport::default();
-        let trail = self
-            .audit
-            .as_deref()
-            .map(|log| Trail::new(log, self, caller, function, args));
+        let trail = self.audit.as_deref().map(|log| {
+            Trail::new(
+                log,
+                &self.name,
+                &self.sha256,
+                self.grant.audit_arguments,
+                caller,
+                function,
+                args,
+            )
+        });
         let checked = caller
             .validate()
             .map_err(PluginError::from)

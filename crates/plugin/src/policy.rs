@@ -182,6 +182,52 @@ struct PolicyFile {
     audit: AuditSpec,
     #[serde(default)]
     plugins: BTreeMap<String, Entry>,
+    #[serde(default)]
+    mcp_servers: BTreeMap<String, ServerEntry>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerEntry {
+    command: Vec<String>,
+    cwd: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    env_from_host: Vec<String>,
+    tools: Vec<String>,
+    timeout_ms: Option<u64>,
+    max_output_kib: Option<u64>,
+    max_concurrent: Option<u32>,
+    audit_arguments: Option<bool>,
+}
+
+/// An external MCP server the policy names: how to start it and what of it may be used. It runs outside
+/// the wasm sandbox, so these are all the bounds it has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSpec {
+    /// Its name in the policy (the prefix of its tools' names).
+    pub name: String,
+    /// The program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Its working directory.
+    pub cwd: Option<PathBuf>,
+    /// Its whole environment (PATH, the policy's variables, and the host variables it names).
+    pub env: Vec<(String, String)>,
+    /// The server's tools that may be used (`None`: every tool it lists).
+    pub tools: Option<Vec<String>>,
+    /// Limit of one call, and of starting it and listing its tools.
+    pub timeout: Duration,
+    /// Largest result accepted, in bytes.
+    pub max_output: usize,
+    /// Calls in flight at once.
+    pub max_concurrent: usize,
+    /// Whether calls' arguments go into the audit log.
+    pub audit_arguments: bool,
+    /// The sha256 of the entry as written (the audit log's `plugin_sha256`: which configuration ran).
+    pub sha256: String,
 }
 
 /// A directory mapped into the sandbox.
@@ -427,6 +473,49 @@ impl Policy {
             max_bytes: self.file.audit.max_mib.map_or(d.max_bytes, |m| m << 20),
             keep: self.file.audit.keep.unwrap_or(d.keep),
         }
+    }
+
+    /// The external MCP servers it names, in name order.
+    pub fn mcp_servers(&self) -> Vec<ServerSpec> {
+        self.file
+            .mcp_servers
+            .iter()
+            .map(|(name, e)| {
+                let program = if e.command[0].contains('/') {
+                    self.host_path(&e.command[0])
+                } else {
+                    PathBuf::from(&e.command[0])
+                };
+                let mut env: Vec<(String, String)> = std::env::var("PATH")
+                    .map(|p| vec![("PATH".to_owned(), p)])
+                    .unwrap_or_default();
+                env.extend(e.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+                for k in &e.env_from_host {
+                    if let Ok(v) = std::env::var(k) {
+                        env.push((k.clone(), v));
+                    }
+                }
+                let entry = serde_json::json!({"command": e.command, "cwd": e.cwd, "env": e.env,
+                    "env_from_host": e.env_from_host, "tools": e.tools});
+                ServerSpec {
+                    name: name.clone(),
+                    program,
+                    args: e.command[1..].to_vec(),
+                    cwd: Some(
+                        e.cwd
+                            .as_deref()
+                            .map_or_else(|| self.host_path("."), |c| self.host_path(c)),
+                    ),
+                    env,
+                    tools: (e.tools.iter().all(|t| t != "*")).then(|| e.tools.clone()),
+                    timeout: Duration::from_millis(e.timeout_ms.unwrap_or(10_000)),
+                    max_output: e.max_output_kib.map_or(256 << 10, |k| (k as usize) << 10),
+                    max_concurrent: e.max_concurrent.unwrap_or(4).max(1) as usize,
+                    audit_arguments: e.audit_arguments.unwrap_or(self.file.audit.arguments),
+                    sha256: super::sha256_hex(entry.to_string().as_bytes()),
+                }
+            })
+            .collect()
     }
 
     /// Whether any entry pins `sha256` (a file no entry pins is refused without being compiled).

@@ -5,7 +5,9 @@
 //! compiled or asked to `describe()` itself, so an unapproved file costs a read and a hash per start, not a
 //! Cranelift compile and a sandboxed run.
 
-use super::{AuditLog, CallReport, Caller, Plugin, PluginError, PluginHost, Policy, PolicyError};
+use super::{
+    AuditLog, CallReport, Caller, McpServer, Plugin, PluginError, PluginHost, Policy, PolicyError,
+};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,11 +23,51 @@ pub struct Refusal {
     pub error: PluginError,
 }
 
-/// The plugins of one directory under one policy.
+/// Who provides a tool.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Plugin(usize),
+    Server(usize),
+}
+
+/// What provides host tools: a sandboxed plugin or an external MCP server.
+#[derive(Debug, Clone, Copy)]
+pub enum Provider<'a> {
+    /// A wasm plugin.
+    Plugin(&'a Arc<Plugin>),
+    /// An external MCP server (not sandboxed).
+    Server(&'a Arc<McpServer>),
+}
+
+impl<'a> Provider<'a> {
+    /// Its name (a plugin's manifest name, a server's policy name).
+    pub fn name(&self) -> &'a str {
+        match self {
+            Provider::Plugin(p) => p.name(),
+            Provider::Server(s) => s.name(),
+        }
+    }
+
+    /// Its functions.
+    pub fn manifest(&self) -> &'a super::Manifest {
+        match self {
+            Provider::Plugin(p) => p.manifest(),
+            Provider::Server(s) => s.manifest(),
+        }
+    }
+
+    /// Whether it runs in the wasm sandbox.
+    pub fn sandboxed(&self) -> bool {
+        matches!(self, Provider::Plugin(_))
+    }
+}
+
+/// The plugins of one directory under one policy, and the external MCP servers the policy names.
 #[derive(Debug, Default)]
 pub struct PluginSet {
     plugins: Vec<Arc<Plugin>>,
-    by_tool: HashMap<String, usize>,
+    servers: Vec<Arc<McpServer>>,
+    by_tool: HashMap<String, Slot>,
     tools: ToolSet,
     refused: Vec<Refusal>,
     audit: Option<Arc<AuditLog>>,
@@ -50,6 +92,13 @@ pub fn components(dir: &Path) -> Result<Vec<PathBuf>, PluginError> {
         .collect();
     out.sort();
     Ok(out)
+}
+
+fn s_error(s: &McpServer, msg: String) -> PluginError {
+    PluginError::Server {
+        server: s.name().to_owned(),
+        msg,
+    }
 }
 
 /// What a call to a tool no installed plugin provides returns.
@@ -110,7 +159,7 @@ impl PluginSet {
             let clash = plugin.manifest().functions.iter().find_map(|f| {
                 set.by_tool
                     .get(&f.name)
-                    .map(|&i| (f.name.clone(), set.plugins[i].name().to_owned()))
+                    .map(|&s| (f.name.clone(), set.provider(s).name().to_owned()))
             });
             if let Some((function, other)) = clash {
                 let error = PluginError::Load {
@@ -129,7 +178,7 @@ impl PluginSet {
             };
             let index = set.plugins.len();
             for f in &plugin.manifest().functions {
-                set.by_tool.insert(f.name.clone(), index);
+                set.by_tool.insert(f.name.clone(), Slot::Plugin(index));
                 defs.push(
                     serde_json::json!({"type": "function", "function": {"name": f.name,
                     "description": f.description, "parameters": f.parameters}}),
@@ -137,6 +186,86 @@ impl PluginSet {
             }
             tracing::info!(plugin = plugin.name(), path = %path.display(), "plugin loaded");
             set.plugins.push(Arc::new(plugin));
+        }
+        for spec in policy.mcp_servers() {
+            let shown = PathBuf::from(format!("mcp_servers.{}", spec.name));
+            // A server whose entry did not change keeps running across a reload.
+            let running = previous
+                .into_iter()
+                .flat_map(|p| p.servers.iter())
+                .find(|s| *s.spec() == spec && s.audit_is(set.audit.as_ref()));
+            if let Some(old) = running
+                && old
+                    .manifest()
+                    .functions
+                    .iter()
+                    .all(|f| !set.by_tool.contains_key(&f.name))
+            {
+                let index = set.servers.len();
+                for f in &old.manifest().functions {
+                    set.by_tool.insert(f.name.clone(), Slot::Server(index));
+                    defs.push(
+                        serde_json::json!({"type": "function", "function": {"name": f.name,
+                        "description": f.description, "parameters": f.parameters}}),
+                    );
+                }
+                set.servers.push(Arc::clone(old));
+                continue;
+            }
+            let server = match McpServer::connect_on(host, spec) {
+                Ok(s) => s,
+                Err(error) => {
+                    tracing::warn!(%error, "MCP server refused");
+                    set.refused.push(Refusal { path: shown, error });
+                    continue;
+                }
+            };
+            for why in server.refused() {
+                let error = PluginError::Server {
+                    server: server.name().to_owned(),
+                    msg: format!("tool {why}; refused"),
+                };
+                set.refused.push(Refusal {
+                    path: shown.clone(),
+                    error,
+                });
+            }
+            let server = match &set.audit {
+                Some(log) => server.with_audit(Arc::clone(log)),
+                None => server,
+            };
+            let index = set.servers.len();
+            let mut kept = Vec::new();
+            for f in &server.manifest().functions {
+                if let Some(&other) = set.by_tool.get(&f.name) {
+                    let error = PluginError::Server {
+                        server: server.name().to_owned(),
+                        msg: format!(
+                            "its tool {:?} has the same name as one of {:?}; refused (nothing shadows)",
+                            f.name,
+                            set.provider(other).name()
+                        ),
+                    };
+                    tracing::warn!(%error, "MCP tool refused");
+                    set.refused.push(Refusal {
+                        path: shown.clone(),
+                        error,
+                    });
+                    continue;
+                }
+                set.by_tool.insert(f.name.clone(), Slot::Server(index));
+                kept.push(f.name.clone());
+                defs.push(
+                    serde_json::json!({"type": "function", "function": {"name": f.name,
+                    "description": f.description, "parameters": f.parameters}}),
+                );
+            }
+            tracing::info!(
+                server = server.name(),
+                tools = kept.len(),
+                "MCP server connected"
+            );
+            set.servers.push(Arc::new(server.keep_only(&kept)));
         }
         set.tools = ToolSet::new(&defs).map_err(|e| PluginError::Load {
             path: dir.display().to_string(),
@@ -180,6 +309,36 @@ impl PluginSet {
         &self.plugins
     }
 
+    /// The connected external MCP servers.
+    pub fn servers(&self) -> &[Arc<McpServer>] {
+        &self.servers
+    }
+
+    /// Every provider of host tools: the plugins, then the servers.
+    pub fn providers(&self) -> impl Iterator<Item = Provider<'_>> {
+        self.plugins
+            .iter()
+            .map(Provider::Plugin)
+            .chain(self.servers.iter().map(Provider::Server))
+    }
+
+    /// The provider named `name` (a plugin's or a server's name).
+    pub fn provider_named(&self, name: &str) -> Option<Provider<'_>> {
+        self.providers().find(|p| p.name() == name)
+    }
+
+    fn provider(&self, slot: Slot) -> Provider<'_> {
+        match slot {
+            Slot::Plugin(i) => Provider::Plugin(&self.plugins[i]),
+            Slot::Server(i) => Provider::Server(&self.servers[i]),
+        }
+    }
+
+    /// Who provides host tool `tool`.
+    pub fn provider_for(&self, tool: &str) -> Option<Provider<'_>> {
+        self.by_tool.get(tool).map(|&s| self.provider(s))
+    }
+
     /// The components that were not loaded.
     pub fn refused(&self) -> &[Refusal] {
         &self.refused
@@ -197,7 +356,10 @@ impl PluginSet {
 
     /// The plugin that provides `tool`.
     pub fn plugin_for(&self, tool: &str) -> Option<&Arc<Plugin>> {
-        self.by_tool.get(tool).map(|&i| &self.plugins[i])
+        match self.by_tool.get(tool) {
+            Some(&Slot::Plugin(i)) => Some(&self.plugins[i]),
+            _ => None,
+        }
     }
 
     /// Calls the plugin that provides `tool`, for `caller`.
@@ -207,8 +369,9 @@ impl PluginSet {
         tool: &str,
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
-        match self.plugin_for(tool) {
-            Some(p) => p.call_async(caller, tool, args).await,
+        match self.provider_for(tool) {
+            Some(Provider::Plugin(p)) => p.call_async(caller, tool, args).await,
+            Some(Provider::Server(s)) => s.call_async(caller, tool, args).await,
             None => unknown(tool),
         }
     }
@@ -220,8 +383,27 @@ impl PluginSet {
         tool: &str,
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
-        match self.plugin_for(tool) {
-            Some(p) => p.call_reported(caller, tool, args),
+        match self.provider_for(tool) {
+            Some(Provider::Plugin(p)) => p.call_reported(caller, tool, args),
+            Some(Provider::Server(s)) => {
+                let s = Arc::clone(s);
+                let (caller, tool, args) = (caller.clone(), tool.to_owned(), args.clone());
+                // Off any runtime the caller may be on: a blocking call must not stall one.
+                std::thread::scope(|scope| {
+                    scope
+                        .spawn(move || {
+                            tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                                .map_or_else(
+                                    |e| (Err(s_error(&s, e.to_string())), CallReport::default()),
+                                    |rt| rt.block_on(s.call_async(&caller, &tool, &args)),
+                                )
+                        })
+                        .join()
+                        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+                })
+            }
             None => unknown(tool),
         }
     }

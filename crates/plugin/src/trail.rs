@@ -1,4 +1,5 @@
-//! One call's audit trail: the [`Record`]s a [`Plugin`] call writes, bounded and redacted.
+//! One call's audit trail: the [`Record`]s a plugin (or external MCP server) call writes, bounded and
+//! redacted.
 //!
 //! Everything that goes into a line is bounded: the caller's ids by [`Caller::validate`] (a field that fails
 //! it is left out of the record of the refused call), the function name (it may be a model's invention) to
@@ -7,7 +8,7 @@
 //! without its details (the validator quotes the offending value), and in every other message each
 //! string value of the arguments (2 characters or more, raw and JSON-escaped) is replaced by `[redacted]`.
 
-use super::{AuditLog, CallReport, Caller, Outcome, Phase, Plugin, PluginError, Record};
+use super::{AuditLog, CallReport, Caller, Outcome, Phase, PluginError, Record};
 use serde_json::Value;
 use std::time::SystemTime;
 
@@ -22,7 +23,10 @@ const REDACTED: &str = "[redacted]";
 /// The audit context of one call.
 pub(super) struct Trail<'a> {
     pub(super) log: &'a AuditLog,
-    plugin: &'a Plugin,
+    /// The plugin (or external server) called, its digest, and whether its arguments are recorded.
+    plugin: &'a str,
+    sha256: &'a str,
+    audit_arguments: bool,
     id: String,
     caller: Caller,
     function: &'a str,
@@ -33,7 +37,9 @@ pub(super) struct Trail<'a> {
 impl<'a> Trail<'a> {
     pub(super) fn new(
         log: &'a AuditLog,
-        plugin: &'a Plugin,
+        plugin: &'a str,
+        sha256: &'a str,
+        audit_arguments: bool,
         caller: &Caller,
         function: &'a str,
         args: &'a Value,
@@ -41,6 +47,8 @@ impl<'a> Trail<'a> {
         Trail {
             log,
             plugin,
+            sha256,
+            audit_arguments,
             id: log.call_id(),
             caller: caller.valid_parts(),
             function: clip(function, MAX_FUNCTION_BYTES),
@@ -59,11 +67,11 @@ impl<'a> Trail<'a> {
             conversation: self.caller.conversation.as_deref(),
             key_id: self.caller.key_id.as_deref(),
             peer: self.caller.peer.as_deref(),
-            plugin: &self.plugin.name,
-            plugin_sha256: &self.plugin.sha256,
+            plugin: self.plugin,
+            plugin_sha256: self.sha256,
             function: self.function,
             args_sha256: &self.args_sha256,
-            args: (with_args && self.plugin.grant.audit_arguments).then_some(self.args),
+            args: (with_args && self.audit_arguments).then_some(self.args),
             outcome: None,
             error_kind: None,
             error: None,
@@ -101,7 +109,7 @@ impl<'a> Trail<'a> {
 
     /// `e` as recorded: bounded, and without the arguments unless the policy records them.
     fn error_text(&self, e: &PluginError) -> String {
-        let text = if self.plugin.grant.audit_arguments {
+        let text = if self.audit_arguments {
             e.to_string()
         } else if let PluginError::Arguments(_) = e {
             "the arguments do not match the function's schema (details not recorded: argument auditing is off)"

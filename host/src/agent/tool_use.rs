@@ -207,12 +207,12 @@ pub fn router_for(plugins: &PluginSet, tools: &ToolSet) -> Router {
     }))
 }
 
-/// The manifest entry of host function `name`, and its plugin's description.
+/// The manifest entry of host function `name`, and its plugin's (or MCP server's) description.
 fn function_def<'a>(
     plugins: &'a PluginSet,
     name: &str,
 ) -> (Option<&'a thorn_plugin::FunctionDef>, &'a str) {
-    match plugins.plugin_for(name) {
+    match plugins.provider_for(name) {
         Some(p) => (
             p.manifest().functions.iter().find(|f| f.name == name),
             p.manifest().description.as_str(),

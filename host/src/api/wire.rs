@@ -774,6 +774,8 @@ pub struct Health<'a> {
     pub busy: bool,
     /// Loaded plugins.
     pub plugins: usize,
+    /// External MCP servers connected.
+    pub mcp_servers: usize,
 }
 
 #[cfg(test)]

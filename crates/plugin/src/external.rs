@@ -1,0 +1,476 @@
+//! External MCP servers as host tools: the ones the operator's policy names, and only the tools it
+//! allows.
+//!
+//! An external server is a process thorn starts and speaks MCP to over its stdin and stdout (`rmcp`'s
+//! client). It runs **outside** the wasm sandbox, with this process's rights, so it is started only when
+//! the policy names it (`mcp_servers`), with an environment of only PATH, the variables the policy sets
+//! and those it passes on by name, and it is listed as unsandboxed wherever plugins are listed. What
+//! thorn does bound is everything that crosses to it and back:
+//! - **Names.** Each allowed tool is the host tool `<server>_<tool>`. The policy's server names have no
+//!   `_`, so a prefix is one server; a name that clashes with another tool (a plugin's, another
+//!   server's) is refused when the set loads, and nothing shadows anything.
+//! - **Schemas.** A tool's `inputSchema` is its parameters: it must be a valid JSON schema the tool set
+//!   accepts (else that tool is refused, with why), it constrains decoding like a plugin's, and every call
+//!   is validated against it before it is sent.
+//! - **Time.** Starting the server and listing its tools, and each call, are bounded by the entry's
+//!   `timeout_ms`; a call past it is abandoned (the request is cancelled on the server) and is a
+//!   `timeout` error. A server that hangs costs its callers that long, never the whole host.
+//! - **Size.** A result larger than `max_output_kib` is refused (`output`), and a line from the server
+//!   past a bound a little above that is dropped by the transport unread, so a huge or endless reply
+//!   cannot make thorn buffer it. A result is the tool's `structuredContent`, or its text blocks as
+//!   `{"text": ...}`: data for the model, never control tokens.
+//! - **Concurrency.** At most `max_concurrent` calls in flight; more wait within their time limit.
+//! - **Failure.** A server that exits or speaks malformed JSON-RPC fails the calls it was serving with a
+//!   typed error; the next call starts it again.
+//! - **Audit.** Calls are recorded exactly as plugin calls are (intent before it is sent, outcome
+//!   after), with the entry's digest as `plugin_sha256`.
+
+use super::{
+    Annotations, AuditLog, CallReport, Caller, FunctionDef, Manifest, Outcome, Phase, PluginError,
+    ServerSpec, trail::Trail,
+};
+use rmcp::model::{CallToolRequestParams, Tool};
+use rmcp::service::{RoleClient, RunningService, ServiceExt};
+use rmcp::transport::async_rw::AsyncRwTransport;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use thorn_tools::ToolSet;
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::{Mutex, Semaphore};
+
+/// Longest tool description kept, in bytes (it goes into every prompt that shows the tool).
+const MAX_DESCRIPTION: usize = 2048;
+
+/// A running session with the server and the process behind it (killed when dropped).
+struct Session {
+    service: RunningService<RoleClient, ()>,
+    _child: tokio::process::Child,
+}
+
+/// One external MCP server, connected, with the tools of it that may be used.
+pub struct McpServer {
+    spec: ServerSpec,
+    manifest: Manifest,
+    tools: ToolSet,
+    /// Host tool name -> the server's own name.
+    remote: HashMap<String, String>,
+    session: Mutex<Option<Session>>,
+    slots: Semaphore,
+    audit: Option<Arc<AuditLog>>,
+    refused: Vec<String>,
+    /// The runtime its session's tasks run on, kept alive while it is.
+    _runtime: Option<Arc<super::Shared>>,
+}
+
+impl std::fmt::Debug for McpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpServer")
+            .field("name", &self.spec.name)
+            .field("tools", &self.remote.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let end = (0..=max)
+        .rev()
+        .find(|&i| s.is_char_boundary(i))
+        .unwrap_or(0);
+    s[..end].to_owned()
+}
+
+impl McpServer {
+    /// Starts the server `spec` describes, lists its tools and keeps those the policy allows (each
+    /// refusal of one tool is kept in [`McpServer::refused`]; the server still serves the others). A
+    /// server that cannot be started or listed in time is an error.
+    pub async fn connect(spec: ServerSpec) -> Result<Self, PluginError> {
+        let session = start(&spec).await?;
+        let listed = tokio::time::timeout(spec.timeout, session.service.peer().list_all_tools())
+            .await
+            .map_err(|_| {
+                server_error(
+                    &spec,
+                    format!("listing its tools took over {:?}", spec.timeout),
+                )
+            })?
+            .map_err(|e| server_error(&spec, format!("listing its tools failed: {e}")))?;
+        let mut functions = Vec::new();
+        let mut remote = HashMap::new();
+        let mut refused = Vec::new();
+        let mut defs = Vec::new();
+        if let Some(allowed) = &spec.tools {
+            for a in allowed {
+                if !listed.iter().any(|t| t.name == *a) {
+                    refused.push(format!(
+                        "{a:?} is allowed by the policy but the server does not list it"
+                    ));
+                }
+            }
+        }
+        for t in &listed {
+            if spec
+                .tools
+                .as_ref()
+                .is_some_and(|a| !a.iter().any(|n| *n == t.name))
+            {
+                continue;
+            }
+            match function_of(&spec.name, t) {
+                Ok((f, def)) => {
+                    if remote.contains_key(&f.name) {
+                        refused.push(format!("{:?} is listed twice", t.name));
+                        continue;
+                    }
+                    remote.insert(f.name.clone(), t.name.to_string());
+                    functions.push(f);
+                    defs.push(def);
+                }
+                Err(why) => refused.push(format!("{:?}: {why}", t.name)),
+            }
+        }
+        let tools = ToolSet::new(&defs).map_err(|e| server_error(&spec, e.to_string()))?;
+        let manifest = Manifest {
+            name: spec.name.clone(),
+            version: session
+                .service
+                .peer_info()
+                .and_then(|i| i.server_info.as_ref().map(|s| s.version.clone()))
+                .unwrap_or_default(),
+            description: format!("external MCP server {} (not sandboxed)", spec.name),
+            functions,
+            capabilities: Value::Null,
+        };
+        Ok(McpServer {
+            slots: Semaphore::new(spec.max_concurrent),
+            spec,
+            manifest,
+            tools,
+            remote,
+            session: Mutex::new(Some(session)),
+            audit: None,
+            refused,
+            _runtime: None,
+        })
+    }
+
+    /// Starts the server on `host`'s runtime (see [`McpServer::connect`]), from synchronous code.
+    pub fn connect_on(host: &super::PluginHost, spec: ServerSpec) -> Result<Self, PluginError> {
+        let (server, runtime) = host.block_on(Self::connect(spec));
+        server.map(|mut s| {
+            s._runtime = Some(runtime);
+            s
+        })
+    }
+
+    /// Keeps only the host tools named in `names` (the others clashed with tools loaded before).
+    pub fn keep_only(mut self, names: &[String]) -> Self {
+        if names.len() == self.remote.len() {
+            return self;
+        }
+        self.remote.retain(|k, _| names.contains(k));
+        self.manifest.functions.retain(|f| names.contains(&f.name));
+        let defs: Vec<Value> = self
+            .tools
+            .definitions()
+            .iter()
+            .filter(|d| {
+                d["function"]["name"]
+                    .as_str()
+                    .is_some_and(|n| names.iter().any(|k| k == n))
+            })
+            .cloned()
+            .collect();
+        if let Ok(t) = ToolSet::new(&defs) {
+            self.tools = t;
+        }
+        self
+    }
+
+    /// Records every call in `log` from now on.
+    pub fn with_audit(mut self, log: Arc<AuditLog>) -> Self {
+        self.audit = Some(log);
+        self
+    }
+
+    /// Whether it records its calls in `log` (the same handle).
+    pub fn audit_is(&self, log: Option<&Arc<AuditLog>>) -> bool {
+        match (&self.audit, log) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+
+    /// Its name in the policy.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Its tools, as a manifest (names prefixed, schemas as the server gave them).
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Its tools as a tool set.
+    pub fn tools(&self) -> &ToolSet {
+        &self.tools
+    }
+
+    /// How it is started and bounded.
+    pub fn spec(&self) -> &ServerSpec {
+        &self.spec
+    }
+
+    /// The tools of it that were refused, and why.
+    pub fn refused(&self) -> &[String] {
+        &self.refused
+    }
+
+    /// Calls host tool `function` with `args` for `caller`: validation, the intent record, a slot, the
+    /// call under the time limit, the outcome record.
+    pub async fn call_async(
+        &self,
+        caller: &Caller,
+        function: &str,
+        args: &Value,
+    ) -> (Result<Value, PluginError>, CallReport) {
+        let t0 = Instant::now();
+        let mut report = CallReport::default();
+        let trail = self.audit.as_deref().map(|log| {
+            Trail::new(
+                log,
+                &self.spec.name,
+                &self.spec.sha256,
+                self.spec.audit_arguments,
+                caller,
+                function,
+                args,
+            )
+        });
+        let checked = caller
+            .validate()
+            .map_err(PluginError::from)
+            .and_then(|()| self.admit_call(function, args));
+        let remote = match checked {
+            Ok(r) => r,
+            Err(e) => {
+                report.duration = t0.elapsed();
+                let out = match &trail {
+                    Some(t) => t.outcome(Outcome::Rejected, Err(e), 0, &report).await,
+                    None => Err(e),
+                };
+                return (out, report);
+            }
+        };
+        if let Some(t) = &trail
+            && let Err(e) = t.log.append_async(&t.record(Phase::Intent, true)).await
+        {
+            report.duration = t0.elapsed();
+            return (Err(e.into()), report);
+        }
+        let out = self.send(remote, args, t0).await;
+        let bytes = out.as_ref().map_or(0, |v| v.to_string().len());
+        report.duration = t0.elapsed();
+        let outcome = if out.is_ok() {
+            Outcome::Ok
+        } else {
+            Outcome::Error
+        };
+        let out = match &trail {
+            Some(t) => t.outcome(outcome, out, bytes, &report).await,
+            None => out,
+        };
+        (out, report)
+    }
+
+    /// The server's name for `function`, once the arguments satisfy its schema.
+    fn admit_call(&self, function: &str, args: &Value) -> Result<&str, PluginError> {
+        let remote = self
+            .remote
+            .get(function)
+            .ok_or_else(|| PluginError::UnknownFunction {
+                plugin: self.spec.name.clone(),
+                function: function.to_owned(),
+            })?;
+        self.tools.check(&thorn_tools::ParsedCall {
+            name: function.to_owned(),
+            arguments: args.clone(),
+        })?;
+        Ok(remote)
+    }
+
+    /// Sends one call and reads its result, all within the time limit counted from `t0`.
+    async fn send(&self, remote: &str, args: &Value, t0: Instant) -> Result<Value, PluginError> {
+        let limit = self.spec.timeout;
+        let timeout = || PluginError::Timeout {
+            plugin: self.spec.name.clone(),
+            after: limit,
+        };
+        let work = async {
+            let _slot = self.slots.acquire().await.map_err(|_| PluginError::Busy {
+                plugin: self.spec.name.clone(),
+                after: limit,
+                limit: self.spec.max_concurrent,
+            })?;
+            let peer = self.peer().await?;
+            let mut params = CallToolRequestParams::new(remote.to_owned());
+            params.arguments = args.as_object().cloned();
+            let r = peer
+                .call_tool(params)
+                .await
+                .map_err(|e| self.error(format!("the call failed: {e}")))?;
+            self.result_of(r)
+        };
+        match tokio::time::timeout(limit.saturating_sub(t0.elapsed()), work).await {
+            Ok(r) => r,
+            Err(_) => Err(timeout()),
+        }
+    }
+
+    /// A live peer: the current session's, or a new session's when the server went away.
+    async fn peer(&self) -> Result<rmcp::service::Peer<RoleClient>, PluginError> {
+        let mut s = self.session.lock().await;
+        if let Some(live) = s.as_ref()
+            && !live.service.peer().is_transport_closed()
+        {
+            return Ok(live.service.peer().clone());
+        }
+        *s = None;
+        let fresh = start(&self.spec).await?;
+        let peer = fresh.service.peer().clone();
+        *s = Some(fresh);
+        Ok(peer)
+    }
+
+    /// A tool result as the value the model reads, within the size limit.
+    fn result_of(&self, r: rmcp::model::CallToolResult) -> Result<Value, PluginError> {
+        let text = || {
+            r.content
+                .iter()
+                .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let max = self.spec.max_output;
+        if r.is_error == Some(true) {
+            return Err(PluginError::Tool(clip(&text(), max)));
+        }
+        let value = match &r.structured_content {
+            Some(v) => v.clone(),
+            None => serde_json::json!({ "text": text() }),
+        };
+        let size = value.to_string().len();
+        if size > max {
+            return Err(PluginError::Output {
+                plugin: self.spec.name.clone(),
+                msg: format!("{size} bytes, more than the limit of {max}"),
+            });
+        }
+        Ok(value)
+    }
+
+    fn error(&self, msg: String) -> PluginError {
+        server_error(&self.spec, msg)
+    }
+}
+
+fn server_error(spec: &ServerSpec, msg: String) -> PluginError {
+    PluginError::Server {
+        server: spec.name.clone(),
+        msg,
+    }
+}
+
+/// Starts the process and runs the MCP handshake, within the entry's time limit.
+async fn start(spec: &ServerSpec) -> Result<Session, PluginError> {
+    let mut cmd = tokio::process::Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    if let Some(dir) = &spec.cwd {
+        cmd.current_dir(dir);
+    }
+    let mut child = cmd.spawn().map_err(|e| {
+        server_error(
+            spec,
+            format!("cannot start {}: {e}", spec.program.display()),
+        )
+    })?;
+    let (Some(stdout), Some(stdin), Some(stderr)) =
+        (child.stdout.take(), child.stdin.take(), child.stderr.take())
+    else {
+        return Err(server_error(spec, "its stdio could not be piped".into()));
+    };
+    // Its stderr goes to the log, a bounded line at a time.
+    let name = spec.name.clone();
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            tracing::info!(server = %name, "{}", clip(&line, 1024));
+        }
+    });
+    // A line past this is dropped unread: a result over `max_output` is refused anyway, and JSON
+    // escaping plus `content` repeating `structuredContent` can triple a result's size on the wire.
+    let max_line = spec.max_output.saturating_mul(4).saturating_add(64 << 10);
+    let transport = AsyncRwTransport::new_client(stdout, stdin).with_max_line_length(max_line);
+    let service = tokio::time::timeout(spec.timeout, ().serve(transport))
+        .await
+        .map_err(|_| server_error(spec, format!("it did not start within {:?}", spec.timeout)))?
+        .map_err(|e| server_error(spec, format!("the MCP handshake failed: {e}")))?;
+    Ok(Session {
+        service,
+        _child: child,
+    })
+}
+
+/// An MCP tool as a host function of server `server`, and its tool-set definition.
+fn function_of(server: &str, t: &Tool) -> Result<(FunctionDef, Value), String> {
+    let name = format!("{server}_{}", t.name);
+    if name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(format!(
+            "its host name {name:?} is not 1 to 64 of A-Z a-z 0-9 _ -"
+        ));
+    }
+    let parameters = Value::Object((*t.input_schema).clone());
+    let description = clip(t.description.as_deref().unwrap_or(""), MAX_DESCRIPTION);
+    let def = serde_json::json!({"type": "function", "function": {"name": name,
+        "description": description, "parameters": parameters}});
+    // Each tool on its own first, so one bad schema refuses one tool, not the server.
+    ToolSet::new(std::slice::from_ref(&def)).map_err(|e| format!("unusable schema: {e}"))?;
+    let annotations = t
+        .annotations
+        .as_ref()
+        .map_or_else(Annotations::default, |a| Annotations {
+            read_only: a.read_only_hint,
+            destructive: a.destructive_hint,
+            idempotent: a.idempotent_hint,
+            open_world: a.open_world_hint,
+        });
+    let f = FunctionDef {
+        name,
+        description,
+        parameters,
+        returns: t
+            .output_schema
+            .as_ref()
+            .map(|s| Value::Object((**s).clone())),
+        examples: Vec::new(),
+        answer: None,
+        from_request: Vec::new(),
+        annotations,
+    };
+    Ok((f, def))
+}

@@ -1,0 +1,80 @@
+"""An external MCP server written with the MCP Python SDK, for thorn to consume over stdio.
+
+Usage: mcp_server.py [LOG]. Each start appends a line to LOG (when given), so a test can count restarts.
+Tools:
+- forecast(city): a well-behaved tool with structured output;
+- secret(): a tool the test policy does not allow (it must never be shown or called);
+- fail(): reports a tool error (isError);
+- huge(kib): returns a result of about `kib` KiB;
+- hang(): never returns;
+- garbage(): writes a line of non-JSON-RPC to stdout, then exits (a server speaking malformed JSON-RPC
+  and dying);
+- files(): exists so that a server named `list` clashes with the files plugin's `list_files`.
+"""
+
+import os
+import sys
+import time
+
+from mcp.server.mcpserver import MCPServer
+from pydantic import BaseModel
+
+if len(sys.argv) > 1:
+    with open(sys.argv[1], "a") as f:
+        f.write(f"start {os.getpid()}\n")
+
+server = MCPServer("weather-test")
+
+
+class Forecast(BaseModel):
+    city: str
+    temp_c: float
+    sky: str
+
+
+@server.tool()
+def forecast(city: str) -> Forecast:
+    """Tomorrow's weather forecast for a city: temperature in Celsius and the sky."""
+    return Forecast(city=city, temp_c=21.5, sky="clear")
+
+
+@server.tool()
+def secret() -> str:
+    """Something the operator did not allow."""
+    return "the secret"
+
+
+@server.tool()
+def fail(reason: str = "no reason") -> str:
+    """Always fails."""
+    raise ValueError(f"the tool failed: {reason}")
+
+
+@server.tool()
+def huge(kib: int) -> str:
+    """Returns about `kib` KiB of text."""
+    return "x" * (kib * 1024)
+
+
+@server.tool()
+def hang() -> str:
+    """Never returns."""
+    while True:
+        time.sleep(1)
+
+
+@server.tool()
+def garbage() -> str:
+    """Writes malformed JSON-RPC to stdout and exits."""
+    sys.stdout.write("this is not JSON-RPC {{{\n")
+    sys.stdout.flush()
+    os._exit(3)
+
+
+@server.tool()
+def files() -> str:
+    """Named so that a server called `list` clashes with `list_files`."""
+    return "files"
+
+
+server.run("stdio")
