@@ -206,17 +206,39 @@ fn verdict(c: &Candidate, policy: &Policy) -> std::result::Result<String, String
 
 /// The external MCP servers the policy names, marked as running outside the sandbox.
 fn print_servers(policy: &Policy) {
-    for s in policy.mcp_servers() {
+    for (name, s) in policy
+        .mcp_server_names()
+        .into_iter()
+        .zip(policy.mcp_servers())
+    {
+        let s = match s {
+            Ok(s) => s,
+            Err(e) => {
+                println!("{name:<12} UNSANDBOXED external MCP server, REFUSED: {e}");
+                continue;
+            }
+        };
         let tools = s
             .tools
             .as_ref()
             .map_or_else(|| "every tool it lists".to_owned(), |t| t.join(","));
+        let how = match &s.transport {
+            thorn_plugin::ServerTransport::Stdio { program, args, .. } => format!(
+                "runs as this user, outside the wasm sandbox: {} {}",
+                program.display(),
+                args.join(" ")
+            ),
+            thorn_plugin::ServerTransport::Http { url, bearer } => format!(
+                "outside the wasm sandbox, at {url}{}",
+                if bearer.is_some() {
+                    " with a bearer token"
+                } else {
+                    ""
+                }
+            ),
+        };
         println!(
-            "{:<12} UNSANDBOXED external MCP server (runs as this user, outside the wasm sandbox): {} {}; tools {tools} as {}_<tool>; {:?} per call, {} KiB results, {} at once",
-            s.name,
-            s.program.display(),
-            s.args.join(" "),
-            s.name,
+            "{name:<12} UNSANDBOXED external MCP server ({how}); tools {tools} as {name}_<tool>; {:?} per call, {} KiB results, {} at once",
             s.timeout,
             s.max_output >> 10,
             s.max_concurrent

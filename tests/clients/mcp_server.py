@@ -1,6 +1,8 @@
 """An external MCP server written with the MCP Python SDK, for thorn to consume over stdio.
 
-Usage: mcp_server.py [LOG]. Each start appends a line to LOG (when given), so a test can count restarts.
+Usage: mcp_server.py [LOG] [--http PORT_FILE TOKEN]. Each start appends a line to LOG (when given), so a
+test can count restarts. With --http it serves Streamable HTTP at http://127.0.0.1:<port>/mcp instead of
+stdio, on a free port it writes to PORT_FILE, and answers 401 to a request without `Bearer TOKEN`.
 Tools:
 - forecast(city): a well-behaved tool with structured output;
 - secret(): a tool the test policy does not allow (it must never be shown or called);
@@ -19,8 +21,14 @@ import time
 from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel
 
-if len(sys.argv) > 1:
-    with open(sys.argv[1], "a") as f:
+args = sys.argv[1:]
+http = None
+if "--http" in args:
+    i = args.index("--http")
+    http = (args[i + 1], args[i + 2])
+    del args[i : i + 3]
+if args:
+    with open(args[0], "a") as f:
         f.write(f"start {os.getpid()}\n")
 
 server = MCPServer("weather-test")
@@ -77,4 +85,31 @@ def files() -> str:
     return "files"
 
 
-server.run("stdio")
+def serve_http(port_file, token):
+    import socket
+
+    import uvicorn
+
+    app = server.streamable_http_app()
+
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http":
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+            if auth != f"Bearer {token}":
+                await send({"type": "http.response.start", "status": 401, "headers": []})
+                await send({"type": "http.response.body", "body": b"bad token"})
+                return
+        await app(scope, receive, send)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    with open(port_file + ".tmp", "w") as f:
+        f.write(str(sock.getsockname()[1]))
+    os.replace(port_file + ".tmp", port_file)
+    uvicorn.Server(uvicorn.Config(guarded, log_level="warning")).run(sockets=[sock])
+
+
+if http:
+    serve_http(*http)
+else:
+    server.run("stdio")

@@ -453,3 +453,164 @@ fn external_mcp_servers_are_policy_gated_host_tools() {
         "{log}"
     );
 }
+
+/// The agent loop calls a policy-approved external MCP server's tool: `thorn serve` with the test
+/// server in its policy, a chat request naming `thorn:weather`, the default model choosing the call,
+/// the host running it over MCP and the model answering from its result. `thorn plugins list` marks
+/// the server unsandboxed.
+#[test]
+fn the_agent_loop_calls_an_external_mcp_servers_tool() {
+    let Some(python) = thorn_tests::client_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let installed = dir.path().join("plugins");
+    std::fs::create_dir_all(&installed).unwrap();
+    let host = PluginHost::with_config(HostConfig::default()).unwrap();
+    let entries = thorn_tests::install_plugins(&host, &installed, &["calculator"], |_| json!({}));
+    let audit = dir.path().join("audit.jsonl");
+    let policy = dir.path().join("policy.json");
+    let starts = dir.path().join("starts.log");
+    std::fs::write(
+        &policy,
+        json!({"plugins": entries, "audit": {"path": audit}, "mcp_servers": {
+            "weather": test_server(&python, &starts, &["forecast"])}})
+        .to_string(),
+    )
+    .unwrap();
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let listed = std::process::Command::new(thorn_tests::thorn_binary())
+        .args(["plugins", "list", "--plugins", &path(&installed)])
+        .args(["--policy", &path(&policy)])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.contains("weather") && listed.contains("UNSANDBOXED"),
+        "{listed}"
+    );
+
+    let server = thorn_tests::ServeProcess::start(&[
+        "--context",
+        "2048",
+        "--plugins",
+        &path(&installed),
+        "--policy",
+        &path(&policy),
+    ]);
+    let health = thorn_tests::http(server.addr, "GET", "/health", &[], b"").json();
+    assert_eq!(health["mcp_servers"], 1, "{health}\n{}", server.log());
+    let body = json!({"messages": [{"role": "user",
+            "content": "What is the weather forecast for Oslo tomorrow?"}],
+        "tools": [{"type": "function", "function": {"name": "thorn:weather"}}],
+        "tool_choice": "required", "temperature": 0, "max_tokens": 120,
+        "conversation_id": "ext-agent"});
+    let r = thorn_tests::http(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}\n{}", r.body, server.log());
+    let v = r.json();
+    let calls = v["choices"][0]["message"]["thorn_host_tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!calls.is_empty(), "{v}");
+    assert_eq!(calls[0]["name"], "weather_forecast", "{v}");
+    // The server's own answer came back through the loop.
+    assert_eq!(calls[0]["result"]["sky"], "clear", "{}", calls[0]);
+    assert_eq!(calls[0]["result"]["temp_c"], 21.5);
+    assert_ne!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let log = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("\"weather_forecast\"")
+            && l.contains("\"ext-agent\"")
+            && l.contains("\"intent\"")),
+        "{log}"
+    );
+}
+
+/// An external MCP server already running, reached over Streamable HTTP with a bearer token from a file:
+/// its allowed tools are host tools, a call past the time limit is a timeout, a wrong token refuses the
+/// server with the reason, and a server that goes away fails its calls with a typed error while the
+/// plugins keep serving.
+#[test]
+fn an_external_mcp_server_over_http_with_a_token() {
+    let Some(python) = thorn_tests::client_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let installed = dir.path().join("plugins");
+    std::fs::create_dir_all(&installed).unwrap();
+    let host = PluginHost::with_config(HostConfig::default()).unwrap();
+    let entries = thorn_tests::install_plugins(&host, &installed, &["calculator"], |_| json!({}));
+    let port_file = dir.path().join("port");
+    let mut web = std::process::Command::new(&python)
+        .arg(thorn_tests::root().join("tests/clients/mcp_server.py"))
+        .arg("--http")
+        .arg(&port_file)
+        .arg("t0ken")
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !port_file.exists() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(120),
+            "the HTTP server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let port = std::fs::read_to_string(&port_file).unwrap();
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let load = |token: &str| {
+        std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
+        let policy_path = dir.path().join("policy.json");
+        std::fs::write(
+            &policy_path,
+            json!({"plugins": entries, "mcp_servers": {"web": {"url": url,
+                "bearer_file": "token", "tools": ["forecast", "hang"], "timeout_ms": 3000}}})
+            .to_string(),
+        )
+        .unwrap();
+        let policy = thorn_plugin::Policy::load(&policy_path).unwrap();
+        thorn_plugin::PluginSet::load_dir(&host, &installed, &policy).unwrap()
+    };
+
+    let refused = load("wrong");
+    assert!(refused.servers().is_empty());
+    let why = refused.refused()[0].error.to_string();
+    assert!(why.contains("web") && why.contains("401"), "{why}");
+
+    let set = load("t0ken");
+    assert!(set.refused().is_empty(), "{:?}", set.refused());
+    let caller = thorn_plugin::Caller::default();
+    let call = |tool: &str, args: Value| set.call(&caller, tool, &args).0;
+    assert_eq!(
+        call("web_forecast", json!({"city": "Oslo"})).unwrap()["sky"],
+        "clear"
+    );
+    let e = call("web_hang", json!({})).unwrap_err();
+    assert_eq!(e.kind(), "timeout", "{e}");
+    assert_eq!(
+        call("web_forecast", json!({"city": "Kyiv"})).unwrap()["city"],
+        "Kyiv"
+    );
+
+    // The server goes away: its calls fail with a typed error; the plugins go on.
+    web.kill().unwrap();
+    web.wait().unwrap();
+    let e = call("web_forecast", json!({"city": "Oslo"})).unwrap_err();
+    assert!(
+        ["mcp_server", "timeout"].contains(&e.kind()),
+        "{}: {e}",
+        e.kind()
+    );
+    assert_eq!(
+        call("evaluate", json!({"expression": "6 * 7"})).unwrap()["value"],
+        42.0
+    );
+}

@@ -1,10 +1,12 @@
 //! External MCP servers as host tools: the ones the operator's policy names, and only the tools it
 //! allows.
 //!
-//! An external server is a process thorn starts and speaks MCP to over its stdin and stdout (`rmcp`'s
-//! client). It runs **outside** the wasm sandbox, with this process's rights, so it is started only when
-//! the policy names it (`mcp_servers`), with an environment of only PATH, the variables the policy sets
-//! and those it passes on by name, and it is listed as unsandboxed wherever plugins are listed. What
+//! An external server is a process thorn starts and speaks MCP to over its stdin and stdout, or a server
+//! already running that thorn reaches over Streamable HTTP with a bearer token (`rmcp`'s client). It
+//! runs **outside** the wasm sandbox (a started one with this process's rights), so it is used only when
+//! the policy names it (`mcp_servers`); a started one gets an environment of only PATH, the variables
+//! the policy sets and those it passes on by name. It is listed as unsandboxed wherever plugins are
+//! listed. What
 //! thorn does bound is everything that crosses to it and back:
 //! - **Names.** Each allowed tool is the host tool `<server>_<tool>`. The policy's server names have no
 //!   `_`, so a prefix is one server; a name that clashes with another tool (a plugin's, another
@@ -15,8 +17,8 @@
 //! - **Time.** Starting the server and listing its tools, and each call, are bounded by the entry's
 //!   `timeout_ms`; a call past it is abandoned (the request is cancelled on the server) and is a
 //!   `timeout` error. A server that hangs costs its callers that long, never the whole host.
-//! - **Size.** A result larger than `max_output_kib` is refused (`output`), and a line from the server
-//!   past a bound a little above that is dropped by the transport unread, so a huge or endless reply
+//! - **Size.** A result larger than `max_output_kib` is refused (`output`), and a line (HTTP: a body or
+//!   an event) from the server past a bound a little above that is dropped by the transport unread, so a huge or endless reply
 //!   cannot make thorn buffer it. A result is the tool's `structuredContent`, or its text blocks as
 //!   `{"text": ...}`: data for the model, never control tokens.
 //! - **Concurrency.** At most `max_concurrent` calls in flight; more wait within their time limit.
@@ -27,11 +29,14 @@
 
 use super::{
     Annotations, AuditLog, CallReport, Caller, FunctionDef, Manifest, Outcome, Phase, PluginError,
-    ServerSpec, trail::Trail,
+    ServerSpec, ServerTransport, trail::Trail,
 };
 use rmcp::model::{CallToolRequestParams, Tool};
 use rmcp::service::{RoleClient, RunningService, ServiceExt};
 use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -46,7 +51,7 @@ const MAX_DESCRIPTION: usize = 2048;
 /// A running session with the server and the process behind it (killed when dropped).
 struct Session {
     service: RunningService<RoleClient, ()>,
-    _child: tokio::process::Child,
+    _child: Option<tokio::process::Child>,
 }
 
 /// One external MCP server, connected, with the tools of it that may be used.
@@ -386,50 +391,77 @@ fn server_error(spec: &ServerSpec, msg: String) -> PluginError {
     }
 }
 
-/// Starts the process and runs the MCP handshake, within the entry's time limit.
+/// Reaches the server (starting its process, for stdio) and runs the MCP handshake, within the entry's
+/// time limit.
 async fn start(spec: &ServerSpec) -> Result<Session, PluginError> {
-    let mut cmd = tokio::process::Command::new(&spec.program);
-    cmd.args(&spec.args)
-        .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    if let Some(dir) = &spec.cwd {
-        cmd.current_dir(dir);
-    }
-    let mut child = cmd.spawn().map_err(|e| {
-        server_error(
-            spec,
-            format!("cannot start {}: {e}", spec.program.display()),
-        )
-    })?;
-    let (Some(stdout), Some(stdin), Some(stderr)) =
-        (child.stdout.take(), child.stdin.take(), child.stderr.take())
-    else {
-        return Err(server_error(spec, "its stdio could not be piped".into()));
-    };
-    // Its stderr goes to the log, a bounded line at a time.
-    let name = spec.name.clone();
-    tokio::spawn(async move {
-        let mut lines = tokio::io::BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            tracing::info!(server = %name, "{}", clip(&line, 1024));
-        }
-    });
-    // A line past this is dropped unread: a result over `max_output` is refused anyway, and JSON
-    // escaping plus `content` repeating `structuredContent` can triple a result's size on the wire.
+    // A line (or response body, or SSE event) past this is dropped unread: a result over `max_output`
+    // is refused anyway, and JSON escaping plus `content` repeating `structuredContent` can triple a
+    // result's size on the wire.
     let max_line = spec.max_output.saturating_mul(4).saturating_add(64 << 10);
-    let transport = AsyncRwTransport::new_client(stdout, stdin).with_max_line_length(max_line);
-    let service = tokio::time::timeout(spec.timeout, ().serve(transport))
-        .await
-        .map_err(|_| server_error(spec, format!("it did not start within {:?}", spec.timeout)))?
-        .map_err(|e| server_error(spec, format!("the MCP handshake failed: {e}")))?;
+    let (service, child) = match &spec.transport {
+        ServerTransport::Stdio {
+            program,
+            args,
+            cwd,
+            env,
+        } => {
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(args)
+                .env_clear()
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .kill_on_drop(true);
+            if let Some(dir) = cwd {
+                cmd.current_dir(dir);
+            }
+            let mut child = cmd.spawn().map_err(|e| {
+                server_error(spec, format!("cannot start {}: {e}", program.display()))
+            })?;
+            let (Some(stdout), Some(stdin), Some(stderr)) =
+                (child.stdout.take(), child.stdin.take(), child.stderr.take())
+            else {
+                return Err(server_error(spec, "its stdio could not be piped".into()));
+            };
+            // Its stderr goes to the log, a bounded line at a time.
+            let name = spec.name.clone();
+            tokio::spawn(async move {
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::info!(server = %name, "{}", clip(&line, 1024));
+                }
+            });
+            let transport =
+                AsyncRwTransport::new_client(stdout, stdin).with_max_line_length(max_line);
+            (handshake(spec, ().serve(transport)).await?, Some(child))
+        }
+        ServerTransport::Http { url, bearer } => {
+            let mut cfg = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+            cfg.max_json_response_size = max_line;
+            cfg.max_sse_event_size = max_line;
+            if let Some(token) = bearer {
+                cfg = cfg.auth_header(token.clone());
+            }
+            let transport = StreamableHttpClientTransport::from_config(cfg);
+            (handshake(spec, ().serve(transport)).await?, None)
+        }
+    };
     Ok(Session {
         service,
         _child: child,
     })
+}
+
+/// The handshake `serving` does, within the entry's time limit.
+async fn handshake<E: std::fmt::Display>(
+    spec: &ServerSpec,
+    serving: impl std::future::Future<Output = Result<RunningService<RoleClient, ()>, E>>,
+) -> Result<RunningService<RoleClient, ()>, PluginError> {
+    tokio::time::timeout(spec.timeout, serving)
+        .await
+        .map_err(|_| server_error(spec, format!("it did not start within {:?}", spec.timeout)))?
+        .map_err(|e| server_error(spec, format!("the MCP handshake failed: {e}")))
 }
 
 /// An MCP tool as a host function of server `server`, and its tool-set definition.

@@ -43,7 +43,9 @@ pub use caller::{Caller, CallerError, MAX_ID_BYTES, validate_conversation_id};
 pub use external::McpServer;
 pub use limiter::MemoryCap;
 pub use live::{Fingerprint, LiveSet};
-pub use policy::{Access, Grant, NetRule, Policy, PolicyError, Preopen, Requests, ServerSpec};
+pub use policy::{
+    Access, Grant, NetRule, Policy, PolicyError, Preopen, Requests, ServerSpec, ServerTransport,
+};
 pub use set::{PluginSet, Provider, Refusal, components};
 
 use serde_json::Value;

@@ -189,12 +189,16 @@ struct PolicyFile {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ServerEntry {
+    #[serde(default)]
     command: Vec<String>,
     cwd: Option<String>,
     #[serde(default)]
     env: BTreeMap<String, String>,
     #[serde(default)]
     env_from_host: Vec<String>,
+    url: Option<String>,
+    bearer_env: Option<String>,
+    bearer_file: Option<String>,
     tools: Vec<String>,
     timeout_ms: Option<u64>,
     max_output_kib: Option<u64>,
@@ -202,20 +206,58 @@ struct ServerEntry {
     audit_arguments: Option<bool>,
 }
 
-/// An external MCP server the policy names: how to start it and what of it may be used. It runs outside
+/// How an external MCP server is reached.
+#[derive(Clone, PartialEq, Eq)]
+pub enum ServerTransport {
+    /// A process thorn starts, speaking MCP on its stdin and stdout.
+    Stdio {
+        /// The program.
+        program: PathBuf,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Its working directory.
+        cwd: Option<PathBuf>,
+        /// Its whole environment (PATH, the policy's variables, and the host variables it names).
+        env: Vec<(String, String)>,
+    },
+    /// A server already running, over MCP's Streamable HTTP.
+    Http {
+        /// Its endpoint.
+        url: String,
+        /// The bearer token sent with every request (from the host environment or a file).
+        bearer: Option<String>,
+    },
+}
+
+impl std::fmt::Debug for ServerTransport {
+    /// Names only: environment values and tokens may be credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerTransport::Stdio {
+                program, args, env, ..
+            } => f
+                .debug_struct("Stdio")
+                .field("program", program)
+                .field("args", args)
+                .field("env", &env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+                .finish_non_exhaustive(),
+            ServerTransport::Http { url, bearer } => f
+                .debug_struct("Http")
+                .field("url", url)
+                .field("bearer", &bearer.as_ref().map(|_| "[redacted]"))
+                .finish(),
+        }
+    }
+}
+
+/// An external MCP server the policy names: how to reach it and what of it may be used. It runs outside
 /// the wasm sandbox, so these are all the bounds it has.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerSpec {
     /// Its name in the policy (the prefix of its tools' names).
     pub name: String,
-    /// The program.
-    pub program: PathBuf,
-    /// Its arguments.
-    pub args: Vec<String>,
-    /// Its working directory.
-    pub cwd: Option<PathBuf>,
-    /// Its whole environment (PATH, the policy's variables, and the host variables it names).
-    pub env: Vec<(String, String)>,
+    /// How it is reached.
+    pub transport: ServerTransport,
     /// The server's tools that may be used (`None`: every tool it lists).
     pub tools: Option<Vec<String>>,
     /// Limit of one call, and of starting it and listing its tools.
@@ -226,7 +268,8 @@ pub struct ServerSpec {
     pub max_concurrent: usize,
     /// Whether calls' arguments go into the audit log.
     pub audit_arguments: bool,
-    /// The sha256 of the entry as written (the audit log's `plugin_sha256`: which configuration ran).
+    /// The sha256 of the entry as written, credentials left out (the audit log's `plugin_sha256`:
+    /// which configuration ran).
     pub sha256: String,
 }
 
@@ -475,16 +518,56 @@ impl Policy {
         }
     }
 
-    /// The external MCP servers it names, in name order.
-    pub fn mcp_servers(&self) -> Vec<ServerSpec> {
+    /// The external MCP servers it names, in name order: each one's spec, or why it cannot be used (a
+    /// credential that is not there).
+    pub fn mcp_servers(&self) -> Vec<Result<ServerSpec, PolicyError>> {
         self.file
             .mcp_servers
             .iter()
-            .map(|(name, e)| {
-                let program = if e.command[0].contains('/') {
-                    self.host_path(&e.command[0])
+            .map(|(name, e)| self.server_spec(name, e))
+            .collect()
+    }
+
+    /// The names of the external MCP servers it names, in the order of [`Policy::mcp_servers`].
+    pub fn mcp_server_names(&self) -> Vec<&str> {
+        self.file.mcp_servers.keys().map(String::as_str).collect()
+    }
+
+    fn server_spec(&self, name: &str, e: &ServerEntry) -> Result<ServerSpec, PolicyError> {
+        let refuse = |msg: String| PolicyError::Grant {
+            plugin: name.to_owned(),
+            msg,
+        };
+        let transport = match (&e.url, e.command.first()) {
+            (Some(url), None) => {
+                let bearer = match (&e.bearer_env, &e.bearer_file) {
+                    (Some(var), _) => Some(std::env::var(var).map_err(|_| {
+                        refuse(format!(
+                            "its bearer_env {var} is not set in thorn's environment"
+                        ))
+                    })?),
+                    (None, Some(file)) => {
+                        let path = self.host_path(file);
+                        let text = std::fs::read_to_string(&path).map_err(|err| {
+                            refuse(format!(
+                                "cannot read its bearer_file {}: {err}",
+                                path.display()
+                            ))
+                        })?;
+                        Some(text.trim().to_owned())
+                    }
+                    (None, None) => None,
+                };
+                ServerTransport::Http {
+                    url: url.clone(),
+                    bearer,
+                }
+            }
+            (None, Some(first)) => {
+                let program = if first.contains('/') {
+                    self.host_path(first)
                 } else {
-                    PathBuf::from(&e.command[0])
+                    PathBuf::from(first)
                 };
                 let mut env: Vec<(String, String)> = std::env::var("PATH")
                     .map(|p| vec![("PATH".to_owned(), p)])
@@ -495,10 +578,7 @@ impl Policy {
                         env.push((k.clone(), v));
                     }
                 }
-                let entry = serde_json::json!({"command": e.command, "cwd": e.cwd, "env": e.env,
-                    "env_from_host": e.env_from_host, "tools": e.tools});
-                ServerSpec {
-                    name: name.clone(),
+                ServerTransport::Stdio {
                     program,
                     args: e.command[1..].to_vec(),
                     cwd: Some(
@@ -507,15 +587,23 @@ impl Policy {
                             .map_or_else(|| self.host_path("."), |c| self.host_path(c)),
                     ),
                     env,
-                    tools: (e.tools.iter().all(|t| t != "*")).then(|| e.tools.clone()),
-                    timeout: Duration::from_millis(e.timeout_ms.unwrap_or(10_000)),
-                    max_output: e.max_output_kib.map_or(256 << 10, |k| (k as usize) << 10),
-                    max_concurrent: e.max_concurrent.unwrap_or(4).max(1) as usize,
-                    audit_arguments: e.audit_arguments.unwrap_or(self.file.audit.arguments),
-                    sha256: super::sha256_hex(entry.to_string().as_bytes()),
                 }
-            })
-            .collect()
+            }
+            _ => return Err(refuse("give exactly one of `command` and `url`".into())),
+        };
+        let entry = serde_json::json!({"command": e.command, "cwd": e.cwd,
+            "env": e.env.keys().collect::<Vec<_>>(), "env_from_host": e.env_from_host,
+            "url": e.url, "tools": e.tools});
+        Ok(ServerSpec {
+            name: name.to_owned(),
+            transport,
+            tools: (e.tools.iter().all(|t| t != "*")).then(|| e.tools.clone()),
+            timeout: Duration::from_millis(e.timeout_ms.unwrap_or(10_000)),
+            max_output: e.max_output_kib.map_or(256 << 10, |k| (k as usize) << 10),
+            max_concurrent: e.max_concurrent.unwrap_or(4).max(1) as usize,
+            audit_arguments: e.audit_arguments.unwrap_or(self.file.audit.arguments),
+            sha256: super::sha256_hex(entry.to_string().as_bytes()),
+        })
     }
 
     /// Whether any entry pins `sha256` (a file no entry pins is refused without being compiled).

@@ -187,8 +187,23 @@ impl PluginSet {
             tracing::info!(plugin = plugin.name(), path = %path.display(), "plugin loaded");
             set.plugins.push(Arc::new(plugin));
         }
-        for spec in policy.mcp_servers() {
-            let shown = PathBuf::from(format!("mcp_servers.{}", spec.name));
+        for (name, spec) in policy
+            .mcp_server_names()
+            .into_iter()
+            .zip(policy.mcp_servers())
+        {
+            let shown = PathBuf::from(format!("mcp_servers.{name}"));
+            let spec = match spec {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "MCP server refused");
+                    set.refused.push(Refusal {
+                        path: shown,
+                        error: e.into(),
+                    });
+                    continue;
+                }
+            };
             // A server whose entry did not change keeps running across a reload.
             let running = previous
                 .into_iter()
