@@ -925,4 +925,69 @@ mod tests {
         assert_eq!(NetRule::parse(":80"), None);
         assert_eq!(NetRule::parse("h:99999"), None);
     }
+
+    #[test]
+    fn mcp_servers_are_specs_with_their_bounds_and_no_secrets_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.json");
+        std::fs::write(dir.path().join("tok"), "s3cret\n").unwrap();
+        let text = |env_value: &str| {
+            json!({"mcp_servers": {
+                "weather": {"command": ["./bin/weather", "--metric"], "env": {"KEY": env_value},
+                    "tools": ["forecast"], "timeout_ms": 2500, "max_output_kib": 8},
+                "tickets": {"url": "http://127.0.0.1:9000/mcp", "bearer_file": "tok", "tools": ["*"]},
+                "nocred": {"url": "http://127.0.0.1:9001/mcp", "bearer_env": "THORN_NO_SUCH_VAR_SET",
+                    "tools": ["x"]}}})
+            .to_string()
+        };
+        let p = Policy::parse(&path, &text("v1")).unwrap();
+        assert_eq!(p.mcp_server_names(), ["nocred", "tickets", "weather"]);
+        let specs = p.mcp_servers();
+        let e = specs[0].as_ref().unwrap_err().to_string();
+        assert!(e.contains("THORN_NO_SUCH_VAR_SET"), "{e}");
+        let tickets = specs[1].as_ref().unwrap();
+        assert_eq!(tickets.tools, None, "\"*\" is every tool");
+        assert!(matches!(&tickets.transport,
+            ServerTransport::Http { bearer: Some(b), .. } if b == "s3cret"));
+        assert!(!format!("{tickets:?}").contains("s3cret"), "{tickets:?}");
+        let weather = specs[2].as_ref().unwrap();
+        assert_eq!(weather.tools, Some(vec!["forecast".to_owned()]));
+        assert_eq!(weather.timeout, Duration::from_millis(2500));
+        assert_eq!((weather.max_output, weather.max_concurrent), (8 << 10, 4));
+        let ServerTransport::Stdio {
+            program,
+            args,
+            env,
+            cwd,
+        } = &weather.transport
+        else {
+            panic!("{weather:?}")
+        };
+        assert_eq!(program, &dir.path().join("./bin/weather"));
+        assert_eq!(
+            (args.as_slice(), cwd.as_deref()),
+            (
+                &["--metric".to_owned()][..],
+                Some(dir.path().join(".").as_path())
+            )
+        );
+        assert!(env.iter().any(|(k, v)| k == "KEY" && v == "v1"));
+        assert!(
+            env.iter().all(|(k, _)| k == "KEY" || k == "PATH"),
+            "nothing else of the host's"
+        );
+        assert!(!format!("{weather:?}").contains("v1"));
+        // The digest names the configuration, not its secrets.
+        let again = Policy::parse(&path, &text("v2")).unwrap().mcp_servers();
+        assert_eq!(again[2].as_ref().unwrap().sha256, weather.sha256);
+        for bad in [
+            json!({"mcp_servers": {"a_b": {"command": ["x"], "tools": []}}}),
+            json!({"mcp_servers": {"a": {"command": ["x"], "url": "http://h/mcp", "tools": []}}}),
+            json!({"mcp_servers": {"a": {"tools": []}}}),
+            json!({"mcp_servers": {"a": {"command": ["x"]}}}),
+            json!({"mcp_servers": {"a": {"url": "ftp://h", "tools": []}}}),
+        ] {
+            assert!(Policy::parse(&path, &bad.to_string()).is_err(), "{bad}");
+        }
+    }
 }
