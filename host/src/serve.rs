@@ -15,7 +15,7 @@ use thorn::api::mcp::McpHttp;
 use thorn::api::{AppState, HttpLimits, ServerConfig};
 use thorn_engine::engine::{Engine, EngineConfig};
 use thorn_engine::sample::SamplingParams;
-use thorn_plugin::{Fingerprint, HostConfig, LiveSet, PluginHost, PluginSet, Policy};
+use thorn_plugin::{Fingerprint, GrammarCheck, HostConfig, LiveSet, PluginHost, PluginSet, Policy};
 use thorn_tools::chat::Message;
 use thorn_tools::{ResponseFormat, ToolChoice};
 
@@ -177,7 +177,8 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
         engine.kv_config().dtype.name(),
         (kv.pages_total * kv.page_bytes) as f64 / (1u64 << 20) as f64
     );
-    let (plugins, dir) = load_plugins(cache, &a.place, None)?;
+    let check = grammar_check(engine.tokenizer_arc())?;
+    let (plugins, dir) = load_plugins(cache, &a.place, None, Some(&*check))?;
     eprintln!(
         "model {name} ({context} tokens of context, {threads} threads); {} plugin(s){} with {} tool(s) from {}",
         plugins.plugins().len(),
@@ -207,6 +208,7 @@ fn load_plugins(
     cache: &Path,
     place: &Place,
     previous: Option<&PluginSet>,
+    grammar: Option<&GrammarCheck>,
 ) -> Result<(PluginSet, PathBuf)> {
     let (dir, policy_path) = place.resolve();
     let host = PluginHost::with_config(HostConfig {
@@ -214,11 +216,25 @@ fn load_plugins(
         ..HostConfig::default()
     })?;
     let policy = Policy::load(&policy_path)?;
-    let plugins = PluginSet::load_dir_after(&host, &dir, &policy, previous)?;
+    let plugins = PluginSet::load_checked(&host, &dir, &policy, previous, grammar)?;
     for r in plugins.refused() {
         eprintln!("plugin refused: {}: {}", r.path.display(), r.error);
     }
     Ok((plugins, dir))
+}
+
+/// Whether the decoding grammar of the model with tokenizer `tok` can take a tool: the grammar a request
+/// forcing a call of just that tool compiles to.
+pub fn grammar_check(tok: Arc<thorn_engine::tokenizer::Tokenizer>) -> Result<Arc<GrammarCheck>> {
+    let factory = thorn_engine::sample::grammar::GrammarFactory::new(tok)?;
+    Ok(Arc::new(move |tools: &thorn_tools::ToolSet, name: &str| {
+        let lark = thorn_tools::grammar::calls_grammar(tools, Some(name), false, None)
+            .map_err(|e| e.to_string())?;
+        factory
+            .lark_uncached(&lark)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }))
 }
 
 /// ` and N external MCP server(s) (not sandboxed)`, when the policy names any.
@@ -232,7 +248,13 @@ fn servers_note(plugins: &PluginSet) -> String {
 /// Keeps `live` in step with `place`: every `every`, when the plugin directory or the policy changed,
 /// loads the set anew and serves it (a set that fails to load is reported and the old one kept). Runs on
 /// its own thread: loading compiles components, which must not stall the async workers.
-pub fn watch_plugins(cache: &Path, place: &Place, live: Arc<LiveSet>, every: Duration) {
+pub fn watch_plugins(
+    cache: &Path,
+    place: &Place,
+    live: Arc<LiveSet>,
+    every: Duration,
+    grammar: Option<Arc<GrammarCheck>>,
+) {
     if every.is_zero() {
         return;
     }
@@ -250,7 +272,7 @@ pub fn watch_plugins(cache: &Path, place: &Place, live: Arc<LiveSet>, every: Dur
                 }
                 seen = now;
                 let previous = live.current();
-                match load_plugins(&cache, &place, Some(&previous)) {
+                match load_plugins(&cache, &place, Some(&previous), grammar.as_deref()) {
                     Ok((set, _)) => {
                         let (n, tools) = (set.plugins().len(), set.tools().tools().len());
                         let changed = live.replace(Arc::new(set));
@@ -277,7 +299,8 @@ pub fn watch_plugins(cache: &Path, place: &Place, live: Arc<LiveSet>, every: Dur
 pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) -> Result<()> {
     use rmcp::ServiceExt;
     thorn_plugin::validate_conversation_id(&conversation)?;
-    let (plugins, dir) = load_plugins(cache, place, None)?;
+    // No model here: the policy's external MCP servers are for the agent, and are not started.
+    let (plugins, dir) = load_plugins(cache, place, None, None)?;
     eprintln!(
         "thorn mcp: {} plugin(s) with {} tool(s) from {} on stdio",
         plugins.plugins().len(),
@@ -295,6 +318,7 @@ pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) 
         place,
         Arc::clone(&live),
         Duration::from_secs(plugin_poll),
+        None,
     );
     let tools = thorn::mcp::McpTools::new(live, caller);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -372,6 +396,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         &a.agent.place,
         Arc::clone(agent.live_plugins()),
         Duration::from_secs(a.plugin_poll),
+        Some(grammar_check(Arc::clone(&agent.model().tokenizer))?),
     );
     let state = Arc::new(AppState::new(agent, config));
     let rt = tokio::runtime::Builder::new_multi_thread()

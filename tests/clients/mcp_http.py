@@ -60,6 +60,17 @@ async def raw(url, key, extra):
         return {"status": r.status_code, "body": r.text[:300]}
 
 
+async def too_large(url, key):
+    """A body over the server's --max-body."""
+    headers = dict(ACCEPT)
+    headers["Authorization"] = f"Bearer {key}"
+    body = dict(INIT)
+    body["params"] = dict(INIT["params"], padding="x" * 200_000)
+    async with httpx2.AsyncClient() as c:
+        r = await c.post(url, json=body, headers=headers)
+        return {"status": r.status_code, "body": r.text[:300]}
+
+
 async def main():
     url, key, robot, new_wasm, plugins_dir, new_policy, policy = sys.argv[1:8]
     out = {}
@@ -68,6 +79,7 @@ async def main():
     out["evil_origin"] = await raw(url, key, {"Origin": "http://evil.example"})
     out["evil_host"] = await raw(url, key, {"Host": "evil.example"})
     out["good_raw"] = await raw(url, key, {})
+    out["too_large"] = await too_large(url, key)
 
     legacy_notes = []
 

@@ -11,15 +11,18 @@ Tools:
 - hang(): never returns;
 - garbage(): writes a line of non-JSON-RPC to stdout, then exits (a server speaking malformed JSON-RPC
   and dying);
-- files(): exists so that a server named `list` clashes with the files plugin's `list_files`.
+- files(): exists so that a server named `list` clashes with the files plugin's `list_files`;
+- picky(code): its schema uses `not`, which the decoding grammar cannot take.
 """
 
 import os
 import sys
 import time
 
+from typing import Annotated
+
 from mcp.server.mcpserver import MCPServer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 args = sys.argv[1:]
 http = None
@@ -83,6 +86,12 @@ def garbage() -> str:
 def files() -> str:
     """Named so that a server called `list` clashes with `list_files`."""
     return "files"
+
+
+@server.tool()
+def picky(code: Annotated[str, Field(json_schema_extra={"not": {"const": "0000"}})]) -> str:
+    """Takes any code but 0000."""
+    return code
 
 
 def serve_http(port_file, token):

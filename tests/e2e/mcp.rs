@@ -161,6 +161,8 @@ fn mcp_clients_list_and_call_over_http_under_the_api_keys() {
         &path(&keys),
         "--plugin-poll",
         "1",
+        "--max-body",
+        "65536",
     ]);
     let url = format!("http://{}/mcp", server.addr);
     let out = thorn_tests::run_client(
@@ -185,6 +187,7 @@ fn mcp_clients_list_and_call_over_http_under_the_api_keys() {
         ("evil_origin", 403),
         ("evil_host", 403),
         ("good_raw", 200),
+        ("too_large", 413),
     ] {
         assert_eq!(out[case]["status"], status, "{case}: {}", out[case]);
     }
@@ -456,8 +459,9 @@ fn external_mcp_servers_are_policy_gated_host_tools() {
 
 /// The agent loop calls a policy-approved external MCP server's tool: `thorn serve` with the test
 /// server in its policy, a chat request naming `thorn:weather`, the default model choosing the call,
-/// the host running it over MCP and the model answering from its result. `thorn plugins list` marks
-/// the server unsandboxed.
+/// the host running it over MCP and the model answering from its result; a hanging tool is a timeout
+/// the model is told of, and the server goes on serving. A tool whose schema the decoding grammar
+/// cannot take is refused when the set loads. `thorn plugins list` marks the server unsandboxed.
 #[test]
 fn the_agent_loop_calls_an_external_mcp_servers_tool() {
     let Some(python) = thorn_tests::client_python() else {
@@ -474,7 +478,7 @@ fn the_agent_loop_calls_an_external_mcp_servers_tool() {
     std::fs::write(
         &policy,
         json!({"plugins": entries, "audit": {"path": audit}, "mcp_servers": {
-            "weather": test_server(&python, &starts, &["forecast"])}})
+            "weather": test_server(&python, &starts, &["forecast", "hang", "picky"])}})
         .to_string(),
     )
     .unwrap();
@@ -500,6 +504,14 @@ fn the_agent_loop_calls_an_external_mcp_servers_tool() {
     ]);
     let health = thorn_tests::http(server.addr, "GET", "/health", &[], b"").json();
     assert_eq!(health["mcp_servers"], 1, "{health}\n{}", server.log());
+    // A schema the decoding grammar cannot take (`not`) refuses that tool when the set loads, with why;
+    // the server's other tools serve.
+    let log = server.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("weather_picky") && l.contains("grammar") && l.contains("not")),
+        "{log}"
+    );
     let body = json!({"messages": [{"role": "user",
             "content": "What is the weather forecast for Oslo tomorrow?"}],
         "tools": [{"type": "function", "function": {"name": "thorn:weather"}}],
@@ -530,6 +542,36 @@ fn the_agent_loop_calls_an_external_mcp_servers_tool() {
             && l.contains("\"ext-agent\"")
             && l.contains("\"intent\"")),
         "{log}"
+    );
+
+    // A server that hangs: the call is a timeout the model is told of, and the server keeps serving.
+    let hang = json!({"messages": [{"role": "user", "content": "Wait for it."}],
+        "tools": [{"type": "function", "function": {"name": "thorn:weather_hang"}}],
+        "tool_choice": {"type": "function", "function": {"name": "weather_hang"}},
+        "temperature": 0, "max_tokens": 40, "max_tool_rounds": 1});
+    let r = thorn_tests::http(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        hang.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}\n{}", r.body, server.log());
+    let v = r.json();
+    let calls = &v["choices"][0]["message"]["thorn_host_tool_calls"];
+    assert_eq!(calls[0]["name"], "weather_hang", "{v}");
+    assert_eq!(calls[0]["error_kind"], "timeout", "{v}");
+    let again = thorn_tests::http(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(
+        again.json()["choices"][0]["message"]["thorn_host_tool_calls"][0]["result"]["sky"],
+        "clear"
     );
 }
 

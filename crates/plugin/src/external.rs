@@ -12,8 +12,10 @@
 //!   `_`, so a prefix is one server; a name that clashes with another tool (a plugin's, another
 //!   server's) is refused when the set loads, and nothing shadows anything.
 //! - **Schemas.** A tool's `inputSchema` is its parameters: it must be a valid JSON schema the tool set
-//!   accepts (else that tool is refused, with why), it constrains decoding like a plugin's, and every call
-//!   is validated against it before it is sent.
+//!   accepts and the decoding grammar can take ([`crate::PluginSet::load_checked`]; else that tool is
+//!   refused, with why), it constrains decoding like a plugin's, and every call is validated against it
+//!   before it is sent. Tools, descriptions (at most 2 KiB each) and schemas are read once, when the set
+//!   loads: a server that changes them later is not followed.
 //! - **Time.** Starting the server and listing its tools, and each call, are bounded by the entry's
 //!   `timeout_ms`; a call past it is abandoned (the request is cancelled on the server) and is a
 //!   `timeout` error. A server that hangs costs its callers that long, never the whole host.

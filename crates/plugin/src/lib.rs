@@ -46,7 +46,7 @@ pub use live::{Fingerprint, LiveSet};
 pub use policy::{
     Access, Grant, NetRule, Policy, PolicyError, Preopen, Requests, ServerSpec, ServerTransport,
 };
-pub use set::{PluginSet, Provider, Refusal, components};
+pub use set::{GrammarCheck, PluginSet, Provider, Refusal, components};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};

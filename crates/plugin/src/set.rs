@@ -23,6 +23,9 @@ pub struct Refusal {
     pub error: PluginError,
 }
 
+/// Whether the decoding grammar can take tool `name` of a tool set (`Err`: why not).
+pub type GrammarCheck = dyn Fn(&ToolSet, &str) -> Result<(), String> + Send + Sync;
+
 /// Who provides a tool.
 #[derive(Debug, Clone, Copy)]
 enum Slot {
@@ -129,6 +132,21 @@ impl PluginSet {
         policy: &Policy,
         previous: Option<&PluginSet>,
     ) -> Result<Self, PluginError> {
+        Self::load_checked(host, dir, policy, previous, Some(&|_, _| Ok(())))
+    }
+
+    /// [`PluginSet::load_dir_after`] with `grammar`, which says whether the decoding grammar can take one
+    /// tool of a tool set (its name given): an external MCP server's tool it refuses is left out, with
+    /// its reason among the refusals, so a schema the grammar compiler cannot take is refused when the
+    /// set loads, not when a request names the server. `None`: the set is not for a model (`thorn mcp`
+    /// serves only the sandboxed plugins), so the policy's external servers are not started at all.
+    pub fn load_checked(
+        host: &PluginHost,
+        dir: &Path,
+        policy: &Policy,
+        previous: Option<&PluginSet>,
+        grammar: Option<&GrammarCheck>,
+    ) -> Result<Self, PluginError> {
         let reuse = |p: &Path| {
             previous
                 .and_then(|s| s.audit.as_ref())
@@ -187,11 +205,16 @@ impl PluginSet {
             tracing::info!(plugin = plugin.name(), path = %path.display(), "plugin loaded");
             set.plugins.push(Arc::new(plugin));
         }
-        for (name, spec) in policy
-            .mcp_server_names()
-            .into_iter()
-            .zip(policy.mcp_servers())
-        {
+        let servers = match grammar {
+            Some(_) => policy
+                .mcp_server_names()
+                .into_iter()
+                .zip(policy.mcp_servers())
+                .collect(),
+            None => Vec::new(),
+        };
+        let grammar = grammar.unwrap_or(&|_, _| Ok(()));
+        for (name, spec) in servers {
             let shown = PathBuf::from(format!("mcp_servers.{name}"));
             let spec = match spec {
                 Ok(s) => s,
@@ -252,6 +275,21 @@ impl PluginSet {
             let index = set.servers.len();
             let mut kept = Vec::new();
             for f in &server.manifest().functions {
+                if let Err(why) = grammar(server.tools(), &f.name) {
+                    let error = PluginError::Server {
+                        server: server.name().to_owned(),
+                        msg: format!(
+                            "its tool {:?} has a schema the decoding grammar cannot take ({why}); refused",
+                            f.name
+                        ),
+                    };
+                    tracing::warn!(%error, "MCP tool refused");
+                    set.refused.push(Refusal {
+                        path: shown.clone(),
+                        error,
+                    });
+                    continue;
+                }
                 if let Some(&other) = set.by_tool.get(&f.name) {
                     let error = PluginError::Server {
                         server: server.name().to_owned(),

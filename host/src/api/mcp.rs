@@ -11,7 +11,8 @@
 //!   `--mcp-allowed-host` adds the names a remote client uses) and a request that carries an `Origin`
 //!   header (a browser's) is refused unless that origin is allowed (`--mcp-allowed-origin`; none by
 //!   default). Both answer 403.
-//! - **Bounds.** Bodies are capped at the server's `max_body`; at most `max_sessions` sessions (the 2025
+//! - **Bounds.** A POST's body is read here as the chat routes read theirs (`--max-body`, the body
+//!   timeout, the budget shared by all bodies in flight) before rmcp parses it; at most `max_sessions` sessions (the 2025
 //!   revisions keep one per client) live at once, a new one past that is a 429 with `Retry-After`, and
 //!   an idle session is dropped after five minutes.
 
@@ -100,21 +101,36 @@ pub(super) fn routes(state: &Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(guard, admit))
 }
 
-/// Checks the key and the session bound, then hands the request to rmcp with its [`McpIdentity`].
-async fn admit(State(g): State<Guard>, mut req: Request<Body>, next: Next) -> Response {
+/// Checks the key and the session bound, reads a POST's body under the server's body limits (size,
+/// time, the budget shared by all bodies in flight), then hands the request to rmcp with its
+/// [`McpIdentity`].
+async fn admit(State(g): State<Guard>, req: Request<Body>, next: Next) -> Response {
     let key: Option<ApiKey> = match super::authorize(&g.state, req.headers()) {
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
-    let opens_session =
-        req.method() == axum::http::Method::POST && !req.headers().contains_key("mcp-session-id");
-    if opens_session {
-        let live = g.sessions.sessions.read().await.len();
-        if live >= g.state.config.mcp.max_sessions {
-            return ApiError::Busy(format!("{live} MCP sessions are open")).into_response();
+    let (mut parts, body) = req.into_parts();
+    let mut held = None;
+    let body = if parts.method == axum::http::Method::POST {
+        if !parts.headers.contains_key("mcp-session-id") {
+            let live = g.sessions.sessions.read().await.len();
+            if live >= g.state.config.mcp.max_sessions {
+                return ApiError::Busy(format!("{live} MCP sessions are open")).into_response();
+            }
         }
-    }
-    let peer = req.extensions().get::<Peer>().map(|Peer(p)| p.to_string());
-    req.extensions_mut().insert(McpIdentity { key, peer });
-    next.run(req).await
+        match super::read_body(&g.state, &parts.headers, body).await {
+            Ok((bytes, permit)) => {
+                held = Some(permit);
+                Body::from(bytes)
+            }
+            Err(e) => return e.into_response(),
+        }
+    } else {
+        body
+    };
+    let peer = parts.extensions.get::<Peer>().map(|Peer(p)| p.to_string());
+    parts.extensions.insert(McpIdentity { key, peer });
+    let response = next.run(Request::from_parts(parts, body)).await;
+    drop(held);
+    response
 }
