@@ -95,6 +95,40 @@ fn an_mcp_client_lists_and_calls_the_sandboxed_tools_over_stdio() {
     assert!(records.iter().any(|r| r["function"] == "spin"), "{log}");
 }
 
+/// A fresh directory with the test plugins `names` installed into its `plugins/` (files granted its
+/// `docs/`, which holds notes.txt, as `/data`), the host they were pinned with, and their policy entries.
+struct Installed {
+    dir: tempfile::TempDir,
+    plugins: std::path::PathBuf,
+    host: PluginHost,
+    entries: serde_json::Map<String, Value>,
+}
+
+fn install(names: &[&str]) -> Installed {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    let docs = dir.path().join("docs");
+    for d in [&plugins, &docs] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(docs.join("notes.txt"), "The launch code is 4242.\n").unwrap();
+    let host = PluginHost::with_config(HostConfig::default()).unwrap();
+    let entries = thorn_tests::install_plugins(&host, &plugins, names, |name| match name {
+        "files" => json!({"filesystem": [{"guest": "/data", "host": docs, "access": "read"}]}),
+        _ => json!({}),
+    });
+    Installed {
+        dir,
+        plugins,
+        host,
+        entries,
+    }
+}
+
+fn path_str(p: &std::path::Path) -> String {
+    p.to_str().unwrap().to_owned()
+}
+
 /// `thorn serve`'s `/mcp` with two API keys (one limited to the calculator), driven by the MCP Python
 /// SDK over Streamable HTTP (`tests/clients/mcp_http.py`): a 2025-11-25 session and a 2026-07-28
 /// client list and call, a key is refused a tool outside its allow-list, requests without a key or
@@ -105,25 +139,12 @@ fn mcp_clients_list_and_call_over_http_under_the_api_keys() {
     let Some(python) = thorn_tests::client_python() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let installed = dir.path().join("plugins");
-    let docs = dir.path().join("docs");
-    for d in [&installed, &docs] {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    std::fs::write(docs.join("notes.txt"), "The launch code is 4242.\n").unwrap();
-    let host = PluginHost::with_config(HostConfig::default()).unwrap();
-    let mut entries = thorn_tests::install_plugins(
-        &host,
-        &installed,
-        &["calculator", "files"],
-        |name| match name {
-            "files" => {
-                json!({"filesystem": [{"guest": "/data", "host": docs, "access": "read"}]})
-            }
-            _ => json!({}),
-        },
-    );
+    let Installed {
+        dir,
+        plugins: installed,
+        host,
+        mut entries,
+    } = install(&["calculator", "files"]);
     let audit = dir.path().join("audit.jsonl");
     let policy = dir.path().join("policy.json");
     let write_policy = |path: &std::path::Path, entries: &serde_json::Map<String, Value>| {
@@ -149,7 +170,7 @@ fn mcp_clients_list_and_call_over_http_under_the_api_keys() {
         .to_string(),
     )
     .unwrap();
-    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let path = path_str;
     let server = thorn_tests::ServeProcess::start(&[
         "--context",
         "1024",
@@ -299,24 +320,12 @@ fn external_mcp_servers_are_policy_gated_host_tools() {
     let Some(python) = thorn_tests::client_python() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let installed = dir.path().join("plugins");
-    let docs = dir.path().join("docs");
-    for d in [&installed, &docs] {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    let host = PluginHost::with_config(HostConfig::default()).unwrap();
-    let entries = thorn_tests::install_plugins(
-        &host,
-        &installed,
-        &["calculator", "files"],
-        |name| match name {
-            "files" => {
-                json!({"filesystem": [{"guest": "/data", "host": docs, "access": "read"}]})
-            }
-            _ => json!({}),
-        },
-    );
+    let Installed {
+        dir,
+        plugins: installed,
+        host,
+        entries,
+    } = install(&["calculator", "files"]);
     let audit = dir.path().join("audit.jsonl");
     let starts = dir.path().join("starts.log");
     let clash_starts = dir.path().join("clash.log");
@@ -467,11 +476,12 @@ fn the_agent_loop_calls_an_external_mcp_servers_tool() {
     let Some(python) = thorn_tests::client_python() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let installed = dir.path().join("plugins");
-    std::fs::create_dir_all(&installed).unwrap();
-    let host = PluginHost::with_config(HostConfig::default()).unwrap();
-    let entries = thorn_tests::install_plugins(&host, &installed, &["calculator"], |_| json!({}));
+    let Installed {
+        dir,
+        plugins: installed,
+        entries,
+        ..
+    } = install(&["calculator"]);
     let audit = dir.path().join("audit.jsonl");
     let policy = dir.path().join("policy.json");
     let starts = dir.path().join("starts.log");
@@ -482,7 +492,7 @@ fn the_agent_loop_calls_an_external_mcp_servers_tool() {
         .to_string(),
     )
     .unwrap();
-    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let path = path_str;
     let listed = std::process::Command::new(thorn_tests::thorn_binary())
         .args(["plugins", "list", "--plugins", &path(&installed)])
         .args(["--policy", &path(&policy)])
@@ -502,6 +512,15 @@ fn the_agent_loop_calls_an_external_mcp_servers_tool() {
         "--policy",
         &path(&policy),
     ]);
+    let chat = |body: &Value| {
+        thorn_tests::http(
+            server.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+    };
     let health = thorn_tests::http(server.addr, "GET", "/health", &[], b"").json();
     assert_eq!(health["mcp_servers"], 1, "{health}\n{}", server.log());
     // A schema the decoding grammar cannot take (`not`) refuses that tool when the set loads, with why;
@@ -517,13 +536,7 @@ fn the_agent_loop_calls_an_external_mcp_servers_tool() {
         "tools": [{"type": "function", "function": {"name": "thorn:weather"}}],
         "tool_choice": "required", "temperature": 0, "max_tokens": 120,
         "conversation_id": "ext-agent"});
-    let r = thorn_tests::http(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let r = chat(&body);
     assert_eq!(r.status, 200, "{}\n{}", r.body, server.log());
     let v = r.json();
     let calls = v["choices"][0]["message"]["thorn_host_tool_calls"]
@@ -549,25 +562,13 @@ fn the_agent_loop_calls_an_external_mcp_servers_tool() {
         "tools": [{"type": "function", "function": {"name": "thorn:weather_hang"}}],
         "tool_choice": {"type": "function", "function": {"name": "weather_hang"}},
         "temperature": 0, "max_tokens": 40, "max_tool_rounds": 1});
-    let r = thorn_tests::http(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        hang.to_string().as_bytes(),
-    );
+    let r = chat(&hang);
     assert_eq!(r.status, 200, "{}\n{}", r.body, server.log());
     let v = r.json();
     let calls = &v["choices"][0]["message"]["thorn_host_tool_calls"];
     assert_eq!(calls[0]["name"], "weather_hang", "{v}");
     assert_eq!(calls[0]["error_kind"], "timeout", "{v}");
-    let again = thorn_tests::http(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let again = chat(&body);
     assert_eq!(again.status, 200, "{}", again.body);
     assert_eq!(
         again.json()["choices"][0]["message"]["thorn_host_tool_calls"][0]["result"]["sky"],
@@ -584,11 +585,12 @@ fn an_external_mcp_server_over_http_with_a_token() {
     let Some(python) = thorn_tests::client_python() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let installed = dir.path().join("plugins");
-    std::fs::create_dir_all(&installed).unwrap();
-    let host = PluginHost::with_config(HostConfig::default()).unwrap();
-    let entries = thorn_tests::install_plugins(&host, &installed, &["calculator"], |_| json!({}));
+    let Installed {
+        dir,
+        plugins: installed,
+        host,
+        entries,
+    } = install(&["calculator"]);
     let port_file = dir.path().join("port");
     let mut web = std::process::Command::new(&python)
         .arg(thorn_tests::root().join("tests/clients/mcp_server.py"))

@@ -30,8 +30,8 @@
 //!   after), with the entry's digest as `plugin_sha256`.
 
 use super::{
-    Annotations, AuditLog, CallReport, Caller, FunctionDef, Manifest, Outcome, Phase, PluginError,
-    ServerSpec, ServerTransport, trail::Trail,
+    Annotations, AuditLog, CallReport, Caller, FunctionDef, Manifest, PluginError, ServerSpec,
+    ServerTransport, trail,
 };
 use rmcp::model::{CallToolRequestParams, Tool};
 use rmcp::service::{RoleClient, RunningService, ServiceExt};
@@ -239,7 +239,7 @@ impl McpServer {
     }
 
     /// Calls host tool `function` with `args` for `caller`: validation, the intent record, a slot, the
-    /// call under the time limit, the outcome record.
+    /// call under the time limit, the outcome record (the same trail as a plugin call).
     pub async fn call_async(
         &self,
         caller: &Caller,
@@ -247,56 +247,32 @@ impl McpServer {
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
         let t0 = Instant::now();
-        let mut report = CallReport::default();
-        let trail = self.audit.as_deref().map(|log| {
-            Trail::new(
-                log,
-                &self.spec.name,
-                &self.spec.sha256,
-                self.spec.audit_arguments,
-                caller,
-                function,
-                args,
-            )
-        });
-        let checked = caller
-            .validate()
-            .map_err(PluginError::from)
-            .and_then(|()| self.admit_call(function, args));
-        let remote = match checked {
-            Ok(r) => r,
-            Err(e) => {
-                report.duration = t0.elapsed();
-                let out = match &trail {
-                    Some(t) => t.outcome(Outcome::Rejected, Err(e), 0, &report).await,
-                    None => Err(e),
-                };
-                return (out, report);
-            }
+        let callee = trail::Callee {
+            name: &self.spec.name,
+            sha256: &self.spec.sha256,
+            audit_arguments: self.spec.audit_arguments,
         };
-        if let Some(t) = &trail
-            && let Err(e) = t.log.append_async(&t.record(Phase::Intent, true)).await
-        {
-            report.duration = t0.elapsed();
-            return (Err(e.into()), report);
-        }
-        let out = self.send(remote, args, t0).await;
-        let bytes = out.as_ref().map_or(0, |v| v.to_string().len());
-        report.duration = t0.elapsed();
-        let outcome = if out.is_ok() {
-            Outcome::Ok
-        } else {
-            Outcome::Error
+        let admit = || self.admit_call(function, args);
+        let run = |remote: String| async move {
+            let remote = remote.as_str();
+            let out = self.send(remote, args, t0).await;
+            let bytes = out.as_ref().map_or(0, |v| v.to_string().len());
+            (out, bytes, CallReport::default())
         };
-        let out = match &trail {
-            Some(t) => t.outcome(outcome, out, bytes, &report).await,
-            None => out,
-        };
-        (out, report)
+        trail::audited(
+            self.audit.as_deref(),
+            callee,
+            caller,
+            function,
+            args,
+            admit,
+            run,
+        )
+        .await
     }
 
     /// The server's name for `function`, once the arguments satisfy its schema.
-    fn admit_call(&self, function: &str, args: &Value) -> Result<&str, PluginError> {
+    fn admit_call(&self, function: &str, args: &Value) -> Result<String, PluginError> {
         let remote = self
             .remote
             .get(function)
@@ -308,7 +284,7 @@ impl McpServer {
             name: function.to_owned(),
             arguments: args.clone(),
         })?;
-        Ok(remote)
+        Ok(remote.clone())
     }
 
     /// Sends one call and reads its result, all within the time limit counted from `t0`.

@@ -57,7 +57,6 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use thorn_tools::{ToolError, ToolSet};
 use tokio::sync::Semaphore;
-use trail::Trail;
 use wasmtime::component::{Component, InstancePre, Linker, ResourceTable, ResourceTableError};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap,
@@ -396,6 +395,23 @@ pub struct PluginHost {
     manifest_validator: jsonschema::Validator,
 }
 
+/// Runs `fut` to completion on `handle`'s runtime from synchronous code, from a thread of its own when
+/// the caller is itself inside a tokio runtime (where blocking in place is not allowed).
+fn block_on<F: std::future::Future + Send>(handle: &tokio::runtime::Handle, fut: F) -> F::Output
+where
+    F::Output: Send,
+{
+    if tokio::runtime::Handle::try_current().is_ok() {
+        std::thread::scope(|s| {
+            s.spawn(|| handle.block_on(fut))
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    } else {
+        handle.block_on(fut)
+    }
+}
+
 impl PluginHost {
     /// Runs `fut` on the host's runtime from synchronous code (from a thread of its own when the
     /// caller is inside a runtime), and a token that keeps that runtime alive for what it spawned.
@@ -403,16 +419,7 @@ impl PluginHost {
     where
         F::Output: Send,
     {
-        let out = if tokio::runtime::Handle::try_current().is_ok() {
-            std::thread::scope(|s| {
-                s.spawn(|| self.handle.block_on(fut))
-                    .join()
-                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
-            })
-        } else {
-            self.handle.block_on(fut)
-        };
-        (out, Arc::clone(&self.shared))
+        (block_on(&self.handle, fut), Arc::clone(&self.shared))
     }
 }
 
@@ -922,15 +929,7 @@ impl Plugin {
     where
         F::Output: Send,
     {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            std::thread::scope(|s| {
-                s.spawn(|| self.handle.block_on(fut))
-                    .join()
-                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
-            })
-        } else {
-            self.handle.block_on(fut)
-        }
+        block_on(&self.handle, fut)
     }
 
     /// Calls `function` with `args` (validated against its schema first), blocking until it ends.
@@ -964,71 +963,49 @@ impl Plugin {
     }
 
     /// Calls `function` with `args` for `caller`: validation, the intent record, a slot, a fresh instance,
-    /// the outcome record.
+    /// the outcome record ([`trail::audited`]).
     pub async fn call_async(
         &self,
         caller: &Caller,
         function: &str,
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
-        let t0 = Instant::now();
-        let mut report = CallReport::default();
-        let trail = self.audit.as_deref().map(|log| {
-            Trail::new(
-                log,
-                &self.name,
-                &self.sha256,
-                self.grant.audit_arguments,
-                caller,
-                function,
-                args,
-            )
-        });
-        let checked = caller
-            .validate()
-            .map_err(PluginError::from)
-            .and_then(|()| self.admit_call(function, args));
-        if let Err(e) = checked {
-            report.duration = t0.elapsed();
-            let out = match &trail {
-                Some(t) => t.outcome(Outcome::Rejected, Err(e), 0, &report).await,
-                None => Err(e),
+        let callee = trail::Callee {
+            name: &self.name,
+            sha256: &self.sha256,
+            audit_arguments: self.grant.audit_arguments,
+        };
+        let admit = || self.admit_call(function, args);
+        let run = |()| async {
+            let mut report = CallReport::default();
+            let (out, bytes) = match self.acquire().await {
+                Err(e) => (Err(e), 0),
+                Ok(_permits) => {
+                    let text = self
+                        .run(Some(function), &args.to_string(), &mut report)
+                        .await;
+                    let bytes = text.as_ref().map_or(0, String::len);
+                    let value = text.and_then(|t| {
+                        serde_json::from_str(&t).map_err(|e| PluginError::Output {
+                            plugin: self.name.clone(),
+                            msg: format!("the result is not JSON: {e}"),
+                        })
+                    });
+                    (value, bytes)
+                }
             };
-            return (out, report);
-        }
-        if let Some(t) = &trail
-            && let Err(e) = t.log.append_async(&t.record(Phase::Intent, true)).await
-        {
-            report.duration = t0.elapsed();
-            return (Err(e.into()), report); // unrecorded, so not run
-        }
-        let (out, bytes) = match self.acquire().await {
-            Err(e) => (Err(e), 0),
-            Ok(_permits) => {
-                let text = self
-                    .run(Some(function), &args.to_string(), &mut report)
-                    .await;
-                let bytes = text.as_ref().map_or(0, String::len);
-                let value = text.and_then(|t| {
-                    serde_json::from_str(&t).map_err(|e| PluginError::Output {
-                        plugin: self.name.clone(),
-                        msg: format!("the result is not JSON: {e}"),
-                    })
-                });
-                (value, bytes)
-            }
+            (out, bytes, report)
         };
-        report.duration = t0.elapsed();
-        let outcome = if out.is_ok() {
-            Outcome::Ok
-        } else {
-            Outcome::Error
-        };
-        let out = match &trail {
-            Some(t) => t.outcome(outcome, out, bytes, &report).await,
-            None => out,
-        };
-        (out, report)
+        trail::audited(
+            self.audit.as_deref(),
+            callee,
+            caller,
+            function,
+            args,
+            admit,
+            run,
+        )
+        .await
     }
 
     /// Checks the function exists and the arguments satisfy its schema.

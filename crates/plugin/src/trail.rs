@@ -20,9 +20,78 @@ pub(super) const MAX_ERROR_BYTES: usize = 2048;
 const MAX_REDACTED: usize = 64;
 const REDACTED: &str = "[redacted]";
 
+/// Who is called, as the audit log names it: the plugin's (or server's) name, its digest, and whether
+/// its calls' arguments are recorded.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Callee<'a> {
+    pub(super) name: &'a str,
+    pub(super) sha256: &'a str,
+    pub(super) audit_arguments: bool,
+}
+
+/// One host call with its audit trail, the same for a plugin and an external server: the caller's ids
+/// and then `admit` are checked (a refusal is one `rejected` record), the intent is made durable (or the
+/// call does not run), `run` runs on what `admit` returned and gives the result, its size and the report,
+/// and the outcome is recorded before the result is handed back.
+pub(super) async fn audited<A, F, Fut>(
+    log: Option<&AuditLog>,
+    callee: Callee<'_>,
+    caller: &Caller,
+    function: &str,
+    args: &Value,
+    admit: impl FnOnce() -> Result<A, PluginError>,
+    run: F,
+) -> (Result<Value, PluginError>, CallReport)
+where
+    F: FnOnce(A) -> Fut,
+    Fut: std::future::Future<Output = (Result<Value, PluginError>, usize, CallReport)>,
+{
+    let t0 = std::time::Instant::now();
+    let trail = log.map(|log| Trail::new(log, callee, caller, function, args));
+    let admitted = caller
+        .validate()
+        .map_err(PluginError::from)
+        .and_then(|()| admit());
+    let admitted = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            let report = CallReport {
+                duration: t0.elapsed(),
+                ..CallReport::default()
+            };
+            let out = match &trail {
+                Some(t) => t.outcome(Outcome::Rejected, Err(e), 0, &report).await,
+                None => Err(e),
+            };
+            return (out, report);
+        }
+    };
+    if let Some(t) = &trail
+        && let Err(e) = t.log.append_async(&t.record(Phase::Intent, true)).await
+    {
+        let report = CallReport {
+            duration: t0.elapsed(),
+            ..CallReport::default()
+        };
+        return (Err(e.into()), report); // unrecorded, so not run
+    }
+    let (out, bytes, mut report) = run(admitted).await;
+    report.duration = t0.elapsed();
+    let outcome = if out.is_ok() {
+        Outcome::Ok
+    } else {
+        Outcome::Error
+    };
+    let out = match &trail {
+        Some(t) => t.outcome(outcome, out, bytes, &report).await,
+        None => out,
+    };
+    (out, report)
+}
+
 /// The audit context of one call.
-pub(super) struct Trail<'a> {
-    pub(super) log: &'a AuditLog,
+struct Trail<'a> {
+    log: &'a AuditLog,
     /// The plugin (or external server) called, its digest, and whether its arguments are recorded.
     plugin: &'a str,
     sha256: &'a str,
@@ -35,20 +104,18 @@ pub(super) struct Trail<'a> {
 }
 
 impl<'a> Trail<'a> {
-    pub(super) fn new(
+    fn new(
         log: &'a AuditLog,
-        plugin: &'a str,
-        sha256: &'a str,
-        audit_arguments: bool,
+        callee: Callee<'a>,
         caller: &Caller,
         function: &'a str,
         args: &'a Value,
     ) -> Self {
         Trail {
             log,
-            plugin,
-            sha256,
-            audit_arguments,
+            plugin: callee.name,
+            sha256: callee.sha256,
+            audit_arguments: callee.audit_arguments,
             id: log.call_id(),
             caller: caller.valid_parts(),
             function: clip(function, MAX_FUNCTION_BYTES),
@@ -59,7 +126,7 @@ impl<'a> Trail<'a> {
 
     /// The call's line of `phase`, without the outcome fields; `with_args` adds the arguments when the
     /// policy records them.
-    pub(super) fn record(&self, phase: Phase, with_args: bool) -> Record<'_> {
+    fn record(&self, phase: Phase, with_args: bool) -> Record<'_> {
         Record {
             call: &self.id,
             phase,
@@ -84,7 +151,7 @@ impl<'a> Trail<'a> {
     /// Records how the call ended and hands `out` back, or the audit error if the line cannot be made
     /// durable (the result is withheld). A rejected call has no intent line, so its outcome line carries
     /// the arguments (when recorded).
-    pub(super) async fn outcome(
+    async fn outcome(
         &self,
         outcome: Outcome,
         out: Result<Value, PluginError>,
