@@ -307,7 +307,7 @@ fn mcp_clients_list_and_call_over_http_under_the_api_keys() {
 /// the tools `tools` allowed, logging each start to `log`.
 fn test_server(python: &std::path::Path, log: &std::path::Path, tools: &[&str]) -> Value {
     let script = thorn_tests::root().join("tests/clients/mcp_server.py");
-    json!({"command": [python, script, log], "tools": tools, "timeout_ms": 3000,
+    json!({"command": [python, script, log], "tools": tools, "timeout_ms": 8000,
         "max_output_kib": 64, "max_concurrent": 2})
 }
 
@@ -598,6 +598,7 @@ fn an_external_mcp_server_over_http_with_a_token() {
         .arg(&port_file)
         .arg("t0ken")
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let t0 = std::time::Instant::now();
@@ -616,7 +617,7 @@ fn an_external_mcp_server_over_http_with_a_token() {
         std::fs::write(
             &policy_path,
             json!({"plugins": entries, "mcp_servers": {"web": {"url": url,
-                "bearer_file": "token", "tools": ["forecast", "hang"], "timeout_ms": 3000}}})
+                "bearer_file": "token", "tools": ["forecast", "hang"], "timeout_ms": 8000}}})
             .to_string(),
         )
         .unwrap();

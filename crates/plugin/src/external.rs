@@ -16,9 +16,10 @@
 //!   refused, with why), it constrains decoding like a plugin's, and every call is validated against it
 //!   before it is sent. Tools, descriptions (at most 2 KiB each) and schemas are read once, when the set
 //!   loads: a server that changes them later is not followed.
-//! - **Time.** Starting the server and listing its tools, and each call, are bounded by the entry's
-//!   `timeout_ms`; a call past it is abandoned (the request is cancelled on the server) and is a
-//!   `timeout` error. A server that hangs costs its callers that long, never the whole host.
+//! - **Time.** Starting the server (again, after it went away) and listing its tools are bounded by the
+//!   entry's `startup_timeout_ms`, each call by its `timeout_ms`; a call past it is abandoned (the
+//!   request is cancelled on the server) and is a `timeout` error. A server that hangs costs its callers
+//!   that long, never the whole host.
 //! - **Size.** A result larger than `max_output_kib` is refused (`output`), and a line (HTTP: a body or
 //!   an event) from the server past a bound a little above that is dropped by the transport unread, so a huge or endless reply
 //!   cannot make thorn buffer it. A result is the tool's `structuredContent`, or its text blocks as
@@ -42,7 +43,6 @@ use rmcp::transport::streamable_http_client::{
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 use thorn_tools::ToolSet;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{Mutex, Semaphore};
@@ -97,12 +97,12 @@ impl McpServer {
     /// server that cannot be started or listed in time is an error.
     pub async fn connect(spec: ServerSpec) -> Result<Self, PluginError> {
         let session = start(&spec).await?;
-        let listed = tokio::time::timeout(spec.timeout, session.service.peer().list_all_tools())
+        let listed = tokio::time::timeout(spec.startup, session.service.peer().list_all_tools())
             .await
             .map_err(|_| {
                 server_error(
                     &spec,
-                    format!("listing its tools took over {:?}", spec.timeout),
+                    format!("listing its tools took over {:?}", spec.startup),
                 )
             })?
             .map_err(|e| server_error(&spec, format!("listing its tools failed: {e}")))?;
@@ -246,7 +246,6 @@ impl McpServer {
         function: &str,
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
-        let t0 = Instant::now();
         let callee = trail::Callee {
             name: &self.spec.name,
             sha256: &self.spec.sha256,
@@ -255,7 +254,7 @@ impl McpServer {
         let admit = || self.admit_call(function, args);
         let run = |remote: String| async move {
             let remote = remote.as_str();
-            let out = self.send(remote, args, t0).await;
+            let out = self.send(remote, args).await;
             let bytes = out.as_ref().map_or(0, |v| v.to_string().len());
             (out, bytes, CallReport::default())
         };
@@ -287,31 +286,29 @@ impl McpServer {
         Ok(remote.clone())
     }
 
-    /// Sends one call and reads its result, all within the time limit counted from `t0`.
-    async fn send(&self, remote: &str, args: &Value, t0: Instant) -> Result<Value, PluginError> {
+    /// Sends one call and reads its result: a slot within the call's time limit, the server (started
+    /// again within its start-up limit if it went away), then the call within the time limit.
+    async fn send(&self, remote: &str, args: &Value) -> Result<Value, PluginError> {
         let limit = self.spec.timeout;
-        let timeout = || PluginError::Timeout {
-            plugin: self.spec.name.clone(),
-            after: limit,
+        let _slot = match tokio::time::timeout(limit, self.slots.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            _ => {
+                return Err(PluginError::Busy {
+                    plugin: self.spec.name.clone(),
+                    after: limit,
+                    limit: self.spec.max_concurrent,
+                });
+            }
         };
-        let work = async {
-            let _slot = self.slots.acquire().await.map_err(|_| PluginError::Busy {
+        let peer = self.peer().await?;
+        let mut params = CallToolRequestParams::new(remote.to_owned());
+        params.arguments = args.as_object().cloned();
+        match tokio::time::timeout(limit, peer.call_tool(params)).await {
+            Ok(r) => self.result_of(r.map_err(|e| self.error(format!("the call failed: {e}")))?),
+            Err(_) => Err(PluginError::Timeout {
                 plugin: self.spec.name.clone(),
                 after: limit,
-                limit: self.spec.max_concurrent,
-            })?;
-            let peer = self.peer().await?;
-            let mut params = CallToolRequestParams::new(remote.to_owned());
-            params.arguments = args.as_object().cloned();
-            let r = peer
-                .call_tool(params)
-                .await
-                .map_err(|e| self.error(format!("the call failed: {e}")))?;
-            self.result_of(r)
-        };
-        match tokio::time::timeout(limit.saturating_sub(t0.elapsed()), work).await {
-            Ok(r) => r,
-            Err(_) => Err(timeout()),
+            }),
         }
     }
 
@@ -436,9 +433,9 @@ async fn handshake<E: std::fmt::Display>(
     spec: &ServerSpec,
     serving: impl std::future::Future<Output = Result<RunningService<RoleClient, ()>, E>>,
 ) -> Result<RunningService<RoleClient, ()>, PluginError> {
-    tokio::time::timeout(spec.timeout, serving)
+    tokio::time::timeout(spec.startup, serving)
         .await
-        .map_err(|_| server_error(spec, format!("it did not start within {:?}", spec.timeout)))?
+        .map_err(|_| server_error(spec, format!("it did not start within {:?}", spec.startup)))?
         .map_err(|e| server_error(spec, format!("the MCP handshake failed: {e}")))
 }
 

@@ -201,6 +201,7 @@ struct ServerEntry {
     bearer_file: Option<String>,
     tools: Vec<String>,
     timeout_ms: Option<u64>,
+    startup_timeout_ms: Option<u64>,
     max_output_kib: Option<u64>,
     max_concurrent: Option<u32>,
     audit_arguments: Option<bool>,
@@ -260,8 +261,10 @@ pub struct ServerSpec {
     pub transport: ServerTransport,
     /// The server's tools that may be used (`None`: every tool it lists).
     pub tools: Option<Vec<String>>,
-    /// Limit of one call, and of starting it and listing its tools.
+    /// Limit of one call.
     pub timeout: Duration,
+    /// Limit of starting it (or starting it again) and listing its tools.
+    pub startup: Duration,
     /// Largest result accepted, in bytes.
     pub max_output: usize,
     /// Calls in flight at once.
@@ -599,6 +602,7 @@ impl Policy {
             transport,
             tools: (e.tools.iter().all(|t| t != "*")).then(|| e.tools.clone()),
             timeout: Duration::from_millis(e.timeout_ms.unwrap_or(10_000)),
+            startup: Duration::from_millis(e.startup_timeout_ms.unwrap_or(30_000)),
             max_output: e.max_output_kib.map_or(256 << 10, |k| (k as usize) << 10),
             max_concurrent: e.max_concurrent.unwrap_or(4).max(1) as usize,
             audit_arguments: e.audit_arguments.unwrap_or(self.file.audit.arguments),
@@ -953,6 +957,7 @@ mod tests {
         let weather = specs[2].as_ref().unwrap();
         assert_eq!(weather.tools, Some(vec!["forecast".to_owned()]));
         assert_eq!(weather.timeout, Duration::from_millis(2500));
+        assert_eq!(weather.startup, Duration::from_secs(30));
         assert_eq!((weather.max_output, weather.max_concurrent), (8 << 10, 4));
         let ServerTransport::Stdio {
             program,
