@@ -659,3 +659,69 @@ fn an_external_mcp_server_over_http_with_a_token() {
         42.0
     );
 }
+
+/// `/mcp`'s session bound: with `--mcp-max-sessions 1` a second `initialize` is a 429 with
+/// `Retry-After` while the first session lives, and is served once that session is closed (DELETE).
+#[test]
+fn mcp_sessions_are_bounded() {
+    let Installed {
+        plugins: installed,
+        dir,
+        entries,
+        ..
+    } = install(&["calculator"]);
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, json!({ "plugins": entries }).to_string()).unwrap();
+    let server = thorn_tests::ServeProcess::start(&[
+        "--context",
+        "1024",
+        "--plugins",
+        &path_str(&installed),
+        "--policy",
+        &path_str(&policy),
+        "--mcp-max-sessions",
+        "1",
+    ]);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}})
+    .to_string();
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    let open = || thorn_tests::http(server.addr, "POST", "/mcp", &headers, init.as_bytes());
+    let first = open();
+    assert_eq!(first.status, 200, "{}\n{}", first.body, server.log());
+    assert!(first.body.contains("\"serverInfo\""), "{}", first.body);
+    let session = first
+        .header("mcp-session-id")
+        .expect("a 2025-11-25 session")
+        .to_owned();
+    let second = open();
+    assert_eq!(second.status, 429, "{}", second.body);
+    assert!(second.header("retry-after").is_some());
+    assert!(second.body.contains("MCP sessions"), "{}", second.body);
+    let closed = thorn_tests::http(
+        server.addr,
+        "DELETE",
+        "/mcp",
+        &[("Mcp-Session-Id", session.as_str())],
+        b"",
+    );
+    assert!(closed.status < 300, "{} {}", closed.status, closed.body);
+    // The session's worker ends asynchronously after the DELETE.
+    let t0 = std::time::Instant::now();
+    loop {
+        let again = open();
+        if again.status == 200 {
+            break;
+        }
+        assert_eq!(again.status, 429, "{}", again.body);
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "the closed session still counts"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
