@@ -162,7 +162,19 @@ impl ServeProcess {
 }
 
 impl Drop for ServeProcess {
+    /// Stops it as ctrl-c does, so it stops what it started (external MCP servers); killed if it has
+    /// not exited within 20 s.
     fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(20) {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

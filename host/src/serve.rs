@@ -398,6 +398,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         Duration::from_secs(a.plugin_poll),
         Some(grammar_check(Arc::clone(&agent.model().tokenizer))?),
     );
+    let live = Arc::clone(agent.live_plugins());
     let state = Arc::new(AppState::new(agent, config));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -414,6 +415,10 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
             if a.no_mcp { "" } else { ", MCP at /mcp" }
         );
         thorn::api::serve(listener, state).await?;
+        // External MCP servers run outside the sandbox: none outlives the server.
+        for server in live.current().servers() {
+            server.shutdown().await;
+        }
         anyhow::Ok(())
     })
 }

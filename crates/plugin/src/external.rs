@@ -53,7 +53,7 @@ const MAX_DESCRIPTION: usize = 2048;
 /// A running session with the server and the process behind it (killed when dropped).
 struct Session {
     service: RunningService<RoleClient, ()>,
-    _child: Option<tokio::process::Child>,
+    child: Option<tokio::process::Child>,
 }
 
 /// One external MCP server, connected, with the tools of it that may be used.
@@ -210,6 +210,16 @@ impl McpServer {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             (None, None) => true,
             _ => false,
+        }
+    }
+
+    /// Ends the session; a started server is killed (it runs outside the sandbox, and a tool stuck in
+    /// it would otherwise outlive thorn). A later call starts it again.
+    pub async fn shutdown(&self) {
+        if let Some(mut s) = self.session.lock().await.take()
+            && let Some(child) = s.child.as_mut()
+        {
+            let _ = child.start_kill();
         }
     }
 
@@ -422,10 +432,7 @@ async fn start(spec: &ServerSpec) -> Result<Session, PluginError> {
             (handshake(spec, ().serve(transport)).await?, None)
         }
     };
-    Ok(Session {
-        service,
-        _child: child,
-    })
+    Ok(Session { service, child })
 }
 
 /// The handshake `serving` does, within the entry's time limit.
