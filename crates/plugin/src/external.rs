@@ -67,8 +67,8 @@ pub struct McpServer {
     slots: Semaphore,
     audit: Option<Arc<AuditLog>>,
     refused: Vec<String>,
-    /// The runtime its session's tasks run on, kept alive while it is.
-    _runtime: Option<Arc<super::Shared>>,
+    /// The runtime its session's tasks run on (kept alive while it is), for blocking calls.
+    runtime: Option<(tokio::runtime::Handle, Arc<super::Shared>)>,
 }
 
 impl std::fmt::Debug for McpServer {
@@ -161,7 +161,7 @@ impl McpServer {
             session: Mutex::new(Some(session)),
             audit: None,
             refused,
-            _runtime: None,
+            runtime: None,
         })
     }
 
@@ -169,9 +169,37 @@ impl McpServer {
     pub fn connect_on(host: &super::PluginHost, spec: ServerSpec) -> Result<Self, PluginError> {
         let (server, runtime) = host.block_on(Self::connect(spec));
         server.map(|mut s| {
-            s._runtime = Some(runtime);
+            s.runtime = Some((host.handle.clone(), runtime));
             s
         })
+    }
+
+    /// [`McpServer::call_async`], blocking: on the runtime its session runs on (so a restart's session
+    /// outlives the call), else on a runtime of its own, never on the caller's.
+    pub fn call_blocking(
+        &self,
+        caller: &Caller,
+        function: &str,
+        args: &Value,
+    ) -> (Result<Value, PluginError>, CallReport) {
+        let call = self.call_async(caller, function, args);
+        match &self.runtime {
+            Some((handle, _)) => super::block_on(handle, call),
+            None => std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .map_or_else(
+                                |e| (Err(self.error(e.to_string())), CallReport::default()),
+                                |rt| rt.block_on(call),
+                            )
+                    })
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            }),
+        }
     }
 
     /// Keeps only the host tools named in `names` (the others clashed with tools loaded before).
@@ -460,10 +488,6 @@ fn function_of(server: &str, t: &Tool) -> Result<(FunctionDef, Value), String> {
     }
     let parameters = Value::Object((*t.input_schema).clone());
     let description = clip(t.description.as_deref().unwrap_or(""), MAX_DESCRIPTION);
-    let def = serde_json::json!({"type": "function", "function": {"name": name,
-        "description": description, "parameters": parameters}});
-    // Each tool on its own first, so one bad schema refuses one tool, not the server.
-    ToolSet::new(std::slice::from_ref(&def)).map_err(|e| format!("unusable schema: {e}"))?;
     let annotations = t
         .annotations
         .as_ref()
@@ -486,5 +510,8 @@ fn function_of(server: &str, t: &Tool) -> Result<(FunctionDef, Value), String> {
         from_request: Vec::new(),
         annotations,
     };
+    let def = super::tool_definition(&f);
+    // Each tool on its own first, so one bad schema refuses one tool, not the server.
+    ToolSet::new(std::slice::from_ref(&def)).map_err(|e| format!("unusable schema: {e}"))?;
     Ok((f, def))
 }

@@ -395,6 +395,12 @@ pub struct PluginHost {
     manifest_validator: jsonschema::Validator,
 }
 
+/// A host function as a tool-set (OpenAI `tools`) definition.
+fn tool_definition(f: &FunctionDef) -> Value {
+    serde_json::json!({"type": "function", "function": {"name": f.name,
+        "description": f.description, "parameters": f.parameters}})
+}
+
 /// Runs `fut` to completion on `handle`'s runtime from synchronous code, from a thread of its own when
 /// the caller is itself inside a tokio runtime (where blocking in place is not allowed).
 fn block_on<F: std::future::Future + Send>(handle: &tokio::runtime::Handle, fut: F) -> F::Output
@@ -643,14 +649,7 @@ impl PluginHost {
                 msg: format!("describe() failed: {e}"),
             })?;
         let manifest = self.manifest(&shown, &text)?;
-        let defs: Vec<Value> = manifest
-            .functions
-            .iter()
-            .map(|f| {
-                serde_json::json!({"type": "function", "function": {"name": f.name,
-                    "description": f.description, "parameters": f.parameters}})
-            })
-            .collect();
+        let defs: Vec<Value> = manifest.functions.iter().map(tool_definition).collect();
         plugin.tools = ToolSet::new(&defs).map_err(|e| PluginError::Manifest {
             path: shown.clone(),
             msg: e.to_string(),

@@ -97,13 +97,6 @@ pub fn components(dir: &Path) -> Result<Vec<PathBuf>, PluginError> {
     Ok(out)
 }
 
-fn s_error(s: &McpServer, msg: String) -> PluginError {
-    PluginError::Server {
-        server: s.name().to_owned(),
-        msg,
-    }
-}
-
 /// What a call to a tool no installed plugin provides returns.
 fn unknown(tool: &str) -> (Result<Value, PluginError>, CallReport) {
     let e = PluginError::UnknownFunction {
@@ -197,10 +190,7 @@ impl PluginSet {
             let index = set.plugins.len();
             for f in &plugin.manifest().functions {
                 set.by_tool.insert(f.name.clone(), Slot::Plugin(index));
-                defs.push(
-                    serde_json::json!({"type": "function", "function": {"name": f.name,
-                    "description": f.description, "parameters": f.parameters}}),
-                );
+                defs.push(super::tool_definition(f));
             }
             tracing::info!(plugin = plugin.name(), path = %path.display(), "plugin loaded");
             set.plugins.push(Arc::new(plugin));
@@ -242,10 +232,7 @@ impl PluginSet {
                 let index = set.servers.len();
                 for f in &old.manifest().functions {
                     set.by_tool.insert(f.name.clone(), Slot::Server(index));
-                    defs.push(
-                        serde_json::json!({"type": "function", "function": {"name": f.name,
-                        "description": f.description, "parameters": f.parameters}}),
-                    );
+                    defs.push(super::tool_definition(f));
                 }
                 set.servers.push(Arc::clone(old));
                 continue;
@@ -308,10 +295,7 @@ impl PluginSet {
                 }
                 set.by_tool.insert(f.name.clone(), Slot::Server(index));
                 kept.push(f.name.clone());
-                defs.push(
-                    serde_json::json!({"type": "function", "function": {"name": f.name,
-                    "description": f.description, "parameters": f.parameters}}),
-                );
+                defs.push(super::tool_definition(f));
             }
             tracing::info!(
                 server = server.name(),
@@ -438,25 +422,7 @@ impl PluginSet {
     ) -> (Result<Value, PluginError>, CallReport) {
         match self.provider_for(tool) {
             Some(Provider::Plugin(p)) => p.call_reported(caller, tool, args),
-            Some(Provider::Server(s)) => {
-                let s = Arc::clone(s);
-                let (caller, tool, args) = (caller.clone(), tool.to_owned(), args.clone());
-                // Off any runtime the caller may be on: a blocking call must not stall one.
-                std::thread::scope(|scope| {
-                    scope
-                        .spawn(move || {
-                            tokio::runtime::Builder::new_current_thread()
-                                .enable_all()
-                                .build()
-                                .map_or_else(
-                                    |e| (Err(s_error(&s, e.to_string())), CallReport::default()),
-                                    |rt| rt.block_on(s.call_async(&caller, &tool, &args)),
-                                )
-                        })
-                        .join()
-                        .unwrap_or_else(|p| std::panic::resume_unwind(p))
-                })
-            }
+            Some(Provider::Server(s)) => s.call_blocking(caller, tool, args),
             None => unknown(tool),
         }
     }
