@@ -155,6 +155,15 @@ impl ServeProcess {
         }
     }
 
+    /// Sends it a signal (`STOP`, `CONT`, `KILL`): an upstream that hangs or dies, for the tests.
+    pub fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} failed");
+    }
+
     /// What it has written to stderr so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()

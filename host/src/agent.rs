@@ -29,6 +29,8 @@ use thorn_tools::{GuideError, ToolGrammars};
 use thorn_tools::{OPEN, ResponseFormat, ToolChoice, ToolError, ToolSet, complete_calls_prefix};
 use tokio::sync::mpsc;
 
+use crate::upstream::{Delta, Lease, RoundSpec, Target, UpstreamError};
+
 mod tool_use;
 pub use tool_use::{Answers, Routing, ToolUse, router_for};
 
@@ -76,6 +78,33 @@ pub enum AgentError {
     /// The engine job ended without an answer (it panicked).
     #[error("internal error: the engine did not finish the request")]
     Lost,
+    /// The upstream serving the request failed or refused it.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+}
+
+/// Which engine serves a turn.
+#[derive(Debug, Clone, Default)]
+pub enum Route {
+    /// The local model.
+    #[default]
+    Local,
+    /// An upstream's model, every round.
+    Upstream(Target),
+    /// The local model, and this upstream's from the round the local engine cannot serve (the prompt
+    /// outgrew its context, its queue is full).
+    LocalFirst(Target),
+}
+
+/// Who served a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Served {
+    /// The model, as clients name it (the local model's name, or `NAME/MODEL`).
+    pub model: String,
+    /// The upstream that served its last round (`None`: the local engine).
+    pub upstream: Option<String>,
+    /// Why a local-first request went upstream (`context`, `queue`).
+    pub spilled: Option<&'static str>,
 }
 
 /// One request to the agent.
@@ -117,6 +146,8 @@ pub struct Turn {
     /// The plugins `host_tools` were resolved in ([`Agent::plugins`] when the request arrived): the whole
     /// turn runs in this set even if the served one is replaced meanwhile.
     pub plugins: Arc<PluginSet>,
+    /// The engine that serves it.
+    pub route: Route,
 }
 
 /// One generated token's log-probability, with the most likely alternatives.
@@ -219,6 +250,8 @@ pub struct Outcome {
     /// The host functions the tool router offered the model (empty: none, so it answered without tools);
     /// `None` when the request was not routed ([`ToolUse`]).
     pub routed: Option<Vec<String>>,
+    /// Who served it.
+    pub served: Served,
 }
 
 /// How the tool calls streamed during a request relate to the ones it returned.
@@ -239,8 +272,10 @@ pub enum StreamedCalls {
 pub enum Event {
     /// The first round's prompt was accepted (it fits, the grammar compiled): the answer starts.
     Started {
-        /// Its tokens.
+        /// Its tokens (0 when an upstream serves it: its count arrives with the usage).
         prompt_tokens: usize,
+        /// The model serving it, as clients name it.
+        model: String,
     },
     /// Answer text.
     Content(String),
@@ -880,7 +915,10 @@ impl Agent {
                 false,
                 &cancel,
                 &mut |p| match p {
-                    Piece::Started(n) => on_event(Event::Started { prompt_tokens: n }),
+                    Piece::Started(n) => on_event(Event::Started {
+                        prompt_tokens: n,
+                        model: self.model.name.clone(),
+                    }),
                     Piece::Text(t) => {
                         content.push_str(t);
                         on_event(Event::Content(t.to_owned()));
@@ -905,18 +943,28 @@ impl Agent {
             first_token: generation.stats.first_token,
             streamed: StreamedCalls::Exact,
             routed: None,
+            served: Served {
+                model: self.model.name.clone(),
+                upstream: None,
+                spilled: None,
+            },
         })
     }
 
     /// Serves `turn`, reporting progress through `on_event`.
+    ///
+    /// Each round runs on the turn's engine ([`Route`]): the local engine thread, or an upstream (its
+    /// calls validated here, [`Agent::upstream_round`]). A local-first turn whose round cannot be served
+    /// locally (the prompt outgrew the context, the queue is full) goes on upstream from that round,
+    /// with the conversation as it stands.
     pub async fn run(
         &self,
         turn: Turn,
         cancel: Arc<AtomicBool>,
         on_event: &mut (dyn FnMut(Event) + Send),
     ) -> Result<Outcome, AgentError> {
-        let all = Arc::new(ToolSet::new(&turn.tools)?);
-        turn.tool_choice.check(&all)?;
+        let full = Arc::new(ToolSet::new(&turn.tools)?);
+        turn.tool_choice.check(&full)?;
         let max_rounds = tool_rounds(turn.max_tool_rounds, self.max_tool_rounds);
         let mut host_calls_left = self.max_host_calls;
         let caller = Caller {
@@ -925,10 +973,22 @@ impl Agent {
             peer: turn.peer.clone(),
         };
         let policy = turn.tool_use.unwrap_or(self.tool_use);
-        let plan = tool_use::plan(&turn.plugins, &all, &turn, policy)?;
+        let (mut engine, mut fallback) = match &turn.route {
+            Route::Local => (RoundEngine::Local, None),
+            Route::Upstream(t) => (
+                RoundEngine::Upstream(Box::new((t.clone(), t.upstream.lease()?))),
+                None,
+            ),
+            Route::LocalFirst(t) => (RoundEngine::Local, Some(t.clone())),
+        };
+        // The router shapes a round for a small local model; an upstream gets the request as asked.
+        let plan = match engine {
+            RoundEngine::Local => tool_use::plan(&turn.plugins, &full, &turn, policy)?,
+            RoundEngine::Upstream(_) => tool_use::Plan::as_asked(&full, &turn),
+        };
         // The round the router shaped is the first; what follows it is decided when it ends.
         let mut routed_round = plan.routed.as_ref().is_some_and(|r| !r.is_empty());
-        let all = plan.shown;
+        let mut all = plan.shown;
         let mut messages = turn.messages.clone();
         tool_use::insert_examples(&mut messages, plan.examples);
         let mut choice = plan.choice;
@@ -945,9 +1005,10 @@ impl Agent {
             first_token: None,
             streamed: StreamedCalls::Exact,
             routed: plan.routed,
+            served: self.served_by(&engine),
         };
         // Calls streamed so far, client and host, each counted from 0 (a client's deltas carry these).
-        let (mut client_index, mut host_index) = (0usize, 0usize);
+        let mut counters = Counters::default();
         let none = Arc::new(ToolSet::default());
         loop {
             let routed = std::mem::take(&mut routed_round);
@@ -961,168 +1022,101 @@ impl Agent {
             } else {
                 Arc::clone(&all)
             };
-            let template = self.model.template.as_ref().ok_or(AgentError::NoTemplate)?;
-            let data: usize = messages.iter().map(Message::data_len).sum();
-            if data > self.model.max_prompt_bytes() {
-                return Err(AgentError::PromptBytes {
-                    bytes: data,
-                    context: self.model.context,
-                });
-            }
-            let tok = &self.model.tokenizer;
-            let prompt_text = shown.render(
-                template,
-                &messages,
-                &self.model.bos,
-                &self.model.eos,
-                &|s| tok.quote(s),
-            )?;
-            let calls_possible = choice != ToolChoice::None && !all.is_empty();
-            // A thinking model's template may open the reasoning block in the prompt itself.
-            let opened = prompt_text.trim_end().ends_with(THINK_OPEN);
-            let mut splitter = Splitter::new(opened);
-            let mut round_content = String::new();
-            let mut round_reasoning = String::new();
-            let mut round_calls = RoundCalls::default();
-            let generation = {
-                let content = &mut out.content;
-                let reasoning = &mut out.reasoning;
-                let round = &mut round_content;
-                let round_r = &mut round_reasoning;
-                let streamed = &mut round_calls;
-                let first_round = out.rounds == 0;
-                let host_tools = &turn.host_tools;
-                let (client_index, host_index) = (&mut client_index, &mut host_index);
-                let mut emit = |ev: Event| {
-                    match &ev {
-                        Event::Content(s) => {
-                            content.push_str(s);
-                            round.push_str(s);
-                        }
-                        Event::Reasoning(s) => {
-                            reasoning.push_str(s);
-                            round_r.push_str(s);
-                        }
-                        _ => {}
-                    }
-                    on_event(ev);
-                };
-                let mut split = |piece: Split, emit: &mut dyn FnMut(Event)| match piece {
-                    Split::Content(s) => emit(Event::Content(s)),
-                    Split::Reasoning(s) => emit(Event::Reasoning(s)),
-                    Split::Call(CallDelta::Begin { name, .. }) => {
-                        let host = host_tools.contains(&name);
-                        let counter = if host {
-                            &mut *host_index
-                        } else {
-                            &mut *client_index
-                        };
-                        let index = *counter;
-                        *counter += 1;
-                        let id = call_id();
-                        streamed.calls.push(Streamed {
-                            id: id.clone(),
-                            name: name.clone(),
-                            host,
-                            index,
-                            args: String::new(),
-                        });
-                        emit(Event::CallStart {
-                            host,
-                            index,
-                            id,
-                            name,
-                        });
-                    }
-                    Split::Call(CallDelta::Arguments { index, text }) => {
-                        if let Some(s) = streamed.calls.get_mut(index) {
-                            s.args.push_str(&text);
-                            emit(Event::CallArguments {
-                                host: s.host,
-                                index: s.index,
-                                text,
-                            });
-                        }
-                    }
-                    Split::Call(CallDelta::End { .. }) => {}
-                };
-                let g = self
-                    .generate(
-                        PromptText::Chat(prompt_text),
-                        Arc::clone(&shown),
-                        choice.clone(),
-                        &turn,
-                        routed,
-                        &cancel,
-                        &mut |piece| match piece {
-                            Piece::Started(n) if first_round => {
-                                emit(Event::Started { prompt_tokens: n })
-                            }
-                            Piece::Started(_) => {}
-                            Piece::Text(t) => {
-                                splitter.push(t, calls_possible, &mut |p| split(p, &mut emit))
-                            }
-                        },
-                    )
-                    .await;
-                splitter.finish(&mut |p| split(p, &mut emit));
-                g
+            let ctx = RoundCtx {
+                messages: &messages,
+                all: &all,
+                shown: &shown,
+                choice: &choice,
+                turn: &turn,
+                calls_possible: choice != ToolChoice::None && !all.is_empty(),
+                first_round: out.rounds == 0,
+                cancel: &cancel,
             };
-            let (generation, logprobs) = generation?;
+            let round = match &engine {
+                RoundEngine::Local => {
+                    self.local_round(&ctx, routed, &mut counters, on_event)
+                        .await
+                }
+                RoundEngine::Upstream(up) => {
+                    self.upstream_round(&up.0, &ctx, &mut counters, on_event)
+                        .await
+                }
+            };
+            let round = match round {
+                Err(e) if fallback.is_some() && spill_reason(&e).is_some() => {
+                    let reason = spill_reason(&e);
+                    let target = fallback.take().expect("checked");
+                    let lease = match target.upstream.lease() {
+                        Ok(l) => l,
+                        Err(refused) => {
+                            tracing::warn!(error = %refused, "a local-first request cannot go upstream");
+                            return Err(e);
+                        }
+                    };
+                    tracing::info!(upstream = %target.upstream.name(), reason, "local-first: the request goes upstream");
+                    if out.rounds == 0 {
+                        // Nothing was generated yet: the upstream gets the request as the client asked.
+                        all = Arc::clone(&full);
+                        choice = turn.tool_choice.clone();
+                        messages = turn.messages.clone();
+                        out.routed = None;
+                    }
+                    engine = RoundEngine::Upstream(Box::new((target, lease)));
+                    out.served = self.served_by(&engine);
+                    out.served.spilled = reason;
+                    continue;
+                }
+                r => r?,
+            };
+            let calls_possible = ctx.calls_possible;
             out.rounds += 1;
-            out.first_token = out.first_token.or(generation.stats.first_token);
-            out.usage.prompt_tokens += generation.stats.prompt_tokens;
-            out.usage.cached_tokens += generation.stats.cached_tokens;
-            out.usage.completion_tokens += generation.stats.generated;
-            out.logprobs = logprobs;
-            out.finish = generation.finish.into();
-            out.stop_string.clone_from(&generation.stop_string);
-            if generation.finish == FinishReason::Cancelled || !calls_possible {
+            out.content.push_str(&round.content);
+            out.reasoning.push_str(&round.reasoning);
+            out.first_token = out.first_token.or(round.first_token);
+            out.usage.prompt_tokens += round.usage.prompt_tokens;
+            out.usage.cached_tokens += round.usage.cached_tokens;
+            out.usage.completion_tokens += round.usage.completion_tokens;
+            out.logprobs = round.logprobs;
+            out.finish = round.finish;
+            out.stop_string = round.stop_string;
+            if out.streamed == StreamedCalls::Exact {
+                out.streamed = round.streamed;
+            }
+            if round.finish == Finish::Cancelled || !calls_possible {
                 return Ok(out);
             }
-            // Calls are read from the answer only, never from the reasoning before it.
-            let answer = answer_part(&generation.text, opened);
-            let text = if generation.finish == FinishReason::Length {
-                complete_calls_prefix(answer)
-            } else {
-                answer
-            };
-            let truncated = generation.finish == FinishReason::Length;
-            let calls = match shown.reply(text) {
-                Ok(mut r) => {
-                    let settled = round_calls.settle(&mut r.calls, truncated);
-                    if out.streamed == StreamedCalls::Exact {
-                        out.streamed = settled;
-                    }
-                    r.calls
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "unparseable tool calls are returned as text");
-                    if !round_calls.calls.is_empty() && out.streamed == StreamedCalls::Exact {
-                        out.streamed = StreamedCalls::Mismatch(format!(
-                            "the streamed tool calls failed validation: {e}"
-                        ));
-                    }
-                    Vec::new()
-                }
-            };
-            if calls.is_empty() {
+            if round.calls.is_empty() && round.rejected.is_empty() {
                 return Ok(out);
             }
-            let (host, client): (Vec<ToolCall>, Vec<ToolCall>) = calls
+            let (host, client): (Vec<ToolCall>, Vec<ToolCall>) = round
+                .calls
                 .into_iter()
                 .partition(|c| turn.host_tools.contains(&c.function.name));
-            if host.is_empty() {
+            let rejected = round.rejected;
+            if host.is_empty() && rejected.is_empty() {
                 out.tool_calls = client;
                 out.finish = Finish::ToolCalls;
                 return Ok(out);
             }
-            // Run the host calls, tell the model what they returned, and go again.
+            // Run the host calls, tell the model what they returned (and what was wrong with a call
+            // that failed validation), and go again.
             let ran_from = out.host_calls.len();
-            let mut assistant = Message::assistant(round_content.trim());
-            assistant.reasoning_content = (!round_reasoning.is_empty()).then_some(round_reasoning);
-            assistant.tool_calls = host.iter().chain(&client).cloned().collect();
+            let mut assistant = Message::assistant(round.content.trim());
+            assistant.reasoning_content = (!round.reasoning.is_empty()).then_some(round.reasoning);
+            assistant.tool_calls = host
+                .iter()
+                .chain(&client)
+                .chain(rejected.iter().map(|(c, _)| c))
+                .cloned()
+                .collect();
             messages.push(assistant);
+            let tool_message = |call: &ToolCall, text: String| {
+                let mut m = Message::new(Role::Tool, text);
+                m.tool_call_id = Some(call.id.clone());
+                m.name = Some(call.function.name.clone());
+                m
+            };
+            let error_text = |e: &str| serde_json::json!({ "error": e }).to_string();
             for call in host {
                 on_event(Event::HostCall(Box::new(call.clone())));
                 let (error_kind, result) = if host_calls_left == 0 {
@@ -1147,12 +1141,9 @@ impl Agent {
                 };
                 let text = match &result {
                     Ok(v) => v.to_string(),
-                    Err(e) => serde_json::json!({ "error": e }).to_string(),
+                    Err(e) => error_text(e),
                 };
-                let mut tool_msg = Message::new(Role::Tool, text);
-                tool_msg.tool_call_id = Some(call.id.clone());
-                tool_msg.name = Some(call.function.name.clone());
-                messages.push(tool_msg);
+                messages.push(tool_message(&call, text));
                 let hc = HostCall {
                     call,
                     result,
@@ -1161,7 +1152,31 @@ impl Agent {
                 on_event(Event::HostResult(Box::new(hc.clone())));
                 out.host_calls.push(hc);
             }
-            if !client.is_empty() {
+            // A call that failed validation reaches no plugin and no client: the model is told why.
+            let resend = !rejected.is_empty();
+            for (call, why) in rejected {
+                let why = format!("not run: {why}");
+                messages.push(tool_message(&call, error_text(&why)));
+                if turn.host_tools.contains(&call.function.name) {
+                    let hc = HostCall {
+                        call,
+                        result: Err(why),
+                        error_kind: Some("arguments"),
+                    };
+                    on_event(Event::HostResult(Box::new(hc.clone())));
+                    out.host_calls.push(hc);
+                } else {
+                    tracing::warn!(tool = %call.function.name, error = %why, "an invalid client tool call goes back to the model");
+                }
+            }
+            if resend {
+                // The reply's valid client calls wait for the corrected ones, so the client gets the
+                // reply's calls together or none of them.
+                for call in &client {
+                    let why = "not sent: another call of this reply was invalid; make this call again with the corrected one";
+                    messages.push(tool_message(call, error_text(why)));
+                }
+            } else if !client.is_empty() {
                 out.tool_calls = client;
                 out.finish = Finish::ToolCalls;
                 return Ok(out);
@@ -1171,7 +1186,7 @@ impl Agent {
                 return Ok(out);
             }
             // A required or named choice was met by the calls made; the model may now answer.
-            if matches!(choice, ToolChoice::Required | ToolChoice::Function(_)) {
+            if !resend && matches!(choice, ToolChoice::Required | ToolChoice::Function(_)) {
                 choice = ToolChoice::Auto;
             }
             if routed {
@@ -1193,6 +1208,527 @@ impl Agent {
                 choice = ToolChoice::None;
             }
         }
+    }
+
+    /// Who serves the rounds of `engine`.
+    fn served_by(&self, engine: &RoundEngine) -> Served {
+        match engine {
+            RoundEngine::Local => Served {
+                model: self.model.name.clone(),
+                upstream: None,
+                spilled: None,
+            },
+            RoundEngine::Upstream(up) => Served {
+                model: up.0.exposed(),
+                upstream: Some(up.0.upstream.name().to_owned()),
+                spilled: None,
+            },
+        }
+    }
+
+    /// One round on the local engine: the conversation rendered by the chat template, generated on the
+    /// engine thread, its text split into answer, reasoning and calls as it streams, the calls parsed
+    /// and validated when it ends.
+    async fn local_round(
+        &self,
+        r: &RoundCtx<'_>,
+        routed: bool,
+        counters: &mut Counters,
+        on_event: &mut (dyn FnMut(Event) + Send),
+    ) -> Result<RoundResult, AgentError> {
+        let template = self.model.template.as_ref().ok_or(AgentError::NoTemplate)?;
+        let data: usize = r.messages.iter().map(Message::data_len).sum();
+        if data > self.model.max_prompt_bytes() {
+            return Err(AgentError::PromptBytes {
+                bytes: data,
+                context: self.model.context,
+            });
+        }
+        let tok = &self.model.tokenizer;
+        let prompt_text = r.shown.render(
+            template,
+            r.messages,
+            &self.model.bos,
+            &self.model.eos,
+            &|s| tok.quote(s),
+        )?;
+        // A thinking model's template may open the reasoning block in the prompt itself.
+        let opened = prompt_text.trim_end().ends_with(THINK_OPEN);
+        let mut splitter = Splitter::new(opened);
+        let mut content = String::new();
+        let mut reasoning = String::new();
+        let mut round_calls = RoundCalls::default();
+        let generation = {
+            let round = &mut content;
+            let round_r = &mut reasoning;
+            let streamed = &mut round_calls;
+            let host_tools = &r.turn.host_tools;
+            let first_round = r.first_round;
+            let model = &self.model.name;
+            let mut emit = |ev: Event| {
+                match &ev {
+                    Event::Content(s) => round.push_str(s),
+                    Event::Reasoning(s) => round_r.push_str(s),
+                    _ => {}
+                }
+                on_event(ev);
+            };
+            let mut split = |piece: Split, emit: &mut dyn FnMut(Event)| match piece {
+                Split::Content(s) => emit(Event::Content(s)),
+                Split::Reasoning(s) => emit(Event::Reasoning(s)),
+                Split::Call(CallDelta::Begin { name, .. }) => {
+                    let host = host_tools.contains(&name);
+                    let index = counters.next(host);
+                    let id = call_id();
+                    streamed.calls.push(Streamed {
+                        id: id.clone(),
+                        name: name.clone(),
+                        host,
+                        index,
+                        args: String::new(),
+                    });
+                    emit(Event::CallStart {
+                        host,
+                        index,
+                        id,
+                        name,
+                    });
+                }
+                Split::Call(CallDelta::Arguments { index, text }) => {
+                    if let Some(s) = streamed.calls.get_mut(index) {
+                        s.args.push_str(&text);
+                        emit(Event::CallArguments {
+                            host: s.host,
+                            index: s.index,
+                            text,
+                        });
+                    }
+                }
+                Split::Call(CallDelta::End { .. }) => {}
+            };
+            let calls_possible = r.calls_possible;
+            let g = self
+                .generate(
+                    PromptText::Chat(prompt_text),
+                    Arc::clone(r.shown),
+                    r.choice.clone(),
+                    r.turn,
+                    routed,
+                    r.cancel,
+                    &mut |piece| match piece {
+                        Piece::Started(n) if first_round => emit(Event::Started {
+                            prompt_tokens: n,
+                            model: model.clone(),
+                        }),
+                        Piece::Started(_) => {}
+                        Piece::Text(t) => {
+                            splitter.push(t, calls_possible, &mut |p| split(p, &mut emit))
+                        }
+                    },
+                )
+                .await;
+            splitter.finish(&mut |p| split(p, &mut emit));
+            g
+        };
+        let (generation, logprobs) = generation?;
+        let mut res = RoundResult {
+            content,
+            reasoning,
+            calls: Vec::new(),
+            rejected: Vec::new(),
+            finish: generation.finish.into(),
+            stop_string: generation.stop_string.clone(),
+            usage: Usage {
+                prompt_tokens: generation.stats.prompt_tokens,
+                cached_tokens: generation.stats.cached_tokens,
+                completion_tokens: generation.stats.generated,
+            },
+            logprobs,
+            first_token: generation.stats.first_token,
+            streamed: StreamedCalls::Exact,
+        };
+        if generation.finish == FinishReason::Cancelled || !r.calls_possible {
+            return Ok(res);
+        }
+        // Calls are read from the answer only, never from the reasoning before it.
+        let answer = answer_part(&generation.text, opened);
+        let truncated = generation.finish == FinishReason::Length;
+        let text = if truncated {
+            complete_calls_prefix(answer)
+        } else {
+            answer
+        };
+        match r.shown.reply(text) {
+            Ok(mut reply) => {
+                res.streamed = round_calls.settle(&mut reply.calls, truncated);
+                res.calls = reply.calls;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "unparseable tool calls are returned as text");
+                if !round_calls.calls.is_empty() {
+                    res.streamed = StreamedCalls::Mismatch(format!(
+                        "the streamed tool calls failed validation: {e}"
+                    ));
+                }
+            }
+        }
+        Ok(res)
+    }
+
+    /// One round upstream: the conversation and tools sent to `target`, its answer streamed back (text
+    /// and reasoning as they come; a host call's deltas as they come, re-serialized as the local
+    /// engine's are; a client call's once the round's calls are all known valid, since a stream cannot
+    /// take a call back), then every call parsed and validated against its schema here. An invalid one
+    /// is returned as rejected, for the model to be told.
+    async fn upstream_round(
+        &self,
+        target: &Target,
+        r: &RoundCtx<'_>,
+        counters: &mut Counters,
+        on_event: &mut (dyn FnMut(Event) + Send),
+    ) -> Result<RoundResult, AgentError> {
+        let turn = r.turn;
+        let spec = RoundSpec {
+            model: &target.model,
+            messages: r.messages,
+            tools: r.all.definitions(),
+            tool_choice: r.choice,
+            parallel_tool_calls: turn.parallel_tool_calls,
+            response_format: &turn.response_format,
+            sampling: &turn.sampling,
+            max_tokens: (turn.max_tokens != usize::MAX).then_some(turn.max_tokens),
+            stop: &turn.stop,
+            logprobs: turn.logprobs,
+        };
+        let mut calls: Vec<UpCall> = Vec::new();
+        let first_round = r.first_round;
+        let exposed = target.exposed();
+        let o = {
+            let calls = &mut calls;
+            let counters = &mut *counters;
+            let on_event = &mut *on_event;
+            target
+                .upstream
+                .round(&spec, r.cancel, &mut |d| match d {
+                    Delta::Accepted => {
+                        if first_round {
+                            on_event(Event::Started {
+                                prompt_tokens: 0,
+                                model: exposed.clone(),
+                            });
+                        }
+                    }
+                    Delta::Content(s) => on_event(Event::Content(s.to_owned())),
+                    Delta::Reasoning(s) => on_event(Event::Reasoning(s.to_owned())),
+                    Delta::Call {
+                        index,
+                        name,
+                        arguments,
+                    } => {
+                        if calls.len() <= index {
+                            calls.resize_with(index + 1, UpCall::default);
+                        }
+                        let c = &mut calls[index];
+                        if let Some(n) = name {
+                            c.name.push_str(n);
+                        }
+                        if let Some(a) = arguments {
+                            c.feed(a, &turn.host_tools, counters, on_event);
+                        }
+                    }
+                })
+                .await?
+        };
+        let finish = if o.cancelled {
+            Finish::Cancelled
+        } else if o.finish.as_deref() == Some("length") {
+            Finish::Length
+        } else {
+            Finish::Stop
+        };
+        let mut res = RoundResult {
+            content: o.content,
+            reasoning: o.reasoning,
+            calls: Vec::new(),
+            rejected: Vec::new(),
+            finish,
+            stop_string: None,
+            usage: o.usage.map_or_else(Usage::default, |u| Usage {
+                prompt_tokens: u.prompt,
+                cached_tokens: u.cached,
+                completion_tokens: u.completion,
+            }),
+            logprobs: o
+                .logprobs
+                .into_iter()
+                .map(|l| TokenLogprob {
+                    token: l.token,
+                    bytes: l.bytes,
+                    logprob: l.logprob,
+                    top: l.top,
+                })
+                .collect(),
+            first_token: o.first_token,
+            streamed: StreamedCalls::Exact,
+        };
+        if o.cancelled {
+            return Ok(res);
+        }
+        if !r.calls_possible {
+            if !o.calls.is_empty() {
+                tracing::warn!(upstream = %target.upstream.name(), calls = o.calls.len(), "calls from an upstream told not to call tools are dropped");
+            }
+            return Ok(res);
+        }
+        let truncated = finish == Finish::Length;
+        // Buffered client deltas, in order, released when the round's calls all validated.
+        let mut held: Vec<(ToolCall, Vec<String>)> = Vec::new();
+        for (raw, mut up) in o.calls.into_iter().zip(
+            calls
+                .into_iter()
+                .chain(std::iter::repeat_with(UpCall::default)),
+        ) {
+            up.close(&raw.name, &turn.host_tools, counters, on_event);
+            let text = raw.arguments.trim();
+            let parsed = if text.is_empty() {
+                Ok(serde_json::json!({}))
+            } else {
+                serde_json::from_str::<Value>(text)
+            };
+            let call = |arguments: Value| ToolCall {
+                id: up.id.clone().unwrap_or_else(call_id),
+                kind: "function",
+                function: thorn_tools::chat::FunctionCall {
+                    name: raw.name.clone(),
+                    arguments,
+                },
+            };
+            match parsed {
+                // Cut off by max_tokens: not a call (as locally); a host call's deltas went out.
+                Err(_) if truncated => {
+                    if up.host {
+                        res.streamed = StreamedCalls::Truncated;
+                    }
+                }
+                Err(e) => res.rejected.push((
+                    call(serde_json::json!({})),
+                    format!(
+                        "the arguments are not valid JSON ({e}): {}",
+                        crate::upstream::wire::clip(text, 200)
+                    ),
+                )),
+                Ok(arguments) => {
+                    let check = r.all.check(&thorn_tools::ParsedCall {
+                        name: raw.name.clone(),
+                        arguments: arguments.clone(),
+                    });
+                    let c = call(arguments);
+                    match check {
+                        Err(e) => res.rejected.push((c, e.to_string())),
+                        Ok(()) if up.host => res.calls.push(c),
+                        Ok(()) => {
+                            held.push((c.clone(), std::mem::take(&mut up.fragments)));
+                            res.calls.push(c);
+                        }
+                    }
+                }
+            }
+        }
+        if res.rejected.is_empty() {
+            for (c, fragments) in held {
+                let index = counters.next(false);
+                on_event(Event::CallStart {
+                    host: false,
+                    index,
+                    id: c.id.clone(),
+                    name: c.function.name.clone(),
+                });
+                // The fragments as they were streamed when they spell the arguments exactly, else whole.
+                let whole = c.function.arguments.to_string();
+                let fragments = if fragments.concat() == whole {
+                    fragments
+                } else {
+                    vec![whole]
+                };
+                for text in fragments {
+                    on_event(Event::CallArguments {
+                        host: false,
+                        index,
+                        text,
+                    });
+                }
+            }
+        }
+        Ok(res)
+    }
+}
+
+/// The engine a turn's rounds run on.
+enum RoundEngine {
+    /// The local engine thread.
+    Local,
+    /// An upstream, with the turn's hold on one of its slots.
+    Upstream(Box<(Target, Lease)>),
+}
+
+/// The local errors a local-first turn answers by going upstream: `context` (the conversation outgrew
+/// the local context) and `queue` (the local engine's queue is full).
+fn spill_reason(e: &AgentError) -> Option<&'static str> {
+    match e {
+        AgentError::ContextLength { .. }
+        | AgentError::PromptBytes { .. }
+        | AgentError::Engine(EngineError::PromptTooLong { .. }) => Some("context"),
+        AgentError::Busy(SubmitError::Full { .. }) => Some("queue"),
+        _ => None,
+    }
+}
+
+/// What one round works from.
+struct RoundCtx<'a> {
+    /// The conversation so far.
+    messages: &'a [Message],
+    /// The turn's tools (what calls are validated against).
+    all: &'a Arc<ToolSet>,
+    /// The tools shown this round (none when it must answer).
+    shown: &'a Arc<ToolSet>,
+    /// This round's choice.
+    choice: &'a ToolChoice,
+    /// The request.
+    turn: &'a Turn,
+    /// Whether this round may call tools.
+    calls_possible: bool,
+    /// Whether it is the turn's first (which reports [`Event::Started`]).
+    first_round: bool,
+    /// The request's cancel flag.
+    cancel: &'a Arc<AtomicBool>,
+}
+
+/// What one round produced, whichever engine ran it.
+struct RoundResult {
+    /// Its answer text, as streamed.
+    content: String,
+    /// Its reasoning, as streamed.
+    reasoning: String,
+    /// Its valid calls.
+    calls: Vec<ToolCall>,
+    /// Its calls that failed validation, with why (upstream rounds only: the local grammar makes
+    /// every call valid).
+    rejected: Vec<(ToolCall, String)>,
+    finish: Finish,
+    stop_string: Option<String>,
+    usage: Usage,
+    logprobs: Vec<TokenLogprob>,
+    first_token: Option<std::time::Instant>,
+    /// How its streamed calls relate to its calls.
+    streamed: StreamedCalls,
+}
+
+/// The request's streamed calls so far, client and host each counted from 0.
+#[derive(Debug, Default)]
+struct Counters {
+    client: usize,
+    host: usize,
+}
+
+impl Counters {
+    /// The next index for a call of this kind.
+    fn next(&mut self, host: bool) -> usize {
+        let c = if host {
+            &mut self.host
+        } else {
+            &mut self.client
+        };
+        *c += 1;
+        *c - 1
+    }
+}
+
+/// An upstream call as it streams: its name, and once its arguments start, a [`CallStreamer`] that
+/// re-serializes them (so the fragments spell exactly the validated call's `arguments`).
+#[derive(Debug, Default)]
+struct UpCall {
+    name: String,
+    /// Set when it began (its id).
+    id: Option<String>,
+    host: bool,
+    /// Its index among the request's calls of its kind (host calls: assigned when they begin).
+    index: usize,
+    streamer: CallStreamer,
+    /// A client call's argument fragments, held until the round validates.
+    fragments: Vec<String>,
+}
+
+impl UpCall {
+    /// Begins the call (its name is complete once arguments arrive) and streams it.
+    fn begin(
+        &mut self,
+        name: &str,
+        host_tools: &[String],
+        counters: &mut Counters,
+        on_event: &mut (dyn FnMut(Event) + Send),
+    ) {
+        if self.id.is_some() {
+            return;
+        }
+        if self.name.is_empty() {
+            self.name = name.to_owned();
+        }
+        let id = call_id();
+        self.host = host_tools.contains(&self.name);
+        if self.host {
+            self.index = counters.next(true);
+            on_event(Event::CallStart {
+                host: true,
+                index: self.index,
+                id: id.clone(),
+                name: self.name.clone(),
+            });
+        }
+        self.id = Some(id);
+        let head = format!(
+            "{OPEN}{{\"name\":{},\"arguments\":",
+            serde_json::Value::String(self.name.clone())
+        );
+        self.push(&head, on_event);
+    }
+
+    fn push(&mut self, text: &str, on_event: &mut (dyn FnMut(Event) + Send)) {
+        let (host, index) = (self.host, self.index);
+        let fragments = &mut self.fragments;
+        self.streamer.push(text, &mut |d| {
+            if let CallDelta::Arguments { text, .. } = d {
+                if host {
+                    on_event(Event::CallArguments { host, index, text });
+                } else {
+                    fragments.push(text);
+                }
+            }
+        });
+    }
+
+    /// More arguments text.
+    fn feed(
+        &mut self,
+        text: &str,
+        host_tools: &[String],
+        counters: &mut Counters,
+        on_event: &mut (dyn FnMut(Event) + Send),
+    ) {
+        let name = self.name.clone();
+        self.begin(&name, host_tools, counters, on_event);
+        self.push(text, on_event);
+    }
+
+    /// The call ended: a call that never sent arguments begins now; the re-serializer is flushed.
+    fn close(
+        &mut self,
+        name: &str,
+        host_tools: &[String],
+        counters: &mut Counters,
+        on_event: &mut (dyn FnMut(Event) + Send),
+    ) {
+        self.begin(name, host_tools, counters, on_event);
+        self.push("}", on_event);
     }
 }
 

@@ -44,7 +44,8 @@ pub mod mcp;
 pub mod metrics;
 pub mod wire;
 
-use crate::agent::{Agent, Event, Finish, Outcome, StreamedCalls, Turn};
+use crate::agent::{Agent, Event, Finish, Outcome, Route, StreamedCalls, Turn};
+use crate::upstream::Upstreams;
 use auth::{ApiKey, Keys};
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, State};
@@ -104,6 +105,8 @@ pub struct AppState {
     started: u64,
     /// Bytes of request bodies being read, all requests together ([`HttpLimits::max_inflight_body`]).
     bodies: Arc<tokio::sync::Semaphore>,
+    /// Upstream engines.
+    upstreams: Upstreams,
 }
 
 impl AppState {
@@ -119,7 +122,19 @@ impl AppState {
             config,
             started: unix_now(),
             bodies: Arc::new(tokio::sync::Semaphore::new(budget)),
+            upstreams: Upstreams::default(),
         }
+    }
+
+    /// Serves these upstream engines' models too.
+    pub fn with_upstreams(mut self, upstreams: Upstreams) -> Self {
+        self.upstreams = upstreams;
+        self
+    }
+
+    /// The upstream engines.
+    pub fn upstreams(&self) -> &Upstreams {
+        &self.upstreams
     }
 
     /// The metrics.
@@ -258,7 +273,73 @@ fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 fn check_model(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    if let Some(m) = model.filter(|m| *m != st.agent.model().name) {
+        let upstream = st.upstreams.resolve(m).ok().flatten();
+        if let Some(t) = upstream {
+            return Err(ApiError::bad(
+                format!(
+                    "{m:?} is served by upstream {}: this route serves the local model only (use /v1/chat/completions)",
+                    t.upstream.name()
+                ),
+                Some("model"),
+            ));
+        }
+    }
     check_model_name(&st.agent.model().name, model)
+}
+
+/// The name of the routed model alias (with `--local-first`).
+pub const AUTO_MODEL: &str = "auto";
+
+/// The engine a request's `model` (and `thorn_model_class`) names: the local model by its name; an
+/// upstream's by `NAME/MODEL`, `NAME` or a bare id it lists; and with `--local-first`, `auto` (or no
+/// model) is the local model spilling to that upstream, `thorn_model_class: "large"` its model.
+fn route_for(st: &AppState, model: Option<&str>, class: Option<&str>) -> Result<Route, ApiError> {
+    let local = &st.agent.model().name;
+    let model = model.filter(|m| !m.is_empty());
+    let open = model.is_none_or(|m| m == AUTO_MODEL && st.upstreams.local_first().is_some());
+    match class {
+        None => {}
+        Some("small" | "local") if open => return Ok(Route::Local),
+        Some("large") if open => {
+            return match st.upstreams.large() {
+                Ok(Some(t)) => Ok(Route::Upstream(t)),
+                Ok(None) => Err(ApiError::bad(
+                    "`thorn_model_class: \"large\"` needs a --local-first upstream, and this server has none",
+                    Some("thorn_model_class"),
+                )),
+                Err(e) => Err(ApiError::Upstream(e)),
+            };
+        }
+        Some("small" | "local" | "large") => {
+            return Err(ApiError::bad(
+                "`thorn_model_class` applies when `model` is left open (absent or \"auto\")",
+                Some("thorn_model_class"),
+            ));
+        }
+        Some(other) => {
+            return Err(ApiError::bad(
+                format!("`thorn_model_class` is \"small\" or \"large\", not {other:?}"),
+                Some("thorn_model_class"),
+            ));
+        }
+    }
+    if open {
+        // An upstream that has listed no model yet cannot take overflow: the request stays local.
+        return Ok(match st.upstreams.large() {
+            Ok(Some(t)) => Route::LocalFirst(t),
+            _ => Route::Local,
+        });
+    }
+    let m = model.expect("not open");
+    if m == local {
+        return Ok(Route::Local);
+    }
+    match st.upstreams.resolve(m) {
+        Ok(Some(t)) => Ok(Route::Upstream(t)),
+        Ok(None) => Err(ApiError::ModelNotFound(m.to_owned())),
+        Err(e) => Err(ApiError::Upstream(e)),
+    }
 }
 
 fn check_model_name(served: &str, model: Option<&str>) -> Result<(), ApiError> {
@@ -297,6 +378,21 @@ fn finish_as(
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
     let e = st.agent.engine();
+    let upstreams = st
+        .upstreams
+        .iter()
+        .map(|u| {
+            let h = u.health();
+            wire::UpstreamHealth {
+                name: u.name().to_owned(),
+                up: h.up,
+                error: h.error,
+                circuit: u.circuit(),
+                in_flight: u.stats().in_flight.load(Ordering::Relaxed),
+                models: u.models(),
+            }
+        })
+        .collect();
     Json(wire::Health {
         status: "ok",
         model: &st.agent.model().name,
@@ -304,6 +400,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         busy: e.busy(),
         plugins: st.agent.plugins().plugins().len(),
         mcp_servers: st.agent.plugins().servers().len(),
+        upstreams,
     })
     .into_response()
 }
@@ -323,28 +420,42 @@ async fn metrics_text(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Re
         }
     }
     let e = st.agent.engine();
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        st.metrics.render(&metrics::EngineGauges::of(e)),
-    )
-        .into_response()
+    let mut text = st.metrics.render(&metrics::EngineGauges::of(e));
+    metrics::render_upstreams(&st.upstreams, &mut text);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-fn model_object(st: &AppState) -> wire::ModelObject<'_> {
-    wire::ModelObject {
-        id: &st.agent.model().name,
+/// Every model a request may name: the local one, `auto` with `--local-first`, each upstream's as
+/// `NAME/MODEL`.
+fn model_objects(st: &AppState) -> Vec<wire::ModelObject> {
+    let object = |id: String, owned_by: &str, context_length| wire::ModelObject {
+        id,
         object: "model",
         created: st.started,
-        owned_by: "thorn",
-        context_length: st.agent.model().context,
+        owned_by: owned_by.to_owned(),
+        context_length,
+    };
+    let mut all = vec![object(
+        st.agent.model().name.clone(),
+        "thorn",
+        Some(st.agent.model().context),
+    )];
+    if st.upstreams.local_first().is_some() {
+        all.push(object(AUTO_MODEL.to_owned(), "thorn", None));
     }
+    for u in st.upstreams.iter() {
+        for m in u.models() {
+            all.push(object(format!("{}/{m}", u.name()), u.name(), None));
+        }
+    }
+    all
 }
 
 async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let r = authorize(&st, &headers).map(|_| {
         Json(wire::ModelList {
             object: "list",
-            data: [model_object(&st)],
+            data: model_objects(&st),
         })
         .into_response()
     });
@@ -357,11 +468,11 @@ async fn model(
     headers: HeaderMap,
 ) -> Response {
     let r = authorize(&st, &headers).and_then(|_| {
-        if id == st.agent.model().name {
-            Ok(Json(model_object(&st)).into_response())
-        } else {
-            Err(ApiError::ModelNotFound(id))
-        }
+        model_objects(&st)
+            .into_iter()
+            .find(|m| m.id == id)
+            .map(|m| Json(m).into_response())
+            .ok_or(ApiError::ModelNotFound(id))
     });
     finish(&st, "/v1/models", r)
 }
@@ -615,7 +726,8 @@ pub fn chat_turn(
     plugins: Arc<thorn_plugin::PluginSet>,
     r: wire::ChatRequest,
 ) -> Result<Turn, ApiError> {
-    turn_from(model, plugins, r, &Caller::default()).map(|(t, _)| t)
+    check_model_name(model, r.model.as_deref())?;
+    turn_from(plugins, r, &Caller::default(), Route::Local).map(|(t, _)| t)
 }
 
 fn turn_of(
@@ -624,18 +736,18 @@ fn turn_of(
     caller: &Caller,
 ) -> Result<(Turn, Shape), ApiError> {
     let opts = r.thorn_tool_use;
-    let (mut turn, shape) = turn_from(&st.agent.model().name, st.agent.plugins(), r, caller)?;
+    let route = route_for(st, r.model.as_deref(), r.thorn_model_class.as_deref())?;
+    let (mut turn, shape) = turn_from(st.agent.plugins(), r, caller, route)?;
     turn.tool_use = opts.map(|o| o.over(st.agent.tool_use()));
     Ok((turn, shape))
 }
 
 fn turn_from(
-    model: &str,
     plugins: Arc<thorn_plugin::PluginSet>,
     r: wire::ChatRequest,
     caller: &Caller,
+    route: Route,
 ) -> Result<(Turn, Shape), ApiError> {
-    check_model_name(model, r.model.as_deref())?;
     if r.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad("only n = 1 is supported", Some("n")));
     }
@@ -707,6 +819,7 @@ fn turn_from(
         plugins,
         // Set by `turn_of`, over the server's default.
         tool_use: None,
+        route,
     };
     Ok((turn, shape))
 }
@@ -715,6 +828,9 @@ fn turn_from(
 /// first sampled token of any kind (text or a tool call), so replies that are tool calls count too.
 fn account(st: &AppState, out: &Outcome, t0: Instant) {
     st.metrics.tokens(&out.usage);
+    if let Some(u) = &out.served.upstream {
+        st.metrics.routed(u, out.served.spilled.unwrap_or("model"));
+    }
     for h in &out.host_calls {
         st.metrics
             .plugin_call(&h.call.function.name, h.error_kind.unwrap_or("ok"));
@@ -791,12 +907,39 @@ fn completion_work(prompt: String, turn: Turn) -> Work {
     })
 }
 
-/// Waits for the work to start: `Ok(prompt tokens)` or the error that stopped it.
-async fn started(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Option<Outcome>, ApiError> {
+/// What a request's work said first: it started (with the model serving it), or it already ended.
+enum Early {
+    /// It started: its first events follow.
+    Started(String),
+    /// It ended before it started streaming.
+    Done(Box<Outcome>),
+}
+
+impl Early {
+    /// The outcome, if it already ended.
+    fn outcome(self) -> Option<Outcome> {
+        match self {
+            Early::Done(o) => Some(*o),
+            Early::Started(_) => None,
+        }
+    }
+
+    /// The model serving the request (as the response names it), and the outcome if it already ended.
+    fn split(self, st: &AppState) -> (String, Option<Outcome>) {
+        match self {
+            Early::Started(m) if m.is_empty() => (st.agent.model().name.clone(), None),
+            Early::Started(m) => (m, None),
+            Early::Done(o) => (o.served.model.clone(), Some(*o)),
+        }
+    }
+}
+
+/// Waits for the work to start, or the error that stopped it.
+async fn started(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Early, ApiError> {
     match rx.recv().await {
-        Some(Msg::Event(Event::Started { .. })) => Ok(None),
-        Some(Msg::Done(out)) => (*out).map(Some),
-        Some(Msg::Event(_)) => Ok(None),
+        Some(Msg::Event(Event::Started { model, .. })) => Ok(Early::Started(model)),
+        Some(Msg::Done(out)) => (*out).map(|o| Early::Done(Box::new(o))),
+        Some(Msg::Event(_)) => Ok(Early::Started(String::new())),
         None => Err(ApiError::Internal(
             "the request ended without an answer".into(),
         )),
@@ -832,13 +975,13 @@ async fn chat(
                 early,
             ))
         } else {
-            let out = match early {
+            let out = match early.outcome() {
                 Some(o) => o,
                 None => collect(&mut rx).await?,
             };
             account(&st, &out, t0);
             drop(guard);
-            Ok(Json(chat_json(&st, &id, &out, &shape)).into_response())
+            Ok(Json(chat_json(&id, &out, &shape)).into_response())
         }
     }
     .await;
@@ -858,18 +1001,13 @@ async fn collect(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Outcome, ApiEr
     ))
 }
 
-fn chat_json<'a>(
-    st: &'a AppState,
-    id: &'a str,
-    out: &'a Outcome,
-    shape: &Shape,
-) -> wire::ChatCompletion<'a> {
+fn chat_json<'a>(id: &'a str, out: &'a Outcome, shape: &Shape) -> wire::ChatCompletion<'a> {
     let only_calls = out.content.is_empty() && !out.tool_calls.is_empty();
     wire::ChatCompletion {
         id,
         object: "chat.completion",
         created: unix_now(),
-        model: &st.agent.model().name,
+        model: &out.served.model,
         system_fingerprint: wire::FINGERPRINT,
         choices: [wire::ChatChoice {
             index: 0,
@@ -908,9 +1046,9 @@ fn stream_chat(
     id: String,
     shape: Shape,
     t0: Instant,
-    early: Option<Outcome>,
+    early: Early,
 ) -> Response {
-    let model = st.agent.model().name.clone();
+    let (model, early) = early.split(&st);
     let created = unix_now();
     // One chunk, serialized at once (its fields borrow what the event carried).
     let chunk = move |delta: wire::Delta<'_>,
@@ -1144,6 +1282,7 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             speculation: req.speculation.unwrap_or(true),
             tool_use: None,
             plugins: st.agent.plugins(),
+            route: Route::Local,
         };
         let shape = Shape {
             stream: req.stream.unwrap_or(false),
@@ -1153,9 +1292,8 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
         let t0 = Instant::now();
         let (mut rx, cancel) = spawn(&st, completion_work(prompt, turn));
         let guard = CancelOnDrop(cancel);
-        let early = started(&mut rx).await?;
+        let (model, early) = started(&mut rx).await?.split(&st);
         let id = new_id("cmpl");
-        let model = st.agent.model().name.clone();
         let created = unix_now();
         if !shape.stream {
             let out = match early {

@@ -21,6 +21,8 @@
 //!   (plugin) tools inside a request and returns client tools to the caller.
 //! * [`mcp`]: the installed plugins as an MCP server (`thorn mcp`): the same validation, sandbox,
 //!   limits and audit as a host tool call.
+//! * [`upstream`]: OpenAI-compatible engines elsewhere (vLLM, SGLang, llama-server, another thorn) as
+//!   the engine of a request's rounds, behind the same agent loop, host tools and validation.
 //! * [`store`]: the model cache and `thorn model pull` (the default model comes from a PyPI wheel, verified
 //!   by sha256).
 //!
@@ -30,7 +32,9 @@
 pub mod agent;
 pub mod api;
 pub mod error;
+mod histogram;
 pub mod mcp;
 pub mod store;
+pub mod upstream;
 
 pub use error::Error;

@@ -13,6 +13,7 @@ use thorn::agent::{Agent, Event, Turn};
 use thorn::api::auth::Keys;
 use thorn::api::mcp::McpHttp;
 use thorn::api::{AppState, HttpLimits, ServerConfig};
+use thorn::upstream::{UpstreamSpec, Upstreams};
 use thorn_engine::engine::{Engine, EngineConfig};
 use thorn_engine::sample::SamplingParams;
 use thorn_plugin::{Fingerprint, GrammarCheck, HostConfig, LiveSet, PluginHost, PluginSet, Policy};
@@ -138,6 +139,18 @@ pub struct ServeArgs {
     /// Most MCP sessions open at once.
     #[arg(long, default_value_t = 256, help_heading = "MCP")]
     pub mcp_max_sessions: usize,
+    /// An OpenAI-compatible engine behind thorn's agent loop (vLLM, SGLang, llama-server, another
+    /// thorn): `NAME=URL[,OPTION=VALUE...]`, repeatable. Its models are served as `NAME/MODEL`; host
+    /// tools stay local and sandboxed. Options: key_env, key_file, models, connect_timeout, timeout,
+    /// idle_timeout, max_concurrent, max_response, health_interval, failures, cooldown (see README
+    /// "Upstream engines").
+    #[arg(long, help_heading = "Upstreams")]
+    pub upstream: Vec<String>,
+    /// Serve locally first, and send a request to this upstream when its prompt outgrows the local
+    /// context or the local queue is full; clients ask for it with `model: "auto"` (or no model), and
+    /// for its model outright with `thorn_model_class: "large"`.
+    #[arg(long, value_name = "NAME", help_heading = "Upstreams")]
+    pub local_first: Option<String>,
 }
 
 /// Loads the model onto its engine thread and the plugins under the policy.
@@ -343,6 +356,13 @@ fn is_loopback(host: &str) -> bool {
 
 /// `thorn serve`: the OpenAI-compatible server.
 pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
+    // Upstreams first: a malformed spec or a missing key fails before the model loads.
+    let specs = a
+        .upstream
+        .iter()
+        .map(|s| UpstreamSpec::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let upstreams = Upstreams::new(specs, a.local_first.as_deref())?;
     let agent = build_agent(cache, &a.agent)?;
     let mut secrets = a.api_key;
     if let Ok(env) = std::env::var("THORN_API_KEYS") {
@@ -399,7 +419,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         Some(grammar_check(Arc::clone(&agent.model().tokenizer))?),
     );
     let live = Arc::clone(agent.live_plugins());
-    let state = Arc::new(AppState::new(agent, config));
+    let state = Arc::new(AppState::new(agent, config).with_upstreams(upstreams.clone()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -409,6 +429,19 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("listening on {addr}"))?;
+        // An upstream that is down now is reported, not fatal: the health checks find it later.
+        for (name, r) in upstreams.check_all().await {
+            let u = upstreams.iter().find(|u| u.name() == name).expect("listed");
+            match r {
+                Ok(()) => eprintln!(
+                    "upstream {name}: {} serving {}",
+                    u.spec().base,
+                    u.models().join(", ")
+                ),
+                Err(e) => eprintln!("warning: {e} (its health checks go on)"),
+            }
+        }
+        upstreams.spawn_health();
         eprintln!(
             "serving the OpenAI API on http://{} (POST /v1/chat/completions, GET /v1/models, /health, /metrics{}); ctrl-c stops",
             listener.local_addr()?,
@@ -462,6 +495,7 @@ fn turn(agent: &Agent, messages: Vec<Message>, temperature: f32, seed: Option<u6
         speculation: true,
         tool_use: None,
         plugins,
+        route: thorn::agent::Route::Local,
     }
 }
 

@@ -1,6 +1,6 @@
 """The openai SDK's streaming helper against thorn: a streamed tool call, accumulated by the SDK.
 
-Usage: python openai_stream_tool_call.py BASE_URL
+Usage: python openai_stream_tool_call.py BASE_URL [MODEL]
 Prints one JSON object: what the SDK assembled from the stream (its events and final completion) and the
 same request's non-streamed answer, for the Rust test to assert on.
 """
@@ -27,7 +27,7 @@ tools = [
     }
 ]
 request = dict(
-    model=client.models.list().data[0].id,
+    model=sys.argv[2] if len(sys.argv) > 2 else client.models.list().data[0].id,
     messages=[{"role": "user", "content": "What's the weather in Paris, in celsius?"}],
     tools=tools,
     tool_choice="required",

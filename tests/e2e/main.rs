@@ -12,3 +12,4 @@ mod server;
 mod spec;
 mod tokenizer;
 mod tool_calls;
+mod upstream;

@@ -109,6 +109,18 @@ pub(super) struct Plan {
     pub examples: Vec<Message>,
 }
 
+impl Plan {
+    /// The request as it asked: every tool shown, its own choice, no examples.
+    pub(super) fn as_asked(all: &Arc<ToolSet>, turn: &Turn) -> Self {
+        Plan {
+            shown: Arc::clone(all),
+            choice: turn.tool_choice.clone(),
+            routed: None,
+            examples: Vec::new(),
+        }
+    }
+}
+
 /// Plans the first round of `turn` over `all` (its tools) under `policy`.
 pub(super) fn plan(
     plugins: &PluginSet,

@@ -382,7 +382,7 @@ fn choice_of(v: Option<&Value>) -> Result<(ToolChoice, bool), ApiError> {
 
 /// The agent's turn for a Messages request.
 fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, bool), ApiError> {
-    super::check_model(st, Some(&r.model))?;
+    let route = super::route_for(st, Some(&r.model), None)?;
     let max_tokens = match r.max_tokens {
         Some(n) if n >= 1 => n,
         Some(_) => {
@@ -436,6 +436,7 @@ fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, 
         speculation: true,
         tool_use: r.thorn_tool_use.map(|o| o.over(st.agent.tool_use())),
         plugins,
+        route,
     };
     Ok((turn, r.stream.unwrap_or(false)))
 }
@@ -463,7 +464,7 @@ fn usage_of(out: &Outcome) -> Value {
 }
 
 /// The answer as a `message`.
-fn message_json(st: &AppState, id: &str, out: &Outcome) -> Value {
+fn message_json(id: &str, out: &Outcome) -> Value {
     let mut content = Vec::new();
     if !out.reasoning.is_empty() {
         content.push(json!({"type": "thinking", "thinking": out.reasoning, "signature": ""}));
@@ -482,7 +483,7 @@ fn message_json(st: &AppState, id: &str, out: &Outcome) -> Value {
         "id": id,
         "type": "message",
         "role": "assistant",
-        "model": st.agent.model().name,
+        "model": out.served.model,
         "content": content,
         "stop_reason": reason,
         "stop_sequence": seq,
@@ -521,13 +522,13 @@ pub async fn messages(
         if stream {
             Ok(stream_messages(Arc::clone(&st), rx, guard, id, t0, early))
         } else {
-            let out = match early {
+            let out = match early.outcome() {
                 Some(o) => o,
                 None => collect(&mut rx).await?,
             };
             account(&st, &out, t0);
             drop(guard);
-            Ok(Json(message_json(&st, &id, &out)).into_response())
+            Ok(Json(message_json(&id, &out)).into_response())
         }
     }
     .await;
@@ -549,6 +550,12 @@ pub async fn count_tokens(
         let mut req: MessagesRequest = read_json(&st, &headers, body).await?;
         req.max_tokens = Some(1);
         let (turn, _) = turn_of(&st, req, &caller)?;
+        if !matches!(turn.route, crate::agent::Route::Local) {
+            return Err(ApiError::bad(
+                "token counting is served for the local model only",
+                Some("model"),
+            ));
+        }
         let n = st.agent.count_tokens(&turn).await.map_err(ApiError::from)?;
         Ok(Json(json!({ "input_tokens": n })).into_response())
     }
@@ -642,9 +649,9 @@ fn stream_messages(
     guard: CancelOnDrop,
     id: String,
     t0: Instant,
-    early: Option<Outcome>,
+    early: super::Early,
 ) -> Response {
-    let model = st.agent.model().name.clone();
+    let (model, early) = early.split(&st);
     let (tx, out_rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
     tokio::spawn(async move {
         let _guard = guard;

@@ -2,6 +2,7 @@
 //! `{"error": {"message", "type", "param", "code"}}`.
 
 use crate::agent::AgentError;
+use crate::upstream::UpstreamError;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -59,6 +60,9 @@ pub enum ApiError {
     /// A bug or an engine failure.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The upstream engine serving the request failed or refused it (the message names it).
+    #[error(transparent)]
+    Upstream(UpstreamError),
 }
 
 impl ApiError {
@@ -83,6 +87,7 @@ impl ApiError {
             ApiError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Upstream(e) => upstream_status(e),
         }
     }
 
@@ -103,6 +108,26 @@ impl ApiError {
             ApiError::Busy(_) => ("rate_limit_error", Some("queue_full")),
             ApiError::Unavailable => ("server_error", Some("unavailable")),
             ApiError::Internal(_) => ("server_error", None),
+            ApiError::Upstream(e) if upstream_status(e) == StatusCode::BAD_REQUEST => {
+                ("invalid_request_error", Some("upstream_rejected"))
+            }
+            ApiError::Upstream(e) => ("upstream_error", Some(e.kind())),
+        }
+    }
+
+    /// Seconds to wait before retrying, for the statuses that ask for it.
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::Busy(_) | ApiError::BodiesBusy => Some(1),
+            ApiError::Upstream(UpstreamError::CircuitOpen { secs, .. }) => Some(*secs),
+            ApiError::Upstream(UpstreamError::Busy { .. }) => Some(1),
+            ApiError::Upstream(UpstreamError::NoModel { .. }) => Some(10),
+            ApiError::Upstream(UpstreamError::Status {
+                status: 429 | 503,
+                retry_after,
+                ..
+            }) => Some(retry_after.unwrap_or(1)),
+            _ => None,
         }
     }
 
@@ -122,9 +147,9 @@ impl ApiError {
     /// The response: this error's status and headers (`Retry-After`, `WWW-Authenticate`) with `body`.
     pub fn respond(&self, body: serde_json::Value) -> Response {
         let mut r = (self.status(), axum::Json(body)).into_response();
-        if matches!(self, ApiError::Busy(_) | ApiError::BodiesBusy) {
+        if let Some(secs) = self.retry_after() {
             r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         if matches!(self, ApiError::Unauthorized) {
             r.headers_mut()
@@ -164,13 +189,82 @@ impl From<AgentError> for ApiError {
             }
             AgentError::Engine(e) => ApiError::Internal(e.to_string()),
             AgentError::Lost => ApiError::Internal(e.to_string()),
+            AgentError::Upstream(u) => ApiError::Upstream(u),
         }
+    }
+}
+
+/// An upstream failure's status: the upstream's own refusal of the client's request (400, 404, 413,
+/// 422, ...) is the client's 400, its rate limit a 429; an upstream that cannot be reached, fails,
+/// breaks the protocol or refuses thorn's key is a 502; one that is unavailable (its circuit is open,
+/// its slots are taken, it says 503) a 503; one that does not answer in time a 504.
+fn upstream_status(e: &UpstreamError) -> StatusCode {
+    match e {
+        UpstreamError::Status { status, .. } => match *status {
+            429 => StatusCode::TOO_MANY_REQUESTS,
+            401 | 403 | 407 => StatusCode::BAD_GATEWAY,
+            400..=499 => StatusCode::BAD_REQUEST,
+            503 => StatusCode::SERVICE_UNAVAILABLE,
+            504 => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::BAD_GATEWAY,
+        },
+        UpstreamError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        UpstreamError::CircuitOpen { .. }
+        | UpstreamError::Busy { .. }
+        | UpstreamError::NoModel { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        UpstreamError::Unreachable { .. }
+        | UpstreamError::Reported { .. }
+        | UpstreamError::Protocol { .. }
+        | UpstreamError::Closed { .. } => StatusCode::BAD_GATEWAY,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upstream_failures_are_gateway_errors_that_name_the_upstream() {
+        let name = || "big".to_owned();
+        let status = |s: u16| {
+            ApiError::from(AgentError::Upstream(UpstreamError::Status {
+                name: name(),
+                status: s,
+                message: "m".into(),
+                retry_after: None,
+            }))
+        };
+        assert_eq!(status(400).status(), StatusCode::BAD_REQUEST);
+        assert_eq!(status(422).status(), StatusCode::BAD_REQUEST);
+        assert_eq!(status(401).status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(status(500).status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(status(503).status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status(429).status(), StatusCode::TOO_MANY_REQUESTS);
+        let open = ApiError::Upstream(UpstreamError::CircuitOpen {
+            name: name(),
+            secs: 12,
+        });
+        assert_eq!(open.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let r = open.into_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "12");
+        let t = ApiError::Upstream(UpstreamError::Timeout {
+            name: name(),
+            waited: crate::upstream::Waited::Response,
+            after: std::time::Duration::from_secs(60),
+        });
+        assert_eq!(t.status(), StatusCode::GATEWAY_TIMEOUT);
+        let body = t.body();
+        assert_eq!(body["error"]["type"], "upstream_error");
+        assert_eq!(body["error"]["code"], "timeout");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("upstream big")
+        );
+        let closed = ApiError::Upstream(UpstreamError::Closed { name: name() });
+        assert_eq!(closed.status(), StatusCode::BAD_GATEWAY);
+    }
 
     fn status_of(e: EngineError) -> (StatusCode, Option<&'static str>) {
         let api = ApiError::from(AgentError::Engine(e));

@@ -2,6 +2,7 @@
 //! prompt tokens served from the cache, time to first token and time per output token histograms, queue
 //! depth, cancellations, plugin calls and failures, and the engine's wall time by phase.
 
+use crate::histogram::Histogram;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
@@ -14,55 +15,6 @@ const TTFT_BUCKETS: [f64; 12] = [
 const TPOT_BUCKETS: [f64; 10] = [
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0,
 ];
-
-#[derive(Debug)]
-struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<AtomicU64>,
-    sum_micros: AtomicU64,
-    total: AtomicU64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Histogram {
-            bounds,
-            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            sum_micros: AtomicU64::new(0),
-            total: AtomicU64::new(0),
-        }
-    }
-
-    fn observe(&self, seconds: f64) {
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            if seconds <= *b {
-                c.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.sum_micros
-            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
-        self.total.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn render(&self, name: &str, help: &str, out: &mut String) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{b}\"}} {}",
-                c.load(Ordering::Relaxed)
-            );
-        }
-        let total = self.total.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {total}");
-        let _ = writeln!(
-            out,
-            "{name}_sum {}",
-            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
-        );
-        let _ = writeln!(out, "{name}_count {total}");
-    }
-}
 
 /// The engine's side of the metrics, read once per scrape.
 #[derive(Debug, Clone, Copy, Default)]
@@ -98,6 +50,7 @@ impl EngineGauges {
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     plugin_calls: Mutex<BTreeMap<(String, String), u64>>,
+    routed: Mutex<BTreeMap<(String, &'static str), u64>>,
     prompt_tokens: AtomicU64,
     cached_tokens: AtomicU64,
     completion_tokens: AtomicU64,
@@ -111,6 +64,7 @@ impl Default for Metrics {
         Metrics {
             requests: Mutex::default(),
             plugin_calls: Mutex::default(),
+            routed: Mutex::default(),
             prompt_tokens: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),
             completion_tokens: AtomicU64::new(0),
@@ -128,6 +82,13 @@ fn escape(s: &str) -> String {
 }
 
 impl Metrics {
+    /// A request served upstream, and why it went there (`model`: it named the upstream's model;
+    /// `context`, `queue`: a local-first request the local engine could not take).
+    pub fn routed(&self, upstream: &str, reason: &'static str) {
+        let mut m = self.routed.lock().unwrap_or_else(|p| p.into_inner());
+        *m.entry((upstream.to_owned(), reason)).or_default() += 1;
+    }
+
     /// A request to `endpoint` answered with `status`.
     pub fn request(&self, endpoint: &str, status: u16) {
         let mut m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
@@ -420,7 +381,121 @@ impl Metrics {
             out,
             "# HELP thorn_plugin_failures_total Host tool calls that failed.\n# TYPE thorn_plugin_failures_total counter\nthorn_plugin_failures_total {failures}"
         );
+        let _ = writeln!(
+            out,
+            "# HELP thorn_routed_total Requests served by an upstream, by why they went there (model: they named its model; context, queue: local-first overflow).\n# TYPE thorn_routed_total counter"
+        );
+        for ((u, why), n) in self.routed.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(
+                out,
+                "thorn_routed_total{{upstream=\"{}\",reason=\"{why}\"}} {n}",
+                escape(u)
+            );
+        }
         out
+    }
+}
+
+/// Each upstream's counters: rounds by outcome, latency to the response's start and of whole rounds,
+/// requests in flight, the circuit and the last health check.
+pub fn render_upstreams(upstreams: &crate::upstream::Upstreams, out: &mut String) {
+    if upstreams.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "# HELP thorn_upstream_requests_total Generation rounds sent to an upstream, by outcome.\n# TYPE thorn_upstream_requests_total counter"
+    );
+    for u in upstreams.iter() {
+        for (outcome, n) in u.stats().outcomes() {
+            let _ = writeln!(
+                out,
+                "thorn_upstream_requests_total{{upstream=\"{}\",outcome=\"{outcome}\"}} {n}",
+                escape(u.name())
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP thorn_upstream_errors_total Rounds that failed at an upstream (any outcome but ok and cancelled).\n# TYPE thorn_upstream_errors_total counter"
+    );
+    for u in upstreams.iter() {
+        let errors: u64 = u
+            .stats()
+            .outcomes()
+            .iter()
+            .filter(|(o, _)| !matches!(**o, "ok" | "cancelled"))
+            .map(|(_, n)| n)
+            .sum();
+        let _ = writeln!(
+            out,
+            "thorn_upstream_errors_total{{upstream=\"{}\"}} {errors}",
+            escape(u.name())
+        );
+    }
+    for (name, help, pick) in [
+        (
+            "thorn_upstream_first_byte_seconds",
+            "Time until an upstream's response started.",
+            0,
+        ),
+        (
+            "thorn_upstream_round_seconds",
+            "Time of a whole generation round at an upstream.",
+            1,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for u in upstreams.iter() {
+            let h = if pick == 0 {
+                &u.stats().first_byte
+            } else {
+                &u.stats().latency
+            };
+            h.rows(name, &format!("upstream=\"{}\",", escape(u.name())), out);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP thorn_upstream_in_flight Requests an upstream is serving.\n# TYPE thorn_upstream_in_flight gauge"
+    );
+    for u in upstreams.iter() {
+        let _ = writeln!(
+            out,
+            "thorn_upstream_in_flight{{upstream=\"{}\"}} {}",
+            escape(u.name()),
+            u.stats().in_flight.load(Ordering::Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP thorn_upstream_circuit_open Whether an upstream's circuit is open (1) or half open (0.5).\n# TYPE thorn_upstream_circuit_open gauge"
+    );
+    for u in upstreams.iter() {
+        let v = match u.circuit() {
+            "open" => "1",
+            "half_open" => "0.5",
+            _ => "0",
+        };
+        let _ = writeln!(
+            out,
+            "thorn_upstream_circuit_open{{upstream=\"{}\"}} {v}",
+            escape(u.name())
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP thorn_upstream_up Whether an upstream's last health check answered.\n# TYPE thorn_upstream_up gauge"
+    );
+    for u in upstreams.iter() {
+        if let Some(up) = u.health().up {
+            let _ = writeln!(
+                out,
+                "thorn_upstream_up{{upstream=\"{}\"}} {}",
+                escape(u.name()),
+                u8::from(up)
+            );
+        }
     }
 }
 

@@ -182,6 +182,10 @@ pub struct ChatRequest {
     /// thorn: how host tools are put in front of the model (default: the server's).
     #[serde(default)]
     pub thorn_tool_use: Option<ToolUseOpts>,
+    /// thorn: the model class to serve with when `model` leaves it open: `large` (the `--local-first`
+    /// upstream's model) or `small` (the local one).
+    #[serde(default)]
+    pub thorn_model_class: Option<String>,
 }
 
 /// `thorn_tool_use`: each field left out keeps the server's setting (`thorn::agent::ToolUse`).
@@ -739,26 +743,45 @@ impl LegacyLogprobs {
 
 /// A model entry of `/v1/models`.
 #[derive(Debug, Serialize)]
-pub struct ModelObject<'a> {
-    /// The served name.
-    pub id: &'a str,
+pub struct ModelObject {
+    /// The name a request uses.
+    pub id: String,
     /// Always `model`.
     pub object: &'static str,
     /// When the server started (Unix seconds).
     pub created: u64,
-    /// Always `thorn`.
-    pub owned_by: &'static str,
-    /// Context length in tokens.
-    pub context_length: usize,
+    /// `thorn` (the local model, or the `auto` route), or the upstream's name.
+    pub owned_by: String,
+    /// Context length in tokens (the local model's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<usize>,
 }
 
 /// `/v1/models`.
 #[derive(Debug, Serialize)]
-pub struct ModelList<'a> {
+pub struct ModelList {
     /// Always `list`.
     pub object: &'static str,
-    /// The one model.
-    pub data: [ModelObject<'a>; 1],
+    /// The local model first, then `auto` (with `--local-first`), then each upstream's models.
+    pub data: Vec<ModelObject>,
+}
+
+/// An upstream in `/health`.
+#[derive(Debug, Serialize)]
+pub struct UpstreamHealth {
+    /// Its name.
+    pub name: String,
+    /// Whether its last health check answered (`null`: not checked yet).
+    pub up: Option<bool>,
+    /// What its last health check met, when it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `closed`, `open` or `half_open`.
+    pub circuit: &'static str,
+    /// Requests it is serving.
+    pub in_flight: u64,
+    /// Its models.
+    pub models: Vec<String>,
 }
 
 /// `/health`.
@@ -776,6 +799,8 @@ pub struct Health<'a> {
     pub plugins: usize,
     /// External MCP servers connected.
     pub mcp_servers: usize,
+    /// Upstream engines (their state never changes `status`: the local model serves on).
+    pub upstreams: Vec<UpstreamHealth>,
 }
 
 #[cfg(test)]

@@ -1,0 +1,1013 @@
+//! Upstream engines: OpenAI-compatible servers elsewhere (vLLM, SGLang, llama-server, another thorn) as
+//! the engine behind thorn's agent loop.
+//!
+//! thorn does not grow a distributed engine of its own; it puts its agent loop in front of existing ones.
+//! A request for an upstream's model runs the same [`crate::agent`] loop as a local one, with each
+//! generation round sent upstream instead of to the engine thread: the conversation and the tool
+//! definitions go upstream (constrained decoding asked for through `tool_choice` and `response_format`,
+//! which vLLM, SGLang and llama-server honour), the answer streams back ([`Upstream::round`]), and the
+//! agent validates every tool call against its schema here, runs host tools in their sandbox here, and
+//! sends the results back up for the next round. Nothing upstream ever reaches a plugin unchecked.
+//!
+//! Each [`Upstream`] bounds what it is given: requests in flight ([`Upstream::lease`], beyond it 503),
+//! time to the response's start and silence between stream events (a hung upstream is a 504, not a hung
+//! client), bytes per answer and per event ([`sse`]), calls per answer ([`wire::MAX_CALLS`]); a
+//! [`breaker::Breaker`] stops sending to one that keeps failing, and a health check
+//! ([`Upstream::health_loop`]) re-lists its models and finds it again when it recovers. Every failure is
+//! an [`UpstreamError`] that names the upstream; the API maps it to 502, 503 or 504 (or passes a client's
+//! 4xx on as a 400) in OpenAI's error body.
+//!
+//! [`Upstreams`] is the set the server was started with: it resolves a request's `model` (`NAME/MODEL`,
+//! a bare model id an upstream lists, or `NAME` for its first model) and names the `local-first`
+//! upstream that takes the local model's overflow.
+
+pub mod breaker;
+pub mod spec;
+pub mod sse;
+pub mod wire;
+
+use crate::histogram::Histogram;
+use breaker::{Admit, Breaker};
+use serde_json::Value;
+pub use spec::{SpecError, UpstreamSpec};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+pub use wire::{Delta, RoundOutput, RoundSpec};
+
+/// Whether `id` may name a model: 1 to 256 printable ASCII characters, no spaces.
+pub fn valid_model_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 256 && id.bytes().all(|b| (0x21..0x7f).contains(&b))
+}
+
+/// Most models one upstream may list.
+const MAX_MODELS: usize = 256;
+/// Most bytes of an error body or a model list read from an upstream.
+const MAX_SMALL_BODY: usize = 1 << 20;
+/// Most bytes of one stream event.
+const MAX_EVENT: usize = 4 << 20;
+/// How often a request waiting on an upstream looks at its cancel flag.
+const CANCEL_POLL: Duration = Duration::from_millis(100);
+
+/// Which limit an upstream ran into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// For its response to start.
+    Response,
+    /// For the next stream event.
+    Stream,
+}
+
+/// Why a request to an upstream failed. Every message names the upstream.
+#[derive(Debug, Error)]
+pub enum UpstreamError {
+    /// No connection (refused, reset, no route, DNS).
+    #[error("upstream {name} could not be reached: {why}")]
+    Unreachable {
+        /// The upstream.
+        name: String,
+        /// What the connection said.
+        why: String,
+    },
+    /// It did not answer in time.
+    #[error("upstream {name} {}", match .waited {
+        Waited::Response => format!("did not start its response within {:.1} s", .after.as_secs_f64()),
+        Waited::Stream => format!("sent nothing for {:.1} s in the middle of its answer", .after.as_secs_f64()),
+    })]
+    Timeout {
+        /// The upstream.
+        name: String,
+        /// Which wait.
+        waited: Waited,
+        /// The limit.
+        after: Duration,
+    },
+    /// It answered with an error status.
+    #[error("upstream {name} answered {status}: {message}")]
+    Status {
+        /// The upstream.
+        name: String,
+        /// Its status.
+        status: u16,
+        /// Its error message (clipped).
+        message: String,
+        /// Its `Retry-After`, in seconds.
+        retry_after: Option<u64>,
+    },
+    /// It reported an error inside its stream.
+    #[error("upstream {name} failed while answering: {message}")]
+    Reported {
+        /// The upstream.
+        name: String,
+        /// Its message (clipped).
+        message: String,
+    },
+    /// It sent something that is not an OpenAI answer.
+    #[error("upstream {name} sent an answer thorn cannot read: {why}")]
+    Protocol {
+        /// The upstream.
+        name: String,
+        /// What was wrong.
+        why: String,
+    },
+    /// The stream ended before the answer did (the upstream died or dropped the connection).
+    #[error("upstream {name} closed its stream before the answer ended")]
+    Closed {
+        /// The upstream.
+        name: String,
+    },
+    /// Its circuit is open: it failed repeatedly and is not sent requests for a while.
+    #[error("upstream {name} is unavailable after repeated failures; retry in {secs} s")]
+    CircuitOpen {
+        /// The upstream.
+        name: String,
+        /// Until the next try.
+        secs: u64,
+    },
+    /// Its concurrency limit is reached.
+    #[error("upstream {name} is already serving its limit of {limit} requests; retry shortly")]
+    Busy {
+        /// The upstream.
+        name: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// It has listed no model yet, so `NAME` alone names none.
+    #[error("upstream {name} has not listed its models yet; name one as {name}/MODEL")]
+    NoModel {
+        /// The upstream.
+        name: String,
+    },
+}
+
+impl UpstreamError {
+    /// The upstream it names.
+    pub fn upstream(&self) -> &str {
+        match self {
+            UpstreamError::Unreachable { name, .. }
+            | UpstreamError::Timeout { name, .. }
+            | UpstreamError::Status { name, .. }
+            | UpstreamError::Reported { name, .. }
+            | UpstreamError::Protocol { name, .. }
+            | UpstreamError::Closed { name }
+            | UpstreamError::CircuitOpen { name, .. }
+            | UpstreamError::Busy { name, .. }
+            | UpstreamError::NoModel { name } => name,
+        }
+    }
+
+    /// A short name for metrics and error codes.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            UpstreamError::Unreachable { .. } => "unreachable",
+            UpstreamError::Timeout {
+                waited: Waited::Response,
+                ..
+            } => "timeout",
+            UpstreamError::Timeout { .. } => "stream_timeout",
+            UpstreamError::Status { status, .. } if *status < 500 => "status_4xx",
+            UpstreamError::Status { .. } => "status_5xx",
+            UpstreamError::Reported { .. } => "reported",
+            UpstreamError::Protocol { .. } => "protocol",
+            UpstreamError::Closed { .. } => "closed",
+            UpstreamError::CircuitOpen { .. } => "circuit_open",
+            UpstreamError::Busy { .. } => "busy",
+            UpstreamError::NoModel { .. } => "no_model",
+        }
+    }
+
+    /// Whether the upstream is at fault (the breaker counts it): not for a request it refused as the
+    /// client's fault, nor for thorn's own refusals.
+    pub fn is_failure(&self) -> bool {
+        match self {
+            UpstreamError::Status { status, .. } => *status >= 500 || matches!(status, 401 | 403),
+            UpstreamError::CircuitOpen { .. }
+            | UpstreamError::Busy { .. }
+            | UpstreamError::NoModel { .. } => false,
+            _ => true,
+        }
+    }
+}
+
+/// Per-upstream counters for `/metrics`.
+#[derive(Debug)]
+pub struct UpstreamStats {
+    /// Rounds by outcome (`ok`, `cancelled`, or an [`UpstreamError::kind`]).
+    outcomes: Mutex<BTreeMap<&'static str, u64>>,
+    /// Until the response started.
+    pub first_byte: Histogram,
+    /// Whole rounds.
+    pub latency: Histogram,
+    /// Requests holding a lease now.
+    pub in_flight: AtomicU64,
+}
+
+/// Bucket bounds of the upstream latency histograms, in seconds.
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
+];
+
+impl UpstreamStats {
+    fn new() -> Self {
+        UpstreamStats {
+            outcomes: Mutex::default(),
+            first_byte: Histogram::new(&LATENCY_BUCKETS),
+            latency: Histogram::new(&LATENCY_BUCKETS),
+            in_flight: AtomicU64::new(0),
+        }
+    }
+
+    fn count(&self, outcome: &'static str) {
+        *self
+            .outcomes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(outcome)
+            .or_default() += 1;
+    }
+
+    /// Rounds by outcome.
+    pub fn outcomes(&self) -> BTreeMap<&'static str, u64> {
+        self.outcomes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// The last health check's result.
+#[derive(Debug, Clone, Default)]
+pub struct Health {
+    /// Whether it answered (`None`: not checked yet).
+    pub up: Option<bool>,
+    /// What went wrong, when it did not.
+    pub error: Option<String>,
+}
+
+/// One upstream engine.
+#[derive(Debug)]
+pub struct Upstream {
+    spec: UpstreamSpec,
+    key: Option<String>,
+    client: reqwest::Client,
+    breaker: Breaker,
+    permits: Arc<Semaphore>,
+    models: RwLock<Vec<String>>,
+    health: Mutex<Health>,
+    stats: UpstreamStats,
+}
+
+/// A request's hold on one of an upstream's concurrency slots (for the whole turn, every round).
+#[derive(Debug)]
+pub struct Lease {
+    upstream: Arc<Upstream>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Lease {
+    /// The upstream.
+    pub fn upstream(&self) -> &Arc<Upstream> {
+        &self.upstream
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.upstream
+            .stats
+            .in_flight
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Waits until `flag` is set.
+async fn cancelled(flag: &AtomicBool) {
+    while !flag.load(Ordering::Relaxed) {
+        tokio::time::sleep(CANCEL_POLL).await;
+    }
+}
+
+impl Upstream {
+    /// An upstream for `spec`, its key read now.
+    pub fn new(spec: UpstreamSpec) -> Result<Self, SpecError> {
+        let key = spec.read_key()?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(spec.connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .pool_idle_timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| SpecError {
+                spec: spec.name.clone(),
+                why: format!("building its HTTP client: {e}"),
+            })?;
+        Ok(Upstream {
+            breaker: Breaker::new(spec.failures, spec.cooldown),
+            permits: Arc::new(Semaphore::new(spec.max_concurrent)),
+            models: RwLock::new(spec.models.clone()),
+            health: Mutex::default(),
+            stats: UpstreamStats::new(),
+            key,
+            client,
+            spec,
+        })
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Its configuration.
+    pub fn spec(&self) -> &UpstreamSpec {
+        &self.spec
+    }
+
+    /// The models it serves (pinned, or as last listed).
+    pub fn models(&self) -> Vec<String> {
+        self.models
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether it lists `model`.
+    pub fn has_model(&self, model: &str) -> bool {
+        self.models
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|m| m == model)
+    }
+
+    /// The last health check's result.
+    pub fn health(&self) -> Health {
+        self.health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Its circuit: `closed`, `open` or `half_open`.
+    pub fn circuit(&self) -> &'static str {
+        self.breaker.name()
+    }
+
+    /// Its counters.
+    pub fn stats(&self) -> &UpstreamStats {
+        &self.stats
+    }
+
+    /// Takes one of its concurrency slots for a turn: refused at once when all are taken or its circuit
+    /// is open.
+    pub fn lease(self: &Arc<Self>) -> Result<Lease, UpstreamError> {
+        if let Some(wait) = self.breaker.refusing(Instant::now()) {
+            self.stats.count("circuit_open");
+            return Err(UpstreamError::CircuitOpen {
+                name: self.spec.name.clone(),
+                secs: wait.as_secs().max(1),
+            });
+        }
+        let permit = Arc::clone(&self.permits).try_acquire_owned().map_err(|_| {
+            self.stats.count("busy");
+            UpstreamError::Busy {
+                name: self.spec.name.clone(),
+                limit: self.spec.max_concurrent,
+            }
+        })?;
+        self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        Ok(Lease {
+            upstream: Arc::clone(self),
+            _permit: permit,
+        })
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self
+            .client
+            .request(method, format!("{}{path}", self.spec.base));
+        match &self.key {
+            Some(k) => r.bearer_auth(k),
+            None => r,
+        }
+    }
+
+    fn unreachable(&self, e: &reqwest::Error) -> UpstreamError {
+        // reqwest's Display stops at its own layer; the cause (refused, reset) is below it.
+        let mut why = e.to_string();
+        let mut src = std::error::Error::source(e);
+        while let Some(s) = src {
+            why = format!("{why}: {s}");
+            src = s.source();
+        }
+        UpstreamError::Unreachable {
+            name: self.spec.name.clone(),
+            why: wire::clip(&why, 500),
+        }
+    }
+
+    /// Reads at most `limit` bytes of a body (an error body, a model list), within `within`.
+    async fn small_body(
+        &self,
+        mut resp: reqwest::Response,
+        within: Duration,
+    ) -> Result<Vec<u8>, UpstreamError> {
+        let read = async {
+            let mut body = Vec::new();
+            while let Some(c) = resp.chunk().await.map_err(|_| UpstreamError::Closed {
+                name: self.spec.name.clone(),
+            })? {
+                if body.len() + c.len() > MAX_SMALL_BODY {
+                    return Err(UpstreamError::Protocol {
+                        name: self.spec.name.clone(),
+                        why: format!("a body of more than {MAX_SMALL_BODY} bytes"),
+                    });
+                }
+                body.extend_from_slice(&c);
+            }
+            Ok(body)
+        };
+        tokio::time::timeout(within, read)
+            .await
+            .map_err(|_| UpstreamError::Timeout {
+                name: self.spec.name.clone(),
+                waited: Waited::Stream,
+                after: within,
+            })?
+    }
+
+    /// The error an upstream's non-success response stands for.
+    async fn status_error(&self, resp: reqwest::Response) -> UpstreamError {
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
+        let body = self
+            .small_body(resp, self.spec.idle_timeout)
+            .await
+            .unwrap_or_default();
+        let message = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| wire::error_message(&v))
+            .unwrap_or_else(|| wire::clip(String::from_utf8_lossy(&body).trim(), 1000));
+        UpstreamError::Status {
+            name: self.spec.name.clone(),
+            status,
+            message: if message.is_empty() {
+                "(no message)".into()
+            } else {
+                message
+            },
+            retry_after,
+        }
+    }
+
+    /// Lists its models (`GET /models`): at most [`MAX_MODELS`] valid ids.
+    pub async fn list_models(&self) -> Result<Vec<String>, UpstreamError> {
+        let within = self.spec.timeout.min(Duration::from_secs(10));
+        let resp =
+            tokio::time::timeout(within, self.request(reqwest::Method::GET, "/models").send())
+                .await
+                .map_err(|_| UpstreamError::Timeout {
+                    name: self.spec.name.clone(),
+                    waited: Waited::Response,
+                    after: within,
+                })?
+                .map_err(|e| self.unreachable(&e))?;
+        if !resp.status().is_success() {
+            return Err(self.status_error(resp).await);
+        }
+        let body = self.small_body(resp, within).await?;
+        let v: Value = serde_json::from_slice(&body).map_err(|e| UpstreamError::Protocol {
+            name: self.spec.name.clone(),
+            why: format!("GET /models is not JSON: {e}"),
+        })?;
+        let ids = v["data"]
+            .as_array()
+            .ok_or_else(|| UpstreamError::Protocol {
+                name: self.spec.name.clone(),
+                why: "GET /models has no \"data\" list".into(),
+            })?
+            .iter()
+            .filter_map(|m| m["id"].as_str())
+            .filter(|id| valid_model_id(id))
+            .take(MAX_MODELS)
+            .map(str::to_owned)
+            .collect();
+        Ok(ids)
+    }
+
+    /// One health check: lists the models (kept unless they are pinned) and tells the breaker.
+    pub async fn check(&self) -> Result<(), UpstreamError> {
+        let r = self.list_models().await;
+        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        match r {
+            Ok(ids) => {
+                self.breaker.success();
+                if self.spec.models.is_empty() {
+                    *self.models.write().unwrap_or_else(|p| p.into_inner()) = ids;
+                }
+                *h = Health {
+                    up: Some(true),
+                    error: None,
+                };
+                Ok(())
+            }
+            Err(e) => {
+                if e.is_failure() {
+                    self.breaker.failure(Instant::now());
+                }
+                *h = Health {
+                    up: Some(false),
+                    error: Some(e.to_string()),
+                };
+                Err(e)
+            }
+        }
+    }
+
+    /// Checks it every `health_interval` (none when that is zero), while its circuit lets a check go.
+    pub async fn health_loop(self: Arc<Self>) {
+        let every = self.spec.health_interval;
+        if every.is_zero() {
+            return;
+        }
+        loop {
+            tokio::time::sleep(every).await;
+            if self.breaker.probe_by_check(Instant::now())
+                && let Err(e) = self.check().await
+            {
+                tracing::warn!(upstream = %self.spec.name, error = %e, "upstream health check failed");
+            }
+        }
+    }
+
+    /// Runs one generation round upstream, streaming: `on` sees text, reasoning and call deltas as they
+    /// arrive. A set `cancel` flag ends it (the connection is dropped, which aborts the upstream's
+    /// request) with [`RoundOutput::cancelled`].
+    pub async fn round(
+        &self,
+        spec: &RoundSpec<'_>,
+        cancel: &AtomicBool,
+        on: &mut (dyn FnMut(Delta<'_>) + Send),
+    ) -> Result<RoundOutput, UpstreamError> {
+        let probe = match self.breaker.admit(Instant::now()) {
+            Admit::Pass => false,
+            Admit::Probe => true,
+            Admit::Refused(wait) => {
+                self.stats.count("circuit_open");
+                return Err(UpstreamError::CircuitOpen {
+                    name: self.spec.name.clone(),
+                    secs: wait.as_secs().max(1),
+                });
+            }
+        };
+        let t0 = Instant::now();
+        let r = self.round_inner(spec, cancel, on, t0).await;
+        self.stats.latency.observe(t0.elapsed().as_secs_f64());
+        match &r {
+            Ok(o) if o.cancelled => {
+                if probe {
+                    self.breaker.release(Instant::now());
+                }
+                self.stats.count("cancelled");
+            }
+            Ok(_) => {
+                self.breaker.success();
+                self.stats.count("ok");
+            }
+            Err(e) => {
+                if e.is_failure() {
+                    self.breaker.failure(Instant::now());
+                } else {
+                    self.breaker.success();
+                }
+                self.stats.count(e.kind());
+            }
+        }
+        r
+    }
+
+    async fn round_inner(
+        &self,
+        spec: &RoundSpec<'_>,
+        cancel: &AtomicBool,
+        on: &mut (dyn FnMut(Delta<'_>) + Send),
+        t0: Instant,
+    ) -> Result<RoundOutput, UpstreamError> {
+        let name = || self.spec.name.clone();
+        let abandoned = || RoundOutput {
+            cancelled: true,
+            ..RoundOutput::default()
+        };
+        let body =
+            serde_json::to_vec(&wire::request_body(spec)).map_err(|e| UpstreamError::Protocol {
+                name: name(),
+                why: format!("serializing the request: {e}"),
+            })?;
+        let send = self
+            .request(reqwest::Method::POST, "/chat/completions")
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .body(body)
+            .send();
+        let resp = tokio::select! {
+            r = tokio::time::timeout(self.spec.timeout, send) => r
+                .map_err(|_| UpstreamError::Timeout { name: name(), waited: Waited::Response, after: self.spec.timeout })?
+                .map_err(|e| self.unreachable(&e))?,
+            () = cancelled(cancel) => return Ok(abandoned()),
+        };
+        self.stats.first_byte.observe(t0.elapsed().as_secs_f64());
+        if !resp.status().is_success() {
+            return Err(self.status_error(resp).await);
+        }
+        on(Delta::Accepted);
+        let streamed = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("text/event-stream"));
+        let mut out = RoundOutput::default();
+        if !streamed {
+            // A server that ignored `stream`: its whole answer, under the same bounds.
+            let body = self.read_all(resp, cancel).await?;
+            let Some(body) = body else {
+                return Ok(abandoned());
+            };
+            let v: Value = serde_json::from_slice(&body).map_err(|e| UpstreamError::Protocol {
+                name: name(),
+                why: format!("the answer is neither an event stream nor JSON: {e}"),
+            })?;
+            out.whole(&v, &mut *on).map_err(|m| self.reported(m))?;
+            return Ok(out);
+        }
+        let mut resp = resp;
+        let mut sse = sse::SseDecoder::new(MAX_EVENT.min(self.spec.max_response));
+        let mut total = 0usize;
+        let mut events: Vec<Vec<u8>> = Vec::new();
+        'read: loop {
+            let chunk = tokio::select! {
+                c = tokio::time::timeout(self.spec.idle_timeout, resp.chunk()) => c
+                    .map_err(|_| UpstreamError::Timeout { name: name(), waited: Waited::Stream, after: self.spec.idle_timeout })?,
+                () = cancelled(cancel) => return Ok(RoundOutput { cancelled: true, ..out }),
+            };
+            let bytes = match chunk {
+                Ok(Some(b)) => b,
+                Ok(None) => break,
+                // A reset or a body cut short: it went away mid-answer.
+                Err(_) => return Err(UpstreamError::Closed { name: name() }),
+            };
+            total += bytes.len();
+            if total > self.spec.max_response {
+                return Err(UpstreamError::Protocol {
+                    name: name(),
+                    why: format!(
+                        "the answer is longer than max_response ({} bytes)",
+                        self.spec.max_response
+                    ),
+                });
+            }
+            sse.push(&bytes, &mut |data| events.push(data.to_vec()))
+                .map_err(|t| UpstreamError::Protocol {
+                    name: name(),
+                    why: format!("a stream event longer than {} bytes", t.limit),
+                })?;
+            for data in events.drain(..) {
+                if data.trim_ascii() == b"[DONE]" {
+                    out.done = true;
+                    break 'read;
+                }
+                let v: Value =
+                    serde_json::from_slice(&data).map_err(|e| UpstreamError::Protocol {
+                        name: name(),
+                        why: format!("a stream event is not JSON: {e}"),
+                    })?;
+                out.chunk(&v, &mut *on).map_err(|m| self.reported(m))?;
+            }
+        }
+        if !out.done && out.finish.is_none() {
+            return Err(UpstreamError::Closed { name: name() });
+        }
+        Ok(out)
+    }
+
+    fn reported(&self, message: String) -> UpstreamError {
+        if message.starts_with("more than ") {
+            UpstreamError::Protocol {
+                name: self.spec.name.clone(),
+                why: message,
+            }
+        } else {
+            UpstreamError::Reported {
+                name: self.spec.name.clone(),
+                message,
+            }
+        }
+    }
+
+    /// A whole (non-streamed) answer, under `max_response` and the idle limit; `None` when cancelled.
+    async fn read_all(
+        &self,
+        mut resp: reqwest::Response,
+        cancel: &AtomicBool,
+    ) -> Result<Option<Vec<u8>>, UpstreamError> {
+        let name = || self.spec.name.clone();
+        let mut body = Vec::new();
+        loop {
+            let chunk = tokio::select! {
+                c = tokio::time::timeout(self.spec.idle_timeout, resp.chunk()) => c
+                    .map_err(|_| UpstreamError::Timeout { name: name(), waited: Waited::Stream, after: self.spec.idle_timeout })?,
+                () = cancelled(cancel) => return Ok(None),
+            };
+            match chunk {
+                Ok(Some(b)) if body.len() + b.len() > self.spec.max_response => {
+                    return Err(UpstreamError::Protocol {
+                        name: name(),
+                        why: format!(
+                            "the answer is longer than max_response ({} bytes)",
+                            self.spec.max_response
+                        ),
+                    });
+                }
+                Ok(Some(b)) => body.extend_from_slice(&b),
+                Ok(None) => return Ok(Some(body)),
+                Err(_) => return Err(UpstreamError::Closed { name: name() }),
+            }
+        }
+    }
+}
+
+/// A model a request named, resolved to an upstream.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The upstream.
+    pub upstream: Arc<Upstream>,
+    /// Its own id for the model (sent upstream).
+    pub model: String,
+}
+
+impl Target {
+    /// The model as thorn's clients name it: `NAME/MODEL`.
+    pub fn exposed(&self) -> String {
+        format!("{}/{}", self.upstream.name(), self.model)
+    }
+}
+
+/// The upstreams a server was started with.
+#[derive(Debug, Default, Clone)]
+pub struct Upstreams {
+    list: Vec<Arc<Upstream>>,
+    local_first: Option<usize>,
+}
+
+impl Upstreams {
+    /// The upstreams of `specs` (keys read now); `local_first` names the one that takes the local
+    /// model's overflow.
+    pub fn new(specs: Vec<UpstreamSpec>, local_first: Option<&str>) -> Result<Self, SpecError> {
+        let mut list: Vec<Arc<Upstream>> = Vec::new();
+        for s in specs {
+            if list.iter().any(|u| u.name() == s.name) {
+                return Err(SpecError {
+                    spec: s.name.clone(),
+                    why: "two upstreams have this name".into(),
+                });
+            }
+            list.push(Arc::new(Upstream::new(s)?));
+        }
+        let local_first = match local_first {
+            None => None,
+            Some(n) => Some(
+                list.iter()
+                    .position(|u| u.name() == n)
+                    .ok_or_else(|| SpecError {
+                        spec: n.to_owned(),
+                        why: "--local-first names no --upstream".into(),
+                    })?,
+            ),
+        };
+        Ok(Upstreams { list, local_first })
+    }
+
+    /// None configured.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// All of them.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.list.iter()
+    }
+
+    /// The local model's overflow upstream.
+    pub fn local_first(&self) -> Option<&Arc<Upstream>> {
+        self.local_first.map(|i| &self.list[i])
+    }
+
+    /// The upstream model `model` names: `NAME/MODEL` (any model, when NAME has listed none), `NAME`
+    /// (its first model), or a bare id an upstream lists. `Ok(None)`: no upstream's.
+    pub fn resolve(&self, model: &str) -> Result<Option<Target>, UpstreamError> {
+        let target = |u: &Arc<Upstream>, m: &str| Target {
+            upstream: Arc::clone(u),
+            model: m.to_owned(),
+        };
+        for u in &self.list {
+            if model == u.name() {
+                let first = u
+                    .models()
+                    .into_iter()
+                    .next()
+                    .ok_or(UpstreamError::NoModel {
+                        name: u.name().to_owned(),
+                    })?;
+                return Ok(Some(target(u, &first)));
+            }
+            if let Some(m) = model
+                .strip_prefix(u.name())
+                .and_then(|r| r.strip_prefix('/'))
+            {
+                let listed = u.models();
+                if listed.is_empty() || listed.iter().any(|l| l == m) {
+                    return Ok(Some(target(u, m)));
+                }
+                return Ok(None);
+            }
+        }
+        Ok(self
+            .list
+            .iter()
+            .find(|u| u.has_model(model))
+            .map(|u| target(u, model)))
+    }
+
+    /// The first model of the local-first upstream (the "large" class).
+    pub fn large(&self) -> Result<Option<Target>, UpstreamError> {
+        match self.local_first() {
+            None => Ok(None),
+            Some(u) => self.resolve(u.name()),
+        }
+    }
+
+    /// Checks each once (at start: failures are reported, not fatal; the health loop retries).
+    pub async fn check_all(&self) -> Vec<(String, Result<(), UpstreamError>)> {
+        let mut out = Vec::new();
+        for u in &self.list {
+            out.push((u.name().to_owned(), u.check().await));
+        }
+        out
+    }
+
+    /// Starts each one's health loop on the current runtime.
+    pub fn spawn_health(&self) {
+        for u in &self.list {
+            tokio::spawn(Arc::clone(u).health_loop());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstreams(specs: &[&str]) -> Upstreams {
+        Upstreams::new(
+            specs
+                .iter()
+                .map(|s| UpstreamSpec::parse(s).unwrap())
+                .collect(),
+            None,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn model_names_resolve_to_their_upstream() {
+        let u = upstreams(&[
+            "big=http://h:1,models=Qwen/Qwen3-8B|tiny",
+            "other=http://h:2",
+        ]);
+        let t = u.resolve("big/Qwen/Qwen3-8B").unwrap().unwrap();
+        assert_eq!(
+            (t.upstream.name(), t.model.as_str()),
+            ("big", "Qwen/Qwen3-8B")
+        );
+        assert_eq!(t.exposed(), "big/Qwen/Qwen3-8B");
+        // NAME alone: its first model; a bare id it lists.
+        assert_eq!(u.resolve("big").unwrap().unwrap().model, "Qwen/Qwen3-8B");
+        assert_eq!(u.resolve("tiny").unwrap().unwrap().upstream.name(), "big");
+        // A model big does not list is no model; one that lists none takes any.
+        assert!(u.resolve("big/nope").unwrap().is_none());
+        assert_eq!(u.resolve("other/x").unwrap().unwrap().model, "x");
+        assert!(matches!(
+            u.resolve("other"),
+            Err(UpstreamError::NoModel { .. })
+        ));
+        assert!(u.resolve("unknown").unwrap().is_none());
+    }
+
+    #[test]
+    fn the_local_first_upstream_must_exist_and_names_are_unique() {
+        let spec = |s: &str| UpstreamSpec::parse(s).unwrap();
+        assert!(Upstreams::new(vec![spec("a=http://h")], Some("b")).is_err());
+        assert!(Upstreams::new(vec![spec("a=http://h"), spec("a=http://g")], None).is_err());
+        let u = Upstreams::new(vec![spec("a=http://h,models=m")], Some("a")).unwrap();
+        assert_eq!(u.large().unwrap().unwrap().model, "m");
+    }
+
+    #[test]
+    fn leases_are_bounded_and_counted() {
+        let u = Arc::new(
+            Upstream::new(UpstreamSpec::parse("a=http://h,max_concurrent=2").unwrap()).unwrap(),
+        );
+        let a = u.lease().unwrap();
+        let _b = u.lease().unwrap();
+        assert_eq!(u.stats().in_flight.load(Ordering::Relaxed), 2);
+        let e = u.lease().unwrap_err();
+        assert!(matches!(e, UpstreamError::Busy { limit: 2, .. }), "{e}");
+        assert!(!e.is_failure());
+        drop(a);
+        assert!(u.lease().is_ok());
+        assert_eq!(u.stats().outcomes().get("busy"), Some(&1));
+    }
+
+    #[test]
+    fn errors_name_the_upstream_and_only_its_faults_trip_the_circuit() {
+        let status = |s: u16| UpstreamError::Status {
+            name: "big".into(),
+            status: s,
+            message: "m".into(),
+            retry_after: None,
+        };
+        assert!(!status(400).is_failure());
+        assert!(status(401).is_failure());
+        assert!(status(500).is_failure());
+        assert_eq!(status(404).kind(), "status_4xx");
+        let t = UpstreamError::Timeout {
+            name: "big".into(),
+            waited: Waited::Stream,
+            after: Duration::from_millis(1500),
+        };
+        assert_eq!(
+            t.to_string(),
+            "upstream big sent nothing for 1.5 s in the middle of its answer"
+        );
+        assert_eq!(t.upstream(), "big");
+    }
+
+    /// A real socket that accepts and then says nothing: the round times out, and the breaker opens
+    /// after the configured failures.
+    #[tokio::test]
+    async fn a_silent_upstream_times_out_and_opens_the_circuit() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let keep = Arc::clone(&held);
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                keep.lock().unwrap().push(s);
+            }
+        });
+        let spec = UpstreamSpec::parse(&format!(
+            "slow=http://{addr},timeout=200ms,failures=2,cooldown=1h,models=m"
+        ))
+        .unwrap();
+        let u = Arc::new(Upstream::new(spec).unwrap());
+        let sampling = thorn_engine::sample::SamplingParams::default();
+        let round = RoundSpec {
+            model: "m",
+            messages: &[],
+            tools: &[],
+            tool_choice: &thorn_tools::ToolChoice::Auto,
+            parallel_tool_calls: true,
+            response_format: &thorn_tools::ResponseFormat::Text,
+            sampling: &sampling,
+            max_tokens: Some(1),
+            stop: &[],
+            logprobs: false,
+        };
+        let cancel = AtomicBool::new(false);
+        for _ in 0..2 {
+            let e = u.round(&round, &cancel, &mut |_| {}).await.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    UpstreamError::Timeout {
+                        waited: Waited::Response,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        assert_eq!(u.circuit(), "open");
+        let e = u.round(&round, &cancel, &mut |_| {}).await.unwrap_err();
+        assert!(matches!(e, UpstreamError::CircuitOpen { .. }), "{e}");
+        assert!(matches!(u.lease(), Err(UpstreamError::CircuitOpen { .. })));
+        assert_eq!(u.stats().outcomes().get("timeout"), Some(&2));
+    }
+}
