@@ -1743,6 +1743,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_context_and_queue_failures_spill_upstream() {
+        let ctx = AgentError::ContextLength {
+            prompt: 900,
+            context: 512,
+        };
+        assert_eq!(spill_reason(&ctx), Some("context"));
+        let bytes = AgentError::PromptBytes {
+            bytes: 1 << 20,
+            context: 512,
+        };
+        assert_eq!(spill_reason(&bytes), Some("context"));
+        let full = AgentError::Busy(SubmitError::Full { capacity: 4 });
+        assert_eq!(spill_reason(&full), Some("queue"));
+        // A bad request, a stopped engine or a failed pass is not the upstream's to answer.
+        assert_eq!(spill_reason(&AgentError::NoTemplate), None);
+        assert_eq!(spill_reason(&AgentError::Busy(SubmitError::Stopped)), None);
+        assert_eq!(
+            spill_reason(&AgentError::Engine(EngineError::Internal("bug".into()))),
+            None
+        );
+    }
+
+    #[test]
     fn a_request_cannot_raise_the_operators_tool_rounds() {
         assert_eq!(tool_rounds(None, 8), 8);
         assert_eq!(tool_rounds(Some(3), 8), 3);

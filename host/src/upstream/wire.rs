@@ -373,13 +373,16 @@ impl RoundOutput {
         let first = |at: &mut Option<Instant>| {
             at.get_or_insert_with(Instant::now);
         };
-        // vLLM and llama-server say `reasoning_content`; newer vLLM `reasoning`.
-        for key in ["reasoning_content", "reasoning"] {
-            if let Some(r) = d[key].as_str().filter(|r| !r.is_empty()) {
-                first(&mut self.first_token);
-                self.reasoning.push_str(r);
-                on(Delta::Reasoning(r));
-            }
+        // vLLM and llama-server say `reasoning_content`, newer vLLM `reasoning` (a server sending both
+        // sends the same text twice: the first is taken).
+        if let Some(r) = ["reasoning_content", "reasoning"]
+            .iter()
+            .find_map(|k| d[*k].as_str())
+            .filter(|r| !r.is_empty())
+        {
+            first(&mut self.first_token);
+            self.reasoning.push_str(r);
+            on(Delta::Reasoning(r));
         }
         if let Some(c) = d["content"].as_str().filter(|c| !c.is_empty()) {
             first(&mut self.first_token);
@@ -406,6 +409,9 @@ impl RoundOutput {
             }
             first(&mut self.first_token);
             let call = &mut self.calls[at];
+            // A name is complete once arguments began; a server that repeats the whole name in every
+            // delta does not make it twice as long.
+            let name = name.filter(|n| call.arguments.is_empty() && call.name != *n);
             if let Some(n) = name {
                 call.name.push_str(n);
             }
@@ -544,6 +550,21 @@ mod tests {
         // The empty first content and the empty first arguments are not deltas.
         assert_eq!(seen.len(), 6, "{seen:?}");
         assert!(out.first_token.is_some());
+
+        // A name repeated in each delta, and reasoning under both keys, count once.
+        let mut out = RoundOutput::default();
+        for c in [
+            json!({"choices": [{"delta": {"reasoning_content": "a", "reasoning": "a"}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "{"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "}"}}]}}]}),
+        ] {
+            out.chunk(&c, &mut |_| {}).unwrap();
+        }
+        assert_eq!(out.reasoning, "a");
+        assert_eq!(
+            (out.calls[0].name.as_str(), out.calls[0].arguments.as_str()),
+            ("f", "{}")
+        );
     }
 
     #[test]
