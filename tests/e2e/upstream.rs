@@ -117,6 +117,10 @@ fn a_front_thorn_serves_an_upstream_thorn_with_local_host_tools() {
     let front = thorn_tests::ServeProcess::start(&[
         "--context",
         "512",
+        "--queue",
+        "1",
+        "--max-batch",
+        "1",
         "--plugins",
         &p.plugins,
         "--policy",
@@ -269,9 +273,50 @@ fn a_front_thorn_serves_an_upstream_thorn_with_local_host_tools() {
         &json!({"messages": short, "max_tokens": 4, "thorn_model_class": "large"}),
     );
     assert_eq!(r.json()["model"], big, "{}", r.body);
+    // The local queue full (one long generation running, one waiting; neither can end early): an
+    // `auto` request goes upstream, a request for the local model by name gets the local 429.
+    let long = json!({"model": local, "messages": [{"role": "user", "content": "Count from one to one thousand."}],
+        "max_tokens": 480, "temperature": 0, "stream": true, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "n", "schema": {"type": "array", "items": {"type": "integer"}, "minItems": 200}}}});
+    let health = || {
+        let h = get(front.addr, "/health").json();
+        (h["busy"] == true, h["queue_depth"].as_u64().unwrap())
+    };
+    let (running, _) = stream_until_content(front.addr, &long);
+    let t = std::time::Instant::now();
+    while health() != (true, 0) {
+        assert!(t.elapsed().as_secs() < 120, "the first request never ran alone");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let waiting = thorn_tests::http_send(
+        front.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        long.to_string().as_bytes(),
+    );
+    while health().1 < 1 {
+        assert!(t.elapsed().as_secs() < 120, "the second request never queued");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let r = post(front.addr, &json!({"model": "auto", "messages": short, "max_tokens": 4}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["model"], big, "{}", r.body);
+    let r = post(front.addr, &json!({"model": local, "messages": short, "max_tokens": 4}));
+    assert_eq!(r.status, 429, "{}", r.body);
+    drop((running, waiting));
+    // Both were cancelled with their clients; the local engine is free again.
+    while health() != (false, 0) {
+        assert!(t.elapsed().as_secs() < 300, "the cancelled requests never ended");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let metrics = get(front.addr, "/metrics").body;
     assert!(
         metrics.contains("thorn_routed_total{upstream=\"big\",reason=\"context\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("thorn_routed_total{upstream=\"big\",reason=\"queue\"} 1"),
         "{metrics}"
     );
     assert!(metrics.contains("thorn_upstream_requests_total{upstream=\"big\",outcome=\"ok\"}"));
