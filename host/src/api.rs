@@ -294,7 +294,34 @@ pub const AUTO_MODEL: &str = "auto";
 /// The engine a request's `model` (and `thorn_model_class`) names: the local model by its name; an
 /// upstream's by `NAME/MODEL`, `NAME` or a bare id it lists; and with `--local-first`, `auto` (or no
 /// model) is the local model spilling to that upstream, `thorn_model_class: "large"` its model.
-fn route_for(st: &AppState, model: Option<&str>, class: Option<&str>) -> Result<Route, ApiError> {
+fn route_for(
+    st: &AppState,
+    model: Option<&str>,
+    class: Option<&str>,
+    key: Option<&ApiKey>,
+) -> Result<Route, ApiError> {
+    let route = route_by_name(st, model, class)?;
+    let Some(k) = key else {
+        return Ok(route);
+    };
+    Ok(match route {
+        Route::LocalFirst(t) if !k.may_use_upstream(t.upstream.name()) => Route::Local,
+        Route::Upstream(t) if !k.may_use_upstream(t.upstream.name()) => {
+            return Err(ApiError::Forbidden(format!(
+                "the API key {:?} may not use the upstream {:?}",
+                k.id(),
+                t.upstream.name()
+            )));
+        }
+        r => r,
+    })
+}
+
+fn route_by_name(
+    st: &AppState,
+    model: Option<&str>,
+    class: Option<&str>,
+) -> Result<Route, ApiError> {
     let local = &st.agent.model().name;
     let model = model.filter(|m| !m.is_empty());
     let open = model.is_none_or(|m| m == AUTO_MODEL && st.upstreams.local_first().is_some());
@@ -736,7 +763,12 @@ fn turn_of(
     caller: &Caller,
 ) -> Result<(Turn, Shape), ApiError> {
     let opts = r.thorn_tool_use;
-    let route = route_for(st, r.model.as_deref(), r.thorn_model_class.as_deref())?;
+    let route = route_for(
+        st,
+        r.model.as_deref(),
+        r.thorn_model_class.as_deref(),
+        caller.key.as_ref(),
+    )?;
     let (mut turn, shape) = turn_from(st.agent.plugins(), r, caller, route)?;
     turn.tool_use = opts.map(|o| o.over(st.agent.tool_use()));
     Ok((turn, shape))

@@ -47,6 +47,20 @@ fn post(addr: std::net::SocketAddr, body: &Value) -> thorn_tests::HttpResponse {
     )
 }
 
+fn post_as(addr: std::net::SocketAddr, key: &str, body: &Value) -> thorn_tests::HttpResponse {
+    let auth = format!("Bearer {key}");
+    thorn_tests::http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", &auth),
+        ],
+        body.to_string().as_bytes(),
+    )
+}
+
 fn get(addr: std::net::SocketAddr, path: &str) -> thorn_tests::HttpResponse {
     thorn_tests::http(addr, "GET", path, &[], b"")
 }
@@ -285,7 +299,10 @@ fn a_front_thorn_serves_an_upstream_thorn_with_local_host_tools() {
     let (running, _) = stream_until_content(front.addr, &long);
     let t = std::time::Instant::now();
     while health() != (true, 0) {
-        assert!(t.elapsed().as_secs() < 120, "the first request never ran alone");
+        assert!(
+            t.elapsed().as_secs() < 120,
+            "the first request never ran alone"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let waiting = thorn_tests::http_send(
@@ -296,18 +313,30 @@ fn a_front_thorn_serves_an_upstream_thorn_with_local_host_tools() {
         long.to_string().as_bytes(),
     );
     while health().1 < 1 {
-        assert!(t.elapsed().as_secs() < 120, "the second request never queued");
+        assert!(
+            t.elapsed().as_secs() < 120,
+            "the second request never queued"
+        );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let r = post(front.addr, &json!({"model": "auto", "messages": short, "max_tokens": 4}));
+    let r = post(
+        front.addr,
+        &json!({"model": "auto", "messages": short, "max_tokens": 4}),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["model"], big, "{}", r.body);
-    let r = post(front.addr, &json!({"model": local, "messages": short, "max_tokens": 4}));
+    let r = post(
+        front.addr,
+        &json!({"model": local, "messages": short, "max_tokens": 4}),
+    );
     assert_eq!(r.status, 429, "{}", r.body);
     drop((running, waiting));
     // Both were cancelled with their clients; the local engine is free again.
     while health() != (false, 0) {
-        assert!(t.elapsed().as_secs() < 300, "the cancelled requests never ended");
+        assert!(
+            t.elapsed().as_secs() < 300,
+            "the cancelled requests never ended"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let metrics = get(front.addr, "/metrics").body;
@@ -584,14 +613,36 @@ fn invalid_upstream_calls_go_back_to_the_model_and_never_reach_a_plugin() {
     ];
     let up = scripted(answers);
     let p = calculator();
+    // Two keys: one for every upstream, one kept local.
+    let keys = p._dir.path().join("keys.json");
+    std::fs::write(
+        &keys,
+        json!({"keys": [
+            {"id": "full", "sha256": thorn_tests::sha256_hex(b"k-full")},
+            {"id": "edge", "sha256": thorn_tests::sha256_hex(b"k-edge"), "upstreams": []}]})
+        .to_string(),
+    )
+    .unwrap();
     let front = thorn_tests::ServeProcess::start(&[
         "--plugins",
         &p.plugins,
         "--policy",
         &p.policy,
+        "--api-keys",
+        keys.to_str().unwrap(),
         "--upstream",
         &format!("fake=http://{}", up.addr),
     ]);
+    let post = |addr, body: &Value| post_as(addr, "k-full", body);
+    // A key without upstreams is refused the upstream's model, before anything is sent.
+    let r = post_as(
+        front.addr,
+        "k-edge",
+        &json!({"model": "fake/scripted", "messages": [{"role": "user", "content": "Hi"}]}),
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(msg.contains("may not use the upstream \"fake\""), "{msg}");
     let r = post(
         front.addr,
         &json!({"model": "fake/scripted", "messages": [{"role": "user", "content": "What is 6 * 7?"}],
@@ -688,8 +739,12 @@ fn invalid_upstream_calls_go_back_to_the_model_and_never_reach_a_plugin() {
 }
 
 /// llama-server (llama.cpp's OpenAI server, built from the pinned llama-cpp-python sdist) as the
-/// upstream, on the same GGUF, with its documented tool-calling flag (`--jinja`): a host tool runs at
-/// the front. Skipped, with a line saying so, when `llama-server` is not on PATH.
+/// upstream, on the same GGUF, started as its docs say for tool calling (`--jinja`): thorn's request
+/// reaches it through `model: "llama"` (its first listed model), its answer streams back through the
+/// front, and the `response_format` json_schema is passed on so llama-server constrains its own decoding
+/// (the answer is JSON of that schema). llama-server has no tool-call format for this model's template
+/// (asked directly, it answers a `tool_choice: "required"` request in prose), so tool calls are not
+/// checked here. Skipped, with a line saying so, when `llama-server` is not on PATH.
 #[test]
 fn llama_server_as_an_upstream() {
     let Ok(path) = std::env::var("PATH") else {
@@ -730,27 +785,35 @@ fn llama_server_as_an_upstream() {
         assert!(t0.elapsed().as_secs() < 300, "llama-server did not start");
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    let p = calculator();
-    let front = thorn_tests::ServeProcess::start(&[
-        "--plugins",
-        &p.plugins,
-        "--policy",
-        &p.policy,
-        "--upstream",
-        &format!("llama=http://{addr}"),
-    ]);
+    let front = thorn_tests::ServeProcess::start(&["--upstream", &format!("llama=http://{addr}")]);
+    let schema = json!({"type": "object", "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"]});
     let r = post(
         front.addr,
         &json!({"model": "llama", "messages": [{"role": "user", "content": "What is 17 * 3?"}],
-            "tools": [{"type": "function", "function": {"name": "thorn:calculator"}}],
-            "tool_choice": "required", "temperature": 0, "max_tokens": 80, "max_tool_rounds": 1}),
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+            "stream": true, "stream_options": {"include_usage": true}, "temperature": 0, "max_tokens": 40}),
     );
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(r.status, 200, "{}\n{}", r.body, front.log());
-    let v = r.json();
-    assert_eq!(
-        v["choices"][0]["message"]["thorn_host_tool_calls"][0]["name"], "evaluate",
-        "{v}"
+    let mut content = String::new();
+    let mut usage = Value::Null;
+    for e in r.sse().iter().filter(|e| *e != "[DONE]") {
+        let c: Value = serde_json::from_str(e).unwrap();
+        assert!(c["model"].as_str().unwrap().starts_with("llama/"), "{c}");
+        if let Some(t) = c["choices"][0]["delta"]["content"].as_str() {
+            content.push_str(t);
+        }
+        if !c["usage"].is_null() {
+            usage = c["usage"].clone();
+        }
+    }
+    let answer: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("{e}: {content}"));
+    assert!(answer["answer"].is_i64(), "{content}");
+    assert!(
+        usage["completion_tokens"].as_u64().unwrap() > 0,
+        "{}",
+        r.body
     );
 }

@@ -382,7 +382,7 @@ fn choice_of(v: Option<&Value>) -> Result<(ToolChoice, bool), ApiError> {
 
 /// The agent's turn for a Messages request.
 fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, bool), ApiError> {
-    let route = super::route_for(st, Some(&r.model), None)?;
+    let route = super::route_for(st, Some(&r.model), None, caller.key.as_ref())?;
     let max_tokens = match r.max_tokens {
         Some(n) if n >= 1 => n,
         Some(_) => {

@@ -4,10 +4,12 @@
 //! every stored digest in constant time (no early exit, no length leak), so response timing says nothing
 //! about how much of a key was right. Each key has an id (recorded in the audit log, never the secret), an
 //! optional allow-list of host tools (plugin names or plugin function names; absent = every installed
-//! plugin) and whether it may read `/metrics`.
+//! plugin), an optional allow-list of upstream engines (absent = every `--upstream`; `[]` = none, so its
+//! requests stay local) and whether it may read `/metrics`.
 //!
 //! The key file (`thorn serve --api-keys FILE`) is JSON:
-//! `{"keys": [{"id": "robot-1", "sha256": "<hex of the key>", "tools": ["calculator"], "metrics": false}]}`
+//! `{"keys": [{"id": "robot-1", "sha256": "<hex of the key>", "tools": ["calculator"], "upstreams": [],
+//! "metrics": false}]}`
 //! (`printf %s "$KEY" | sha256sum` gives the digest). Keys given on the command line (`--api-key`) or in
 //! `THORN_API_KEYS` may use every tool and read `/metrics`.
 
@@ -43,6 +45,7 @@ pub struct ApiKey {
     id: String,
     digest: [u8; 32],
     tools: Option<Vec<String>>,
+    upstreams: Option<Vec<String>>,
     metrics: bool,
 }
 
@@ -53,8 +56,22 @@ impl ApiKey {
             id: id.into(),
             digest: Sha256::digest(secret.as_bytes()).into(),
             tools: None,
+            upstreams: None,
             metrics: true,
         }
+    }
+
+    /// Limits the key to these upstream engines (`--upstream` names; empty: none).
+    pub fn with_upstreams(mut self, upstreams: Vec<String>) -> Self {
+        self.upstreams = Some(upstreams);
+        self
+    }
+
+    /// Whether the key may have its requests served by the upstream `name`.
+    pub fn may_use_upstream(&self, name: &str) -> bool {
+        self.upstreams
+            .as_ref()
+            .is_none_or(|u| u.iter().any(|n| n == name))
     }
 
     /// Limits the key to these host tools (plugin or function names).
@@ -107,6 +124,8 @@ struct KeyEntry {
     #[serde(default)]
     tools: Option<Vec<String>>,
     #[serde(default)]
+    upstreams: Option<Vec<String>>,
+    #[serde(default)]
     metrics: bool,
 }
 
@@ -157,6 +176,7 @@ impl Keys {
                 id: e.id,
                 digest,
                 tools: e.tools,
+                upstreams: e.upstreams,
                 metrics: e.metrics,
             });
         }
@@ -243,6 +263,18 @@ mod tests {
         assert!(!robot.may_read_metrics());
         let ops = keys.check("0ps").unwrap();
         assert!(ops.may_read_metrics() && !ops.may_use("calculator", "evaluate"));
+        // No upstream list: every upstream; a list: those only (empty: none).
+        assert!(robot.may_use_upstream("big"));
+        let text = format!(
+            r#"{{"keys": [{{"id": "edge", "sha256": "{}", "upstreams": []}},
+                {{"id": "lab", "sha256": "{}", "upstreams": ["big"]}}]}}"#,
+            sha("e"),
+            sha("l")
+        );
+        let keys = Keys::parse(&text).unwrap();
+        assert!(!keys.check("e").unwrap().may_use_upstream("big"));
+        let lab = keys.check("l").unwrap();
+        assert!(lab.may_use_upstream("big") && !lab.may_use_upstream("other"));
         for bad in [
             r#"{"keys": [{"id": "a", "sha256": "xyz"}]}"#,
             r#"{"keys": [{"id": "a b", "sha256": "00"}]}"#,
