@@ -9,7 +9,9 @@
     reason = "module-private kernels, callers are the dispatchers below"
 )]
 
-use super::qmatmul::{GROUP, Layout, QActs, QK, QMatrix};
+#[cfg(target_arch = "x86_64")]
+use super::qmatmul::{GROUP, QK};
+use super::qmatmul::{Layout, QActs, QMatrix};
 use crate::backend::pages::KvSlice;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -322,10 +324,14 @@ unsafe fn hsum256(v: __m256) -> f32 {
 }
 
 /// The group-block layouts as kernel parameters: nibbles with f16 scales, nibbles with f32, bytes.
+#[cfg(target_arch = "x86_64")]
 const NIB16: u8 = 0;
+#[cfg(target_arch = "x86_64")]
 const NIB32: u8 = 1;
+#[cfg(target_arch = "x86_64")]
 const BYTE: u8 = 2;
 
+#[cfg(target_arch = "x86_64")]
 fn layout_kind(w: &QMatrix) -> u8 {
     match (w.layout, w.f32_scales) {
         (Layout::Byte, _) => BYTE,
@@ -337,6 +343,7 @@ fn layout_kind(w: &QMatrix) -> u8 {
 /// The quantized kernels' walk: tokens in tiles of up to `width`, and for each tile the row units
 /// (groups, or half groups) `units` a few at a time, `per(tile tokens)` of them (one at a time where fewer
 /// are left); calls `f(first unit, units, first token, tokens)`.
+#[cfg(target_arch = "x86_64")]
 fn for_tiles(
     tokens: usize,
     width: usize,
@@ -1004,6 +1011,8 @@ pub fn argmax(isa: Isa, x: &[f32]) -> Option<usize> {
             return Some(i);
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     super::ops::argmax(x)
 }
 
@@ -1152,6 +1161,7 @@ unsafe fn exp_sub_avx2(x: &mut [f32], m: f32) -> f32 {
 }
 
 /// Rows of keys or values for the AVX-512 kernel: f16 elements, or E4M3 bytes with a scale to apply.
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Rows {
     ptr: *const u8,
