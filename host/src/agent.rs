@@ -807,8 +807,15 @@ impl Agent {
         } else {
             all
         };
+        let text = self.render(&shown, &turn.messages)?;
+        Ok(self.tokenize(PromptText::Chat(text)).await?.len())
+    }
+
+    /// The prompt text of `messages` with `shown` tools, from the chat template over quoted data, after
+    /// a byte-length check that refuses data the context cannot hold before rendering it.
+    fn render(&self, shown: &ToolSet, messages: &[Message]) -> Result<String, AgentError> {
         let template = self.model.template.as_ref().ok_or(AgentError::NoTemplate)?;
-        let data: usize = turn.messages.iter().map(Message::data_len).sum();
+        let data: usize = messages.iter().map(Message::data_len).sum();
         if data > self.model.max_prompt_bytes() {
             return Err(AgentError::PromptBytes {
                 bytes: data,
@@ -816,14 +823,11 @@ impl Agent {
             });
         }
         let tok = &self.model.tokenizer;
-        let text = shown.render(
-            template,
-            &turn.messages,
-            &self.model.bos,
-            &self.model.eos,
-            &|s| tok.quote(s),
-        )?;
-        Ok(self.tokenize(PromptText::Chat(text)).await?.len())
+        Ok(
+            shown.render(template, messages, &self.model.bos, &self.model.eos, &|s| {
+                tok.quote(s)
+            })?,
+        )
     }
 
     /// Runs one generation on the engine thread, streaming its text through `on_text`. A `copying`
@@ -1236,22 +1240,7 @@ impl Agent {
         counters: &mut Counters,
         on_event: &mut (dyn FnMut(Event) + Send),
     ) -> Result<RoundResult, AgentError> {
-        let template = self.model.template.as_ref().ok_or(AgentError::NoTemplate)?;
-        let data: usize = r.messages.iter().map(Message::data_len).sum();
-        if data > self.model.max_prompt_bytes() {
-            return Err(AgentError::PromptBytes {
-                bytes: data,
-                context: self.model.context,
-            });
-        }
-        let tok = &self.model.tokenizer;
-        let prompt_text = r.shown.render(
-            template,
-            r.messages,
-            &self.model.bos,
-            &self.model.eos,
-            &|s| tok.quote(s),
-        )?;
+        let prompt_text = self.render(r.shown, r.messages)?;
         // A thinking model's template may open the reasoning block in the prompt itself.
         let opened = prompt_text.trim_end().ends_with(THINK_OPEN);
         let mut splitter = Splitter::new(opened);

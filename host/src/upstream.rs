@@ -31,12 +31,14 @@ use breaker::{Admit, Breaker};
 use serde_json::Value;
 pub use spec::{SpecError, UpstreamSpec};
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-pub use wire::{Delta, RoundOutput, RoundSpec};
+pub use wire::{Delta, RoundOutput, RoundSpec, WireError};
 
 /// Whether `id` may name a model: 1 to 256 printable ASCII characters, no spaces.
 pub fn valid_model_id(id: &str) -> bool {
@@ -410,27 +412,68 @@ impl Upstream {
         }
     }
 
-    /// Reads at most `limit` bytes of a body (an error body, a model list), within `within`.
+    /// The next piece of a body (`None` at its end), waiting at most `idle`; `Gone` when `gone` (the
+    /// client's cancel) fires first.
+    async fn next_chunk(
+        &self,
+        resp: &mut reqwest::Response,
+        idle: Duration,
+        gone: Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<Next, UpstreamError> {
+        let chunk = tokio::select! {
+            c = tokio::time::timeout(idle, resp.chunk()) => c.map_err(|_| UpstreamError::Timeout {
+                name: self.spec.name.clone(),
+                waited: Waited::Stream,
+                after: idle,
+            })?,
+            () = gone => return Ok(Next::Gone),
+        };
+        match chunk {
+            Ok(Some(b)) => Ok(Next::Bytes(b)),
+            Ok(None) => Ok(Next::End),
+            // A reset or a body cut short: it went away mid-answer.
+            Err(_) => Err(UpstreamError::Closed {
+                name: self.spec.name.clone(),
+            }),
+        }
+    }
+
+    /// A whole body of at most `limit` bytes, each piece within `idle`; `None` when `gone` fired.
+    async fn read_body(
+        &self,
+        resp: &mut reqwest::Response,
+        limit: usize,
+        idle: Duration,
+        mut gone: Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<Option<Vec<u8>>, UpstreamError> {
+        let mut body = Vec::new();
+        loop {
+            match self.next_chunk(resp, idle, gone.as_mut()).await? {
+                Next::Bytes(b) if body.len() + b.len() > limit => {
+                    return Err(self.too_long(limit));
+                }
+                Next::Bytes(b) => body.extend_from_slice(&b),
+                Next::End => return Ok(Some(body)),
+                Next::Gone => return Ok(None),
+            }
+        }
+    }
+
+    fn too_long(&self, limit: usize) -> UpstreamError {
+        UpstreamError::Protocol {
+            name: self.spec.name.clone(),
+            why: format!("an answer longer than {limit} bytes"),
+        }
+    }
+
+    /// A small body (an error body, a model list): at most [`MAX_SMALL_BODY`] bytes, all within `within`.
     async fn small_body(
         &self,
         mut resp: reqwest::Response,
         within: Duration,
     ) -> Result<Vec<u8>, UpstreamError> {
-        let read = async {
-            let mut body = Vec::new();
-            while let Some(c) = resp.chunk().await.map_err(|_| UpstreamError::Closed {
-                name: self.spec.name.clone(),
-            })? {
-                if body.len() + c.len() > MAX_SMALL_BODY {
-                    return Err(UpstreamError::Protocol {
-                        name: self.spec.name.clone(),
-                        why: format!("a body of more than {MAX_SMALL_BODY} bytes"),
-                    });
-                }
-                body.extend_from_slice(&c);
-            }
-            Ok(body)
-        };
+        let never = std::pin::pin!(std::future::pending::<()>());
+        let read = self.read_body(&mut resp, MAX_SMALL_BODY, within, never);
         tokio::time::timeout(within, read)
             .await
             .map_err(|_| UpstreamError::Timeout {
@@ -438,6 +481,7 @@ impl Upstream {
                 waited: Waited::Stream,
                 after: within,
             })?
+            .map(Option::unwrap_or_default)
     }
 
     /// The error an upstream's non-success response stands for.
@@ -617,11 +661,13 @@ impl Upstream {
             .header(reqwest::header::ACCEPT, "text/event-stream")
             .body(body)
             .send();
-        let resp = tokio::select! {
+        // The client's cancel, watched through the whole round.
+        let mut gone = std::pin::pin!(cancelled(cancel));
+        let mut resp = tokio::select! {
             r = tokio::time::timeout(self.spec.timeout, send) => r
                 .map_err(|_| UpstreamError::Timeout { name: name(), waited: Waited::Response, after: self.spec.timeout })?
                 .map_err(|e| self.unreachable(&e))?,
-            () = cancelled(cancel) => return Ok(abandoned()),
+            () = gone.as_mut() => return Ok(abandoned()),
         };
         self.stats.first_byte.observe(t0.elapsed().as_secs_f64());
         if !resp.status().is_success() {
@@ -636,59 +682,62 @@ impl Upstream {
         let mut out = RoundOutput::default();
         if !streamed {
             // A server that ignored `stream`: its whole answer, under the same bounds.
-            let body = self.read_all(resp, cancel).await?;
-            let Some(body) = body else {
+            let limit = self.spec.max_response;
+            let idle = self.spec.idle_timeout;
+            let Some(body) = self.read_body(&mut resp, limit, idle, gone).await? else {
                 return Ok(abandoned());
             };
             let v: Value = serde_json::from_slice(&body).map_err(|e| UpstreamError::Protocol {
                 name: name(),
                 why: format!("the answer is neither an event stream nor JSON: {e}"),
             })?;
-            out.whole(&v, &mut *on).map_err(|m| self.reported(m))?;
+            out.whole(&v, &mut *on).map_err(|e| self.wire_error(e))?;
             return Ok(out);
         }
-        let mut resp = resp;
         let mut sse = sse::SseDecoder::new(MAX_EVENT.min(self.spec.max_response));
         let mut total = 0usize;
-        let mut events: Vec<Vec<u8>> = Vec::new();
-        'read: loop {
-            let chunk = tokio::select! {
-                c = tokio::time::timeout(self.spec.idle_timeout, resp.chunk()) => c
-                    .map_err(|_| UpstreamError::Timeout { name: name(), waited: Waited::Stream, after: self.spec.idle_timeout })?,
-                () = cancelled(cancel) => return Ok(RoundOutput { cancelled: true, ..out }),
-            };
-            let bytes = match chunk {
-                Ok(Some(b)) => b,
-                Ok(None) => break,
-                // A reset or a body cut short: it went away mid-answer.
-                Err(_) => return Err(UpstreamError::Closed { name: name() }),
+        while !out.done {
+            let bytes = match self
+                .next_chunk(&mut resp, self.spec.idle_timeout, gone.as_mut())
+                .await?
+            {
+                Next::Bytes(b) => b,
+                Next::End => break,
+                Next::Gone => {
+                    return Ok(RoundOutput {
+                        cancelled: true,
+                        ..out
+                    });
+                }
             };
             total += bytes.len();
             if total > self.spec.max_response {
-                return Err(UpstreamError::Protocol {
-                    name: name(),
-                    why: format!(
-                        "the answer is longer than max_response ({} bytes)",
-                        self.spec.max_response
-                    ),
-                });
+                return Err(self.too_long(self.spec.max_response));
             }
-            sse.push(&bytes, &mut |data| events.push(data.to_vec()))
-                .map_err(|t| UpstreamError::Protocol {
-                    name: name(),
-                    why: format!("a stream event longer than {} bytes", t.limit),
-                })?;
-            for data in events.drain(..) {
+            // Each event is taken as it completes; the first failure ends the round.
+            let mut failed = None;
+            sse.push(&bytes, &mut |data| {
+                if failed.is_some() || out.done {
+                    return;
+                }
                 if data.trim_ascii() == b"[DONE]" {
                     out.done = true;
-                    break 'read;
+                    return;
                 }
-                let v: Value =
-                    serde_json::from_slice(&data).map_err(|e| UpstreamError::Protocol {
+                failed = match serde_json::from_slice::<Value>(data) {
+                    Err(e) => Some(UpstreamError::Protocol {
                         name: name(),
                         why: format!("a stream event is not JSON: {e}"),
-                    })?;
-                out.chunk(&v, &mut *on).map_err(|m| self.reported(m))?;
+                    }),
+                    Ok(v) => out.chunk(&v, &mut *on).err().map(|e| self.wire_error(e)),
+                };
+            })
+            .map_err(|t| UpstreamError::Protocol {
+                name: name(),
+                why: format!("a stream event longer than {} bytes", t.limit),
+            })?;
+            if let Some(e) = failed {
+                return Err(e);
             }
         }
         if !out.done && out.finish.is_none() {
@@ -697,50 +746,23 @@ impl Upstream {
         Ok(out)
     }
 
-    fn reported(&self, message: String) -> UpstreamError {
-        if message.starts_with("more than ") {
-            UpstreamError::Protocol {
-                name: self.spec.name.clone(),
-                why: message,
-            }
-        } else {
-            UpstreamError::Reported {
-                name: self.spec.name.clone(),
-                message,
-            }
+    fn wire_error(&self, e: WireError) -> UpstreamError {
+        let name = self.spec.name.clone();
+        match e {
+            WireError::Reported(message) => UpstreamError::Reported { name, message },
+            WireError::Invalid(why) => UpstreamError::Protocol { name, why },
         }
     }
+}
 
-    /// A whole (non-streamed) answer, under `max_response` and the idle limit; `None` when cancelled.
-    async fn read_all(
-        &self,
-        mut resp: reqwest::Response,
-        cancel: &AtomicBool,
-    ) -> Result<Option<Vec<u8>>, UpstreamError> {
-        let name = || self.spec.name.clone();
-        let mut body = Vec::new();
-        loop {
-            let chunk = tokio::select! {
-                c = tokio::time::timeout(self.spec.idle_timeout, resp.chunk()) => c
-                    .map_err(|_| UpstreamError::Timeout { name: name(), waited: Waited::Stream, after: self.spec.idle_timeout })?,
-                () = cancelled(cancel) => return Ok(None),
-            };
-            match chunk {
-                Ok(Some(b)) if body.len() + b.len() > self.spec.max_response => {
-                    return Err(UpstreamError::Protocol {
-                        name: name(),
-                        why: format!(
-                            "the answer is longer than max_response ({} bytes)",
-                            self.spec.max_response
-                        ),
-                    });
-                }
-                Ok(Some(b)) => body.extend_from_slice(&b),
-                Ok(None) => return Ok(Some(body)),
-                Err(_) => return Err(UpstreamError::Closed { name: name() }),
-            }
-        }
-    }
+/// What [`Upstream::next_chunk`] read.
+enum Next {
+    /// A piece of the body.
+    Bytes(bytes::Bytes),
+    /// The body's end.
+    End,
+    /// The client went away first.
+    Gone,
 }
 
 /// A model a request named, resolved to an upstream.

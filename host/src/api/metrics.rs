@@ -396,6 +396,26 @@ impl Metrics {
     }
 }
 
+/// Which of an upstream's histograms.
+type PickHistogram = fn(&crate::upstream::UpstreamStats) -> &Histogram;
+
+/// One sample line per upstream under one `HELP`/`TYPE` header: `value` gives it (`None`: no line).
+fn per_upstream(
+    out: &mut String,
+    upstreams: &crate::upstream::Upstreams,
+    name: &str,
+    kind: &str,
+    help: &str,
+    value: impl Fn(&crate::upstream::Upstream) -> Option<String>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for u in upstreams.iter() {
+        if let Some(v) = value(u) {
+            let _ = writeln!(out, "{name}{{upstream=\"{}\"}} {v}", escape(u.name()));
+        }
+    }
+}
+
 /// Each upstream's counters: rounds by outcome, latency to the response's start and of whole rounds,
 /// requests in flight, the circuit and the last health check.
 pub fn render_upstreams(upstreams: &crate::upstream::Upstreams, out: &mut String) {
@@ -415,88 +435,70 @@ pub fn render_upstreams(upstreams: &crate::upstream::Upstreams, out: &mut String
             );
         }
     }
-    let _ = writeln!(
+    per_upstream(
         out,
-        "# HELP thorn_upstream_errors_total Rounds that failed at an upstream (any outcome but ok and cancelled).\n# TYPE thorn_upstream_errors_total counter"
+        upstreams,
+        "thorn_upstream_errors_total",
+        "counter",
+        "Rounds that failed at an upstream (any outcome but ok and cancelled).",
+        |u| {
+            let outcomes = u.stats().outcomes();
+            let errors = outcomes
+                .iter()
+                .filter(|(o, _)| !matches!(**o, "ok" | "cancelled"))
+                .map(|(_, n)| n);
+            Some(errors.sum::<u64>().to_string())
+        },
     );
-    for u in upstreams.iter() {
-        let errors: u64 = u
-            .stats()
-            .outcomes()
-            .iter()
-            .filter(|(o, _)| !matches!(**o, "ok" | "cancelled"))
-            .map(|(_, n)| n)
-            .sum();
-        let _ = writeln!(
-            out,
-            "thorn_upstream_errors_total{{upstream=\"{}\"}} {errors}",
-            escape(u.name())
-        );
-    }
-    for (name, help, pick) in [
+    let histograms: [(&str, &str, PickHistogram); 2] = [
         (
             "thorn_upstream_first_byte_seconds",
             "Time until an upstream's response started.",
-            0,
+            |s| &s.first_byte,
         ),
         (
             "thorn_upstream_round_seconds",
             "Time of a whole generation round at an upstream.",
-            1,
+            |s| &s.latency,
         ),
-    ] {
+    ];
+    for (name, help, pick) in histograms {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for u in upstreams.iter() {
-            let h = if pick == 0 {
-                &u.stats().first_byte
-            } else {
-                &u.stats().latency
+            pick(u.stats()).rows(name, &format!("upstream=\"{}\",", escape(u.name())), out);
+        }
+    }
+    per_upstream(
+        out,
+        upstreams,
+        "thorn_upstream_in_flight",
+        "gauge",
+        "Requests an upstream is serving.",
+        |u| Some(u.stats().in_flight.load(Ordering::Relaxed).to_string()),
+    );
+    per_upstream(
+        out,
+        upstreams,
+        "thorn_upstream_circuit_open",
+        "gauge",
+        "Whether an upstream's circuit is open (1) or half open (0.5).",
+        |u| {
+            let v = match u.circuit() {
+                "open" => "1",
+                "half_open" => "0.5",
+                _ => "0",
             };
-            h.rows(name, &format!("upstream=\"{}\",", escape(u.name())), out);
-        }
-    }
-    let _ = writeln!(
-        out,
-        "# HELP thorn_upstream_in_flight Requests an upstream is serving.\n# TYPE thorn_upstream_in_flight gauge"
+            Some(v.to_owned())
+        },
     );
-    for u in upstreams.iter() {
-        let _ = writeln!(
-            out,
-            "thorn_upstream_in_flight{{upstream=\"{}\"}} {}",
-            escape(u.name()),
-            u.stats().in_flight.load(Ordering::Relaxed)
-        );
-    }
-    let _ = writeln!(
+    per_upstream(
         out,
-        "# HELP thorn_upstream_circuit_open Whether an upstream's circuit is open (1) or half open (0.5).\n# TYPE thorn_upstream_circuit_open gauge"
+        upstreams,
+        "thorn_upstream_up",
+        "gauge",
+        "Whether an upstream's last health check answered.",
+        |u| u.health().up.map(|up| u8::from(up).to_string()),
     );
-    for u in upstreams.iter() {
-        let v = match u.circuit() {
-            "open" => "1",
-            "half_open" => "0.5",
-            _ => "0",
-        };
-        let _ = writeln!(
-            out,
-            "thorn_upstream_circuit_open{{upstream=\"{}\"}} {v}",
-            escape(u.name())
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP thorn_upstream_up Whether an upstream's last health check answered.\n# TYPE thorn_upstream_up gauge"
-    );
-    for u in upstreams.iter() {
-        if let Some(up) = u.health().up {
-            let _ = writeln!(
-                out,
-                "thorn_upstream_up{{upstream=\"{}\"}} {}",
-                escape(u.name()),
-                u8::from(up)
-            );
-        }
-    }
 }
 
 #[cfg(test)]

@@ -290,6 +290,15 @@ pub fn error_message(v: &Value) -> Option<String> {
     Some(clip(&m, 1000))
 }
 
+/// Why an upstream's answer could not be taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireError {
+    /// The upstream reported an error (in an event or as the whole answer): its message.
+    Reported(String),
+    /// The answer breaks a rule of the form or one of thorn's bounds.
+    Invalid(String),
+}
+
 /// At most `n` bytes of `s`, cut at a character boundary.
 pub fn clip(s: &str, n: usize) -> String {
     if s.len() <= n {
@@ -303,12 +312,14 @@ pub fn clip(s: &str, n: usize) -> String {
 }
 
 impl RoundOutput {
-    fn call_at(&mut self, wire_index: u64) -> Result<usize, String> {
+    fn call_at(&mut self, wire_index: u64) -> Result<usize, WireError> {
         if let Some(i) = self.calls.iter().position(|c| c.wire_index == wire_index) {
             return Ok(i);
         }
         if self.calls.len() == MAX_CALLS {
-            return Err(format!("more than {MAX_CALLS} tool calls in one answer"));
+            return Err(WireError::Invalid(format!(
+                "more than {MAX_CALLS} tool calls in one answer"
+            )));
         }
         self.calls.push(RawCall {
             wire_index,
@@ -318,9 +329,9 @@ impl RoundOutput {
     }
 
     /// Takes one streamed chunk (`chat.completion.chunk`); `on` sees what it adds.
-    pub fn chunk(&mut self, v: &Value, on: &mut dyn FnMut(Delta<'_>)) -> Result<(), String> {
+    pub fn chunk(&mut self, v: &Value, on: &mut dyn FnMut(Delta<'_>)) -> Result<(), WireError> {
         if let Some(m) = error_message(v).filter(|_| v.get("error").is_some()) {
-            return Err(m);
+            return Err(WireError::Reported(m));
         }
         if let Some(u) = v.get("usage").and_then(counts) {
             self.usage = Some(u);
@@ -340,14 +351,16 @@ impl RoundOutput {
     }
 
     /// Takes a whole answer (`chat.completion`, from an upstream that did not stream).
-    pub fn whole(&mut self, v: &Value, on: &mut dyn FnMut(Delta<'_>)) -> Result<(), String> {
+    pub fn whole(&mut self, v: &Value, on: &mut dyn FnMut(Delta<'_>)) -> Result<(), WireError> {
         if v.get("error").is_some() {
-            return Err(error_message(v).unwrap_or_else(|| "an error without a message".into()));
+            return Err(WireError::Reported(
+                error_message(v).unwrap_or_else(|| "an error without a message".into()),
+            ));
         }
         let choice = v["choices"]
             .as_array()
             .and_then(|c| c.first())
-            .ok_or("an answer without choices")?;
+            .ok_or_else(|| WireError::Invalid("an answer without choices".into()))?;
         // A whole message's calls carry no `index`: their order gives it.
         let mut m = choice["message"].clone();
         if let Some(calls) = m["tool_calls"].as_array_mut() {
@@ -369,7 +382,7 @@ impl RoundOutput {
     }
 
     /// A delta (or whole message): text, reasoning, calls.
-    fn take(&mut self, d: &Value, on: &mut dyn FnMut(Delta<'_>)) -> Result<(), String> {
+    fn take(&mut self, d: &Value, on: &mut dyn FnMut(Delta<'_>)) -> Result<(), WireError> {
         let first = |at: &mut Option<Instant>| {
             at.get_or_insert_with(Instant::now);
         };
@@ -576,7 +589,7 @@ mod tests {
                 &mut |_| {},
             )
             .unwrap_err();
-        assert_eq!(e, "CUDA out of memory");
+        assert_eq!(e, WireError::Reported("CUDA out of memory".into()));
         let many: Vec<Value> = (0..=MAX_CALLS)
             .map(|i| json!({"index": i, "function": {"name": "f", "arguments": "{}"}}))
             .collect();
@@ -586,7 +599,7 @@ mod tests {
                 &mut |_| {},
             )
             .unwrap_err();
-        assert!(e.contains("more than"));
+        assert!(matches!(e, WireError::Invalid(m) if m.contains("more than")));
     }
 
     #[test]
