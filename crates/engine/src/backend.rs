@@ -374,10 +374,10 @@ impl Device {
         Device::Cuda(gpu::GpuDevice::new(rt))
     }
 
-    /// The device's name for reports (`cpu/avx512vnni`, ...).
+    /// The device's name for reports (`cpu/avx512vnni`, `cpu/neon-i8mm`, ...).
     pub fn name(&self) -> String {
         match self {
-            Device::Cpu(c) => format!("cpu/{:?}", c.isa()).to_lowercase(),
+            Device::Cpu(c) => format!("cpu/{}", c.isa().name()),
             Device::Cuda(g) => g.name(),
         }
     }

@@ -41,8 +41,10 @@ impl Cpu {
         Self::with_isa(threads, Isa::detect())
     }
 
-    /// A backend restricted to `isa` (tests compare ISAs).
+    /// A backend restricted to `isa` (tests compare ISAs); the scalar kernels where this CPU cannot run
+    /// `isa`'s.
     pub fn with_isa(threads: usize, isa: Isa) -> Self {
+        let isa = if isa.supported() { isa } else { Isa::Scalar };
         let threads = if threads == 0 {
             default_threads()
         } else {

@@ -1,5 +1,6 @@
-//! x86-64 SIMD kernels (AVX-512 VNNI and AVX2+FMA), chosen at run time. Each has a scalar reference in
-//! `qmatmul.rs` or `ops.rs` that the tests hold it to.
+//! The CPU kernels, chosen at run time by [`Isa`]: x86-64 (AVX-512 VNNI, AVX2+FMA) in this file, aarch64
+//! (NEON, dot product, int8 matrix multiply) in [`neon`]. Each has a scalar reference in `qmatmul.rs` or
+//! `ops.rs` that the tests hold it to, on every ISA the machine has.
 #![allow(
     unsafe_code,
     reason = "SIMD intrinsics; every block carries a SAFETY note"
@@ -9,7 +10,10 @@
     reason = "module-private kernels, callers are the dispatchers below"
 )]
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(target_arch = "aarch64")]
+mod neon;
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use super::qmatmul::{GROUP, QK};
 use super::qmatmul::{Layout, QActs, QMatrix};
 use crate::backend::pages::KvSlice;
@@ -23,59 +27,107 @@ pub enum Isa {
     Avx512Vnni,
     /// AVX2 + FMA + F16C.
     Avx2,
+    /// aarch64 NEON with the dot-product (`sdot`) and int8 matrix-multiply (`smmla`, `usmmla`)
+    /// extensions: Neoverse V2/V3 (Jetson Thor, Grace), Cortex-A710 and later, Apple M2 and later.
+    NeonI8mm,
+    /// aarch64 NEON with the dot-product extension: Cortex-A76/A78 (Raspberry Pi 5, Jetson Orin's
+    /// A78AE), Neoverse N1, Apple M1.
+    NeonDotprod,
+    /// aarch64 NEON alone (Advanced SIMD, in every aarch64 CPU: Cortex-A53/A72, Raspberry Pi 3/4).
+    Neon,
     /// Portable scalar code (the reference kernels).
     Scalar,
 }
 
 impl Isa {
-    /// The best ISA this CPU supports; `THORN_ISA=avx2|scalar` caps it (for tests and comparisons).
+    /// Every ISA, best first within each architecture.
+    pub(crate) const ALL: [Isa; 6] = [
+        Isa::Avx512Vnni,
+        Isa::Avx2,
+        Isa::NeonI8mm,
+        Isa::NeonDotprod,
+        Isa::Neon,
+        Isa::Scalar,
+    ];
+
+    /// The best ISA this CPU supports; `THORN_ISA=<name>` (see [`Isa::name`]) caps it to one it also
+    /// supports, for tests and comparisons.
     pub fn detect() -> Isa {
-        let best = Self::best();
-        match std::env::var("THORN_ISA").as_deref() {
-            Ok("scalar") => Isa::Scalar,
-            Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
-            _ => best,
+        let cap = std::env::var("THORN_ISA").ok();
+        Self::capped(cap.as_deref())
+    }
+
+    /// The best ISA available at or below `cap` (a [`Isa::name`]); the best of all for none or an unknown
+    /// name.
+    pub(crate) fn capped(cap: Option<&str>) -> Isa {
+        let available = Self::available();
+        match cap.and_then(|c| available.iter().position(|i| i.name() == c)) {
+            Some(k) => available[k],
+            None => available[0],
         }
+    }
+
+    /// The name reports and `THORN_ISA` use: `avx512vnni`, `avx2`, `neon-i8mm`, `neon-dotprod`, `neon`,
+    /// `scalar`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512Vnni => "avx512vnni",
+            Isa::Avx2 => "avx2",
+            Isa::NeonI8mm => "neon-i8mm",
+            Isa::NeonDotprod => "neon-dotprod",
+            Isa::Neon => "neon",
+            Isa::Scalar => "scalar",
+        }
+    }
+
+    /// Whether this CPU can run the kernels of `self`.
+    pub fn supported(self) -> bool {
+        self == Isa::Scalar || self.supported_here()
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn best() -> Isa {
-        let f = |s: &str| match s {
-            "avx512f" => is_x86_feature_detected!("avx512f"),
-            "avx512bw" => is_x86_feature_detected!("avx512bw"),
-            "avx512vl" => is_x86_feature_detected!("avx512vl"),
-            "avx512vnni" => is_x86_feature_detected!("avx512vnni"),
-            "avx2" => is_x86_feature_detected!("avx2"),
-            "fma" => is_x86_feature_detected!("fma"),
-            "f16c" => is_x86_feature_detected!("f16c"),
+    fn supported_here(self) -> bool {
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        match self {
+            Isa::Avx2 => avx2,
+            Isa::Avx512Vnni => {
+                avx2 && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
             _ => false,
-        };
-        let avx2 = f("avx2") && f("fma") && f("f16c");
-        if avx2
-            && ["avx512f", "avx512bw", "avx512vl", "avx512vnni"]
-                .iter()
-                .all(|s| f(s))
-        {
-            Isa::Avx512Vnni
-        } else if avx2 {
-            Isa::Avx2
-        } else {
-            Isa::Scalar
         }
     }
 
-    #[cfg(not(target_arch = "x86_64"))]
-    fn best() -> Isa {
-        Isa::Scalar
+    #[cfg(target_arch = "aarch64")]
+    fn supported_here(self) -> bool {
+        // NEON (with IEEE half-precision conversions) is part of the aarch64 base architecture.
+        let dot = std::arch::is_aarch64_feature_detected!("dotprod");
+        match self {
+            Isa::Neon => true,
+            Isa::NeonDotprod => dot,
+            Isa::NeonI8mm => dot && std::arch::is_aarch64_feature_detected!("i8mm"),
+            _ => false,
+        }
+    }
+
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    fn supported_here(self) -> bool {
+        false
     }
 
     /// ISAs this machine can run, best first (tests compare each against the scalar reference).
     pub fn available() -> Vec<Isa> {
-        match Self::best() {
-            Isa::Avx512Vnni => vec![Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar],
-            Isa::Avx2 => vec![Isa::Avx2, Isa::Scalar],
-            Isa::Scalar => vec![Isa::Scalar],
-        }
+        Self::ALL.into_iter().filter(|i| i.supported()).collect()
+    }
+
+    /// Whether this is one of the aarch64 ISAs.
+    #[cfg(target_arch = "aarch64")]
+    fn is_neon(self) -> bool {
+        matches!(self, Isa::NeonI8mm | Isa::NeonDotprod | Isa::Neon)
     }
 }
 
@@ -91,6 +143,23 @@ pub fn quantize(isa: Isa, x: &[f32], n: usize, cols: usize, out: &mut QActs) {
                 let dst = &mut out.q[t * out.cols + b * QK..][..QK];
                 // SAFETY: `isa` was detected on this CPU, so AVX2 is available; both slices hold 32 elements.
                 let (d, sum) = unsafe { quantize_block_avx2(src, dst) };
+                out.d[i] = d;
+                out.sum[i] = sum;
+                out.s[i] = d * sum as f32;
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa.is_neon() && cols.is_multiple_of(QK) {
+        out.reset(n, cols);
+        for t in 0..n {
+            for b in 0..cols / QK {
+                let i = t * out.blocks + b;
+                let src = &x[t * cols + b * QK..][..QK];
+                let dst = &mut out.q[t * out.cols + b * QK..][..QK];
+                // SAFETY: NEON is in every aarch64 CPU; both slices hold 32 elements.
+                let (d, sum) = unsafe { neon::quantize_block(src, dst) };
                 out.d[i] = d;
                 out.sum[i] = sum;
                 out.s[i] = d * sum as f32;
@@ -152,7 +221,7 @@ pub fn matmul(
     rows: std::ops::Range<usize>,
     out: &mut [f32],
 ) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if w.layout != Layout::F32 && isa != Isa::Scalar {
         let per_token = x.n * x.blocks;
         assert!(
@@ -170,12 +239,18 @@ pub fn matmul(
             "matmul shape"
         );
         // SAFETY: `isa` was detected on this CPU; the shapes the kernels rely on are asserted above.
+        #[cfg(target_arch = "x86_64")]
         unsafe {
             if isa == Isa::Avx512Vnni {
                 matmul_avx512(w, x, rows, out.as_mut_ptr());
             } else {
                 matmul_avx2(w, x, rows, out.as_mut_ptr());
             }
+        }
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        unsafe {
+            neon::matmul(isa, w, x, rows, out.as_mut_ptr());
         }
         return;
     }
@@ -219,6 +294,11 @@ pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: AVX2+FMA were detected; the kernel reads min(len) elements of each slice.
         return unsafe { dot_f32_avx2(a, b) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa != Isa::Scalar {
+        // SAFETY: NEON is in every aarch64 CPU; the kernel reads min(len) elements of each slice.
+        return unsafe { neon::dot_f32(a, b) };
+    }
     let _ = isa;
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
@@ -230,6 +310,11 @@ pub fn dot4_f32(isa: Isa, a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
     if isa != Isa::Scalar && b.iter().all(|x| x.len() == a.len()) {
         // SAFETY: AVX2+FMA were detected; every slice has a.len() elements.
         return unsafe { dot4_f32_avx2(a, b) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa != Isa::Scalar && b.iter().all(|x| x.len() == a.len()) {
+        // SAFETY: NEON is in every aarch64 CPU; every slice has a.len() elements.
+        return unsafe { neon::dot4_f32(a, b) };
     }
     b.map(|x| dot_f32(isa, a, x))
 }
@@ -324,14 +409,14 @@ unsafe fn hsum256(v: __m256) -> f32 {
 }
 
 /// The group-block layouts as kernel parameters: nibbles with f16 scales, nibbles with f32, bytes.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const NIB16: u8 = 0;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const NIB32: u8 = 1;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const BYTE: u8 = 2;
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn layout_kind(w: &QMatrix) -> u8 {
     match (w.layout, w.f32_scales) {
         (Layout::Byte, _) => BYTE,
@@ -710,11 +795,11 @@ pub fn attend_group(
 ) {
     let g = q.len() / hd;
     debug_assert!(g <= MAX_GROUP);
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if let Some((k, v, fp8)) = kernel_rows(isa, hd, keys, values) {
         let mut rows = [QRow::NONE; MAX_GROUP];
         QRow::group(q, hd, &mut part, range.end, &mut rows);
-        // SAFETY: AVX-512 or AVX2 was detected (kernel_rows); each row points at its own head's query and state
+        // SAFETY: a SIMD ISA was detected (kernel_rows); each row points at its own head's query and state
         // (QRow::group checks the lengths); the kernel asserts that `range` is inside the page.
         unsafe { attend_rows(isa, hd, &rows[..g], k, v, fp8, range.start, scale) };
         return;
@@ -798,7 +883,7 @@ pub fn attend_tile(
 ) {
     let nt = qs.len();
     assert!(nt <= MAX_TILE && ends.len() == nt && parts.len() == nt);
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if nt > 1
         && let Some((k, v, fp8)) = kernel_rows(isa, hd, keys, values)
     {
@@ -811,7 +896,7 @@ pub fn attend_tile(
                 n += g;
             }
         }
-        // SAFETY: AVX-512 or AVX2 was detected (kernel_rows); each row points at its own token's and head's query
+        // SAFETY: a SIMD ISA was detected (kernel_rows); each row points at its own token's and head's query
         // and state (QRow::group checks the lengths); the kernel asserts that every end is inside the page.
         unsafe { attend_rows(isa, hd, &rows[..n], k, v, fp8, start, scale) };
         return;
@@ -931,7 +1016,12 @@ pub fn prefetch(s: KvSlice<'_>) {
         // SAFETY: a prefetch never faults and reads nothing into the program; the address is inside `s`.
         unsafe { _mm_prefetch::<_MM_HINT_T1>(ptr.add(off).cast::<i8>()) };
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch never faults and reads nothing into the program; the address is inside `s`.
+        unsafe { neon::prefetch(ptr.add(off)) };
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = (ptr, bytes);
 }
 
@@ -967,6 +1057,12 @@ fn axpy(isa: Isa, a: f32, x: &[f32], out: &mut [f32]) {
         unsafe { axpy_avx2(a, x, out) };
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa != Isa::Scalar && out.len().is_multiple_of(4) && x.len() >= out.len() {
+        // SAFETY: NEON is in every aarch64 CPU; both slices hold out.len() floats.
+        unsafe { neon::axpy(a, x, out) };
+        return;
+    }
     let _ = isa;
     out.iter_mut().zip(x).for_each(|(o, v)| *o += a * v);
 }
@@ -996,6 +1092,11 @@ pub fn max(isa: Isa, x: &[f32]) -> f32 {
         // SAFETY: AVX2+FMA were detected.
         return unsafe { max_avx2(x) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa != Isa::Scalar {
+        // SAFETY: NEON is in every aarch64 CPU.
+        return unsafe { neon::max(x) };
+    }
     let _ = isa;
     x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
 }
@@ -1011,7 +1112,15 @@ pub fn argmax(isa: Isa, x: &[f32]) -> Option<usize> {
             return Some(i);
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    if isa != Isa::Scalar && !x.is_empty() {
+        let m = max(isa, x);
+        // SAFETY: NEON is in every aarch64 CPU.
+        if let Some(i) = unsafe { neon::first_eq(x, m) } {
+            return Some(i);
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = isa;
     super::ops::argmax(x)
 }
@@ -1026,6 +1135,11 @@ pub fn logsumexp(isa: Isa, x: &[f32]) -> f32 {
     if isa != Isa::Scalar {
         // SAFETY: AVX2+FMA were detected.
         return m + unsafe { sum_exp_sub_avx2(x, m) }.ln();
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa != Isa::Scalar {
+        // SAFETY: NEON is in every aarch64 CPU.
+        return m + unsafe { neon::sum_exp_sub(x, m) }.ln();
     }
     super::ops::logsumexp_ref(x)
 }
@@ -1100,6 +1214,11 @@ fn exp_sub(isa: Isa, x: &mut [f32], m: f32) -> f32 {
         // SAFETY: AVX2+FMA were detected.
         return unsafe { exp_sub_avx2(x, m) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa != Isa::Scalar {
+        // SAFETY: NEON is in every aarch64 CPU.
+        return unsafe { neon::exp_sub(x, m) };
+    }
     let _ = isa;
     x.iter_mut()
         .map(|v| {
@@ -1160,8 +1279,8 @@ unsafe fn exp_sub_avx2(x: &mut [f32], m: f32) -> f32 {
     }
 }
 
-/// Rows of keys or values for the AVX-512 kernel: f16 elements, or E4M3 bytes with a scale to apply.
-#[cfg(target_arch = "x86_64")]
+/// Rows of keys or values for the row kernels: f16 elements, or E4M3 bytes with a scale to apply.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[derive(Clone, Copy)]
 struct Rows {
     ptr: *const u8,
@@ -1189,8 +1308,8 @@ unsafe fn load16<const FP8: bool>(rows: Rows, at: usize) -> __m512 {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-/// One query row of [`attend_rows_avx512`]: a (token, head)'s query (`head_dim` floats), its softmax state
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+/// One query row of the row kernels ([`attend_rows_avx512`] and its kin): a (token, head)'s query (`head_dim` floats), its softmax state
 /// (`m`, `l`, `head_dim` floats of `o`), and the end (exclusive, in positions of the page) of what it sees.
 #[derive(Clone, Copy)]
 struct QRow {
@@ -1201,7 +1320,7 @@ struct QRow {
     end: usize,
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 impl QRow {
     const NONE: QRow = QRow {
         q: std::ptr::null(),
@@ -1233,13 +1352,13 @@ impl QRow {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-/// Most query rows one call of the AVX-512 kernel takes (a tile's tokens times a group's heads).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+/// Most query rows one call of a row kernel takes (a tile's tokens times a group's heads).
 const MAX_ROWS: usize = MAX_TILE * MAX_GROUP;
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 /// The row kernels' view of a page's keys and values, when they have a form for them: 32-, 64- or 128-wide
-/// heads over f16 or FP8 pages on an AVX-512 or AVX2 machine. `(keys, values, fp8)`.
+/// heads over f16 or FP8 pages on an AVX-512, AVX2 or NEON machine. `(keys, values, fp8)`.
 fn kernel_rows(
     isa: Isa,
     hd: usize,
@@ -1332,6 +1451,31 @@ unsafe fn attend_rows(
             }
         }
     }
+}
+
+/// Runs [`neon::attend_rows`] for `hd`-wide rows (which [`kernel_rows`] accepted).
+///
+/// # Safety
+/// As for the x86 `attend_rows`: every row's pointers are valid for its `hd`-float query and output and its
+/// `m`/`l`, no two rows share state, and no row's `end` is past the rows of `keys`/`values`.
+#[cfg(target_arch = "aarch64")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "attention needs its shape spelled out"
+)]
+unsafe fn attend_rows(
+    isa: Isa,
+    hd: usize,
+    rows: &[QRow],
+    keys: Rows,
+    values: Rows,
+    fp8: bool,
+    start: usize,
+    scale: f32,
+) {
+    debug_assert!(isa.is_neon());
+    // SAFETY: the caller's contract is the kernel's.
+    unsafe { neon::attend_rows(hd, rows, keys, values, fp8, start, scale) }
 }
 
 /// The sums of 16 vectors as one vector: lane `s` holds the sum of `v[s]`'s lanes. Every vector's lanes are

@@ -507,3 +507,26 @@ fn device_matmul_quantizes_inside_exactly_like_the_kernel_calls() {
     dev.matmul(&m, &input, &mut got);
     assert_eq!(got.read_back(n * rows), &want[..]);
 }
+
+#[test]
+fn isa_names_cap_the_dispatch_to_what_the_cpu_has() {
+    let available = Isa::available();
+    assert_eq!(available.last(), Some(&Isa::Scalar));
+    // This architecture's base SIMD is always there: aarch64 always has NEON.
+    #[cfg(target_arch = "aarch64")]
+    assert!(available.contains(&Isa::Neon), "{available:?}");
+    for (k, &isa) in available.iter().enumerate() {
+        // A cap names an ISA; the best available one at or below it is taken.
+        assert_eq!(Isa::capped(Some(isa.name())), isa);
+        assert!(isa.supported());
+        assert!(available[k + 1..].iter().all(|&lower| lower != isa));
+    }
+    assert_eq!(Isa::capped(None), available[0]);
+    assert_eq!(Isa::capped(Some("no-such-isa")), available[0]);
+    // An ISA this CPU lacks (the other architecture's) is refused, and a backend asked for it runs scalar.
+    for isa in Isa::ALL.into_iter().filter(|i| !available.contains(i)) {
+        assert!(!isa.supported(), "{isa:?}");
+        assert_eq!(Isa::capped(Some(isa.name())), available[0]);
+        assert_eq!(Cpu::with_isa(1, isa).isa(), Isa::Scalar);
+    }
+}
