@@ -1032,27 +1032,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn device_names_parse_and_cuda_is_a_typed_error_here() {
+    fn device_names_parse_and_cuda_is_a_gpu_or_a_typed_error() {
         assert_eq!("cpu".parse(), Ok(DeviceKind::Cpu));
         assert_eq!("cuda".parse(), Ok(DeviceKind::Cuda(0)));
         assert_eq!("CUDA:3".parse(), Ok(DeviceKind::Cuda(3)));
         assert!("tpu".parse::<DeviceKind>().is_err());
         assert!("cuda:x".parse::<DeviceKind>().is_err());
-        // Compiled out, or compiled in on a machine without a GPU (or without the kernels yet): an error
-        // that says which, never a panic.
+        assert_eq!("Auto".parse(), Ok(DeviceKind::Auto));
+        let auto = DeviceKind::Auto.open(1).unwrap();
         match DeviceKind::Cuda(0).open(1) {
+            // Compiled in on a machine with a GPU: that GPU, and `auto` takes it too.
+            Ok(dev) => {
+                assert!(dev.name().starts_with("cuda/"), "{}", dev.name());
+                assert_eq!(auto.name(), dev.name());
+            }
+            // Compiled out, or compiled in on a machine without a GPU (or without the kernels yet): an
+            // error that says which, never a panic, and `auto` falls back to the CPU.
             Err(
                 DeviceError::CudaNotCompiled
                 | DeviceError::MissingLibrary { .. }
                 | DeviceError::NoGpu(_)
                 | DeviceError::Unsupported { .. },
-            ) => {
-                // `auto` then falls back to the CPU.
-                assert_eq!("Auto".parse(), Ok(DeviceKind::Auto));
-                let dev = DeviceKind::Auto.open(1).unwrap();
-                assert!(dev.name().starts_with("cpu/"), "{}", dev.name());
-            }
-            other => panic!("unexpected: {other:?}"),
+            ) => assert!(auto.name().starts_with("cpu/"), "{}", auto.name()),
+            Err(other) => panic!("unexpected: {other:?}"),
         }
         assert!(DeviceKind::Cpu.open(1).unwrap().name().starts_with("cpu/"));
     }

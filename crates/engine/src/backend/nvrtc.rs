@@ -193,7 +193,14 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let mut cache = KernelCache::new(Some(dir.path().join("kernels")));
-        let archs = ["compute_90", "compute_101"];
+        // Jetson AGX Thor is compute capability 10.1 to CUDA 12.8 and 12.9, and 11.0 from CUDA 13 on
+        // (whose NVRTC refuses `compute_101`: seen on an H200 machine's CUDA 13 NVRTC).
+        let thor = if version().unwrap().0 >= 13 {
+            "compute_110"
+        } else {
+            "compute_101"
+        };
+        let archs = ["compute_90", thor];
         for round in 0..2 {
             for m in thorn_kernels::ALL {
                 for arch in archs {

@@ -1105,12 +1105,34 @@ fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
         let scale: Vec<f64> = w64.iter().map(|v| v.abs() + 1e-6).collect();
         close(got, &w64, &scale, 1e-5, what);
     };
-    exact(&ym.f32s(), &y, "conv output");
+    // A convolution output is a sum of `kernel` products that can cancel, and a GPU contracts its
+    // multiply-adds into FMAs (the CPU and the simulator round each product): the two differ by a few
+    // roundings of the products' magnitudes, not of the (possibly much smaller) sum. So its scale is
+    // Σ|tap · input| (silu's slope is below 1.1). The H200 missed a bound relative to the sum by 4%.
+    let conv_scale: Vec<f64> = (0..n * cd)
+        .map(|i| {
+            let (t, ch) = (i / cd, i % cd);
+            let input = |j: usize| {
+                if j < w {
+                    window0[ch * w + j]
+                } else {
+                    x[(j - w) * cd + ch]
+                }
+            };
+            (0..s.kernel)
+                .map(|j| f64::from(taps[ch * s.kernel + j] * input(t + j)).abs())
+                .sum::<f64>()
+                + f64::from(y[i]).abs()
+                + 1e-6
+        })
+        .collect();
+    let y64: Vec<f64> = y.iter().map(|&v| f64::from(v)).collect();
+    close(&ym.f32s(), &y64, &conv_scale, 1e-5, "conv output");
     exact(&wm.f32s(), &window, "conv window");
 
-    // Normalisation and gates.
+    // Normalisation and gates, each stage from the CPU's output of the stage before.
+    let ym = Mem::from_f32(d, &y);
     gdn::normalize_qk(&s, &mut y, n);
-    let ym = Mem::from_f32(d, &ym.f32s());
     gdn_normalize_qk(d, &s, ym.ptr(), n).unwrap();
     exact(&ym.f32s(), &y, "normalised q and k");
     let (a, dt) = (data(s.vh, 34), data(s.vh, 35));
@@ -1172,13 +1194,45 @@ fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
         Some(dsteps(0)),
     )
     .unwrap();
-    exact(&om.f32s(), &o, "recurrence output");
-    exact(&stm.f32s(), &state, "recurrence state");
-    exact(&sm.f32s(), &steps, "kept steps (matrices and windows)");
+    // The recurrence's outputs and states are dot products over a head's dk or dv that cancel too, and
+    // compound over the tokens: each element is held to the rounding of the largest magnitude in its
+    // block (a token's head of outputs, a head's matrix), as a wrong or missing term would miss by that
+    // magnitude itself. The H200 missed an output's own magnitude by 12%.
+    let blocked = |got: &[f32], want: &[f32], block: usize, what: &str| {
+        let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        let scale: Vec<f64> = w64
+            .chunks(block)
+            .flat_map(|b| {
+                let m = b.iter().fold(0f64, |m, v| m.max(v.abs()));
+                b.iter().map(move |v| v.abs() + m + 1e-6)
+            })
+            .collect();
+        close(got, &w64, &scale, 1e-5, what);
+    };
+    blocked(&om.f32s(), &o, s.dv, "recurrence output");
+    let hs = s.dk * s.dv;
+    blocked(&stm.f32s(), &state, hs, "recurrence state");
+    let got_steps = sm.f32s();
+    for (j, (got, want)) in got_steps
+        .chunks(stride)
+        .zip(steps.chunks(stride))
+        .enumerate()
+    {
+        let m = s.matrix_floats();
+        blocked(
+            &got[..m],
+            &want[..m],
+            hs,
+            &format!("kept step {j}: matrices"),
+        );
+        exact(&got[m..], &want[m..], &format!("kept step {j}: windows"));
+    }
 
     // The gated output norm and the sigmoid gate.
     let (z, wt) = (data(n * s.vh * s.dv, 39), data(s.dv, 40));
     let (zm, wtm) = (Mem::from_f32(d, &z), Mem::from_f32(d, &wt));
+    // From the CPU's recurrence output, like every stage.
+    let om = Mem::from_f32(d, &o);
     gdn::gated_norm(&s, &mut o, &z, &wt, 1e-6);
     gdn_gated_norm(d, om.ptr(), zm.ptr(), wtm.ptr(), n * s.vh, s.dv, 1e-6).unwrap();
     exact(&om.f32s(), &o, "gated norm");
