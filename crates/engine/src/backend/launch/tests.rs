@@ -1100,8 +1100,9 @@ fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
         Some(dsteps(s.matrix_floats())),
     )
     .unwrap();
+    let f64s = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| f64::from(x)).collect() };
     let exact = |got: &[f32], want: &[f32], what: &str| {
-        let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        let w64 = f64s(want);
         let scale: Vec<f64> = w64.iter().map(|v| v.abs() + 1e-6).collect();
         close(got, &w64, &scale, 1e-5, what);
     };
@@ -1126,8 +1127,7 @@ fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
                 + 1e-6
         })
         .collect();
-    let y64: Vec<f64> = y.iter().map(|&v| f64::from(v)).collect();
-    close(&ym.f32s(), &y64, &conv_scale, 1e-5, "conv output");
+    close(&ym.f32s(), &f64s(&y), &conv_scale, 1e-5, "conv output");
     exact(&wm.f32s(), &window, "conv window");
 
     // Normalisation and gates, each stage from the CPU's output of the stage before.
@@ -1156,8 +1156,8 @@ fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
     let mut state = state0.clone();
     let mut o = vec![0.0; n * s.vh * s.dv];
     let run_y = ym.f32s();
+    let hs = s.dk * s.dv;
     for h in 0..s.vh {
-        let hs = s.dk * s.dv;
         let run = HeadRun {
             y: &run_y,
             g: &g,
@@ -1199,7 +1199,7 @@ fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
     // block (a token's head of outputs, a head's matrix), as a wrong or missing term would miss by that
     // magnitude itself. The H200 missed an output's own magnitude by 12%.
     let blocked = |got: &[f32], want: &[f32], block: usize, what: &str| {
-        let w64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        let w64 = f64s(want);
         let scale: Vec<f64> = w64
             .chunks(block)
             .flat_map(|b| {
@@ -1210,15 +1210,13 @@ fn gated_deltanet_kernels_match_the_cpu_on(d: &dyn TestDev) {
         close(got, &w64, &scale, 1e-5, what);
     };
     blocked(&om.f32s(), &o, s.dv, "recurrence output");
-    let hs = s.dk * s.dv;
     blocked(&stm.f32s(), &state, hs, "recurrence state");
-    let got_steps = sm.f32s();
+    let (got_steps, m) = (sm.f32s(), s.matrix_floats());
     for (j, (got, want)) in got_steps
         .chunks(stride)
         .zip(steps.chunks(stride))
         .enumerate()
     {
-        let m = s.matrix_floats();
         blocked(
             &got[..m],
             &want[..m],
