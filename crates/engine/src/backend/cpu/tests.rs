@@ -530,3 +530,25 @@ fn isa_names_cap_the_dispatch_to_what_the_cpu_has() {
         assert_eq!(Cpu::with_isa(1, isa).isa(), Isa::Scalar);
     }
 }
+
+/// What run-time detection picks on this CPU under `THORN_ISA`'s cap. `scripts/test-aarch64` runs this test
+/// on several emulated CPUs with `THORN_EXPECT_ISA` naming the ISA each must get (Cortex-A72: `neon`,
+/// Neoverse N1: `neon-dotprod`, qemu's max: `neon-i8mm`, ...); anywhere, the pick is the best one the
+/// CPU has at or below the cap.
+#[test]
+fn detection_picks_the_best_isa_the_cap_allows() {
+    let got = Isa::detect();
+    assert!(got.supported(), "{got:?}");
+    let cap = std::env::var("THORN_ISA").ok();
+    let available = Isa::available();
+    if cap.is_none() {
+        assert_eq!(got, available[0]);
+    }
+    if let Ok(want) = std::env::var("THORN_EXPECT_ISA") {
+        assert_eq!(
+            got.name(),
+            want,
+            "THORN_ISA={cap:?} on a CPU with {available:?}"
+        );
+    }
+}
