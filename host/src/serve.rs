@@ -10,15 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use thorn::agent::{Agent, Event, Turn};
-use thorn::api::auth::Keys;
 use thorn::api::mcp::McpHttp;
 use thorn::api::{AppState, HttpLimits, ServerConfig};
+use thorn::auth::Keys;
 use thorn::upstream::{UpstreamSpec, Upstreams};
 use thorn_engine::engine::{Engine, EngineConfig};
 use thorn_engine::sample::SamplingParams;
 use thorn_plugin::{Fingerprint, GrammarCheck, HostConfig, LiveSet, PluginHost, PluginSet, Policy};
 use thorn_tools::chat::Message;
-use thorn_tools::{ResponseFormat, ToolChoice};
 
 /// What every agent command takes.
 #[derive(clap::Args, Clone)]
@@ -96,7 +95,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub api_key: Vec<String>,
     /// API key file: ids, key digests, per-key host-tool allow-lists and /metrics rights (see
-    /// `thorn::api::auth`).
+    /// `thorn::auth`).
     #[arg(long, env = "THORN_API_KEY_FILE")]
     pub api_keys: Option<PathBuf>,
     /// Require a key allowed to read it for GET /metrics (keys from --api-key may).
@@ -472,14 +471,8 @@ fn turn(agent: &Agent, messages: Vec<Message>, temperature: f32, seed: Option<u6
     let plugins = agent.plugins();
     let (tools, host_tools) = all_tools(&plugins);
     Turn {
-        messages,
         tools,
         host_tools,
-        key_id: None,
-        peer: None,
-        tool_choice: ToolChoice::Auto,
-        parallel_tool_calls: true,
-        response_format: ResponseFormat::Text,
         sampling: SamplingParams {
             temperature,
             seed,
@@ -488,14 +481,8 @@ fn turn(agent: &Agent, messages: Vec<Message>, temperature: f32, seed: Option<u6
             ..SamplingParams::default()
         },
         max_tokens: 1024,
-        stop: Vec::new(),
-        max_tool_rounds: None,
         conversation: Some(format!("cli-{}", std::process::id())),
-        logprobs: false,
-        speculation: true,
-        tool_use: None,
-        plugins,
-        route: thorn::agent::Route::Local,
+        ..Turn::new(messages, plugins)
     }
 }
 

@@ -20,15 +20,16 @@
 //! `thorn_host_tool_call` / `thorn_host_tool_result` events. An error after the stream started is an
 //! `error` event.
 
-use super::{
-    ApiError, ApiKey, AppState, Caller, CancelOnDrop, Msg, Peer, StreamedCalls, account, chat_work,
-    collect, conversation_of, new_id, read_json, sampling, spawn, started, tools_of,
+use super::handler::{Caller, Checked, new_id};
+use super::models::route_for;
+use super::request::{HOST_TOOL_PREFIX, conversation_of, in_range, sampling, stops, tools_of};
+use super::work::{
+    CancelOnDrop, Early, Msg, account, chat_work, collect, spawn, started, stream_error,
 };
-use crate::agent::{Event, Finish, Outcome, Turn};
-use axum::Extension;
-use axum::body::Body;
+use super::{ApiError, AppState, wire};
+use crate::agent::{Event, Finish, Outcome, StreamedCalls, Turn};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Json, Response};
 use serde::Deserialize;
@@ -74,7 +75,7 @@ pub struct MessagesRequest {
     pub metadata: Option<Value>,
     /// thorn: how host tools are put in front of the model (as on `/v1/chat/completions`).
     #[serde(default)]
-    pub thorn_tool_use: Option<super::wire::ToolUseOpts>,
+    pub thorn_tool_use: Option<wire::ToolUseOpts>,
 }
 
 /// A message of the conversation.
@@ -101,7 +102,7 @@ fn error_type(status: StatusCode) -> &'static str {
 }
 
 /// Anthropic's error body for `e`.
-fn error_body(e: &ApiError) -> Value {
+pub(super) fn error_body(e: &ApiError) -> Value {
     let msg = match e {
         ApiError::Unauthorized => {
             "invalid API key: send `x-api-key: <key>` or `Authorization: Bearer <key>`".to_owned()
@@ -113,25 +114,6 @@ fn error_body(e: &ApiError) -> Value {
         e => e.to_string(),
     };
     json!({"type": "error", "error": {"type": error_type(e.status()), "message": msg}})
-}
-
-/// Records the status of a response and renders an error as Anthropic's body.
-fn finish(st: &AppState, endpoint: &str, r: Result<Response, ApiError>) -> Response {
-    super::finish_as(st, endpoint, r, error_body)
-}
-
-/// The key from `x-api-key`, else `Authorization: Bearer`.
-fn authorize(st: &AppState, headers: &HeaderMap) -> Result<Option<ApiKey>, ApiError> {
-    if st.config.keys.is_empty() {
-        return Ok(None);
-    }
-    match headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
-        Some(k) => match st.config.keys.check(k.trim()) {
-            Some(k) => Ok(Some(k.clone())),
-            None => Err(ApiError::Unauthorized),
-        },
-        None => super::authorize(st, headers),
-    }
 }
 
 /// Text of a `system` value or a `tool_result`'s content: a string, or text blocks joined.
@@ -326,7 +308,7 @@ fn tool_defs(tools: Vec<Value>) -> Result<Vec<Value>, ApiError> {
             let Some(name) = t["name"].as_str() else {
                 return Err(ApiError::bad("a tool needs a `name`", Some(&at)));
             };
-            if name.starts_with(super::HOST_TOOL_PREFIX) {
+            if name.starts_with(HOST_TOOL_PREFIX) {
                 return Ok(json!({"type": "function", "function": {"name": name}}));
             }
             let schema = match &t["input_schema"] {
@@ -358,11 +340,9 @@ fn choice_of(v: Option<&Value>) -> Result<(ToolChoice, bool), ApiError> {
         Some("any") => ToolChoice::Required,
         Some("none") => ToolChoice::None,
         Some("tool") => match v["name"].as_str() {
-            Some(n) => ToolChoice::Function(
-                n.strip_prefix(super::HOST_TOOL_PREFIX)
-                    .unwrap_or(n)
-                    .to_owned(),
-            ),
+            Some(n) => {
+                ToolChoice::Function(n.strip_prefix(HOST_TOOL_PREFIX).unwrap_or(n).to_owned())
+            }
             None => {
                 return Err(ApiError::bad(
                     "`tool` needs a `name`",
@@ -382,7 +362,7 @@ fn choice_of(v: Option<&Value>) -> Result<(ToolChoice, bool), ApiError> {
 
 /// The agent's turn for a Messages request.
 fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, bool), ApiError> {
-    let route = super::route_for(st, Some(&r.model), None, caller.key.as_ref())?;
+    let route = route_for(st, Some(&r.model), None, caller.key.as_ref())?;
     let max_tokens = match r.max_tokens {
         Some(n) if n >= 1 => n,
         Some(_) => {
@@ -398,7 +378,7 @@ fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, 
             ));
         }
     };
-    super::in_range(r.temperature, 0.0, 1.0, "temperature")?;
+    in_range(r.temperature, 0.0, 1.0, "temperature")?;
     let mut sampling = sampling(r.temperature, r.top_p, None, None, None)?;
     sampling.top_k = r.top_k.unwrap_or(0) as usize;
     let plugins = st.agent.plugins();
@@ -413,30 +393,24 @@ fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, 
         .as_ref()
         .and_then(|m| m["user_id"].as_str())
         .map(str::to_owned);
-    let stop =
-        super::stops(r.stop_sequences.map(super::wire::Stop::Many)).map_err(|e| match e {
-            ApiError::BadRequest { msg, .. } => ApiError::bad(msg, Some("stop_sequences")),
-            e => e,
-        })?;
+    let stop = stops(r.stop_sequences.map(wire::Stop::Many)).map_err(|e| match e {
+        ApiError::BadRequest { msg, .. } => ApiError::bad(msg, Some("stop_sequences")),
+        e => e,
+    })?;
     let turn = Turn {
-        messages: messages_of(r.system.as_ref(), r.messages)?,
         tools,
         host_tools,
         tool_choice,
         parallel_tool_calls: parallel,
-        response_format: thorn_tools::ResponseFormat::Text,
         sampling,
         max_tokens: usize::try_from(max_tokens).unwrap_or(usize::MAX),
         stop,
-        max_tool_rounds: None,
         conversation: conversation_of(None, user)?,
         key_id: caller.key.as_ref().map(|k| k.id().to_owned()),
         peer: caller.peer.map(|p| p.to_string()),
-        logprobs: false,
-        speculation: true,
         tool_use: r.thorn_tool_use.map(|o| o.over(st.agent.tool_use())),
-        plugins,
         route,
+        ..Turn::new(messages_of(r.system.as_ref(), r.messages)?, plugins)
     };
     Ok((turn, r.stream.unwrap_or(false)))
 }
@@ -493,7 +467,7 @@ fn message_json(id: &str, out: &Outcome) -> Value {
         m["thorn_host_tool_calls"] = json!(
             out.host_calls
                 .iter()
-                .map(super::wire::HostCallOut::of)
+                .map(wire::HostCallOut::of)
                 .collect::<Vec<_>>()
         );
     }
@@ -501,66 +475,47 @@ fn message_json(id: &str, out: &Outcome) -> Value {
 }
 
 /// `POST /v1/messages`.
-pub async fn messages(
+pub(super) async fn messages(
     State(st): State<Arc<AppState>>,
-    peer: Option<Extension<Peer>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let r = async {
-        let caller = Caller {
-            key: authorize(&st, &headers)?,
-            peer: peer.map(|Extension(Peer(p))| p),
+    caller: Caller,
+    Checked(req): Checked<MessagesRequest>,
+) -> Result<Response, ApiError> {
+    let (turn, stream) = turn_of(&st, req, &caller)?;
+    let t0 = Instant::now();
+    let (mut rx, cancel) = spawn(&st, chat_work(turn));
+    let guard = CancelOnDrop(cancel);
+    let early = started(&mut rx).await?;
+    let id = new_id("msg").replacen('-', "_", 1);
+    if stream {
+        Ok(stream_messages(Arc::clone(&st), rx, guard, id, t0, early))
+    } else {
+        let out = match early.outcome() {
+            Some(o) => o,
+            None => collect(&mut rx).await?,
         };
-        let req: MessagesRequest = read_json(&st, &headers, body).await?;
-        let (turn, stream) = turn_of(&st, req, &caller)?;
-        let t0 = Instant::now();
-        let (mut rx, cancel) = spawn(&st, chat_work(turn));
-        let guard = CancelOnDrop(cancel);
-        let early = started(&mut rx).await?;
-        let id = new_id("msg").replacen('-', "_", 1);
-        if stream {
-            Ok(stream_messages(Arc::clone(&st), rx, guard, id, t0, early))
-        } else {
-            let out = match early.outcome() {
-                Some(o) => o,
-                None => collect(&mut rx).await?,
-            };
-            account(&st, &out, t0);
-            drop(guard);
-            Ok(Json(message_json(&id, &out)).into_response())
-        }
+        account(&st, &out, t0);
+        drop(guard);
+        Ok(Json(message_json(&id, &out)).into_response())
     }
-    .await;
-    finish(&st, "/v1/messages", r)
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt tokens the request would start with.
-pub async fn count_tokens(
+pub(super) async fn count_tokens(
     State(st): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let r = async {
-        let caller = Caller {
-            key: authorize(&st, &headers)?,
-            peer: None,
-        };
-        // A Messages request without the generation fields (those it has are ignored).
-        let mut req: MessagesRequest = read_json(&st, &headers, body).await?;
-        req.max_tokens = Some(1);
-        let (turn, _) = turn_of(&st, req, &caller)?;
-        if !matches!(turn.route, crate::agent::Route::Local) {
-            return Err(ApiError::bad(
-                "token counting is served for the local model only",
-                Some("model"),
-            ));
-        }
-        let n = st.agent.count_tokens(&turn).await.map_err(ApiError::from)?;
-        Ok(Json(json!({ "input_tokens": n })).into_response())
+    caller: Caller,
+    Checked(mut req): Checked<MessagesRequest>,
+) -> Result<Response, ApiError> {
+    // A Messages request without the generation fields (those it has are ignored).
+    req.max_tokens = Some(1);
+    let (turn, _) = turn_of(&st, req, &caller)?;
+    if !matches!(turn.route, crate::agent::Route::Local) {
+        return Err(ApiError::bad(
+            "token counting is served for the local model only",
+            Some("model"),
+        ));
     }
-    .await;
-    finish(&st, "/v1/messages/count_tokens", r)
+    let n = st.agent.count_tokens(&turn).await.map_err(ApiError::from)?;
+    Ok(Json(json!({ "input_tokens": n })).into_response())
 }
 
 fn sse(name: &'static str, v: &Value) -> Result<SseEvent, Infallible> {
@@ -649,7 +604,7 @@ fn stream_messages(
     guard: CancelOnDrop,
     id: String,
     t0: Instant,
-    early: super::Early,
+    early: Early,
 ) -> Response {
     let (model, early) = early.split(&st);
     let (tx, out_rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
@@ -709,13 +664,13 @@ fn stream_messages(
                         b.events.push((
                             "thorn_host_tool_call",
                             json!({"type": "thorn_host_tool_call",
-                                "call": super::wire::HostCallOut::started(&c)}),
+                                "call": wire::HostCallOut::started(&c)}),
                         ));
                     }
                     Some(Msg::Event(Event::HostResult(h))) => b.events.push((
                         "thorn_host_tool_result",
                         json!({"type": "thorn_host_tool_result",
-                            "call": super::wire::HostCallOut::of(&h)}),
+                            "call": wire::HostCallOut::of(&h)}),
                     )),
                     Some(Msg::Event(_)) => {}
                     Some(Msg::Done(o)) => break *o,
@@ -733,7 +688,7 @@ fn stream_messages(
         let out = match outcome {
             Ok(out) => {
                 account(&st, &out, t0);
-                if let Some(e) = super::stream_error(&out) {
+                if let Some(e) = stream_error(&out) {
                     let _ = tx.send(sse("error", &error_body(&e))).await;
                     return;
                 }

@@ -160,8 +160,13 @@ impl ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// OpenAI's body; the error stays in the response's extensions, so the API's layer
+    /// (`handler::respond`) renders it again in its route's dialect.
     fn into_response(self) -> Response {
-        self.respond(self.body())
+        let mut r = self.respond(self.body());
+        r.extensions_mut()
+            .insert(super::handler::Failed(std::sync::Arc::new(self)));
+        r
     }
 }
 

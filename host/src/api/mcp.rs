@@ -16,9 +16,9 @@
 //!   revisions keep one per client) live at once, a new one past that is a 429 with `Retry-After`, and
 //!   an idle session is dropped after five minutes.
 
-use super::auth::ApiKey;
 use super::listen::Peer;
 use super::{ApiError, AppState};
+use crate::auth::ApiKey;
 use crate::mcp::{McpIdentity, McpTools};
 use axum::Router;
 use axum::body::Body;
@@ -105,7 +105,7 @@ pub(super) fn routes(state: &Arc<AppState>) -> Router {
 /// time, the budget shared by all bodies in flight), then hands the request to rmcp with its
 /// [`McpIdentity`].
 async fn admit(State(g): State<Guard>, req: Request<Body>, next: Next) -> Response {
-    let key: Option<ApiKey> = match super::authorize(&g.state, req.headers()) {
+    let key: Option<ApiKey> = match super::handler::authorize(&g.state, req.headers()) {
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
@@ -118,7 +118,7 @@ async fn admit(State(g): State<Guard>, req: Request<Body>, next: Next) -> Respon
                 return ApiError::Busy(format!("{live} MCP sessions are open")).into_response();
             }
         }
-        match super::read_body(&g.state, &parts.headers, body).await {
+        match super::handler::read_body(&g.state, &parts.headers, body).await {
             Ok((bytes, permit)) => {
                 held = Some(permit);
                 Body::from(bytes)

@@ -1,0 +1,180 @@
+//! A request's run: the agent's work spawned on a task of its own (so a dropped response cancels it),
+//! its events forwarded to the handler, the first one awaited before a response starts (so a request
+//! that cannot start still gets its status), and the finished request's numbers in the metrics.
+
+use super::{ApiError, AppState};
+use crate::agent::{AgentError, Event, Finish, Outcome, StreamedCalls, Turn};
+use axum::response::sse::Event as SseEvent;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// Sets the flag when dropped: a response that is dropped before it ends cancels its request.
+pub(super) struct CancelOnDrop(pub(super) Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The error a streamed response ends with when its calls were not the ones returned (the grammar makes
+/// that a bug, never a model's slip): clients must not take the deltas sent as the answer.
+pub(super) fn stream_error(out: &Outcome) -> Option<ApiError> {
+    match &out.streamed {
+        StreamedCalls::Mismatch(why) => {
+            Some(ApiError::Internal(format!("streamed tool calls: {why}")))
+        }
+        _ => None,
+    }
+}
+
+/// Updates the metrics with a finished request. Time to first token runs from the request's arrival to its
+/// first sampled token of any kind (text or a tool call), so replies that are tool calls count too.
+pub(super) fn account(st: &AppState, out: &Outcome, t0: Instant) {
+    st.metrics.tokens(&out.usage);
+    if let Some(u) = &out.served.upstream {
+        st.metrics.routed(u, out.served.spilled.unwrap_or("model"));
+    }
+    for h in &out.host_calls {
+        st.metrics
+            .plugin_call(&h.call.function.name, h.error_kind.unwrap_or("ok"));
+    }
+    if let Some(f) = out.first_token {
+        st.metrics
+            .ttft(f.saturating_duration_since(t0).as_secs_f64());
+        if out.usage.completion_tokens > 1 {
+            st.metrics
+                .tpot(f.elapsed().as_secs_f64() / (out.usage.completion_tokens - 1) as f64);
+        }
+    }
+}
+
+/// Runs `work` (a chat turn or a completion) on a task of its own, forwarding its events; the first message
+/// is either `Started` or the error that kept it from starting.
+pub(super) type Work = Box<
+    dyn FnOnce(
+            Arc<AppState>,
+            Arc<AtomicBool>,
+            mpsc::UnboundedSender<Msg>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send,
+>;
+
+pub(super) enum Msg {
+    Event(Event),
+    Done(Box<Result<Outcome, ApiError>>),
+}
+
+pub(super) fn spawn(
+    st: &Arc<AppState>,
+    work: Work,
+) -> (mpsc::UnboundedReceiver<Msg>, Arc<AtomicBool>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    tokio::spawn(work(Arc::clone(st), Arc::clone(&cancel), tx));
+    (rx, cancel)
+}
+
+/// Counts a request its client abandoned (whoever was reading its events may be gone).
+pub(super) fn note_cancel(st: &AppState, out: &Result<Outcome, AgentError>) {
+    if out.as_ref().is_ok_and(|o| o.finish == Finish::Cancelled) {
+        st.metrics.cancelled();
+    }
+}
+
+pub(super) fn chat_work(turn: Turn) -> Work {
+    Box::new(move |st, cancel, tx| {
+        Box::pin(async move {
+            let t2 = tx.clone();
+            let out = st
+                .agent
+                .run(turn, cancel, &mut |e| {
+                    let _ = t2.send(Msg::Event(e));
+                })
+                .await;
+            note_cancel(&st, &out);
+            let _ = tx.send(Msg::Done(Box::new(out.map_err(ApiError::from))));
+        })
+    })
+}
+
+pub(super) fn completion_work(prompt: String, turn: Turn) -> Work {
+    Box::new(move |st, cancel, tx| {
+        Box::pin(async move {
+            let t2 = tx.clone();
+            let out = st
+                .agent
+                .complete(prompt, &turn, cancel, &mut |e| {
+                    let _ = t2.send(Msg::Event(e));
+                })
+                .await;
+            note_cancel(&st, &out);
+            let _ = tx.send(Msg::Done(Box::new(out.map_err(ApiError::from))));
+        })
+    })
+}
+
+/// What a request's work said first: it started (with the model serving it), or it already ended.
+pub(super) enum Early {
+    /// It started: its first events follow.
+    Started(String),
+    /// It ended before it started streaming.
+    Done(Box<Outcome>),
+}
+
+impl Early {
+    /// The outcome, if it already ended.
+    pub(super) fn outcome(self) -> Option<Outcome> {
+        match self {
+            Early::Done(o) => Some(*o),
+            Early::Started(_) => None,
+        }
+    }
+
+    /// The model serving the request (as the response names it), and the outcome if it already ended.
+    pub(super) fn split(self, st: &AppState) -> (String, Option<Outcome>) {
+        match self {
+            Early::Started(m) if m.is_empty() => (st.agent.model().name.clone(), None),
+            Early::Started(m) => (m, None),
+            Early::Done(o) => (o.served.model.clone(), Some(*o)),
+        }
+    }
+}
+
+/// Waits for the work to start, or the error that stopped it.
+pub(super) async fn started(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Early, ApiError> {
+    match rx.recv().await {
+        Some(Msg::Event(Event::Started { model, .. })) => Ok(Early::Started(model)),
+        Some(Msg::Done(out)) => (*out).map(|o| Early::Done(Box::new(o))),
+        Some(Msg::Event(_)) => Ok(Early::Started(String::new())),
+        None => Err(ApiError::Internal(
+            "the request ended without an answer".into(),
+        )),
+    }
+}
+
+/// Reads events to the end: the outcome.
+pub(super) async fn collect(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Outcome, ApiError> {
+    while let Some(m) = rx.recv().await {
+        match m {
+            Msg::Event(_) => {}
+            Msg::Done(out) => return *out,
+        }
+    }
+    Err(ApiError::Internal(
+        "the request ended without an answer".into(),
+    ))
+}
+
+pub(super) fn sse_json(v: &impl serde::Serialize) -> Result<SseEvent, Infallible> {
+    let text = serde_json::to_string(v).unwrap_or_else(|e| {
+        // Our own types always serialize; say so on the stream rather than send nothing.
+        ApiError::Internal(format!("response serialization: {e}"))
+            .body()
+            .to_string()
+    });
+    Ok(SseEvent::default().data(text))
+}
