@@ -22,21 +22,24 @@
 //! upstream that takes the local model's overflow.
 
 pub mod breaker;
+mod error;
+mod set;
 pub mod spec;
 pub mod sse;
+mod stats;
 pub mod wire;
 
-use crate::histogram::Histogram;
 use breaker::{Admit, Breaker};
+pub use error::{UpstreamError, Waited};
 use serde_json::Value;
+pub use set::{Target, Upstreams};
 pub use spec::{SpecError, UpstreamSpec};
-use std::collections::BTreeMap;
+pub use stats::{Health, UpstreamStats};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-use thiserror::Error;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub use wire::{Delta, RoundOutput, RoundSpec, WireError};
 
@@ -53,201 +56,6 @@ const MAX_SMALL_BODY: usize = 1 << 20;
 const MAX_EVENT: usize = 4 << 20;
 /// How often a request waiting on an upstream looks at its cancel flag.
 const CANCEL_POLL: Duration = Duration::from_millis(100);
-
-/// Which limit an upstream ran into.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Waited {
-    /// For its response to start.
-    Response,
-    /// For the next stream event.
-    Stream,
-}
-
-/// Why a request to an upstream failed. Every message names the upstream.
-#[derive(Debug, Error)]
-pub enum UpstreamError {
-    /// No connection (refused, reset, no route, DNS).
-    #[error("upstream {name} could not be reached: {why}")]
-    Unreachable {
-        /// The upstream.
-        name: String,
-        /// What the connection said.
-        why: String,
-    },
-    /// It did not answer in time.
-    #[error("upstream {name} {}", match .waited {
-        Waited::Response => format!("did not start its response within {:.1} s", .after.as_secs_f64()),
-        Waited::Stream => format!("sent nothing for {:.1} s in the middle of its answer", .after.as_secs_f64()),
-    })]
-    Timeout {
-        /// The upstream.
-        name: String,
-        /// Which wait.
-        waited: Waited,
-        /// The limit.
-        after: Duration,
-    },
-    /// It answered with an error status.
-    #[error("upstream {name} answered {status}: {message}")]
-    Status {
-        /// The upstream.
-        name: String,
-        /// Its status.
-        status: u16,
-        /// Its error message (clipped).
-        message: String,
-        /// Its `Retry-After`, in seconds.
-        retry_after: Option<u64>,
-    },
-    /// It reported an error inside its stream.
-    #[error("upstream {name} failed while answering: {message}")]
-    Reported {
-        /// The upstream.
-        name: String,
-        /// Its message (clipped).
-        message: String,
-    },
-    /// It sent something that is not an OpenAI answer.
-    #[error("upstream {name} sent an answer thorn cannot read: {why}")]
-    Protocol {
-        /// The upstream.
-        name: String,
-        /// What was wrong.
-        why: String,
-    },
-    /// The stream ended before the answer did (the upstream died or dropped the connection).
-    #[error("upstream {name} closed its stream before the answer ended")]
-    Closed {
-        /// The upstream.
-        name: String,
-    },
-    /// Its circuit is open: it failed repeatedly and is not sent requests for a while.
-    #[error("upstream {name} is unavailable after repeated failures; retry in {secs} s")]
-    CircuitOpen {
-        /// The upstream.
-        name: String,
-        /// Until the next try.
-        secs: u64,
-    },
-    /// Its concurrency limit is reached.
-    #[error("upstream {name} is already serving its limit of {limit} requests; retry shortly")]
-    Busy {
-        /// The upstream.
-        name: String,
-        /// The limit.
-        limit: usize,
-    },
-    /// It has listed no model yet, so `NAME` alone names none.
-    #[error("upstream {name} has not listed its models yet; name one as {name}/MODEL")]
-    NoModel {
-        /// The upstream.
-        name: String,
-    },
-}
-
-impl UpstreamError {
-    /// The upstream it names.
-    pub fn upstream(&self) -> &str {
-        match self {
-            UpstreamError::Unreachable { name, .. }
-            | UpstreamError::Timeout { name, .. }
-            | UpstreamError::Status { name, .. }
-            | UpstreamError::Reported { name, .. }
-            | UpstreamError::Protocol { name, .. }
-            | UpstreamError::Closed { name }
-            | UpstreamError::CircuitOpen { name, .. }
-            | UpstreamError::Busy { name, .. }
-            | UpstreamError::NoModel { name } => name,
-        }
-    }
-
-    /// A short name for metrics and error codes.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            UpstreamError::Unreachable { .. } => "unreachable",
-            UpstreamError::Timeout {
-                waited: Waited::Response,
-                ..
-            } => "timeout",
-            UpstreamError::Timeout { .. } => "stream_timeout",
-            UpstreamError::Status { status, .. } if *status < 500 => "status_4xx",
-            UpstreamError::Status { .. } => "status_5xx",
-            UpstreamError::Reported { .. } => "reported",
-            UpstreamError::Protocol { .. } => "protocol",
-            UpstreamError::Closed { .. } => "closed",
-            UpstreamError::CircuitOpen { .. } => "circuit_open",
-            UpstreamError::Busy { .. } => "busy",
-            UpstreamError::NoModel { .. } => "no_model",
-        }
-    }
-
-    /// Whether the upstream is at fault (the breaker counts it): not for a request it refused as the
-    /// client's fault, nor for thorn's own refusals.
-    pub fn is_failure(&self) -> bool {
-        match self {
-            UpstreamError::Status { status, .. } => *status >= 500 || matches!(status, 401 | 403),
-            UpstreamError::CircuitOpen { .. }
-            | UpstreamError::Busy { .. }
-            | UpstreamError::NoModel { .. } => false,
-            _ => true,
-        }
-    }
-}
-
-/// Per-upstream counters for `/metrics`.
-#[derive(Debug)]
-pub struct UpstreamStats {
-    /// Rounds by outcome (`ok`, `cancelled`, or an [`UpstreamError::kind`]).
-    outcomes: Mutex<BTreeMap<&'static str, u64>>,
-    /// Until the response started.
-    pub first_byte: Histogram,
-    /// Whole rounds.
-    pub latency: Histogram,
-    /// Requests holding a lease now.
-    pub in_flight: AtomicU64,
-}
-
-/// Bucket bounds of the upstream latency histograms, in seconds.
-const LATENCY_BUCKETS: [f64; 12] = [
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
-];
-
-impl UpstreamStats {
-    fn new() -> Self {
-        UpstreamStats {
-            outcomes: Mutex::default(),
-            first_byte: Histogram::new(&LATENCY_BUCKETS),
-            latency: Histogram::new(&LATENCY_BUCKETS),
-            in_flight: AtomicU64::new(0),
-        }
-    }
-
-    fn count(&self, outcome: &'static str) {
-        *self
-            .outcomes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(outcome)
-            .or_default() += 1;
-    }
-
-    /// Rounds by outcome.
-    pub fn outcomes(&self) -> BTreeMap<&'static str, u64> {
-        self.outcomes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
-
-/// The last health check's result.
-#[derive(Debug, Clone, Default)]
-pub struct Health {
-    /// Whether it answered (`None`: not checked yet).
-    pub up: Option<bool>,
-    /// What went wrong, when it did not.
-    pub error: Option<String>,
-}
 
 /// One upstream engine.
 #[derive(Debug)]
@@ -763,133 +571,6 @@ enum Next {
     End,
     /// The client went away first.
     Gone,
-}
-
-/// A model a request named, resolved to an upstream.
-#[derive(Debug, Clone)]
-pub struct Target {
-    /// The upstream.
-    pub upstream: Arc<Upstream>,
-    /// Its own id for the model (sent upstream).
-    pub model: String,
-}
-
-impl Target {
-    /// The model as thorn's clients name it: `NAME/MODEL`.
-    pub fn exposed(&self) -> String {
-        format!("{}/{}", self.upstream.name(), self.model)
-    }
-}
-
-/// The upstreams a server was started with.
-#[derive(Debug, Default, Clone)]
-pub struct Upstreams {
-    list: Vec<Arc<Upstream>>,
-    local_first: Option<usize>,
-}
-
-impl Upstreams {
-    /// The upstreams of `specs` (keys read now); `local_first` names the one that takes the local
-    /// model's overflow.
-    pub fn new(specs: Vec<UpstreamSpec>, local_first: Option<&str>) -> Result<Self, SpecError> {
-        let mut list: Vec<Arc<Upstream>> = Vec::new();
-        for s in specs {
-            if list.iter().any(|u| u.name() == s.name) {
-                return Err(SpecError {
-                    spec: s.name.clone(),
-                    why: "two upstreams have this name".into(),
-                });
-            }
-            list.push(Arc::new(Upstream::new(s)?));
-        }
-        let local_first = match local_first {
-            None => None,
-            Some(n) => Some(
-                list.iter()
-                    .position(|u| u.name() == n)
-                    .ok_or_else(|| SpecError {
-                        spec: n.to_owned(),
-                        why: "--local-first names no --upstream".into(),
-                    })?,
-            ),
-        };
-        Ok(Upstreams { list, local_first })
-    }
-
-    /// None configured.
-    pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
-    }
-
-    /// All of them.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Upstream>> {
-        self.list.iter()
-    }
-
-    /// The local model's overflow upstream.
-    pub fn local_first(&self) -> Option<&Arc<Upstream>> {
-        self.local_first.map(|i| &self.list[i])
-    }
-
-    /// The upstream model `model` names: `NAME/MODEL` (any model, when NAME has listed none), `NAME`
-    /// (its first model), or a bare id an upstream lists. `Ok(None)`: no upstream's.
-    pub fn resolve(&self, model: &str) -> Result<Option<Target>, UpstreamError> {
-        let target = |u: &Arc<Upstream>, m: &str| Target {
-            upstream: Arc::clone(u),
-            model: m.to_owned(),
-        };
-        for u in &self.list {
-            if model == u.name() {
-                let first = u
-                    .models()
-                    .into_iter()
-                    .next()
-                    .ok_or(UpstreamError::NoModel {
-                        name: u.name().to_owned(),
-                    })?;
-                return Ok(Some(target(u, &first)));
-            }
-            if let Some(m) = model
-                .strip_prefix(u.name())
-                .and_then(|r| r.strip_prefix('/'))
-            {
-                let listed = u.models();
-                if listed.is_empty() || listed.iter().any(|l| l == m) {
-                    return Ok(Some(target(u, m)));
-                }
-                return Ok(None);
-            }
-        }
-        Ok(self
-            .list
-            .iter()
-            .find(|u| u.has_model(model))
-            .map(|u| target(u, model)))
-    }
-
-    /// The first model of the local-first upstream (the "large" class).
-    pub fn large(&self) -> Result<Option<Target>, UpstreamError> {
-        match self.local_first() {
-            None => Ok(None),
-            Some(u) => self.resolve(u.name()),
-        }
-    }
-
-    /// Checks each once (at start: failures are reported, not fatal; the health loop retries).
-    pub async fn check_all(&self) -> Vec<(String, Result<(), UpstreamError>)> {
-        let mut out = Vec::new();
-        for u in &self.list {
-            out.push((u.name().to_owned(), u.check().await));
-        }
-        out
-    }
-
-    /// Starts each one's health loop on the current runtime.
-    pub fn spawn_health(&self) {
-        for u in &self.list {
-            tokio::spawn(Arc::clone(u).health_loop());
-        }
-    }
 }
 
 #[cfg(test)]
