@@ -197,7 +197,7 @@ impl AuditLog {
                 fault: None,
             }),
             synced: tokio::sync::Mutex::new(0),
-            run: super::hex(&run),
+            run: crate::host::hex(&run),
             calls: AtomicU64::new(0),
         })
     }

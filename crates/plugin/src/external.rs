@@ -68,7 +68,7 @@ pub struct McpServer {
     audit: Option<Arc<AuditLog>>,
     refused: Vec<String>,
     /// The runtime its session's tasks run on (kept alive while it is), for blocking calls.
-    runtime: Option<(tokio::runtime::Handle, Arc<super::Shared>)>,
+    runtime: Option<(tokio::runtime::Handle, Arc<crate::sandbox::Shared>)>,
 }
 
 impl std::fmt::Debug for McpServer {
@@ -184,7 +184,7 @@ impl McpServer {
     ) -> (Result<Value, PluginError>, CallReport) {
         let call = self.call_async(caller, function, args);
         match &self.runtime {
-            Some((handle, _)) => super::block_on(handle, call),
+            Some((handle, _)) => crate::sandbox::block_on(handle, call),
             None => std::thread::scope(|scope| {
                 scope
                     .spawn(|| {
@@ -510,7 +510,7 @@ fn function_of(server: &str, t: &Tool) -> Result<(FunctionDef, Value), String> {
         from_request: Vec::new(),
         annotations,
     };
-    let def = super::tool_definition(&f);
+    let def = crate::manifest::tool_definition(&f);
     // Each tool on its own first, so one bad schema refuses one tool, not the server.
     ToolSet::new(std::slice::from_ref(&def)).map_err(|e| format!("unusable schema: {e}"))?;
     Ok((f, def))

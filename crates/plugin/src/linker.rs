@@ -10,7 +10,7 @@
 //!   directory: harmless to the guest, which cannot follow it out, but not to the host's programs or to
 //!   other plugins sharing the directory. Read-only grants already refuse every mutation.
 
-use super::State;
+use crate::sandbox::State;
 use wasmtime::component::{HasData, Linker, Resource};
 use wasmtime_wasi::p2::SocketError;
 use wasmtime_wasi::p2::bindings::filesystem::types::{Descriptor, ErrorCode as FsErrorCode};

@@ -190,7 +190,7 @@ impl PluginSet {
             let index = set.plugins.len();
             for f in &plugin.manifest().functions {
                 set.by_tool.insert(f.name.clone(), Slot::Plugin(index));
-                defs.push(super::tool_definition(f));
+                defs.push(crate::manifest::tool_definition(f));
             }
             tracing::info!(plugin = plugin.name(), path = %path.display(), "plugin loaded");
             set.plugins.push(Arc::new(plugin));
@@ -232,7 +232,7 @@ impl PluginSet {
                 let index = set.servers.len();
                 for f in &old.manifest().functions {
                     set.by_tool.insert(f.name.clone(), Slot::Server(index));
-                    defs.push(super::tool_definition(f));
+                    defs.push(crate::manifest::tool_definition(f));
                 }
                 set.servers.push(Arc::clone(old));
                 continue;
@@ -295,7 +295,7 @@ impl PluginSet {
                 }
                 set.by_tool.insert(f.name.clone(), Slot::Server(index));
                 kept.push(f.name.clone());
-                defs.push(super::tool_definition(f));
+                defs.push(crate::manifest::tool_definition(f));
             }
             tracing::info!(
                 server = server.name(),
