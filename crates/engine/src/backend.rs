@@ -60,7 +60,7 @@ pub mod pages;
 #[cfg(test)]
 pub(crate) mod sim;
 
-use crate::quant::{GgmlType, QuantError, dequantize_ref, dot_ref};
+use crate::quant::{GgmlType, QuantError};
 use batch::Batch;
 pub use buf::{Buf, Edit, View, ViewMut};
 use cpu::Cpu;
@@ -127,14 +127,14 @@ pub struct GdnRun<'v> {
 }
 
 impl<'v> GdnRun<'v> {
-    /// The CPU kernels' view of value head `head`.
-    fn head(&self, head: usize) -> gdn::HeadRun<'v> {
+    /// The CPU kernels' view of the run (value head 0; the CPU's loop over the heads sets each).
+    fn host(&self) -> gdn::HeadRun<'v> {
         gdn::HeadRun {
             y: self.y.host(),
             g: self.g.host(),
             beta: self.beta.host(),
             n: self.n,
-            head,
+            head: 0,
         }
     }
 }
@@ -592,27 +592,25 @@ impl Device {
             device: "the reference path",
             what: format!("rows of {cols} weights of type {ty}"),
         })?;
-        let dot = |x: &[f32], r: usize, t: usize| {
-            dot_ref(
-                ty,
-                &data[r * rb..(r + 1) * rb],
-                &x[t * cols..(t + 1) * cols],
-            )
-            .unwrap_or(f32::NAN)
-        };
         match self {
             Device::Cpu(c) => {
-                let x = x.host();
-                c.map_rows(rows, n, stride, row0, out.host(), &|r, t| dot(x, r, t));
+                c.reference_matmul(
+                    ty,
+                    data,
+                    rb,
+                    rows,
+                    x.host(),
+                    n,
+                    cols,
+                    out.host(),
+                    stride,
+                    row0,
+                );
             }
             // The check path runs on the host for every device: the GPU's buffers make the trip.
             Device::Cuda(g) => {
                 let (x, mut o) = (g.download(x), g.download(out.as_view()));
-                for t in 0..n {
-                    for r in 0..rows {
-                        o[t * stride + row0 + r] = dot(&x, r, t);
-                    }
-                }
+                cpu::rows::reference_matmul(ty, data, rb, rows, &x, n, cols, &mut o, stride, row0);
                 g.upload(&out.slice(..), &o);
             }
         }
@@ -634,20 +632,15 @@ impl Device {
             what: format!("rows of {d} values of type {ty}"),
         })?;
         // A few rows of exact dequantization: on the host for every device (the table is host memory).
-        let row = |t: usize, out: &mut [f32]| {
-            let r = tokens[t] as usize;
-            dequantize_ref(ty, &table[r * rb..(r + 1) * rb], out).map_err(DeviceError::from)
-        };
         let out = out.into();
         match self {
-            Device::Cpu(_) => {
-                let out = out.host();
-                for t in 0..tokens.len() {
-                    row(t, &mut out[t * d..(t + 1) * d])?;
-                }
-                Ok(())
+            Device::Cpu(_) => Ok(cpu::rows::embed(ty, table, rb, d, tokens, out.host())?),
+            Device::Cuda(g) => {
+                let row = |t: usize, out: &mut [f32]| {
+                    cpu::rows::embed_row(ty, table, rb, tokens[t], out).map_err(DeviceError::from)
+                };
+                g.embed(tokens.len(), d, row, out)
             }
-            Device::Cuda(g) => g.embed(tokens.len(), d, row, out),
         }
     }
 
@@ -663,15 +656,7 @@ impl Device {
     ) {
         let (x, w, out) = (x.into(), w.into(), out.into());
         match self {
-            Device::Cpu(_) => {
-                let (x, w) = (x.host(), w.host());
-                for (xr, o) in x[..n * d]
-                    .chunks_exact(d)
-                    .zip(out.host().chunks_exact_mut(d))
-                {
-                    cpu::simd::rmsnorm(xr, w, eps, o);
-                }
-            }
+            Device::Cpu(_) => cpu::rows::rmsnorm_rows(x.host(), w.host(), eps, n, d, out.host()),
             Device::Cuda(g) => g.rmsnorm_rows(x, w, eps, n, d, out),
         }
     }
@@ -690,8 +675,7 @@ impl Device {
         let (x, w, mut out) = (x.into(), w.into(), out.into());
         // Runs of rows that follow each other in the batch (a decode step's, a prefill's) are one op.
         let mut m = 0;
-        let mut run: Option<std::ops::Range<usize>> = None;
-        let mut flush = |r: std::ops::Range<usize>, m: usize| {
+        batch.for_each_logit_run(|r| {
             let rows = r.len();
             self.rmsnorm_rows(
                 x.slice(r.start * d..r.end * d),
@@ -701,26 +685,8 @@ impl Device {
                 d,
                 out.slice(m * d..(m + rows) * d),
             );
-        };
-        for i in 0..batch.seqs.len() {
-            for t in batch.logit_range(i) {
-                run = match run {
-                    Some(r) if r.end == t => Some(r.start..t + 1),
-                    Some(r) => {
-                        let len = r.len();
-                        flush(r, m);
-                        m += len;
-                        Some(t..t + 1)
-                    }
-                    None => Some(t..t + 1),
-                };
-            }
-        }
-        if let Some(r) = run {
-            let len = r.len();
-            flush(r, m);
-            m += len;
-        }
+            m += rows;
+        });
         m
     }
 
@@ -740,23 +706,14 @@ impl Device {
         table: &[(f32, f32)],
         n_angles: usize,
     ) {
-        let x = x.into();
-        if let Device::Cuda(g) = self {
-            let p = &positions[..rows];
-            return g.rope_rows(kind, x, rows, stride, width, head_dim, p, table, n_angles);
-        }
-        let x = x.host();
-        for (t, &p) in positions[..rows].iter().enumerate() {
-            let p = p as usize;
-            let angles = &table[p * n_angles..(p + 1) * n_angles];
-            let row = &mut x[t * stride..t * stride + width];
-            match kind {
-                Rope::Normal => cpu::ops::rope_table(row, head_dim, angles),
-                Rope::Neox => {
-                    for head in row.chunks_exact_mut(head_dim) {
-                        cpu::ops::rope_neox(head, angles);
-                    }
-                }
+        let (x, p) = (x.into(), &positions[..rows]);
+        match self {
+            Device::Cpu(_) => {
+                let x = x.host();
+                cpu::rows::rope_rows(kind, x, stride, width, head_dim, p, table, n_angles);
+            }
+            Device::Cuda(g) => {
+                g.rope_rows(kind, x, rows, stride, width, head_dim, p, table, n_angles);
             }
         }
     }
@@ -776,17 +733,7 @@ impl Device {
         let (k, v) = (k.into(), v.into());
         match self {
             Device::Cpu(_) => {
-                let (k, v) = (k.host(), v.host());
-                let w = pool.shape().n_kv_heads * pool.shape().head_dim;
-                let ps = pool.page_size();
-                for t in 0..batch.len() {
-                    let (span, slot) = batch.locate(t);
-                    let (k, v) = (
-                        &k[t * stride..t * stride + w],
-                        &v[t * stride..t * stride + w],
-                    );
-                    pool.write(batch.pages(span)[slot / ps], slot % ps, layer, k, v);
-                }
+                cpu::rows::write_kv_rows(pool, batch, layer, k.host(), v.host(), stride);
             }
             Device::Cuda(g) => g.write_kv_rows(pool, batch, layer, k, v, stride),
         }
@@ -858,11 +805,7 @@ impl Device {
     pub fn sigmoid_gate<'v>(&self, x: impl Into<ViewMut<'v>>, gate: impl Into<View<'v>>) {
         let (x, gate) = (x.into(), gate.into());
         match self {
-            Device::Cpu(_) => {
-                for (v, &g) in x.host().iter_mut().zip(gate.host()) {
-                    *v *= gdn::sigmoid(g);
-                }
-            }
+            Device::Cpu(_) => cpu::rows::sigmoid_gate(x.host(), gate.host()),
             Device::Cuda(g) => g.sigmoid_gate(x, gate),
         }
     }
@@ -957,16 +900,8 @@ impl Device {
         let (state, out) = (state.into(), out.into());
         match self {
             Device::Cpu(_) => {
-                let (state, out) = (state.host(), out.host());
-                let mut steps = steps.map(GdnSteps::host);
-                let base = steps.as_ref().map_or(0, |s| s.offset);
-                let hs = shape.dk * shape.dv;
-                for (h, head) in state.chunks_exact_mut(hs).take(shape.vh).enumerate() {
-                    if let Some(st) = steps.as_mut() {
-                        st.offset = base + h * hs;
-                    }
-                    gdn::recurrence(shape, &run.head(h), head, out, steps.as_mut());
-                }
+                let steps = steps.map(GdnSteps::host);
+                cpu::rows::gdn_recurrence(shape, &run.host(), state.host(), out.host(), steps);
             }
             Device::Cuda(g) => g.gdn_recurrence(shape, run, state, out, steps),
         }
@@ -983,13 +918,7 @@ impl Device {
     ) {
         let (state, out) = (state.into(), out.into());
         match self {
-            Device::Cpu(_) => {
-                let (state, out) = (state.host(), out.host());
-                let hs = shape.dk * shape.dv;
-                for (h, head) in state.chunks_exact_mut(hs).take(shape.vh).enumerate() {
-                    gdn::chunked(shape, &run.head(h), head, out);
-                }
-            }
+            Device::Cpu(_) => cpu::rows::gdn_chunked(shape, &run.host(), state.host(), out.host()),
             Device::Cuda(g) => g.gdn_chunked(shape, run, state, out),
         }
     }
