@@ -7,8 +7,10 @@
 //! * [`cpu`]: the backend that runs everywhere: a spin/park thread pool, AVX-512 VNNI and AVX2 kernels chosen
 //!   at run time, and a scalar `*_ref` version of every kernel that the tests use as the oracle (the hot
 //!   path never calls them).
-//! * [`cuda`]: the GPU backend for Thor. It compiles in every build; [`Device::cuda`] returns a typed
-//!   [`DeviceError`] when CUDA is compiled out or no GPU is present.
+//! * [`gpu`]: the GPU backend for Thor: the GPU device over a runtime (CUDA, or the kernel simulator in
+//!   the tests), the kernels' launches, CUDA and NVRTC (its module docs say which type is what). It
+//!   compiles in every build; [`Device::cuda`] returns a typed [`DeviceError`] when CUDA is compiled out
+//!   or no GPU is present.
 //!
 //! # The API
 //!
@@ -45,20 +47,12 @@
 pub mod batch;
 pub mod buf;
 pub mod cpu;
-#[cfg(not(feature = "cuda"))]
-#[path = "backend/no_cuda.rs"]
-pub mod cuda;
-#[cfg(feature = "cuda")]
-#[path = "backend/cuda.rs"]
-pub mod cuda;
 pub mod fp8;
 pub mod gpu;
-pub mod launch;
-#[cfg(feature = "cuda")]
-pub mod nvrtc;
 pub mod pages;
+
 #[cfg(test)]
-pub(crate) mod sim;
+pub(crate) use gpu::sim;
 
 use crate::quant::{GgmlType, QuantError};
 use batch::Batch;
@@ -338,7 +332,7 @@ pub struct Input<'a> {
     n: usize,
     cols: usize,
     qa: &'a QActs,
-    acts: Option<launch::Acts>,
+    acts: Option<gpu::launch::Acts>,
 }
 
 /// A rotary-embedding layout.
@@ -366,7 +360,7 @@ impl Device {
 
     /// GPU `ordinal`, or why there is none.
     pub fn cuda(ordinal: usize) -> Result<Self, DeviceError> {
-        cuda::open(ordinal).map(Device::Cuda)
+        gpu::cuda::open(ordinal).map(Device::Cuda)
     }
 
     /// A GPU device over `rt` (a CUDA GPU's runtime; in the tests, the kernel simulator).
@@ -403,6 +397,18 @@ impl Device {
                 what: "a GPU buffer".into(),
             }),
             (Device::Cuda(g), _) => g.grow(b, n),
+        }
+    }
+
+    /// `bytes` of zeroed memory this device and the host both address (a GPU's KV page pool); `None` on
+    /// the CPU, whose pages are host memory.
+    pub(crate) fn shared(
+        &self,
+        bytes: usize,
+    ) -> Result<Option<Box<dyn pages::SharedMemory>>, DeviceError> {
+        match self {
+            Device::Cpu(_) => Ok(None),
+            Device::Cuda(g) => Ok(Some(Box::new(g.shared(bytes.next_multiple_of(8))?))),
         }
     }
 

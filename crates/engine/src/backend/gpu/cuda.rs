@@ -12,15 +12,15 @@
 //! [`KernelCache`]) and launches its kernels with `cuLaunchKernel`. The launches themselves, and every
 //! kernel's test, are in [`super::launch`], the same code the CPU simulator runs.
 //!
-//! [`open`] hands out a [`GpuDevice`] over it (see [`super::gpu`]): every buffer the kernels address is
+//! [`open`] hands out a [`GpuDevice`] over it (see [`super`]): every buffer the kernels address is
 //! device memory, or managed memory for the KV page pool, so the GPU needs no access to pageable host
 //! memory.
 
-use super::DeviceError;
-use super::gpu::Graph;
-use super::gpu::{DevMem, GpuDevice, GpuRuntime};
+use super::Graph;
 use super::launch::{DevPtr, Launch, Launcher, Params, Shape};
 use super::nvrtc::KernelCache;
+use super::{DevMem, GpuDevice, GpuRuntime};
+use crate::backend::DeviceError;
 use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream, result, sys};
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};

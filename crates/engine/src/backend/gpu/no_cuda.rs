@@ -1,8 +1,8 @@
 //! The CUDA backend's API when CUDA is compiled out: same names, and [`open`] returns
-//! [`super::DeviceError::CudaNotCompiled`].
+//! [`crate::backend::DeviceError::CudaNotCompiled`].
 
-use super::DeviceError;
-use super::gpu::GpuDevice;
+use super::GpuDevice;
+use crate::backend::DeviceError;
 
 /// Opens GPU `ordinal` (never, in this build).
 pub fn open(ordinal: usize) -> Result<GpuDevice, DeviceError> {
