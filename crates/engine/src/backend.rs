@@ -225,13 +225,24 @@ pub enum DeviceKind {
     Auto,
 }
 
+/// Where a GPU caches its compiled kernels when the caller names no place: `kernels/` under thorn's cache
+/// directory ([`crate::cache_dir`]; `None` without one).
+pub fn default_kernel_cache() -> Option<std::path::PathBuf> {
+    crate::cache_dir().map(|d| d.join("kernels"))
+}
+
 impl DeviceKind {
-    /// Opens the device (`threads`: CPU worker threads, 0 = one per physical core).
-    pub fn open(self, threads: usize) -> Result<Device, DeviceError> {
+    /// Opens the device (`threads`: CPU worker threads, 0 = one per physical core; `kernel_cache`: the
+    /// directory a GPU caches its compiled kernels in, `None`: compiled every time).
+    pub fn open(
+        self,
+        threads: usize,
+        kernel_cache: Option<&std::path::Path>,
+    ) -> Result<Device, DeviceError> {
         match self {
             DeviceKind::Cpu => Ok(Device::cpu(threads)),
-            DeviceKind::Cuda(ordinal) => Device::cuda(ordinal),
-            DeviceKind::Auto => Ok(Device::cuda(0).unwrap_or_else(|e| {
+            DeviceKind::Cuda(ordinal) => Device::cuda(ordinal, kernel_cache),
+            DeviceKind::Auto => Ok(Device::cuda(0, kernel_cache).unwrap_or_else(|e| {
                 tracing::warn!("running on the CPU: {e}");
                 Device::cpu(threads)
             })),
@@ -358,9 +369,12 @@ impl Device {
         Device::Cpu(Cpu::new(threads))
     }
 
-    /// GPU `ordinal`, or why there is none.
-    pub fn cuda(ordinal: usize) -> Result<Self, DeviceError> {
-        gpu::cuda::open(ordinal).map(Device::Cuda)
+    /// GPU `ordinal`, its kernels compiled into `kernel_cache` (`None`: every time), or why there is none.
+    pub fn cuda(
+        ordinal: usize,
+        kernel_cache: Option<&std::path::Path>,
+    ) -> Result<Self, DeviceError> {
+        gpu::cuda::open(ordinal, kernel_cache).map(Device::Cuda)
     }
 
     /// A GPU device over `rt` (a CUDA GPU's runtime; in the tests, the kernel simulator).
@@ -974,8 +988,8 @@ mod tests {
         assert!("tpu".parse::<DeviceKind>().is_err());
         assert!("cuda:x".parse::<DeviceKind>().is_err());
         assert_eq!("Auto".parse(), Ok(DeviceKind::Auto));
-        let auto = DeviceKind::Auto.open(1).unwrap();
-        match DeviceKind::Cuda(0).open(1) {
+        let auto = DeviceKind::Auto.open(1, None).unwrap();
+        match DeviceKind::Cuda(0).open(1, None) {
             // Compiled in on a machine with a GPU: that GPU, and `auto` takes it too.
             Ok(dev) => {
                 assert!(dev.name().starts_with("cuda/"), "{}", dev.name());
@@ -991,6 +1005,21 @@ mod tests {
             ) => assert!(auto.name().starts_with("cpu/"), "{}", auto.name()),
             Err(other) => panic!("unexpected: {other:?}"),
         }
-        assert!(DeviceKind::Cpu.open(1).unwrap().name().starts_with("cpu/"));
+        assert!(
+            DeviceKind::Cpu
+                .open(1, None)
+                .unwrap()
+                .name()
+                .starts_with("cpu/")
+        );
+    }
+
+    /// Without a place from its caller (the host's `--cache-dir`), the engine caches a GPU's kernels where
+    /// it always has: `kernels/` under thorn's cache directory.
+    #[test]
+    fn the_engine_caches_kernels_under_the_cache_dir_unless_told_where() {
+        let want = crate::cache_dir().map(|d| d.join("kernels"));
+        assert_eq!(default_kernel_cache(), want);
+        assert_eq!(crate::EngineConfig::default().kernel_cache, want);
     }
 }

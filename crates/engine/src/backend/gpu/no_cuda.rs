@@ -4,9 +4,12 @@
 use super::GpuDevice;
 use crate::backend::DeviceError;
 
-/// Opens GPU `ordinal` (never, in this build).
-pub fn open(ordinal: usize) -> Result<GpuDevice, DeviceError> {
-    let _ = ordinal;
+/// Opens GPU `ordinal` with its kernels cached in `kernel_cache` (never, in this build).
+pub fn open(
+    ordinal: usize,
+    kernel_cache: Option<&std::path::Path>,
+) -> Result<GpuDevice, DeviceError> {
+    let _ = (ordinal, kernel_cache);
     Err(DeviceError::CudaNotCompiled)
 }
 

@@ -254,7 +254,7 @@ impl GpuRuntime for Counting {
 /// machine a GPU the device can use (else a line says why it is skipped).
 pub(crate) fn gpu_devices() -> Vec<crate::backend::Device> {
     let mut v = vec![crate::backend::Device::gpu(std::sync::Arc::new(Sim))];
-    match crate::backend::Device::cuda(0) {
+    match crate::backend::Device::cuda(0, crate::backend::default_kernel_cache().as_deref()) {
         Ok(d) => v.push(d),
         Err(e) => eprintln!("skip: the GPU run ({e})"),
     }
