@@ -11,6 +11,10 @@
 //!   the tests), the kernels' launches, CUDA and NVRTC (its module docs say which type is what). It
 //!   compiles in every build; [`Device::cuda`] returns a typed [`DeviceError`] when CUDA is compiled out
 //!   or no GPU is present.
+//! * This file is the [`Device`] enum and its dispatch (each op's CPU arm calls into `cpu`, e.g. its
+//!   row loops in `cpu::rows`; its GPU arm into `gpu`); beside it `open.rs` ([`DeviceKind`],
+//!   [`DeviceError`]), `matrix.rs` ([`Matrix`], [`Input`], [`Workspace`]) and `gdn_run.rs` ([`GdnRun`],
+//!   [`GdnSteps`]), re-exported here.
 //!
 //! # The API
 //!
@@ -48,135 +52,31 @@ pub mod batch;
 pub mod buf;
 pub mod cpu;
 pub mod fp8;
+mod gdn_run;
 pub mod gpu;
+mod matrix;
+mod open;
 pub mod pages;
 
 #[cfg(test)]
 pub(crate) use gpu::sim;
 
-use crate::quant::{GgmlType, QuantError};
+use crate::quant::GgmlType;
 use batch::Batch;
 pub use buf::{Buf, Edit, View, ViewMut};
 use cpu::Cpu;
 pub use cpu::gdn;
 pub use cpu::ops::rope_angles;
-use cpu::qmatmul::{QActs, QMatrix};
+use cpu::qmatmul::QMatrix;
 pub use cpu::simd::{MAX_GROUP, MAX_HEAD_DIM};
 use pages::PagePool;
 
+pub use gdn_run::{GdnRun, GdnSteps};
+use matrix::MatrixKind;
+pub use matrix::{Input, Matrix, Workspace};
+pub use open::{DeviceError, DeviceKind, default_kernel_cache};
+
 use gdn::Shape as GdnShape;
-
-/// Why a device could not be used, or an op not run.
-#[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
-    /// The binary was built without the `cuda` feature.
-    #[error("this build of thorn has no CUDA backend (rebuild with --features cuda)")]
-    CudaNotCompiled,
-    /// A library the CUDA backend loads at run time is not on the loader path.
-    #[error("no CUDA GPU can be used: {library} was not found ({hint})")]
-    MissingLibrary {
-        /// The library (`libcuda`, `libnvrtc`).
-        library: &'static str,
-        /// Where it comes from.
-        hint: &'static str,
-    },
-    /// No NVIDIA driver or GPU was found.
-    #[error("no CUDA GPU found: {0}")]
-    NoGpu(String),
-    /// A kernel module did not compile (NVRTC's log says why).
-    #[error("kernel module {module} does not compile for {arch}: {log}")]
-    Compile {
-        /// The module.
-        module: &'static str,
-        /// The virtual architecture (`compute_90`).
-        arch: &'static str,
-        /// The compiler's log, or what is missing from its output.
-        log: String,
-    },
-    /// The device cannot run this op or weight type.
-    #[error("{device} cannot run {what}")]
-    Unsupported {
-        /// The device.
-        device: &'static str,
-        /// The op or type.
-        what: String,
-    },
-    /// Weights that cannot be decoded.
-    #[error(transparent)]
-    Quant(#[from] QuantError),
-}
-
-/// One sequence's run of tokens through a DeltaNet layer's recurrence: the normalised convolution output
-/// `y` (`n × conv_dim`) and the gates `g` (log decay) and `beta` (`n × vh` each).
-#[derive(Debug, Clone, Copy)]
-pub struct GdnRun<'v> {
-    /// Convolution outputs (q and k normalised).
-    pub y: View<'v>,
-    /// Log decay per token and value head.
-    pub g: View<'v>,
-    /// β per token and value head.
-    pub beta: View<'v>,
-    /// Tokens.
-    pub n: usize,
-}
-
-impl<'v> GdnRun<'v> {
-    /// The CPU kernels' view of the run (value head 0; the CPU's loop over the heads sets each).
-    fn host(&self) -> gdn::HeadRun<'v> {
-        gdn::HeadRun {
-            y: self.y.host(),
-            g: self.g.host(),
-            beta: self.beta.host(),
-            n: self.n,
-            head: 0,
-        }
-    }
-}
-
-/// Where a DeltaNet op keeps the state after each of the last `count` tokens of a run (speculative
-/// verification): step `j` of the part of the state an op updates goes to `buf[j · stride + offset..]`.
-#[derive(Debug)]
-pub struct GdnSteps<'v> {
-    /// The steps of a sequence's whole recurrent state.
-    pub buf: ViewMut<'v>,
-    /// Floats per step.
-    pub stride: usize,
-    /// Where the op's part (a layer's matrices or window) sits in a step.
-    pub offset: usize,
-    /// Steps kept.
-    pub count: usize,
-}
-
-impl GdnSteps<'_> {
-    /// The same steps, for the part of the state at `offset`.
-    pub fn at(&mut self, offset: usize) -> GdnSteps<'_> {
-        GdnSteps {
-            buf: self.buf.slice(..),
-            stride: self.stride,
-            offset,
-            count: self.count,
-        }
-    }
-
-    /// Floats the steps need for a part of `part` floats at the offset.
-    fn span(&self, part: usize) -> usize {
-        match self.count {
-            0 => 0,
-            c => (c - 1) * self.stride + self.offset + part,
-        }
-    }
-}
-
-impl<'v> GdnSteps<'v> {
-    fn host(self) -> gdn::Steps<'v> {
-        gdn::Steps {
-            buf: self.buf.host(),
-            stride: self.stride,
-            offset: self.offset,
-            count: self.count,
-        }
-    }
-}
 
 /// A compute device.
 #[derive(Debug)]
@@ -211,139 +111,6 @@ impl HostReduce {
     pub fn logsumexp(&self, x: &[f32]) -> f32 {
         cpu::simd::logsumexp(self.isa, x)
     }
-}
-
-/// Which device to open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DeviceKind {
-    /// The CPU.
-    #[default]
-    Cpu,
-    /// CUDA GPU `ordinal`.
-    Cuda(usize),
-    /// GPU 0 when one can be used, else the CPU (saying why in the log).
-    Auto,
-}
-
-/// Where a GPU caches its compiled kernels when the caller names no place: `kernels/` under thorn's cache
-/// directory ([`crate::cache_dir`]; `None` without one).
-pub fn default_kernel_cache() -> Option<std::path::PathBuf> {
-    crate::cache_dir().map(|d| d.join("kernels"))
-}
-
-impl DeviceKind {
-    /// Opens the device (`threads`: CPU worker threads, 0 = one per physical core; `kernel_cache`: the
-    /// directory a GPU caches its compiled kernels in, `None`: compiled every time).
-    pub fn open(
-        self,
-        threads: usize,
-        kernel_cache: Option<&std::path::Path>,
-    ) -> Result<Device, DeviceError> {
-        match self {
-            DeviceKind::Cpu => Ok(Device::cpu(threads)),
-            DeviceKind::Cuda(ordinal) => Device::cuda(ordinal, kernel_cache),
-            DeviceKind::Auto => Ok(Device::cuda(0, kernel_cache).unwrap_or_else(|e| {
-                tracing::warn!("running on the CPU: {e}");
-                Device::cpu(threads)
-            })),
-        }
-    }
-}
-
-impl std::str::FromStr for DeviceKind {
-    type Err = String;
-
-    /// `cpu`, `cuda` (GPU 0), `cuda:N` or `auto`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "cpu" => Ok(DeviceKind::Cpu),
-            "auto" => Ok(DeviceKind::Auto),
-            "cuda" | "gpu" => Ok(DeviceKind::Cuda(0)),
-            other => other
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(DeviceKind::Cuda)
-                .ok_or_else(|| format!("{s:?}: expected cpu, cuda, cuda:N or auto")),
-        }
-    }
-}
-
-/// A weight matrix in its device's layout (`rows` outputs of `cols` inputs).
-#[derive(Debug)]
-pub struct Matrix {
-    m: MatrixKind,
-}
-
-#[derive(Debug)]
-enum MatrixKind {
-    Cpu(QMatrix),
-    Gpu(gpu::GpuMatrix),
-}
-
-impl Matrix {
-    /// Output features.
-    pub fn rows(&self) -> usize {
-        match &self.m {
-            MatrixKind::Cpu(q) => q.rows,
-            MatrixKind::Gpu(g) => g.rows(),
-        }
-    }
-
-    /// Input features.
-    pub fn cols(&self) -> usize {
-        match &self.m {
-            MatrixKind::Cpu(q) => q.cols,
-            MatrixKind::Gpu(g) => g.cols(),
-        }
-    }
-
-    /// Bytes a matrix-vector product reads.
-    pub fn bytes(&self) -> usize {
-        match &self.m {
-            MatrixKind::Cpu(q) => q.bytes(),
-            MatrixKind::Gpu(g) => g.bytes(),
-        }
-    }
-
-    /// Whether its weights are read in place in host memory (see [`Device::mapped_matrix`]).
-    pub fn in_place(&self) -> bool {
-        matches!(&self.m, MatrixKind::Gpu(g) if g.in_place())
-    }
-
-    fn cpu(&self) -> &QMatrix {
-        match &self.m {
-            MatrixKind::Cpu(q) => q,
-            MatrixKind::Gpu(_) => panic!("a GPU matrix given to the CPU device"),
-        }
-    }
-
-    fn gpu(&self) -> &gpu::GpuMatrix {
-        match &self.m {
-            MatrixKind::Gpu(g) => g,
-            MatrixKind::Cpu(_) => panic!("a CPU matrix given to the GPU device"),
-        }
-    }
-}
-
-/// Per-forward device buffers (quantized activations, attention partials), reused across calls.
-#[derive(Debug, Default)]
-pub struct Workspace {
-    qa: QActs,
-    partials: Vec<f32>,
-    /// The CPU attention's tiles of tokens (first, end, whether every position they see is in place).
-    tiles: Vec<(usize, usize, bool)>,
-    gpu: gpu::Quantized,
-}
-
-/// Activations prepared as a matmul input: `n` rows of `cols` floats (and their 8-bit blocks: the CPU's, or
-/// the GPU's quantized copy).
-#[derive(Debug)]
-pub struct Input<'a> {
-    x: View<'a>,
-    n: usize,
-    cols: usize,
-    qa: &'a QActs,
-    acts: Option<gpu::launch::Acts>,
 }
 
 /// A rotary-embedding layout.
