@@ -693,7 +693,7 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
     let path = resolve(cache, a.model.model)?;
     let cfg = a.engine.apply(EngineConfig {
         speculation: a.spec.config(),
-        ..EngineConfig::default()
+        ..opts::engine_defaults(cache)
     });
     let mut engine =
         Engine::load(&path, &cfg).with_context(|| format!("loading {}", path.display()))?;

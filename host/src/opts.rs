@@ -3,7 +3,7 @@
 //! speculative decoding ([`SpecArgs`]). The server's own options are in `serve.rs`. Each option can also
 //! be set through the environment variable named in its help (`THORN_*`); a flag wins over the variable.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use thorn_engine::backend::DeviceKind;
 use thorn_engine::engine::EngineConfig;
 use thorn_engine::kv::{KvConfig, KvDtype};
@@ -11,6 +11,15 @@ use thorn_engine::spec::{FixedCost, SpecConfig};
 
 /// The context length every command defaults to, in tokens.
 pub const DEFAULT_CONTEXT: usize = 8192;
+
+/// The engine configuration every command starts from: the defaults, with a GPU's compiled kernels cached
+/// in `kernels/` under thorn's cache directory (`cache`: `--cache-dir`, else the environment's).
+pub fn engine_defaults(cache: &Path) -> EngineConfig {
+    EngineConfig {
+        kernel_cache: Some(cache.join("kernels")),
+        ..EngineConfig::default()
+    }
+}
 
 /// Which model file to load.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -191,6 +200,17 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--cache-dir` (a global flag) is where a command's engine caches a GPU's compiled kernels.
+    #[test]
+    fn the_cache_dir_flag_is_where_the_engine_caches_kernels() {
+        use clap::Parser;
+        let args = ["thorn", "generate", "-p", "hi", "--cache-dir", "/x/thorn"];
+        let cli = crate::Cli::try_parse_from(args).unwrap();
+        let cache = thorn::store::cache_dir(cli.cache_dir.as_deref());
+        let cfg = engine_defaults(&cache);
+        assert_eq!(cfg.kernel_cache, Some(PathBuf::from("/x/thorn/kernels")));
+    }
 
     #[test]
     fn sizes_parse_in_powers_of_1024() {

@@ -170,7 +170,7 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
     });
     let cfg = a.kv.apply(a.engine.apply(EngineConfig {
         speculation: a.spec.config(),
-        ..EngineConfig::default()
+        ..crate::opts::engine_defaults(cache)
     }));
     let mut engine =
         Engine::load(&path, &cfg).with_context(|| format!("loading {}", path.display()))?;

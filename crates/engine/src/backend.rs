@@ -7,8 +7,14 @@
 //! * [`cpu`]: the backend that runs everywhere: a spin/park thread pool, AVX-512 VNNI and AVX2 kernels chosen
 //!   at run time, and a scalar `*_ref` version of every kernel that the tests use as the oracle (the hot
 //!   path never calls them).
-//! * [`cuda`]: the GPU backend for Thor. It compiles in every build; [`Device::cuda`] returns a typed
-//!   [`DeviceError`] when CUDA is compiled out or no GPU is present.
+//! * [`gpu`]: the GPU backend for Thor: the GPU device over a runtime (CUDA, or the kernel simulator in
+//!   the tests), the kernels' launches, CUDA and NVRTC (its module docs say which type is what). It
+//!   compiles in every build; [`Device::cuda`] returns a typed [`DeviceError`] when CUDA is compiled out
+//!   or no GPU is present.
+//! * This file is the [`Device`] enum and its dispatch (each op's CPU arm calls into `cpu`, e.g. its
+//!   row loops in `cpu::rows`; its GPU arm into `gpu`); beside it `open.rs` ([`DeviceKind`],
+//!   [`DeviceError`]), `matrix.rs` ([`Matrix`], [`Input`], [`Workspace`]) and `gdn_run.rs` ([`GdnRun`],
+//!   [`GdnSteps`]), re-exported here.
 //!
 //! # The API
 //!
@@ -45,144 +51,32 @@
 pub mod batch;
 pub mod buf;
 pub mod cpu;
-#[cfg(not(feature = "cuda"))]
-#[path = "backend/no_cuda.rs"]
-pub mod cuda;
-#[cfg(feature = "cuda")]
-#[path = "backend/cuda.rs"]
-pub mod cuda;
 pub mod fp8;
+mod gdn_run;
 pub mod gpu;
-pub mod launch;
-#[cfg(feature = "cuda")]
-pub mod nvrtc;
+mod matrix;
+mod open;
 pub mod pages;
-#[cfg(test)]
-pub(crate) mod sim;
 
-use crate::quant::{GgmlType, QuantError, dequantize_ref, dot_ref};
+#[cfg(test)]
+pub(crate) use gpu::sim;
+
+use crate::quant::GgmlType;
 use batch::Batch;
 pub use buf::{Buf, Edit, View, ViewMut};
 use cpu::Cpu;
 pub use cpu::gdn;
 pub use cpu::ops::rope_angles;
-use cpu::qmatmul::{QActs, QMatrix};
+use cpu::qmatmul::QMatrix;
 pub use cpu::simd::{MAX_GROUP, MAX_HEAD_DIM};
 use pages::PagePool;
 
+pub use gdn_run::{GdnRun, GdnSteps};
+use matrix::MatrixKind;
+pub use matrix::{Input, Matrix, Workspace};
+pub use open::{DeviceError, DeviceKind, default_kernel_cache};
+
 use gdn::Shape as GdnShape;
-
-/// Why a device could not be used, or an op not run.
-#[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
-    /// The binary was built without the `cuda` feature.
-    #[error("this build of thorn has no CUDA backend (rebuild with --features cuda)")]
-    CudaNotCompiled,
-    /// A library the CUDA backend loads at run time is not on the loader path.
-    #[error("no CUDA GPU can be used: {library} was not found ({hint})")]
-    MissingLibrary {
-        /// The library (`libcuda`, `libnvrtc`).
-        library: &'static str,
-        /// Where it comes from.
-        hint: &'static str,
-    },
-    /// No NVIDIA driver or GPU was found.
-    #[error("no CUDA GPU found: {0}")]
-    NoGpu(String),
-    /// A kernel module did not compile (NVRTC's log says why).
-    #[error("kernel module {module} does not compile for {arch}: {log}")]
-    Compile {
-        /// The module.
-        module: &'static str,
-        /// The virtual architecture (`compute_90`).
-        arch: &'static str,
-        /// The compiler's log, or what is missing from its output.
-        log: String,
-    },
-    /// The device cannot run this op or weight type.
-    #[error("{device} cannot run {what}")]
-    Unsupported {
-        /// The device.
-        device: &'static str,
-        /// The op or type.
-        what: String,
-    },
-    /// Weights that cannot be decoded.
-    #[error(transparent)]
-    Quant(#[from] QuantError),
-}
-
-/// One sequence's run of tokens through a DeltaNet layer's recurrence: the normalised convolution output
-/// `y` (`n × conv_dim`) and the gates `g` (log decay) and `beta` (`n × vh` each).
-#[derive(Debug, Clone, Copy)]
-pub struct GdnRun<'v> {
-    /// Convolution outputs (q and k normalised).
-    pub y: View<'v>,
-    /// Log decay per token and value head.
-    pub g: View<'v>,
-    /// β per token and value head.
-    pub beta: View<'v>,
-    /// Tokens.
-    pub n: usize,
-}
-
-impl<'v> GdnRun<'v> {
-    /// The CPU kernels' view of value head `head`.
-    fn head(&self, head: usize) -> gdn::HeadRun<'v> {
-        gdn::HeadRun {
-            y: self.y.host(),
-            g: self.g.host(),
-            beta: self.beta.host(),
-            n: self.n,
-            head,
-        }
-    }
-}
-
-/// Where a DeltaNet op keeps the state after each of the last `count` tokens of a run (speculative
-/// verification): step `j` of the part of the state an op updates goes to `buf[j · stride + offset..]`.
-#[derive(Debug)]
-pub struct GdnSteps<'v> {
-    /// The steps of a sequence's whole recurrent state.
-    pub buf: ViewMut<'v>,
-    /// Floats per step.
-    pub stride: usize,
-    /// Where the op's part (a layer's matrices or window) sits in a step.
-    pub offset: usize,
-    /// Steps kept.
-    pub count: usize,
-}
-
-impl GdnSteps<'_> {
-    /// The same steps, for the part of the state at `offset`.
-    pub fn at(&mut self, offset: usize) -> GdnSteps<'_> {
-        GdnSteps {
-            buf: self.buf.slice(..),
-            stride: self.stride,
-            offset,
-            count: self.count,
-        }
-    }
-
-    /// Floats the steps need for a part of `part` floats at the offset.
-    fn span(&self, part: usize) -> usize {
-        match self.count {
-            0 => 0,
-            c => (c - 1) * self.stride + self.offset + part,
-        }
-    }
-}
-
-impl<'v> GdnSteps<'v> {
-    fn host(self) -> gdn::Steps<'v> {
-        gdn::Steps {
-            buf: self.buf.host(),
-            stride: self.stride,
-            offset: self.offset,
-            count: self.count,
-        }
-    }
-}
 
 /// A compute device.
 #[derive(Debug)]
@@ -219,128 +113,6 @@ impl HostReduce {
     }
 }
 
-/// Which device to open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DeviceKind {
-    /// The CPU.
-    #[default]
-    Cpu,
-    /// CUDA GPU `ordinal`.
-    Cuda(usize),
-    /// GPU 0 when one can be used, else the CPU (saying why in the log).
-    Auto,
-}
-
-impl DeviceKind {
-    /// Opens the device (`threads`: CPU worker threads, 0 = one per physical core).
-    pub fn open(self, threads: usize) -> Result<Device, DeviceError> {
-        match self {
-            DeviceKind::Cpu => Ok(Device::cpu(threads)),
-            DeviceKind::Cuda(ordinal) => Device::cuda(ordinal),
-            DeviceKind::Auto => Ok(Device::cuda(0).unwrap_or_else(|e| {
-                tracing::warn!("running on the CPU: {e}");
-                Device::cpu(threads)
-            })),
-        }
-    }
-}
-
-impl std::str::FromStr for DeviceKind {
-    type Err = String;
-
-    /// `cpu`, `cuda` (GPU 0), `cuda:N` or `auto`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "cpu" => Ok(DeviceKind::Cpu),
-            "auto" => Ok(DeviceKind::Auto),
-            "cuda" | "gpu" => Ok(DeviceKind::Cuda(0)),
-            other => other
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(DeviceKind::Cuda)
-                .ok_or_else(|| format!("{s:?}: expected cpu, cuda, cuda:N or auto")),
-        }
-    }
-}
-
-/// A weight matrix in its device's layout (`rows` outputs of `cols` inputs).
-#[derive(Debug)]
-pub struct Matrix {
-    m: MatrixKind,
-}
-
-#[derive(Debug)]
-enum MatrixKind {
-    Cpu(QMatrix),
-    Gpu(gpu::GpuMatrix),
-}
-
-impl Matrix {
-    /// Output features.
-    pub fn rows(&self) -> usize {
-        match &self.m {
-            MatrixKind::Cpu(q) => q.rows,
-            MatrixKind::Gpu(g) => g.rows(),
-        }
-    }
-
-    /// Input features.
-    pub fn cols(&self) -> usize {
-        match &self.m {
-            MatrixKind::Cpu(q) => q.cols,
-            MatrixKind::Gpu(g) => g.cols(),
-        }
-    }
-
-    /// Bytes a matrix-vector product reads.
-    pub fn bytes(&self) -> usize {
-        match &self.m {
-            MatrixKind::Cpu(q) => q.bytes(),
-            MatrixKind::Gpu(g) => g.bytes(),
-        }
-    }
-
-    /// Whether its weights are read in place in host memory (see [`Device::mapped_matrix`]).
-    pub fn in_place(&self) -> bool {
-        matches!(&self.m, MatrixKind::Gpu(g) if g.in_place())
-    }
-
-    fn cpu(&self) -> &QMatrix {
-        match &self.m {
-            MatrixKind::Cpu(q) => q,
-            MatrixKind::Gpu(_) => panic!("a GPU matrix given to the CPU device"),
-        }
-    }
-
-    fn gpu(&self) -> &gpu::GpuMatrix {
-        match &self.m {
-            MatrixKind::Gpu(g) => g,
-            MatrixKind::Cpu(_) => panic!("a CPU matrix given to the GPU device"),
-        }
-    }
-}
-
-/// Per-forward device buffers (quantized activations, attention partials), reused across calls.
-#[derive(Debug, Default)]
-pub struct Workspace {
-    qa: QActs,
-    partials: Vec<f32>,
-    /// The CPU attention's tiles of tokens (first, end, whether every position they see is in place).
-    tiles: Vec<(usize, usize, bool)>,
-    gpu: gpu::Quantized,
-}
-
-/// Activations prepared as a matmul input: `n` rows of `cols` floats (and their 8-bit blocks: the CPU's, or
-/// the GPU's quantized copy).
-#[derive(Debug)]
-pub struct Input<'a> {
-    x: View<'a>,
-    n: usize,
-    cols: usize,
-    qa: &'a QActs,
-    acts: Option<launch::Acts>,
-}
-
 /// A rotary-embedding layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rope {
@@ -364,9 +136,12 @@ impl Device {
         Device::Cpu(Cpu::new(threads))
     }
 
-    /// GPU `ordinal`, or why there is none.
-    pub fn cuda(ordinal: usize) -> Result<Self, DeviceError> {
-        cuda::open(ordinal).map(Device::Cuda)
+    /// GPU `ordinal`, its kernels compiled into `kernel_cache` (`None`: every time), or why there is none.
+    pub fn cuda(
+        ordinal: usize,
+        kernel_cache: Option<&std::path::Path>,
+    ) -> Result<Self, DeviceError> {
+        gpu::cuda::open(ordinal, kernel_cache).map(Device::Cuda)
     }
 
     /// A GPU device over `rt` (a CUDA GPU's runtime; in the tests, the kernel simulator).
@@ -403,6 +178,18 @@ impl Device {
                 what: "a GPU buffer".into(),
             }),
             (Device::Cuda(g), _) => g.grow(b, n),
+        }
+    }
+
+    /// `bytes` of zeroed memory this device and the host both address (a GPU's KV page pool); `None` on
+    /// the CPU, whose pages are host memory.
+    pub(crate) fn shared(
+        &self,
+        bytes: usize,
+    ) -> Result<Option<Box<dyn pages::SharedMemory>>, DeviceError> {
+        match self {
+            Device::Cpu(_) => Ok(None),
+            Device::Cuda(g) => Ok(Some(Box::new(g.shared(bytes.next_multiple_of(8))?))),
         }
     }
 
@@ -592,27 +379,25 @@ impl Device {
             device: "the reference path",
             what: format!("rows of {cols} weights of type {ty}"),
         })?;
-        let dot = |x: &[f32], r: usize, t: usize| {
-            dot_ref(
-                ty,
-                &data[r * rb..(r + 1) * rb],
-                &x[t * cols..(t + 1) * cols],
-            )
-            .unwrap_or(f32::NAN)
-        };
         match self {
             Device::Cpu(c) => {
-                let x = x.host();
-                c.map_rows(rows, n, stride, row0, out.host(), &|r, t| dot(x, r, t));
+                c.reference_matmul(
+                    ty,
+                    data,
+                    rb,
+                    rows,
+                    x.host(),
+                    n,
+                    cols,
+                    out.host(),
+                    stride,
+                    row0,
+                );
             }
             // The check path runs on the host for every device: the GPU's buffers make the trip.
             Device::Cuda(g) => {
                 let (x, mut o) = (g.download(x), g.download(out.as_view()));
-                for t in 0..n {
-                    for r in 0..rows {
-                        o[t * stride + row0 + r] = dot(&x, r, t);
-                    }
-                }
+                cpu::rows::reference_matmul(ty, data, rb, rows, &x, n, cols, &mut o, stride, row0);
                 g.upload(&out.slice(..), &o);
             }
         }
@@ -634,20 +419,15 @@ impl Device {
             what: format!("rows of {d} values of type {ty}"),
         })?;
         // A few rows of exact dequantization: on the host for every device (the table is host memory).
-        let row = |t: usize, out: &mut [f32]| {
-            let r = tokens[t] as usize;
-            dequantize_ref(ty, &table[r * rb..(r + 1) * rb], out).map_err(DeviceError::from)
-        };
         let out = out.into();
         match self {
-            Device::Cpu(_) => {
-                let out = out.host();
-                for t in 0..tokens.len() {
-                    row(t, &mut out[t * d..(t + 1) * d])?;
-                }
-                Ok(())
+            Device::Cpu(_) => Ok(cpu::rows::embed(ty, table, rb, d, tokens, out.host())?),
+            Device::Cuda(g) => {
+                let row = |t: usize, out: &mut [f32]| {
+                    cpu::rows::embed_row(ty, table, rb, tokens[t], out).map_err(DeviceError::from)
+                };
+                g.embed(tokens.len(), d, row, out)
             }
-            Device::Cuda(g) => g.embed(tokens.len(), d, row, out),
         }
     }
 
@@ -663,15 +443,7 @@ impl Device {
     ) {
         let (x, w, out) = (x.into(), w.into(), out.into());
         match self {
-            Device::Cpu(_) => {
-                let (x, w) = (x.host(), w.host());
-                for (xr, o) in x[..n * d]
-                    .chunks_exact(d)
-                    .zip(out.host().chunks_exact_mut(d))
-                {
-                    cpu::simd::rmsnorm(xr, w, eps, o);
-                }
-            }
+            Device::Cpu(_) => cpu::rows::rmsnorm_rows(x.host(), w.host(), eps, n, d, out.host()),
             Device::Cuda(g) => g.rmsnorm_rows(x, w, eps, n, d, out),
         }
     }
@@ -690,8 +462,7 @@ impl Device {
         let (x, w, mut out) = (x.into(), w.into(), out.into());
         // Runs of rows that follow each other in the batch (a decode step's, a prefill's) are one op.
         let mut m = 0;
-        let mut run: Option<std::ops::Range<usize>> = None;
-        let mut flush = |r: std::ops::Range<usize>, m: usize| {
+        batch.for_each_logit_run(|r| {
             let rows = r.len();
             self.rmsnorm_rows(
                 x.slice(r.start * d..r.end * d),
@@ -701,26 +472,8 @@ impl Device {
                 d,
                 out.slice(m * d..(m + rows) * d),
             );
-        };
-        for i in 0..batch.seqs.len() {
-            for t in batch.logit_range(i) {
-                run = match run {
-                    Some(r) if r.end == t => Some(r.start..t + 1),
-                    Some(r) => {
-                        let len = r.len();
-                        flush(r, m);
-                        m += len;
-                        Some(t..t + 1)
-                    }
-                    None => Some(t..t + 1),
-                };
-            }
-        }
-        if let Some(r) = run {
-            let len = r.len();
-            flush(r, m);
-            m += len;
-        }
+            m += rows;
+        });
         m
     }
 
@@ -740,23 +493,14 @@ impl Device {
         table: &[(f32, f32)],
         n_angles: usize,
     ) {
-        let x = x.into();
-        if let Device::Cuda(g) = self {
-            let p = &positions[..rows];
-            return g.rope_rows(kind, x, rows, stride, width, head_dim, p, table, n_angles);
-        }
-        let x = x.host();
-        for (t, &p) in positions[..rows].iter().enumerate() {
-            let p = p as usize;
-            let angles = &table[p * n_angles..(p + 1) * n_angles];
-            let row = &mut x[t * stride..t * stride + width];
-            match kind {
-                Rope::Normal => cpu::ops::rope_table(row, head_dim, angles),
-                Rope::Neox => {
-                    for head in row.chunks_exact_mut(head_dim) {
-                        cpu::ops::rope_neox(head, angles);
-                    }
-                }
+        let (x, p) = (x.into(), &positions[..rows]);
+        match self {
+            Device::Cpu(_) => {
+                let x = x.host();
+                cpu::rows::rope_rows(kind, x, stride, width, head_dim, p, table, n_angles);
+            }
+            Device::Cuda(g) => {
+                g.rope_rows(kind, x, rows, stride, width, head_dim, p, table, n_angles);
             }
         }
     }
@@ -776,17 +520,7 @@ impl Device {
         let (k, v) = (k.into(), v.into());
         match self {
             Device::Cpu(_) => {
-                let (k, v) = (k.host(), v.host());
-                let w = pool.shape().n_kv_heads * pool.shape().head_dim;
-                let ps = pool.page_size();
-                for t in 0..batch.len() {
-                    let (span, slot) = batch.locate(t);
-                    let (k, v) = (
-                        &k[t * stride..t * stride + w],
-                        &v[t * stride..t * stride + w],
-                    );
-                    pool.write(batch.pages(span)[slot / ps], slot % ps, layer, k, v);
-                }
+                cpu::rows::write_kv_rows(pool, batch, layer, k.host(), v.host(), stride);
             }
             Device::Cuda(g) => g.write_kv_rows(pool, batch, layer, k, v, stride),
         }
@@ -858,11 +592,7 @@ impl Device {
     pub fn sigmoid_gate<'v>(&self, x: impl Into<ViewMut<'v>>, gate: impl Into<View<'v>>) {
         let (x, gate) = (x.into(), gate.into());
         match self {
-            Device::Cpu(_) => {
-                for (v, &g) in x.host().iter_mut().zip(gate.host()) {
-                    *v *= gdn::sigmoid(g);
-                }
-            }
+            Device::Cpu(_) => cpu::rows::sigmoid_gate(x.host(), gate.host()),
             Device::Cuda(g) => g.sigmoid_gate(x, gate),
         }
     }
@@ -957,16 +687,8 @@ impl Device {
         let (state, out) = (state.into(), out.into());
         match self {
             Device::Cpu(_) => {
-                let (state, out) = (state.host(), out.host());
-                let mut steps = steps.map(GdnSteps::host);
-                let base = steps.as_ref().map_or(0, |s| s.offset);
-                let hs = shape.dk * shape.dv;
-                for (h, head) in state.chunks_exact_mut(hs).take(shape.vh).enumerate() {
-                    if let Some(st) = steps.as_mut() {
-                        st.offset = base + h * hs;
-                    }
-                    gdn::recurrence(shape, &run.head(h), head, out, steps.as_mut());
-                }
+                let steps = steps.map(GdnSteps::host);
+                cpu::rows::gdn_recurrence(shape, &run.host(), state.host(), out.host(), steps);
             }
             Device::Cuda(g) => g.gdn_recurrence(shape, run, state, out, steps),
         }
@@ -983,13 +705,7 @@ impl Device {
     ) {
         let (state, out) = (state.into(), out.into());
         match self {
-            Device::Cpu(_) => {
-                let (state, out) = (state.host(), out.host());
-                let hs = shape.dk * shape.dv;
-                for (h, head) in state.chunks_exact_mut(hs).take(shape.vh).enumerate() {
-                    gdn::chunked(shape, &run.head(h), head, out);
-                }
-            }
+            Device::Cpu(_) => cpu::rows::gdn_chunked(shape, &run.host(), state.host(), out.host()),
             Device::Cuda(g) => g.gdn_chunked(shape, run, state, out),
         }
     }
@@ -1039,8 +755,8 @@ mod tests {
         assert!("tpu".parse::<DeviceKind>().is_err());
         assert!("cuda:x".parse::<DeviceKind>().is_err());
         assert_eq!("Auto".parse(), Ok(DeviceKind::Auto));
-        let auto = DeviceKind::Auto.open(1).unwrap();
-        match DeviceKind::Cuda(0).open(1) {
+        let auto = DeviceKind::Auto.open(1, None).unwrap();
+        match DeviceKind::Cuda(0).open(1, None) {
             // Compiled in on a machine with a GPU: that GPU, and `auto` takes it too.
             Ok(dev) => {
                 assert!(dev.name().starts_with("cuda/"), "{}", dev.name());
@@ -1056,6 +772,21 @@ mod tests {
             ) => assert!(auto.name().starts_with("cpu/"), "{}", auto.name()),
             Err(other) => panic!("unexpected: {other:?}"),
         }
-        assert!(DeviceKind::Cpu.open(1).unwrap().name().starts_with("cpu/"));
+        assert!(
+            DeviceKind::Cpu
+                .open(1, None)
+                .unwrap()
+                .name()
+                .starts_with("cpu/")
+        );
+    }
+
+    /// Without a place from its caller (the host's `--cache-dir`), the engine caches a GPU's kernels where
+    /// it always has: `kernels/` under thorn's cache directory.
+    #[test]
+    fn the_engine_caches_kernels_under_the_cache_dir_unless_told_where() {
+        let want = crate::cache_dir().map(|d| d.join("kernels"));
+        assert_eq!(default_kernel_cache(), want);
+        assert_eq!(crate::EngineConfig::default().kernel_cache, want);
     }
 }

@@ -41,7 +41,7 @@ use crate::sample::guide::Guide;
 use crate::sample::{Sampled, SamplingParams};
 use crate::spec::{SpecConfig, SpecStats, Speculator};
 use crate::tokenizer::{TokenId, Tokenizer, TokenizerError};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -166,6 +166,10 @@ pub struct EngineConfig {
     pub threads: usize,
     /// CUDA graphs on a GPU device (see `backend::Device::set_graphs`).
     pub cuda_graphs: bool,
+    /// Where a GPU device caches its compiled kernels (`None`: compiled at every start). The default is
+    /// [`default_kernel_cache`](crate::backend::default_kernel_cache), `kernels/` under thorn's cache
+    /// directory from the environment; the host passes the one under its `--cache-dir`.
+    pub kernel_cache: Option<PathBuf>,
     /// Context length (KV positions); 0 = the model's training context.
     pub context: usize,
     /// KV cache element type.
@@ -193,6 +197,7 @@ impl Default for EngineConfig {
             device: DeviceKind::Cpu,
             threads: 0,
             cuda_graphs: true,
+            kernel_cache: crate::backend::default_kernel_cache(),
             context: 4096,
             kv_dtype: KvDtype::F16,
             kv_memory: 0,
@@ -369,7 +374,7 @@ impl Engine {
 
     /// Builds an engine from a parsed GGUF, on the device `cfg` names.
     pub fn from_gguf(gguf: Arc<Gguf>, cfg: &EngineConfig) -> Result<Self, EngineError> {
-        let device = cfg.device.open(cfg.threads)?;
+        let device = cfg.device.open(cfg.threads, cfg.kernel_cache.as_deref())?;
         let model = Model::from_gguf(Arc::clone(&gguf), &device)?;
         Self::with_model(gguf, model, device, cfg)
     }

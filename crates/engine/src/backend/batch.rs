@@ -123,6 +123,27 @@ impl Batch {
         end - self.logit_rows(i)..end
     }
 
+    /// Calls `f` with the rows whose logits the batch wants, in batch order, each run of rows that follow
+    /// each other (a decode step's, a prefill's) as one range.
+    pub fn for_each_logit_run(&self, mut f: impl FnMut(std::ops::Range<usize>)) {
+        let mut run: Option<std::ops::Range<usize>> = None;
+        for i in 0..self.seqs.len() {
+            for t in self.logit_range(i) {
+                run = match run {
+                    Some(r) if r.end == t => Some(r.start..t + 1),
+                    Some(r) => {
+                        f(r);
+                        Some(t..t + 1)
+                    }
+                    None => Some(t..t + 1),
+                };
+            }
+        }
+        if let Some(r) = run {
+            f(r);
+        }
+    }
+
     /// The sequence of token `t` and the slot its KV is written to (its position, for chains).
     #[inline]
     pub fn locate(&self, t: usize) -> (&SeqSpan, usize) {

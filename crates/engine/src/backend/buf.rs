@@ -11,11 +11,45 @@
 //! both wait for the queued work first; `edit` writes its changes back when it ends. Borrowing does the
 //! rest: a view of a buffer borrows it, so host code cannot hold its contents while an op is handed the
 //! same buffer to write.
+//!
+//! This module knows no device's types: a buffer in a device's own memory is a [`DeviceMem`] (the GPU
+//! wing's `GpuBuf` implements it), addressed by a [`DevPtr`].
 
-use super::gpu::GpuBuf;
-use super::launch::DevPtr;
 use std::marker::PhantomData;
 use std::ops::{Bound, Deref, DerefMut, RangeBounds};
+
+/// A device address: a CUDA device pointer, or a host address in the simulator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DevPtr(pub u64);
+
+impl DevPtr {
+    /// The address `bytes` further on.
+    pub fn offset(self, bytes: usize) -> DevPtr {
+        DevPtr(self.0 + bytes as u64)
+    }
+}
+
+/// A [`Buf`]'s storage in a device's own memory, with the host copy that [`Buf::read_back`] and
+/// [`Buf::edit`] hand out (the GPU wing's `GpuBuf`).
+pub(crate) trait DeviceMem: std::fmt::Debug + Send + Sync {
+    /// Floats it holds.
+    fn len(&self) -> usize;
+
+    /// Its device address.
+    fn ptr(&self) -> DevPtr;
+
+    /// Its first `n` values in the host copy, after the queued work (see [`Buf::read_back`]).
+    fn read_back(&mut self, n: usize) -> &mut [f32];
+
+    /// The host copy, as the last whole read-back left it.
+    fn host(&self) -> &[f32];
+
+    /// The host copy, to change.
+    fn host_mut(&mut self) -> &mut [f32];
+
+    /// Queues the upload of the host copy (the whole buffer): an [`Edit`]'s changes.
+    fn write_back(&mut self);
+}
 
 /// `f32` storage in a device's memory (see the module docs). The default is an empty host buffer; the
 /// first [`super::Device::grow`] on a GPU moves it there.
@@ -27,7 +61,7 @@ pub struct Buf {
 #[derive(Debug)]
 pub(super) enum Mem {
     Host(Vec<f32>),
-    Gpu(GpuBuf),
+    Gpu(Box<dyn DeviceMem>),
 }
 
 impl Default for Mem {
@@ -117,12 +151,14 @@ impl Buf {
     /// back when the guard ends.
     pub fn edit(&mut self) -> Edit<'_> {
         match &mut self.mem {
-            Mem::Host(v) => Edit { host: v, gpu: None },
+            Mem::Host(v) => Edit {
+                place: EditPlace::Host(v),
+            },
             Mem::Gpu(g) => {
-                let (host, gpu) = g.edit();
+                let n = g.len();
+                g.read_back(n);
                 Edit {
-                    host,
-                    gpu: Some(gpu),
+                    place: EditPlace::Device(&mut **g),
                 }
             }
         }
@@ -132,28 +168,40 @@ impl Buf {
 /// Host access to a [`Buf`] (see [`Buf::edit`]); a GPU buffer gets the changes back when it ends.
 #[derive(Debug)]
 pub struct Edit<'a> {
-    host: &'a mut [f32],
-    gpu: Option<super::gpu::WriteBack>,
+    place: EditPlace<'a>,
+}
+
+#[derive(Debug)]
+enum EditPlace<'a> {
+    Host(&'a mut [f32]),
+    /// A device buffer, its host copy read back.
+    Device(&'a mut dyn DeviceMem),
 }
 
 impl Deref for Edit<'_> {
     type Target = [f32];
 
     fn deref(&self) -> &[f32] {
-        self.host
+        match &self.place {
+            EditPlace::Host(h) => h,
+            EditPlace::Device(d) => d.host(),
+        }
     }
 }
 
 impl DerefMut for Edit<'_> {
     fn deref_mut(&mut self) -> &mut [f32] {
-        self.host
+        match &mut self.place {
+            EditPlace::Host(h) => h,
+            EditPlace::Device(d) => d.host_mut(),
+        }
     }
 }
 
 impl Drop for Edit<'_> {
     fn drop(&mut self) {
-        if let Some(w) = self.gpu.take() {
-            w.write(self.host);
+        if let EditPlace::Device(d) = &mut self.place {
+            d.write_back();
         }
     }
 }

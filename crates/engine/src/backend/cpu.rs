@@ -9,6 +9,7 @@ pub mod gdn;
 pub mod ops;
 pub mod pool;
 pub mod qmatmul;
+pub mod rows;
 pub mod simd;
 
 use super::batch::Batch;

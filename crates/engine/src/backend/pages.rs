@@ -15,7 +15,6 @@
 //! pool by reference ([`PagePool::raw_parts`]), so none can be handed it while host code holds a view.
 
 use super::fp8::{self, e4m3_decode, e4m3_encode, e4m3_scale};
-use super::gpu::SharedMem;
 use super::{Device, DeviceError};
 use half::f16;
 
@@ -164,21 +163,32 @@ impl Gathered {
 /// Index of a page in the pool.
 pub type PageId = u32;
 
+/// Memory a device and the host both address, at the same address (the GPU wing's `SharedMem`: CUDA
+/// managed memory): a GPU's KV stores. The host's views wait for the device's queued work first.
+pub(crate) trait SharedMemory: std::fmt::Debug + Send + Sync {
+    /// Its device address.
+    fn addr(&self) -> u64;
+    /// Its bytes, once the queued work is done.
+    fn host(&self) -> &[u8];
+    /// Its bytes to change, once the queued work is done.
+    fn host_mut(&mut self) -> &mut [u8];
+}
+
 /// Memory a store lives in.
 #[derive(Debug)]
 enum Region {
     /// Host memory (a zeroed `Vec` is a lazy calloc: pages the cache never uses cost nothing).
     Host(Vec<u64>),
     /// A GPU's memory that the host addresses too.
-    Shared(SharedMem),
+    Shared(Box<dyn SharedMemory>),
 }
 
 impl Region {
     /// `bytes` of zeroed memory: the host's, or `dev`'s when it is a GPU.
     fn zeroed(dev: Option<&Device>, bytes: usize) -> Result<Region, DeviceError> {
-        Ok(match dev {
-            Some(Device::Cuda(g)) => Region::Shared(g.shared(bytes.next_multiple_of(8))?),
-            Some(Device::Cpu(_)) | None => Region::Host(vec![0; bytes.div_ceil(8)]),
+        Ok(match dev.map(|d| d.shared(bytes)).transpose()?.flatten() {
+            Some(m) => Region::Shared(m),
+            None => Region::Host(vec![0; bytes.div_ceil(8)]),
         })
     }
 
@@ -199,7 +209,7 @@ impl Region {
     fn addr(&self) -> u64 {
         match self {
             Region::Host(v) => v.as_ptr() as u64,
-            Region::Shared(m) => m.ptr().0,
+            Region::Shared(m) => m.addr(),
         }
     }
 }

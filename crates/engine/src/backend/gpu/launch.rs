@@ -11,22 +11,13 @@
 //! checked here, before anything runs ([`DeviceError::Unsupported`] names what does not fit), because a
 //! kernel trusts the sizes it is given.
 
-use super::DeviceError;
-use super::batch::Batch;
-use super::pages::{KvDtype, KvShape};
+use crate::backend::DeviceError;
+use crate::backend::batch::Batch;
+use crate::backend::pages::{KvDtype, KvShape};
 use crate::quant::GgmlType;
 use thorn_kernels::Module;
 
-/// A device address: a CUDA device pointer, or a host address in the simulator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DevPtr(pub u64);
-
-impl DevPtr {
-    /// The address `bytes` further on.
-    pub fn offset(self, bytes: usize) -> DevPtr {
-        DevPtr(self.0 + bytes as u64)
-    }
-}
+pub use crate::backend::buf::DevPtr;
 
 /// One kernel argument, as the C type the kernel declares (pointers, `int`, `float`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -626,7 +617,7 @@ pub fn f32_to_f16(l: &dyn Launcher, f: DevPtr, h: DevPtr, n: usize) -> Result<()
 #[expect(clippy::too_many_arguments, reason = "a kernel's shape")]
 pub fn rope(
     l: &dyn Launcher,
-    kind: super::Rope,
+    kind: crate::backend::Rope,
     x: DevPtr,
     pos: DevPtr,
     table: DevPtr,
@@ -658,13 +649,13 @@ pub fn rope(
         Arg::I32(int(heads, "heads")?),
         Arg::I32(int(head_dim, "a head width")?),
         Arg::I32(int(n_angles, "pairs")?),
-        Arg::I32(i32::from(kind == super::Rope::Neox)),
+        Arg::I32(i32::from(kind == crate::backend::Rope::Neox)),
         Arg::I32(int(stride, "a row stride")?),
     ];
     l.launch(&thorn_kernels::ROPE, "rope_f32", elementwise(pairs), &args)
 }
 
-/// The KV page pool in device memory, laid out as the CPU's [`PagePool`](super::pages::PagePool): element
+/// The KV page pool in device memory, laid out as the CPU's [`PagePool`](crate::backend::pages::PagePool): element
 /// `(page, layer, kv head, slot, d)` at `(((page · layers + layer) · kv heads + head) · page_size + slot) ·
 /// head_dim + d`; FP8 pools have one f32 scale per `(page, layer, kv head)` for keys and one for values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1050,7 +1041,7 @@ fn steps_args(steps: Option<DevSteps>, n: usize) -> Result<[Arg; 4], DeviceError
 )]
 pub fn gdn_conv(
     l: &dyn Launcher,
-    shape: &super::gdn::Shape,
+    shape: &crate::backend::gdn::Shape,
     taps: DevPtr,
     window: DevPtr,
     x: DevPtr,
@@ -1058,7 +1049,7 @@ pub fn gdn_conv(
     y: DevPtr,
     steps: Option<DevSteps>,
 ) -> Result<(), DeviceError> {
-    if shape.kernel < 2 || shape.kernel > super::gdn::MAX_KERNEL {
+    if shape.kernel < 2 || shape.kernel > crate::backend::gdn::MAX_KERNEL {
         return Err(unsupported(format!(
             "a convolution of {} taps",
             shape.kernel
@@ -1085,7 +1076,7 @@ pub fn gdn_conv(
 /// L2-normalises the q and k heads of `n` tokens of convolution output `y` (q also scaled by `1/sqrt(dk)`).
 pub fn gdn_normalize_qk(
     l: &dyn Launcher,
-    shape: &super::gdn::Shape,
+    shape: &crate::backend::gdn::Shape,
     y: DevPtr,
     n: usize,
 ) -> Result<(), DeviceError> {
@@ -1141,7 +1132,7 @@ pub fn gdn_gates(
 )]
 pub fn gdn_recurrence(
     l: &dyn Launcher,
-    shape: &super::gdn::Shape,
+    shape: &crate::backend::gdn::Shape,
     y: DevPtr,
     g: DevPtr,
     beta: DevPtr,
@@ -1150,7 +1141,7 @@ pub fn gdn_recurrence(
     n: usize,
     steps: Option<DevSteps>,
 ) -> Result<(), DeviceError> {
-    if shape.dk > 512 || shape.dv > super::gdn::MAX_HEAD || shape.kh == 0 {
+    if shape.dk > 512 || shape.dv > crate::backend::gdn::MAX_HEAD || shape.kh == 0 {
         return Err(unsupported(format!(
             "DeltaNet heads of {} x {}",
             shape.dk, shape.dv
@@ -1186,11 +1177,11 @@ pub fn gdn_recurrence(
 }
 
 /// Floats of scratch [`gdn_chunk`] needs: a chunk's `U` (then `v_new`) and `W` per value head.
-pub fn gdn_chunk_work(shape: &super::gdn::Shape) -> usize {
-    shape.vh * super::gdn::CHUNK * (shape.dk + shape.dv)
+pub fn gdn_chunk_work(shape: &crate::backend::gdn::Shape) -> usize {
+    shape.vh * crate::backend::gdn::CHUNK * (shape.dk + shape.dv)
 }
 
-/// The same recurrence as [`gdn_recurrence`] in chunked (WY) form, chunks of [`super::gdn::CHUNK`] tokens
+/// The same recurrence as [`gdn_recurrence`] in chunked (WY) form, chunks of [`crate::backend::gdn::CHUNK`] tokens
 /// (the CPU's `gdn::chunked`); `work` holds [`gdn_chunk_work`] floats.
 #[expect(
     clippy::too_many_arguments,
@@ -1198,7 +1189,7 @@ pub fn gdn_chunk_work(shape: &super::gdn::Shape) -> usize {
 )]
 pub fn gdn_chunk(
     l: &dyn Launcher,
-    shape: &super::gdn::Shape,
+    shape: &crate::backend::gdn::Shape,
     y: DevPtr,
     g: DevPtr,
     beta: DevPtr,

@@ -7,8 +7,8 @@ use crate::backend::Rope;
 use crate::backend::cpu::ops;
 use crate::backend::cpu::qmatmul::{QActs, quantize_ref};
 use crate::backend::cpu::simd::Isa;
+use crate::backend::gpu::sim::Sim;
 use crate::backend::pages::{KvDtype, KvShape};
-use crate::backend::sim::Sim;
 use crate::quant::dequantize_ref;
 use crate::testutil::{data, quantize_rows};
 
@@ -18,7 +18,7 @@ enum Backing {
     Host(Vec<u64>),
     /// GPU memory.
     #[cfg(feature = "cuda")]
-    Gpu(crate::backend::cuda::DevBuf),
+    Gpu(crate::backend::gpu::cuda::DevBuf),
 }
 
 /// Where the kernel tests run: the launcher and its memory.
@@ -55,7 +55,7 @@ impl TestDev for Sim {
 }
 
 #[cfg(feature = "cuda")]
-impl TestDev for crate::backend::cuda::Gpu {
+impl TestDev for crate::backend::gpu::cuda::Gpu {
     fn put(&self, bytes: &[u8]) -> (Backing, DevPtr) {
         let buf = self.alloc(bytes.len()).expect("GPU memory");
         self.upload(buf.ptr(), bytes).expect("copy to the GPU");
@@ -81,11 +81,11 @@ fn on_every_device(body: fn(&dyn TestDev)) {
     body(&Sim);
     #[cfg(feature = "cuda")]
     {
-        static GPU: std::sync::OnceLock<Result<crate::backend::cuda::Gpu, String>> =
+        static GPU: std::sync::OnceLock<Result<crate::backend::gpu::cuda::Gpu, String>> =
             std::sync::OnceLock::new();
-        match GPU
-            .get_or_init(|| crate::backend::cuda::Gpu::open(0, None).map_err(|e| e.to_string()))
-        {
+        match GPU.get_or_init(|| {
+            crate::backend::gpu::cuda::Gpu::open(0, None).map_err(|e| e.to_string())
+        }) {
             Ok(gpu) => {
                 body(gpu);
                 gpu.synchronize().expect("the GPU finished");

@@ -10,7 +10,7 @@
 //! path. Like [`super::cuda`], it probes the library before the first call (cudarc panics without it)
 //! and runs cudarc under `catch_unwind`.
 
-use super::DeviceError;
+use crate::backend::DeviceError;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use thorn_kernels::Module;

@@ -1,11 +1,11 @@
 //! The kernel simulator as a GPU runtime (tests only): kernels run on the CPU through `thorn-kernel-sim`,
 //! device memory is host memory and a device pointer a host address. The launch tests and the GPU device's
-//! tests (a whole forward pass on [`super::gpu::GpuDevice`]) run on it.
+//! tests (a whole forward pass on [`super::GpuDevice`]) run on it.
 
-use super::DeviceError;
-use super::gpu::Graph;
-use super::gpu::{DevMem, GpuRuntime};
+use super::Graph;
 use super::launch::{DevPtr, Launch, Launcher, Params, Shape};
+use super::{DevMem, GpuRuntime};
+use crate::backend::DeviceError;
 use thorn_kernels::Module;
 
 /// The simulator as a launcher: device memory is host memory, a device pointer a host address.
@@ -252,9 +252,9 @@ impl GpuRuntime for Counting {
 
 /// The GPU devices a test runs on: the simulator always, and GPU 0 when this build has CUDA and the
 /// machine a GPU the device can use (else a line says why it is skipped).
-pub(crate) fn gpu_devices() -> Vec<super::Device> {
-    let mut v = vec![super::Device::gpu(std::sync::Arc::new(Sim))];
-    match super::Device::cuda(0) {
+pub(crate) fn gpu_devices() -> Vec<crate::backend::Device> {
+    let mut v = vec![crate::backend::Device::gpu(std::sync::Arc::new(Sim))];
+    match crate::backend::Device::cuda(0, crate::backend::default_kernel_cache().as_deref()) {
         Ok(d) => v.push(d),
         Err(e) => eprintln!("skip: the GPU run ({e})"),
     }

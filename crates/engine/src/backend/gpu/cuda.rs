@@ -12,15 +12,15 @@
 //! [`KernelCache`]) and launches its kernels with `cuLaunchKernel`. The launches themselves, and every
 //! kernel's test, are in [`super::launch`], the same code the CPU simulator runs.
 //!
-//! [`open`] hands out a [`GpuDevice`] over it (see [`super::gpu`]): every buffer the kernels address is
+//! [`open`] hands out a [`GpuDevice`] over it (see [`super`]): every buffer the kernels address is
 //! device memory, or managed memory for the KV page pool, so the GPU needs no access to pageable host
 //! memory.
 
-use super::DeviceError;
-use super::gpu::Graph;
-use super::gpu::{DevMem, GpuDevice, GpuRuntime};
+use super::Graph;
 use super::launch::{DevPtr, Launch, Launcher, Params, Shape};
 use super::nvrtc::KernelCache;
+use super::{DevMem, GpuDevice, GpuRuntime};
+use crate::backend::DeviceError;
 use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream, result, sys};
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -80,15 +80,14 @@ pub fn is_available() -> bool {
     driver_present()
 }
 
-/// Opens GPU `ordinal` as a device, kernels compiled into thorn's cache directory.
-pub fn open(ordinal: usize) -> Result<GpuDevice, DeviceError> {
-    let gpu = Gpu::open(ordinal, kernel_cache_dir())?;
+/// Opens GPU `ordinal` as a device, its kernels compiled into `kernel_cache` (`None`: every time; the
+/// engine passes its configuration's, by default `kernels/` under thorn's cache directory).
+pub fn open(
+    ordinal: usize,
+    kernel_cache: Option<&std::path::Path>,
+) -> Result<GpuDevice, DeviceError> {
+    let gpu = Gpu::open(ordinal, kernel_cache.map(std::path::Path::to_path_buf))?;
     Ok(GpuDevice::new(Arc::new(gpu)))
-}
-
-/// Where compiled kernels are cached: `kernels/` under thorn's cache directory.
-fn kernel_cache_dir() -> Option<std::path::PathBuf> {
-    crate::cache_dir().map(|d| d.join("kernels"))
 }
 
 fn driver(what: &str) -> impl Fn(result::DriverError) -> DeviceError + '_ {
@@ -482,7 +481,7 @@ mod tests {
 
     #[test]
     fn without_a_gpu_opening_one_is_a_typed_error() {
-        match open(0) {
+        match open(0, None) {
             Ok(dev) => println!("found {}", dev.name()),
             Err(DeviceError::MissingLibrary { library, .. }) => {
                 assert!(library.starts_with("libcuda") != is_available());
@@ -494,5 +493,28 @@ mod tests {
             }
             other => panic!("unexpected: {other:?}"),
         }
+    }
+
+    /// The kernel cache is the directory the device is opened with (`--cache-dir` reaches it through
+    /// the engine's configuration): a GPU's first op compiles its module into it. Without a GPU, opening
+    /// one is the typed error of the test above.
+    #[test]
+    fn a_gpu_compiles_its_kernels_into_the_cache_it_is_opened_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let kernels = dir.path().join("kernels");
+        let dev = match open(0, Some(&kernels)) {
+            Ok(dev) => crate::backend::Device::Cuda(dev),
+            Err(e) => return println!("skipped: {e}"),
+        };
+        let mut x = dev.buf(vec![1.0; 64]).unwrap();
+        let y = dev.buf(vec![2.0; 64]).unwrap();
+        dev.add(&mut x, &y);
+        assert_eq!(x.read_back(64), &[3.0; 64][..]);
+        let entries = std::fs::read_dir(&kernels).unwrap();
+        let ptx = entries.filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().ends_with(".ptx")
+        });
+        assert!(ptx.count() > 0, "no PTX in {}", kernels.display());
     }
 }

@@ -1,0 +1,783 @@
+//! The GPU device ([`GpuDevice`]): every [`Device`](crate::backend::Device) op run by the CUDA kernels
+//! through [`super::launch`], on any [`GpuRuntime`], with its weights ([`GpuMatrix`]) and per-pass staging.
+
+use super::launch::{self, Acts, BatchMeta, DevBatch, DevPtr, KvStore, Launcher, Weights};
+use super::mem::{DevMem, DevVec, GpuBuf, SharedMem, fail};
+use super::runtime::{GpuRuntime, GraphStats, Queue};
+use crate::backend::batch::Batch;
+use crate::backend::buf::{Buf, Mem, View, ViewMut};
+use crate::backend::gdn::Shape as GdnShape;
+use crate::backend::pages::PagePool;
+use crate::backend::{DeviceError, GdnRun, GdnSteps, Rope};
+use crate::quant::{GgmlType, dequantize_ref};
+use std::sync::{Arc, Mutex};
+
+/// A weight matrix in device memory.
+///
+/// Its rows are one or more parts, each contiguous: one, for a matrix uploaded (or stacked by a copy); a
+/// stacked matrix whose parts are read in place where the model file has them keeps them apart, and a
+/// product runs one launch per part into its rows of the output.
+#[derive(Debug)]
+pub struct GpuMatrix {
+    /// The whole matrix (its address is the first part's).
+    w: Weights,
+    parts: Vec<Weights>,
+    /// The memory behind the parts (or the mapping that holds them).
+    mems: Vec<DevMem>,
+}
+
+impl GpuMatrix {
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.w.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.w.cols
+    }
+
+    /// Bytes a matrix-vector product reads.
+    pub fn bytes(&self) -> usize {
+        self.mems.iter().map(|m| m.bytes).sum()
+    }
+
+    /// Whether its weights are read in place in host memory (see [`GpuRuntime::host_address`]).
+    pub fn in_place(&self) -> bool {
+        self.mems.iter().any(|m| m.in_place)
+    }
+}
+
+/// A matmul input's 8-bit copy (device scratch), kept in the caller's workspace because an
+/// [`crate::backend::Input`] refers to it; reused across calls.
+#[derive(Debug, Default)]
+pub struct Quantized {
+    q: DevVec,
+    ds: DevVec,
+}
+
+/// The batch metadata in device memory, one staging per array.
+#[derive(Debug, Default)]
+struct MetaBufs {
+    table: DevVec,
+    meta: DevVec,
+    seen: DevVec,
+    dst: DevVec,
+    seqs: DevVec,
+}
+
+/// The device's own staging (RoPE rows and positions, batch metadata, attention partials, embedding
+/// rows), reused across calls.
+#[derive(Debug, Default)]
+struct Staging {
+    meta: BatchMeta,
+    dev_meta: MetaBufs,
+    partials: DevVec,
+    table: Vec<f32>,
+    dev_table: DevVec,
+    pos: Vec<i32>,
+    dev_pos: DevVec,
+    rows: Vec<f32>,
+    /// The chunked DeltaNet's per-head scratch.
+    gdn_work: DevVec,
+}
+
+impl Staging {
+    /// `batch`'s metadata in device memory (uploaded only where it changed since the last op).
+    fn batch(
+        &mut self,
+        rt: &Queue,
+        batch: &Batch,
+        page_size: usize,
+    ) -> Result<DevBatch, DeviceError> {
+        self.meta.build(batch, page_size)?;
+        let (m, d) = (&self.meta, &mut self.dev_meta);
+        Ok(DevBatch {
+            table: d.table.put(rt, bytemuck::cast_slice(&m.table))?,
+            meta: d.meta.put(rt, bytemuck::cast_slice(&m.meta))?,
+            seen: d.seen.put(rt, bytemuck::cast_slice(&m.seen))?,
+            dst: d.dst.put(rt, bytemuck::cast_slice(&m.dst))?,
+            seqs: d.seqs.put(rt, bytemuck::cast_slice(&m.seqs))?,
+            tokens: batch.len(),
+            n_seqs: batch.seqs.len(),
+            splits: m.splits,
+            attend_from: m.attend_from,
+        })
+    }
+
+    /// The RoPE rows and positions built in `table` and `pos`, in device memory.
+    fn rope(&mut self, rt: &Queue) -> Result<(DevPtr, DevPtr), DeviceError> {
+        Ok((
+            self.dev_pos.put(rt, bytemuck::cast_slice(&self.pos))?,
+            self.dev_table.put(rt, bytemuck::cast_slice(&self.table))?,
+        ))
+    }
+}
+
+/// A GPU: its runtime, and the ops of the device API on it.
+#[derive(Debug)]
+pub struct GpuDevice {
+    /// Its runtime, behind the queue its work goes through.
+    q: Arc<Queue>,
+    /// Per-op staging; ops run one at a time.
+    staging: Box<Mutex<Staging>>,
+}
+
+impl GpuDevice {
+    /// The device over `rt`, with CUDA graphs on.
+    pub fn new(rt: Arc<dyn GpuRuntime>) -> Self {
+        let q = Arc::new(Queue::new(rt));
+        q.rec().on = true;
+        GpuDevice {
+            q,
+            staging: Box::new(Mutex::new(Staging::default())),
+        }
+    }
+
+    /// Turns graphs on or off (see [`Queue`]); off, every kernel is launched as its op queues it.
+    pub fn set_graphs(&self, on: bool) {
+        if let Err(e) = self.q.flush() {
+            fail("graph", e);
+        }
+        self.q.rec().on = on;
+    }
+
+    /// What the launches did so far.
+    pub fn graph_stats(&self) -> GraphStats {
+        self.q.rec().stats
+    }
+
+    fn staging(&self) -> std::sync::MutexGuard<'_, Staging> {
+        self.staging
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Its name for reports.
+    pub fn name(&self) -> String {
+        format!("cuda/{}", self.q.rt.describe())
+    }
+
+    /// Queues `f`'s launches (see [`fail`] for what a failure is).
+    fn run(&self, what: &str, f: impl FnOnce(&dyn Launcher) -> Result<(), DeviceError>) {
+        if let Err(e) = f(&*self.q) {
+            fail(what, e);
+        }
+    }
+
+    /// Waits for every queued op (the end of a forward pass: the host reads the KV pages and the logits
+    /// next).
+    pub fn finish(&self) {
+        if let Err(e) = self.q.wait() {
+            fail("pass", e);
+        }
+    }
+
+    /// `b` with room for at least `n` floats in device memory (a host buffer moves there, its contents
+    /// with it; a smaller one is replaced, its contents copied, once the queued work is done).
+    pub fn grow(&self, b: &mut Buf, n: usize) -> Result<(), DeviceError> {
+        if matches!(&b.mem, Mem::Gpu(g) if g.len() >= n) {
+            return Ok(());
+        }
+        let len = n.max(b.len());
+        let mem = self.q.rt.alloc(4 * len)?;
+        match &b.mem {
+            Mem::Host(v) => self.q.upload(mem.ptr(), bytemuck::cast_slice(v))?,
+            Mem::Gpu(g) => self.q.copy(mem.ptr(), g.ptr(), 4 * g.len())?,
+        }
+        b.mem = Mem::Gpu(Box::new(GpuBuf {
+            mem,
+            len,
+            host: Vec::new(),
+            q: Arc::clone(&self.q),
+        }));
+        Ok(())
+    }
+
+    /// `bytes` of zeroed memory the device and the host both address (the KV page pool).
+    pub fn shared(&self, bytes: usize) -> Result<SharedMem, DeviceError> {
+        Ok(SharedMem {
+            mem: self.q.rt.alloc_shared(bytes)?,
+            q: Arc::clone(&self.q),
+        })
+    }
+
+    /// `v` as a buffer in device memory.
+    pub fn buf(&self, v: Vec<f32>) -> Result<Buf, DeviceError> {
+        let mut b = Buf::from(v);
+        self.grow(&mut b, 0)?;
+        Ok(b)
+    }
+
+    /// `x`'s contents on the host (after the queued work), for the host-side ops.
+    pub fn download(&self, x: View<'_>) -> Vec<f32> {
+        let mut v = vec![0f32; x.len()];
+        if let Err(e) = self.q.download(x.ptr(), bytemuck::cast_slice_mut(&mut v)) {
+            fail("download", e);
+        }
+        v
+    }
+
+    /// Queues the upload of host values into `out`.
+    pub fn upload(&self, out: &ViewMut<'_>, v: &[f32]) {
+        assert!(v.len() <= out.len(), "an upload past its buffer");
+        if let Err(e) = self.q.upload(out.ptr(), bytemuck::cast_slice(v)) {
+            fail("upload", e);
+        }
+    }
+
+    /// `rows × cols` weights of type `ty` (GGUF bytes), in device memory. Types without a kernel are
+    /// dequantized on the host and uploaded as f32.
+    pub fn matrix(
+        &self,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+    ) -> Result<GpuMatrix, DeviceError> {
+        let w = Weights {
+            ptr: DevPtr(0),
+            ty,
+            rows,
+            cols,
+            scale: 1.0,
+        };
+        if w.check().is_err() {
+            let rb = ty.row_bytes(cols).ok_or_else(|| DeviceError::Unsupported {
+                device: "the GPU",
+                what: format!("rows of {cols} weights of type {ty}"),
+            })?;
+            let mut f = vec![0f32; rows * cols];
+            for (src, dst) in data.chunks_exact(rb).zip(f.chunks_exact_mut(cols)) {
+                dequantize_ref(ty, src, dst)?;
+            }
+            return self.matrix_f32(rows, cols, &f);
+        }
+        self.upload_weights(w, data)
+    }
+
+    /// `rows × cols` f32 weights (row-major), in device memory.
+    pub fn matrix_f32(
+        &self,
+        rows: usize,
+        cols: usize,
+        f: &[f32],
+    ) -> Result<GpuMatrix, DeviceError> {
+        let w = Weights {
+            ptr: DevPtr(0),
+            ty: GgmlType::F32,
+            rows,
+            cols,
+            scale: 1.0,
+        };
+        self.upload_weights(w, bytemuck::cast_slice(f))
+    }
+
+    /// Weights from a mapping `owner` keeps alive (a model file's tensor): read where they are on a GPU
+    /// that reads host memory in place ([`GpuRuntime::host_address`]: unified memory, as on Jetson Thor),
+    /// else as [`GpuDevice::matrix`] does.
+    pub fn mapped_matrix(
+        &self,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        owner: &Arc<dyn Send + Sync>,
+    ) -> Result<GpuMatrix, DeviceError> {
+        let mut w = Weights {
+            ptr: DevPtr(0),
+            ty,
+            rows,
+            cols,
+            scale: 1.0,
+        };
+        let Some(ptr) = self.q.rt.host_address(data).filter(|_| w.check().is_ok()) else {
+            return self.matrix(ty, rows, cols, data);
+        };
+        if ty.row_bytes(cols).map(|rb| rb * rows) != Some(data.len()) {
+            return Err(DeviceError::Unsupported {
+                device: "the GPU",
+                what: format!(
+                    "{} bytes for {rows} rows of {cols} weights of type {ty}",
+                    data.len()
+                ),
+            });
+        }
+        w.ptr = ptr;
+        let mem = DevMem {
+            ptr,
+            bytes: data.len(),
+            in_place: true,
+            _owner: Box::new(Arc::clone(owner)),
+        };
+        Ok(GpuMatrix {
+            w,
+            parts: vec![w],
+            mems: vec![mem],
+        })
+    }
+
+    fn upload_weights(&self, mut w: Weights, data: &[u8]) -> Result<GpuMatrix, DeviceError> {
+        w.check()?;
+        let mem = self.q.rt.alloc(data.len())?;
+        self.q.upload(mem.ptr(), data)?;
+        w.ptr = mem.ptr();
+        Ok(GpuMatrix {
+            w,
+            parts: vec![w],
+            mems: vec![mem],
+        })
+    }
+
+    /// Matrices of one type and width stacked along the output dimension (fused QKV, gate/up): copied
+    /// into one allocation, or, for weights read in place, kept where they are as the parts of one matrix.
+    pub fn concat(&self, parts: Vec<GpuMatrix>) -> Option<GpuMatrix> {
+        let first = parts.first()?.w;
+        if parts
+            .iter()
+            .any(|p| p.w.ty != first.ty || p.w.cols != first.cols || p.w.scale != first.scale)
+        {
+            return None;
+        }
+        let w = Weights {
+            rows: parts.iter().map(|p| p.w.rows).sum(),
+            ..first
+        };
+        if parts.iter().any(GpuMatrix::in_place) {
+            let (mut ws, mut mems) = (Vec::new(), Vec::new());
+            for p in parts {
+                ws.extend(p.parts);
+                mems.extend(p.mems);
+            }
+            return Some(GpuMatrix { w, parts: ws, mems });
+        }
+        let total: usize = parts.iter().map(GpuMatrix::bytes).sum();
+        let mem = self.q.rt.alloc(total).ok()?;
+        let mut at = 0;
+        for p in &parts {
+            for (part, m) in p.parts.iter().zip(&p.mems) {
+                self.q.copy(mem.ptr().offset(at), part.ptr, m.bytes).ok()?;
+                at += m.bytes;
+            }
+        }
+        let w = Weights {
+            ptr: mem.ptr(),
+            ..w
+        };
+        Some(GpuMatrix {
+            w,
+            parts: vec![w],
+            mems: vec![mem],
+        })
+    }
+
+    /// Quantizes `n` rows of `cols` floats of `x` for the matrix products (when `cols` allows it; float
+    /// matrices read `x` itself). Returns the quantized input's addresses.
+    pub fn input(&self, x: View<'_>, n: usize, cols: usize, s: &mut Quantized) -> Option<Acts> {
+        if !cols.is_multiple_of(32) {
+            return None;
+        }
+        let rt = &*self.q;
+        let q =
+            s.q.scratch(rt, n * cols)
+                .unwrap_or_else(|e| fail("quantize", e));
+        let ds =
+            s.ds.scratch(rt, 4 * 2 * n * cols / 32)
+                .unwrap_or_else(|e| fail("quantize", e));
+        let a = Acts {
+            x: x.ptr(),
+            q,
+            ds,
+            tokens: n,
+            cols,
+        };
+        self.run("quantize", |l| launch::quantize_q8_1(l, &a));
+        Some(a)
+    }
+
+    /// `out[t * w.rows + r] = W[r] · x[t]` for the `n` rows of `x` (`q`: their quantized copy).
+    pub fn matmul(&self, w: &GpuMatrix, x: View<'_>, n: usize, q: Option<Acts>, out: ViewMut<'_>) {
+        let a = q.unwrap_or(Acts {
+            x: x.ptr(),
+            q: DevPtr(0),
+            ds: DevPtr(0),
+            tokens: n,
+            cols: w.w.cols,
+        });
+        // Block weights have whole blocks of 32 per row, so `input` quantized their activations.
+        debug_assert!(q.is_some() || !w.w.kernel().is_ok_and(|(_, quantized)| quantized));
+        assert!(out.len() >= n * w.w.rows, "matmul output too small");
+        let (o, stride) = (out.ptr(), w.w.rows);
+        self.run("matmul", |l| {
+            let mut row = 0;
+            for p in &w.parts {
+                launch::matvec(l, p, &a, o.offset(4 * row), stride)?;
+                row += p.rows;
+            }
+            Ok(())
+        });
+    }
+
+    /// `n` embedding rows of `d` floats, dequantized on the host by `row` (row index, its floats) and
+    /// uploaded into `out`.
+    pub fn embed(
+        &self,
+        n: usize,
+        d: usize,
+        row: impl Fn(usize, &mut [f32]) -> Result<(), DeviceError>,
+        out: ViewMut<'_>,
+    ) -> Result<(), DeviceError> {
+        let s = &mut *self.staging();
+        s.rows.resize(n * d, 0.0);
+        for (t, r) in s.rows.chunks_exact_mut(d).enumerate() {
+            row(t, r)?;
+        }
+        self.upload(&out, &s.rows);
+        Ok(())
+    }
+
+    /// RMS norm of `n` rows of `d`.
+    pub fn rmsnorm_rows(
+        &self,
+        x: View<'_>,
+        w: View<'_>,
+        eps: f32,
+        n: usize,
+        d: usize,
+        out: ViewMut<'_>,
+    ) {
+        assert!(
+            x.len() >= n * d && out.len() >= n * d && w.len() >= d,
+            "rmsnorm sizes"
+        );
+        let (xp, wp, op) = (x.ptr(), w.ptr(), out.ptr());
+        self.run("rmsnorm", |l| launch::rmsnorm(l, xp, wp, op, n, d, eps));
+    }
+
+    /// RoPE of `rows` strided rows at their positions (see [`crate::backend::Device::rope_rows`]).
+    #[expect(clippy::too_many_arguments, reason = "a strided batch of rows")]
+    pub fn rope_rows(
+        &self,
+        kind: Rope,
+        x: ViewMut<'_>,
+        rows: usize,
+        stride: usize,
+        width: usize,
+        head_dim: usize,
+        positions: &[u32],
+        table: &[(f32, f32)],
+        n_angles: usize,
+    ) {
+        assert!(
+            x.len() >= rows.saturating_sub(1) * stride + width,
+            "rope rows"
+        );
+        let s = &mut *self.staging();
+        // The rows' own angles, as a table the kernel reads at positions 0..rows.
+        s.table.clear();
+        s.pos.clear();
+        for (t, &p) in positions[..rows].iter().enumerate() {
+            let p = p as usize;
+            s.table.extend(
+                table[p * n_angles..(p + 1) * n_angles]
+                    .iter()
+                    .flat_map(|&(c, si)| [c, si]),
+            );
+            s.pos.push(t as i32);
+        }
+        let (pp, tp) = s.rope(&self.q).unwrap_or_else(|e| fail("rope", e));
+        let xp = x.ptr();
+        self.run("rope", |l| {
+            launch::rope(
+                l,
+                kind,
+                xp,
+                pp,
+                tp,
+                rows,
+                stride,
+                width / head_dim,
+                head_dim,
+                n_angles,
+            )
+        });
+    }
+
+    /// The page pool as the kernels address it (host memory here), for kernels that only read it.
+    fn store(pool: &PagePool) -> KvStore {
+        Self::store_at(pool, pool.raw_parts())
+    }
+
+    /// The page pool as the kernels address it, for kernels that write it.
+    fn store_mut(pool: &mut PagePool) -> KvStore {
+        let parts = pool.raw_parts_mut();
+        Self::store_at(pool, parts)
+    }
+
+    fn store_at(pool: &PagePool, (k, v, ks, vs): (u64, u64, u64, u64)) -> KvStore {
+        KvStore {
+            k: DevPtr(k),
+            v: DevPtr(v),
+            kscale: DevPtr(ks),
+            vscale: DevPtr(vs),
+            dtype: pool.dtype(),
+            shape: pool.shape(),
+            page_size: pool.page_size(),
+        }
+    }
+
+    /// Every token's keys and values of `layer` into its page slot (see
+    /// [`crate::backend::Device::write_kv_rows`]).
+    pub fn write_kv_rows(
+        &self,
+        pool: &mut PagePool,
+        batch: &Batch,
+        layer: usize,
+        k: View<'_>,
+        v: View<'_>,
+        stride: usize,
+    ) {
+        let w = pool.shape().n_kv_heads * pool.shape().head_dim;
+        let n = batch.len();
+        assert!(
+            n == 0 || (k.len().min(v.len()) >= (n - 1) * stride + w),
+            "KV rows"
+        );
+        let s = &mut *self.staging();
+        let b = s
+            .batch(&self.q, batch, pool.page_size())
+            .unwrap_or_else(|e| fail("KV write", e));
+        let store = Self::store_mut(pool);
+        let (k, v) = (k.ptr(), v.ptr());
+        self.run("KV write", |l| {
+            launch::write_kv(l, &store, &b, layer, k, v, stride)
+        });
+    }
+
+    /// Attention of the batch's queries over `layer` (see [`crate::backend::Device::attention`]).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "attention needs its shape spelled out"
+    )]
+    pub fn attention(
+        &self,
+        pool: &PagePool,
+        layer: usize,
+        batch: &Batch,
+        q: View<'_>,
+        q_stride: usize,
+        n_heads: usize,
+        out: ViewMut<'_>,
+    ) {
+        let shape = pool.shape();
+        let n = batch.len();
+        assert!(
+            n == 0 || q.len() >= (n - 1) * q_stride + n_heads * shape.head_dim,
+            "attention queries"
+        );
+        assert!(
+            out.len() >= n * n_heads * shape.head_dim,
+            "attention output"
+        );
+        let s = &mut *self.staging();
+        let rt = &*self.q;
+        let b = s
+            .batch(rt, batch, pool.page_size())
+            .unwrap_or_else(|e| fail("attention", e));
+        let group = n_heads / shape.n_kv_heads.max(1);
+        let floats = b.partial_floats(shape.n_kv_heads, group, shape.head_dim);
+        let pp = s
+            .partials
+            .scratch(rt, 4 * floats)
+            .unwrap_or_else(|e| fail("attention", e));
+        let store = Self::store(pool);
+        let (qp, op) = (q.ptr(), out.ptr());
+        self.run("attention", |l| {
+            launch::attention(l, &store, &b, layer, qp, q_stride, n_heads, op, pp)
+        });
+    }
+
+    /// `x += y`.
+    pub fn add(&self, x: ViewMut<'_>, y: View<'_>) {
+        assert!(y.len() >= x.len(), "add sizes");
+        let (n, xp, yp) = (x.len(), x.ptr(), y.ptr());
+        self.run("add", |l| launch::add(l, xp, yp, n));
+    }
+
+    /// `out = silu(gate) * up`.
+    pub fn silu_mul(&self, gate: View<'_>, up: View<'_>, out: ViewMut<'_>) {
+        assert!(
+            gate.len() >= out.len() && up.len() >= out.len(),
+            "silu_mul sizes"
+        );
+        let (n, g, u, o) = (out.len(), gate.ptr(), up.ptr(), out.ptr());
+        self.run("silu_mul", |l| launch::silu_mul(l, g, u, o, n));
+    }
+
+    /// SwiGLU of `n` fused `[gate | up]` rows of `2 f` into `out`.
+    pub fn swiglu_rows(&self, gu: View<'_>, n: usize, f: usize, out: ViewMut<'_>) {
+        assert!(gu.len() >= n * 2 * f && out.len() >= n * f, "swiglu sizes");
+        let (g, o) = (gu.ptr(), out.ptr());
+        self.run("swiglu", |l| launch::swiglu_rows(l, g, o, n, f));
+    }
+
+    /// `x *= sigmoid(gate)`.
+    pub fn sigmoid_gate(&self, x: ViewMut<'_>, gate: View<'_>) {
+        assert!(gate.len() >= x.len(), "sigmoid gate sizes");
+        let (n, xp, g) = (x.len(), x.ptr(), gate.ptr());
+        self.run("sigmoid gate", |l| launch::sigmoid_gate(l, xp, g, n));
+    }
+
+    /// Gated DeltaNet's convolution of a run (see [`crate::backend::Device::gdn_conv`]).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the convolution's state and its outputs"
+    )]
+    pub fn gdn_conv(
+        &self,
+        shape: &GdnShape,
+        taps: View<'_>,
+        window: ViewMut<'_>,
+        x: View<'_>,
+        n: usize,
+        y: ViewMut<'_>,
+        steps: Option<GdnSteps<'_>>,
+    ) {
+        let (cd, w) = (shape.conv_dim(), shape.kernel.saturating_sub(1));
+        assert!(
+            taps.len() >= cd * shape.kernel
+                && window.len() >= cd * w
+                && x.len() >= n * cd
+                && y.len() >= n * cd
+                && steps.as_ref().is_none_or(|s| s.buf.len() >= s.span(cd * w)),
+            "DeltaNet convolution sizes"
+        );
+        let (tp, wp, xp, yp) = (taps.ptr(), window.ptr(), x.ptr(), y.ptr());
+        let steps = steps.map(|s| dev_steps(&s));
+        self.run("DeltaNet convolution", |l| {
+            launch::gdn_conv(l, shape, tp, wp, xp, n, yp, steps)
+        });
+    }
+
+    /// L2 norms of the q and k heads of `n` tokens (see [`crate::backend::Device::gdn_normalize_qk`]).
+    pub fn gdn_normalize_qk(&self, shape: &GdnShape, y: ViewMut<'_>, n: usize) {
+        assert!(y.len() >= n * shape.conv_dim(), "DeltaNet q/k norm sizes");
+        let yp = y.ptr();
+        self.run("DeltaNet q/k norm", |l| {
+            launch::gdn_normalize_qk(l, shape, yp, n)
+        });
+    }
+
+    /// The DeltaNet gates, in place (see [`crate::backend::Device::gdn_gates`]).
+    pub fn gdn_gates(&self, a: View<'_>, dt_bias: View<'_>, alpha: ViewMut<'_>, beta: ViewMut<'_>) {
+        let vh = a.len();
+        let n = alpha.len().checked_div(vh).unwrap_or(0);
+        assert!(
+            dt_bias.len() >= vh && alpha.len() == n * vh && beta.len() >= n * vh,
+            "DeltaNet gate sizes"
+        );
+        let (ap, dp, alp, bp) = (a.ptr(), dt_bias.ptr(), alpha.ptr(), beta.ptr());
+        self.run("DeltaNet gates", |l| {
+            launch::gdn_gates(l, ap, dp, alp, bp, n, vh)
+        });
+    }
+
+    fn check_run(shape: &GdnShape, run: &GdnRun<'_>, state: &ViewMut<'_>, out: &ViewMut<'_>) {
+        let n = run.n;
+        assert!(
+            run.y.len() >= n * shape.conv_dim()
+                && run.g.len() >= n * shape.vh
+                && run.beta.len() >= n * shape.vh
+                && state.len() >= shape.matrix_floats()
+                && out.len() >= n * shape.vh * shape.dv,
+            "DeltaNet recurrence sizes"
+        );
+    }
+
+    /// The delta rule token by token over every head (see [`crate::backend::Device::gdn_recurrence`]).
+    pub fn gdn_recurrence(
+        &self,
+        shape: &GdnShape,
+        run: GdnRun<'_>,
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
+        steps: Option<GdnSteps<'_>>,
+    ) {
+        Self::check_run(shape, &run, &state, &out);
+        assert!(
+            steps
+                .as_ref()
+                .is_none_or(|s| s.buf.len() >= s.span(shape.matrix_floats())),
+            "DeltaNet steps sizes"
+        );
+        let (yp, gp, bp, sp, op) = (
+            run.y.ptr(),
+            run.g.ptr(),
+            run.beta.ptr(),
+            state.ptr(),
+            out.ptr(),
+        );
+        let steps = steps.map(|s| dev_steps(&s));
+        self.run("DeltaNet recurrence", |l| {
+            launch::gdn_recurrence(l, shape, yp, gp, bp, sp, op, run.n, steps)
+        });
+    }
+
+    /// The delta rule in chunks over every head (see [`crate::backend::Device::gdn_chunked`]).
+    pub fn gdn_chunked(
+        &self,
+        shape: &GdnShape,
+        run: GdnRun<'_>,
+        state: ViewMut<'_>,
+        out: ViewMut<'_>,
+    ) {
+        Self::check_run(shape, &run, &state, &out);
+        let floats = launch::gdn_chunk_work(shape);
+        let work = self
+            .staging()
+            .gdn_work
+            .scratch(&self.q, 4 * floats)
+            .unwrap_or_else(|e| fail("DeltaNet chunks", e));
+        let (yp, gp, bp, sp, op) = (
+            run.y.ptr(),
+            run.g.ptr(),
+            run.beta.ptr(),
+            state.ptr(),
+            out.ptr(),
+        );
+        self.run("DeltaNet chunks", |l| {
+            launch::gdn_chunk(l, shape, yp, gp, bp, sp, op, work, run.n)
+        });
+    }
+
+    /// The DeltaNet output's gated norm over every row of `o` (see [`crate::backend::Device::gdn_gated_norm`]).
+    pub fn gdn_gated_norm(
+        &self,
+        shape: &GdnShape,
+        o: ViewMut<'_>,
+        z: View<'_>,
+        w: View<'_>,
+        eps: f32,
+    ) {
+        let dv = shape.dv;
+        let rows = o.len().checked_div(dv).unwrap_or(0);
+        assert!(
+            o.len() == rows * dv && z.len() >= rows * dv && w.len() >= dv,
+            "DeltaNet norm sizes"
+        );
+        let (op, zp, wp) = (o.ptr(), z.ptr(), w.ptr());
+        self.run("DeltaNet norm", |l| {
+            launch::gdn_gated_norm(l, op, zp, wp, rows, dv, eps)
+        });
+    }
+}
+
+/// The kernels' form of kept steps.
+fn dev_steps(s: &GdnSteps<'_>) -> launch::DevSteps {
+    launch::DevSteps {
+        buf: s.buf.ptr(),
+        stride: s.stride,
+        offset: s.offset,
+        count: s.count,
+    }
+}

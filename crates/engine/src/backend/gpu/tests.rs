@@ -1,0 +1,169 @@
+//! The GPU device's tests on the kernel simulator: what a pass uploads, waits for and launches.
+
+use crate::backend::gpu::sim::Counting;
+use crate::backend::{Device, Workspace};
+use crate::kv::{Batch, KvCache, KvConfig, KvDtype, KvShape, Logits};
+use crate::testutil::data;
+use std::sync::Arc;
+
+/// A pass's layers share its batch: the metadata the KV writes and attention read is uploaded by the
+/// first layer's op and only read by the others, and nothing waits. The next step (new positions,
+/// slots) uploads what changed.
+#[test]
+fn the_batch_metadata_is_uploaded_once_per_pass_and_nothing_waits() {
+    let rt = Counting::new();
+    let dev = Device::gpu(Arc::clone(&rt) as _);
+    // Launched as queued, so that they are counted as they come.
+    dev.set_graphs(false);
+    let (layers, kv_heads, heads, hd) = (4, 2, 4, 64);
+    let shape = KvShape {
+        n_layers: layers,
+        n_kv_heads: kv_heads,
+        head_dim: hd,
+        recurrent: 0,
+    };
+    let mut kv = KvCache::on(
+        &dev,
+        shape,
+        KvConfig {
+            dtype: KvDtype::F16,
+            page_size: 16,
+            memory: 1 << 22,
+            cache_output: false,
+            ..KvConfig::default()
+        },
+    )
+    .unwrap();
+    let mut seq = kv.acquire(&[]);
+    let w = kv_heads * hd;
+    let mut out = Default::default();
+    let mut ws = Workspace::default();
+    let mut batch = Batch::default();
+    for (step, new) in [(0, 5), (1, 1), (2, 1)] {
+        let want = seq.len() + new;
+        kv.reserve(&mut seq, want).unwrap();
+        batch.clear();
+        batch.push(&seq, &vec![0; new], Logits::Last);
+        let k = dev.buf(data(new * w, step)).unwrap();
+        let q = dev.buf(data(new * heads * hd, 10 + step)).unwrap();
+        dev.grow(&mut out, new * heads * hd).unwrap();
+        rt.take();
+        for layer in 0..layers {
+            dev.write_kv_rows(kv.pool_mut(), &batch, layer, &k, &k, w);
+            let pool = kv.pool();
+            dev.attention(
+                pool,
+                layer,
+                &batch,
+                &q,
+                heads * hd,
+                heads,
+                kv_heads,
+                hd,
+                &mut out,
+                &mut ws,
+            );
+        }
+        let c = rt.take();
+        assert!(c.launches >= 2 * layers, "step {step}: {c:?}");
+        // Five metadata arrays at most, uploaded by the first layer's op.
+        assert!(c.uploads <= 5, "step {step}: {c:?}");
+        assert_eq!(c.downloads, 0, "step {step}: {c:?}");
+        // The first step sizes the staging (growing it waits for the queued work); after that
+        // nothing waits.
+        if step > 0 {
+            assert_eq!(c.waits, 0, "step {step}: {c:?}");
+        }
+        dev.finish();
+        assert!(
+            out.read_back(new * heads * hd)
+                .iter()
+                .all(|v| v.is_finite())
+        );
+        seq.advance(new);
+    }
+    kv.release(seq, None);
+}
+
+/// Two ops of one recorded segment given different staging contents (RoPE rows of other positions):
+/// the second upload waits for the first op's segment to run, so graphs on compute what graphs off do;
+/// and host edits of a buffer reach the ops recorded after them.
+#[test]
+fn staging_a_recorded_op_was_handed_is_not_changed_under_it() {
+    use crate::backend::{Rope, rope_angles};
+    let (hd, heads, rows) = (16, 2, 3);
+    let w = heads * hd;
+    let mut table = Vec::new();
+    for p in 0..8 {
+        rope_angles(hd, p, 10000.0, &mut table);
+    }
+    let run = |graphs: bool| {
+        let rt = Counting::new();
+        let dev = Device::gpu(Arc::clone(&rt) as _);
+        dev.set_graphs(graphs);
+        let mut a = dev.buf(data(rows * w, 1)).unwrap();
+        let mut b = dev.buf(data(rows * w, 2)).unwrap();
+        dev.rope_rows(
+            Rope::Normal,
+            &mut a,
+            rows,
+            w,
+            w,
+            hd,
+            &[0, 1, 2],
+            &table,
+            hd / 2,
+        );
+        dev.rope_rows(
+            Rope::Normal,
+            &mut b,
+            rows,
+            w,
+            w,
+            hd,
+            &[5, 6, 7],
+            &table,
+            hd / 2,
+        );
+        {
+            let mut e = a.edit();
+            e[0] = 42.0;
+        }
+        dev.add(&mut b, &a);
+        (
+            a.read_back(rows * w).to_vec(),
+            b.read_back(rows * w).to_vec(),
+        )
+    };
+    let (want, got) = (run(false), run(true));
+    assert_eq!(got, want);
+    // And they are rotations at those positions (the CPU's).
+    let cpu = Device::cpu(1);
+    let (mut a, mut b) = (data(rows * w, 1), data(rows * w, 2));
+    cpu.rope_rows(
+        Rope::Normal,
+        &mut a,
+        rows,
+        w,
+        w,
+        hd,
+        &[0, 1, 2],
+        &table,
+        hd / 2,
+    );
+    cpu.rope_rows(
+        Rope::Normal,
+        &mut b,
+        rows,
+        w,
+        w,
+        hd,
+        &[5, 6, 7],
+        &table,
+        hd / 2,
+    );
+    a[0] = 42.0;
+    cpu.add(&mut b, &a);
+    let close = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| (p - q).abs() <= 1e-5);
+    assert!(close(&want.0, &a) && close(&want.1, &b));
+}
