@@ -205,11 +205,11 @@ impl PluginHost {
             .file_stem()
             .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
         // A component that does not implement the `tool` world (an export missing, or of another type)
-        // cannot describe itself: the error is the one of a failed `describe()` call.
+        // is refused before anything runs, whichever export is wrong.
         let pre = ToolPre::new(pre).map_err(|e| PluginError::Manifest {
             path: shown.clone(),
             msg: format!(
-                "describe() failed: {}",
+                "the component does not implement the thorn:tool world (plugins/wit/tool.wit): {}",
                 sandbox::classify(e, &name, &Limits::default(), "")
             ),
         })?;
