@@ -22,10 +22,10 @@ use thorn_engine::engine::service::{EngineService, SubmitError};
 use thorn_engine::engine::{Engine, EngineError, FinishReason, Generation, Request};
 use thorn_engine::sample::SamplingParams;
 use thorn_engine::tokenizer::{TokenId, Tokenizer};
+use thorn_guide::{GuideError, ToolGrammars};
 use thorn_plugin::{Caller, LiveSet, PluginSet};
 use thorn_tools::chat::{ChatTemplate, Message, Role, ToolCall};
 use thorn_tools::{CallDelta, CallStreamer, call_id};
-use thorn_tools::{GuideError, ToolGrammars};
 use thorn_tools::{OPEN, ResponseFormat, ToolChoice, ToolError, ToolSet, complete_calls_prefix};
 use tokio::sync::mpsc;
 
