@@ -11,7 +11,8 @@ use thorn_tools::chat::ChatTemplate;
 use thorn_engine::gguf::Gguf;
 use thorn_engine::sample::grammar::GrammarFactory;
 use thorn_engine::tokenizer::{Tokenizer, unquote};
-use thorn_tools::{ToolGrammars, ToolSet};
+use thorn_guide::ToolGrammars;
+use thorn_tools::ToolSet;
 use thorn_plugin::PluginSet;
 
 struct Model {

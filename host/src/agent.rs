@@ -20,8 +20,8 @@ use thorn_engine::engine::scheduler::SchedulerConfig;
 use thorn_engine::engine::service::{EngineService, SubmitError};
 use thorn_engine::engine::{Engine, EngineError};
 use thorn_engine::tokenizer::Tokenizer;
+use thorn_guide::GuideError;
 use thorn_plugin::{Caller, LiveSet, PluginSet};
-use thorn_tools::GuideError;
 use thorn_tools::chat::{ChatTemplate, Message, Role, ToolCall};
 use thorn_tools::{ToolChoice, ToolError, ToolSet};
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use thorn::store::{self, Progress, PullOutcome};
 use thorn_engine::gguf::Gguf;
 use thorn_engine::tokenizer::Tokenizer;
-use thorn_tools::ToolGrammars;
+use thorn_guide::ToolGrammars;
 use thorn_tools::chat::{ChatTemplate, Message, RenderOptions};
 
 mod opts;

@@ -240,8 +240,7 @@ fn load_plugins(
 pub fn grammar_check(tok: Arc<thorn_engine::tokenizer::Tokenizer>) -> Result<Arc<GrammarCheck>> {
     let factory = thorn_engine::sample::grammar::GrammarFactory::new(tok)?;
     Ok(Arc::new(move |tools: &thorn_tools::ToolSet, name: &str| {
-        let lark = thorn_tools::grammar::calls_grammar(tools, Some(name), false, None)
-            .map_err(|e| e.to_string())?;
+        let lark = thorn_tools::grammar::calls_grammar(tools, Some(name), false, None);
         factory
             .lark_uncached(&lark)
             .map(|_| ())

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use thorn_bench::bfcl;
 use thorn_engine::engine::{Engine, EngineConfig, FinishReason};
 use thorn_engine::gguf::Gguf;
+use thorn_guide::ToolGrammars;
 use thorn_tests::{default_model, fixture, sampled};
-use thorn_tools::ToolGrammars;
 use thorn_tools::chat::ChatTemplate;
 use thorn_tools::{ResponseFormat, ToolChoice, ToolSet, complete_calls_prefix};
 

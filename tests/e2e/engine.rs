@@ -14,8 +14,8 @@ use thorn_engine::engine::{Engine, EngineConfig, Request};
 use thorn_engine::gguf::Gguf;
 use thorn_engine::kv::KvDtype;
 use thorn_engine::model::llama::Precision;
+use thorn_guide::ToolGrammars;
 use thorn_tests::{argmax, default_model, fixture, fixture_prompts, jsonl, token_ids as ids};
-use thorn_tools::ToolGrammars;
 
 fn engine(precision: Precision) -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());

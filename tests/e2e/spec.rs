@@ -13,8 +13,8 @@ use thorn_engine::kv::{Batch, KvCache, KvConfig, KvDtype, Logits, NO_PARENT};
 use thorn_engine::model::llama::{Llama, Scratch};
 use thorn_engine::sample::SamplingParams;
 use thorn_engine::spec::{FixedCost, PassShape, SpecConfig, SpecStats, Speculator};
+use thorn_guide::ToolGrammars;
 use thorn_tests::{default_model, fixture, fixture_prompts, trajectories};
-use thorn_tools::ToolGrammars;
 use thorn_tools::chat::{ChatTemplate, Message};
 use thorn_tools::{ResponseFormat, ToolChoice, ToolSet};
 

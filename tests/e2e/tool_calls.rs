@@ -4,8 +4,8 @@ use std::sync::Arc;
 use thorn_engine::engine::{Engine, EngineConfig, Request};
 use thorn_engine::gguf::Gguf;
 use thorn_engine::sample::guide::Guide;
+use thorn_guide::{GuideError, ToolGrammars};
 use thorn_tests::{default_model, jsonl, sampled, token_ids};
-use thorn_tools::{GuideError, ToolGrammars};
 use thorn_tools::{ResponseFormat, ToolChoice, ToolSet, parse_tool_calls};
 
 fn engine() -> Engine {

@@ -18,8 +18,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use thorn_engine::engine::{Engine, EngineConfig, FinishReason, Request};
 use thorn_engine::sample::{Sampler, SamplingParams};
+use thorn_guide::ToolGrammars;
 use thorn_tools::chat::ChatTemplate;
-use thorn_tools::{ResponseFormat, ToolChoice, ToolGrammars, ToolSet, complete_calls_prefix};
+use thorn_tools::{ResponseFormat, ToolChoice, ToolSet, complete_calls_prefix};
 
 /// Options of a run.
 pub struct Opts<'a> {

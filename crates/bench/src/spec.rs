@@ -24,8 +24,9 @@ use std::path::Path;
 use std::rc::Rc;
 use thorn_engine::engine::{Engine, EngineConfig, Request};
 use thorn_engine::spec::{SpecConfig, SpecStats, Speculator};
+use thorn_guide::ToolGrammars;
 use thorn_tools::chat::ChatTemplate;
-use thorn_tools::{ResponseFormat, ToolChoice, ToolGrammars, ToolSet};
+use thorn_tools::{ResponseFormat, ToolChoice, ToolSet};
 
 /// Options of a run.
 pub struct Opts<'a> {

@@ -1,4 +1,4 @@
-//! Tool schemas as grammars: the tool-call grammar of a tool set, and the [`Guide`] a request's tools,
+//! Tool schemas as grammars: the tool-call grammar of a tool set, and the [`GuideSpec`] a request's tools,
 //! `tool_choice`, `parallel_tool_calls` and `response_format` make.
 //!
 //! | tools / choice | response_format | grammar | active |
@@ -10,127 +10,93 @@
 //! | `required` | any | tool-call blocks | from the first token |
 //! | named function | any | one block for that function | from the first token |
 //!
-//! The engine knows grammars and guides, not tools: this module turns tools into a Lark grammar and the
-//! engine's [`GrammarFactory`] compiles it (cached by its text, so a tool set costs one compile per process).
+//! The engine knows grammars and guides, not tools: this module turns tools into a Lark grammar, as data
+//! (a [`GuideSpec`]); the `thorn-guide` crate compiles it with the engine's grammar factory (cached by its
+//! text, so a tool set costs one compile per process) and names the tool whose schema cannot be enforced.
 
 use crate::{OPEN, ResponseFormat, ToolChoice, ToolError, ToolSet};
 use serde_json::{Value, json};
-use thorn_engine::sample::grammar::{Constraint, GrammarError, GrammarFactory, json_body};
-use thorn_engine::sample::guide::Guide;
 
-/// The tool-call grammars of a [`GrammarFactory`].
-pub trait ToolGrammars {
-    /// Exactly one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` for one of `tools`.
-    fn tool_call(&self, tools: &ToolSet) -> Result<Constraint, GrammarError>;
-
-    /// Compiles every tool's call grammar, so a schema the compiler cannot enforce is rejected when the tool
-    /// set arrives, with an error naming the tool and the feature. The union is compiled (and cached) first;
-    /// only when it fails are the tools compiled one by one to find the culprit.
-    fn check_tools(&self, tools: &ToolSet) -> Result<(), GrammarError>;
-
-    /// The guide for a request, or `None` when its output is free text. Rejects a `tool_choice` that does
-    /// not fit the tools and any schema the grammar compiler cannot enforce (naming the tool).
-    fn guide(
-        &self,
-        tools: &ToolSet,
-        choice: &ToolChoice,
-        parallel: bool,
-        format: &ResponseFormat,
-    ) -> Result<Option<Guide>, GuideError>;
+/// The grammar a request's output must follow and when it applies: what [`guide_spec`] makes of a
+/// request, for the engine's grammar factory to compile into a guide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuideSpec {
+    /// The Lark grammar (llguidance's dialect, with `%json{...}` for embedded schemas).
+    pub lark: String,
+    /// The text that switches the grammar on once the output contains it (`None`: from the first token).
+    pub trigger: Option<&'static str>,
+    /// The grammar is the answer itself (`response_format` without tools): the request's stop strings
+    /// still apply, and no tool is in it to blame when it does not compile.
+    pub answer: bool,
+    /// Keep JSON number literals within `f64` range beside the grammar.
+    pub json_number_limits: bool,
 }
 
-impl ToolGrammars for GrammarFactory {
-    fn tool_call(&self, tools: &ToolSet) -> Result<Constraint, GrammarError> {
-        self.lark(&calls_grammar(tools, None, false, None)?)
+/// The grammar for a request, or `None` when its output is free text. Rejects a `tool_choice` that does
+/// not fit the tools.
+pub fn guide_spec(
+    tools: &ToolSet,
+    choice: &ToolChoice,
+    parallel: bool,
+    format: &ResponseFormat,
+) -> Result<Option<GuideSpec>, ToolError> {
+    choice.check(tools)?;
+    let answer = format.schema().map(|(s, _)| s);
+    let use_tools = !tools.is_empty() && *choice != ToolChoice::None;
+    if !use_tools {
+        return Ok(answer.map(|schema| GuideSpec {
+            lark: answer_grammar(&schema),
+            trigger: None,
+            answer: true,
+            json_number_limits: true,
+        }));
     }
+    let (lark, trigger) = match choice {
+        ToolChoice::Function(name) => (calls_grammar(tools, Some(name), false, None), None),
+        ToolChoice::Required => (calls_grammar(tools, None, parallel, None), None),
+        _ => match &answer {
+            Some(schema) => (calls_grammar(tools, None, parallel, Some(schema)), None),
+            None => (calls_grammar(tools, None, parallel, None), Some(OPEN)),
+        },
+    };
+    Ok(Some(GuideSpec {
+        lark,
+        trigger,
+        answer: false,
+        json_number_limits: true,
+    }))
+}
 
-    fn check_tools(&self, tools: &ToolSet) -> Result<(), GrammarError> {
-        if tools.is_empty() || self.tool_call(tools).is_ok() {
-            return Ok(());
-        }
-        for t in tools.tools() {
-            let one = calls_grammar(tools, Some(&t.name), false, None)?;
-            if let Err(e) = self.lark_uncached(&one) {
-                let msg = match e {
-                    GrammarError::Compile(m) | GrammarError::Matcher(m) => m,
-                    GrammarError::Tool { msg, .. } => msg,
-                };
-                return Err(GrammarError::Tool {
-                    tool: t.name.clone(),
-                    msg,
-                });
-            }
-        }
-        // Each tool compiles alone but the union does not: report the union's error.
-        self.tool_call(tools).map(drop)
-    }
-
-    fn guide(
-        &self,
-        tools: &ToolSet,
-        choice: &ToolChoice,
-        parallel: bool,
-        format: &ResponseFormat,
-    ) -> Result<Option<Guide>, GuideError> {
-        choice.check(tools)?;
-        let answer = format.schema().map(|(s, _)| s);
-        let use_tools = !tools.is_empty() && *choice != ToolChoice::None;
-        if !use_tools {
-            return Ok(match answer {
-                Some(schema) => {
-                    Some(Guide::answer(self.json_schema(&schema)?).with_json_number_limits())
-                }
-                None => None,
-            });
-        }
-        let (grammar, trigger) = match choice {
-            ToolChoice::Function(name) => (calls_grammar(tools, Some(name), false, None)?, None),
-            ToolChoice::Required => (calls_grammar(tools, None, parallel, None)?, None),
-            _ => match &answer {
-                Some(schema) => (calls_grammar(tools, None, parallel, Some(schema))?, None),
-                None => (calls_grammar(tools, None, parallel, None)?, Some(OPEN)),
-            },
-        };
-        // One compile on the happy path; on failure, find the tool to blame.
-        let constraint = self
-            .lark(&grammar)
-            .map_err(|e| match self.check_tools(tools) {
-                Err(named) => named,
-                Ok(()) => e,
-            })?;
-        Ok(Some(
-            match trigger {
-                Some(t) => Guide::triggered(constraint, t),
-                None => Guide::new(constraint),
-            }
-            .with_json_number_limits(),
-        ))
-    }
+/// The Lark grammar of an answer that must be one JSON value matching `schema`, with compact separators.
+/// Objects that list their properties admit only those (see [`close_objects`]).
+pub fn answer_grammar(schema: &Value) -> String {
+    format!("start: %json {}\n", json_body(schema))
 }
 
 /// The Lark grammar for tool calls: one `<tool_call>...</tool_call>` block (or several, with `parallel`) for
-/// the tools (or just `only`); with `answer`, a JSON answer matching that schema is the alternative.
+/// the tools (or just `only`); with `answer`, a JSON answer matching that schema is the alternative. The
+/// grammar of one tool alone (`only`) is what a tool set's failing grammar is searched with for the culprit.
 pub fn calls_grammar(
     tools: &ToolSet,
     only: Option<&str>,
     parallel: bool,
     answer: Option<&Value>,
-) -> Result<String, GrammarError> {
+) -> String {
     let schema = call_schema(tools, only);
-    let call = json_body(&schema)?;
+    let call = json_body(&schema);
     let repeat = if parallel { "+" } else { "" };
     let mut g = String::new();
     match answer {
         Some(a) => {
             g.push_str("start: answer | calls\n");
-            g.push_str(&format!("answer: %json {}\n", json_body(a)?));
+            g.push_str(&format!("answer: %json {}\n", json_body(a)));
         }
         None => g.push_str("start: calls\n"),
     }
     g.push_str(&format!("calls: block{repeat}\n"));
     g.push_str("block: \"<tool_call>\" call \"</tool_call>\"\n");
     g.push_str(&format!("call: %json {call}\n"));
-    Ok(g)
+    g
 }
 
 /// The schema of a call object: `{"name": <const>, "arguments": <that tool's parameters>}`, one branch per tool
@@ -156,13 +122,111 @@ pub fn call_schema(tools: &ToolSet, only: Option<&str>) -> Value {
     }
 }
 
-/// Why a request's output constraint cannot be built.
-#[derive(Debug, thiserror::Error, Clone, PartialEq)]
-pub enum GuideError {
-    /// The request's tool options are wrong.
-    #[error(transparent)]
-    Tool(#[from] ToolError),
-    /// A schema cannot be compiled into a grammar.
-    #[error(transparent)]
-    Grammar(#[from] GrammarError),
+/// A schema as the text of a Lark `%json` body: closed objects, compact separators.
+pub fn json_body(schema: &Value) -> String {
+    let mut s = schema.clone();
+    close_objects(&mut s);
+    // A `Value` always serializes (its keys are strings, its numbers finite): `Display` is the compact form.
+    compact(&s).to_string()
+}
+
+/// Makes every object schema that lists `properties` (and says nothing about other properties) admit only
+/// those: `additionalProperties: false`. The grammar's language stays a subset of the schema's, so every
+/// constrained output still validates against the original schema, but the model can no longer invent keys
+/// (and more of each call is forced). Branches of `allOf` are left alone (closing them would make their
+/// intersection reject every property).
+pub fn close_objects(schema: &mut Value) {
+    let Some(obj) = schema.as_object_mut() else {
+        return;
+    };
+    if obj.contains_key("properties")
+        && !obj.contains_key("additionalProperties")
+        && !obj.contains_key("patternProperties")
+        && !obj.contains_key("unevaluatedProperties")
+    {
+        obj.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (key, v) in obj.iter_mut() {
+        match key.as_str() {
+            "properties" | "$defs" | "definitions" | "patternProperties" => {
+                if let Some(m) = v.as_object_mut() {
+                    m.values_mut().for_each(close_objects);
+                }
+            }
+            "items" | "additionalProperties" | "not" | "if" | "then" | "else" | "contains" => {
+                close_objects(v)
+            }
+            "anyOf" | "oneOf" | "prefixItems" => {
+                if let Some(a) = v.as_array_mut() {
+                    a.iter_mut().for_each(close_objects);
+                }
+            }
+            "allOf" => {
+                // Close what is inside the branches, not the branches themselves.
+                if let Some(a) = v.as_array_mut() {
+                    for b in a.iter_mut().filter_map(Value::as_object_mut) {
+                        for (k, inner) in b.iter_mut() {
+                            if k == "properties" {
+                                if let Some(m) = inner.as_object_mut() {
+                                    m.values_mut().for_each(close_objects);
+                                }
+                            } else if k == "items" {
+                                close_objects(inner);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Adds llguidance's compact-JSON options (no free whitespace, `,` and `:` separators): most of a call's
+/// structure then has exactly one spelling, so the grammar can force it.
+fn compact(schema: &Value) -> Value {
+    let mut s = schema.clone();
+    if let Some(obj) = s.as_object_mut() {
+        obj.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"}),
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_objects_closes_listed_properties_only() {
+        let mut s = json!({"type": "object", "properties": {
+            "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            "b": {"type": "array", "items": {"type": "object", "properties": {"y": {}}}},
+            "c": {"type": "object"},
+            "d": {"type": "object", "properties": {"z": {}}, "additionalProperties": {"type": "string"}},
+            "e": {"allOf": [{"properties": {"p": {}}}, {"properties": {"q": {}}}]}
+        }});
+        close_objects(&mut s);
+        assert_eq!(s["additionalProperties"], json!(false));
+        assert_eq!(s["properties"]["a"]["additionalProperties"], json!(false));
+        assert_eq!(
+            s["properties"]["b"]["items"]["additionalProperties"],
+            json!(false)
+        );
+        assert!(
+            s["properties"]["c"].get("additionalProperties").is_none(),
+            "no list: open"
+        );
+        assert_eq!(
+            s["properties"]["d"]["additionalProperties"],
+            json!({"type": "string"})
+        );
+        assert!(
+            s["properties"]["e"]["allOf"][0]
+                .get("additionalProperties")
+                .is_none()
+        );
+    }
 }

@@ -11,6 +11,9 @@
 //!   a grammar can force most of a call's structure).
 //! * [`parse_tool_calls`] splits generated text into prose and calls; [`ToolSet::check`] validates one call
 //!   (defence in depth: with constrained decoding a failure here is a bug, and it is reported, never run).
+//! * [`guide_spec`] says what a request's output must look like as data: a Lark grammar for its tools,
+//!   `tool_choice` and `response_format`, and when it applies. This crate knows no engine: `thorn-guide`
+//!   compiles the grammar with the engine's grammar factory.
 
 pub mod chat;
 mod choice;
@@ -21,7 +24,7 @@ mod stream;
 pub mod usage;
 
 pub use choice::{ResponseFormat, ToolChoice};
-pub use grammar::{GuideError, ToolGrammars};
+pub use grammar::{GuideSpec, guide_spec};
 pub use parse::{CLOSE, OPEN, ParsedCall, complete_calls_prefix, parse_tool_calls};
 pub use route::{Ranked, RouteConfig, RouteDoc, Router};
 pub use stream::{CallDelta, CallStreamer};

@@ -6,8 +6,9 @@ use std::sync::atomic::AtomicBool;
 use thorn_engine::engine::scheduler::{Sink, Submission};
 use thorn_engine::engine::{Engine, EngineError, FinishReason, Generation, Request};
 use thorn_engine::tokenizer::TokenId;
+use thorn_guide::ToolGrammars;
 use thorn_tools::chat::Message;
-use thorn_tools::{CallDelta, ToolChoice, ToolGrammars, ToolSet, call_id, complete_calls_prefix};
+use thorn_tools::{CallDelta, ToolChoice, ToolSet, call_id, complete_calls_prefix};
 use tokio::sync::mpsc;
 
 use super::split::{Counters, RoundCalls, Split, Splitter, Streamed, THINK_OPEN, answer_part};

@@ -10,7 +10,6 @@
 use crate::tokenizer::{TokenId, Tokenizer};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
-use serde_json::{Value, json};
 use std::sync::Arc;
 use thiserror::Error;
 use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
@@ -24,14 +23,6 @@ pub enum GrammarError {
     /// The matcher rejected a token or failed.
     #[error("grammar matcher failed: {0}")]
     Matcher(String),
-    /// One tool's parameters schema uses something the grammar compiler does not support.
-    #[error("tool {tool:?}: its parameters schema cannot be enforced: {msg}")]
-    Tool {
-        /// The tool.
-        tool: String,
-        /// The compiler's complaint (it names the feature).
-        msg: String,
-    },
 }
 
 /// A token bitset (bit `t` set = token `t` allowed), reused across steps so masking allocates nothing on our
@@ -174,12 +165,6 @@ impl GrammarFactory {
         Ok(Constraint { m })
     }
 
-    /// Output must be one JSON value matching `schema`, with compact separators. Objects that list their
-    /// properties admit only those (see [`close_objects`]).
-    pub fn json_schema(&self, schema: &Value) -> Result<Constraint, GrammarError> {
-        self.lark(&format!("start: %json {}\n", json_body(schema)?))
-    }
-
     /// A Lark grammar (llguidance's dialect, with `%json{...}` for embedded schemas). Compiled grammars are
     /// cached by their text, so the same tool set costs one compile per process.
     pub fn lark(&self, src: &str) -> Result<Constraint, GrammarError> {
@@ -216,78 +201,6 @@ pub(crate) fn client_message(msg: &str) -> String {
     } else {
         text
     }
-}
-
-/// A schema as the text of a Lark `%json` body: closed objects, compact separators.
-pub fn json_body(schema: &Value) -> Result<String, GrammarError> {
-    let mut s = schema.clone();
-    close_objects(&mut s);
-    serde_json::to_string(&compact(&s)).map_err(|e| GrammarError::Compile(e.to_string()))
-}
-
-/// Makes every object schema that lists `properties` (and says nothing about other properties) admit only
-/// those: `additionalProperties: false`. The grammar's language stays a subset of the schema's, so every
-/// constrained output still validates against the original schema, but the model can no longer invent keys
-/// (and more of each call is forced). Branches of `allOf` are left alone (closing them would make their
-/// intersection reject every property).
-pub fn close_objects(schema: &mut Value) {
-    let Some(obj) = schema.as_object_mut() else {
-        return;
-    };
-    if obj.contains_key("properties")
-        && !obj.contains_key("additionalProperties")
-        && !obj.contains_key("patternProperties")
-        && !obj.contains_key("unevaluatedProperties")
-    {
-        obj.insert("additionalProperties".into(), Value::Bool(false));
-    }
-    for (key, v) in obj.iter_mut() {
-        match key.as_str() {
-            "properties" | "$defs" | "definitions" | "patternProperties" => {
-                if let Some(m) = v.as_object_mut() {
-                    m.values_mut().for_each(close_objects);
-                }
-            }
-            "items" | "additionalProperties" | "not" | "if" | "then" | "else" | "contains" => {
-                close_objects(v)
-            }
-            "anyOf" | "oneOf" | "prefixItems" => {
-                if let Some(a) = v.as_array_mut() {
-                    a.iter_mut().for_each(close_objects);
-                }
-            }
-            "allOf" => {
-                // Close what is inside the branches, not the branches themselves.
-                if let Some(a) = v.as_array_mut() {
-                    for b in a.iter_mut().filter_map(Value::as_object_mut) {
-                        for (k, inner) in b.iter_mut() {
-                            if k == "properties" {
-                                if let Some(m) = inner.as_object_mut() {
-                                    m.values_mut().for_each(close_objects);
-                                }
-                            } else if k == "items" {
-                                close_objects(inner);
-                            }
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// Adds llguidance's compact-JSON options (no free whitespace, `,` and `:` separators): most of a call's
-/// structure then has exactly one spelling, so the grammar can force it.
-fn compact(schema: &Value) -> Value {
-    let mut s = schema.clone();
-    if let Some(obj) = s.as_object_mut() {
-        obj.insert(
-            "x-guidance".into(),
-            json!({"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"}),
-        );
-    }
-    s
 }
 
 /// One sequence's grammar state.
@@ -393,37 +306,6 @@ mod tests {
             "{m}"
         );
         assert_eq!(client_message("unknown rule foo"), "unknown rule foo");
-    }
-
-    #[test]
-    fn close_objects_closes_listed_properties_only() {
-        let mut s = json!({"type": "object", "properties": {
-            "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
-            "b": {"type": "array", "items": {"type": "object", "properties": {"y": {}}}},
-            "c": {"type": "object"},
-            "d": {"type": "object", "properties": {"z": {}}, "additionalProperties": {"type": "string"}},
-            "e": {"allOf": [{"properties": {"p": {}}}, {"properties": {"q": {}}}]}
-        }});
-        close_objects(&mut s);
-        assert_eq!(s["additionalProperties"], json!(false));
-        assert_eq!(s["properties"]["a"]["additionalProperties"], json!(false));
-        assert_eq!(
-            s["properties"]["b"]["items"]["additionalProperties"],
-            json!(false)
-        );
-        assert!(
-            s["properties"]["c"].get("additionalProperties").is_none(),
-            "no list: open"
-        );
-        assert_eq!(
-            s["properties"]["d"]["additionalProperties"],
-            json!({"type": "string"})
-        );
-        assert!(
-            s["properties"]["e"]["allOf"][0]
-                .get("additionalProperties")
-                .is_none()
-        );
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! What steers one generation: a grammar, when it applies, and whether forced tokens skip decode steps.
 //!
 //! A [`Guide`] is built above the engine, from a request's tools, `tool_choice`, `parallel_tool_calls` and
-//! `response_format` (`thorn_tools::ToolGrammars::guide`, whose docs have the table of which grammar applies
-//! when); the engine only runs it.
+//! `response_format` (`thorn_tools::grammar::guide_spec` says which grammar applies when, as data, and
+//! `thorn_guide::ToolGrammars::guide` compiles it); the engine only runs it.
 //!
 //! With a trigger the model writes free prose, unmasked and at full speed, until its output contains
 //! `<tool_call>`; the engine then hands the trigger to the grammar and every later token is masked.
