@@ -66,10 +66,15 @@ pub struct Opts {
 /// engine's threads and context (turns that do not fit the context are skipped) and the draft tree.
 #[derive(Debug, Clone)]
 pub struct Setup<'a> {
+    /// The model file.
     pub model: &'a Path,
+    /// The BFCL v4 files (`--bfcl-dir`, or the pulled data set).
     pub bfcl_dir: &'a Path,
+    /// Context length in tokens.
     pub context: usize,
+    /// CPU threads (0 = one per physical core).
     pub threads: usize,
+    /// The draft tree measured beside no speculation and a 3-token chain.
     pub tree: SpecConfig,
 }
 
