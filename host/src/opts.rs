@@ -1,7 +1,8 @@
 //! The command line's option groups, one per concern, shared by every command that needs them: the model
-//! file ([`ModelArgs`]), the engine ([`EngineArgs`]: threads, context), the KV cache ([`KvArgs`]) and
-//! speculative decoding ([`SpecArgs`]). The server's own options are in `serve.rs`. Each option can also
-//! be set through the environment variable named in its help (`THORN_*`); a flag wins over the variable.
+//! file ([`ModelArgs`]), the engine ([`EngineArgs`]: the device and threads ([`DeviceArgs`]), context), the
+//! KV cache ([`KvArgs`]) and speculative decoding ([`SpecArgs`]). The server's own options are in
+//! `serve.rs`. Each option can also be set through the environment variable named in its help (`THORN_*`);
+//! a flag wins over the variable.
 
 use std::path::{Path, PathBuf};
 use thorn_engine::backend::DeviceKind;
@@ -34,14 +35,8 @@ pub struct ModelArgs {
 #[derive(clap::Args, Debug, Clone)]
 #[command(next_help_heading = "Engine")]
 pub struct EngineArgs {
-    /// The device the model runs on: `cpu`, `cuda` or `cuda:N` (a build without the CUDA backend, or a
-    /// machine without a usable GPU, says which and stops), or `auto` (GPU 0 when one can be used, else
-    /// the CPU, with a log line saying why).
-    #[arg(long, env = "THORN_DEVICE", default_value = "cpu")]
-    pub device: DeviceKind,
-    /// CPU threads (0 = one per physical core).
-    #[arg(long, env = "THORN_THREADS", default_value_t = 0)]
-    pub threads: usize,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// CUDA graphs on a GPU: the launches of a decode step are captured once and replayed as one graph
     /// (`false`: each kernel is launched as it is queued).
     #[arg(long, env = "THORN_CUDA_GRAPHS", default_value_t = true, action = clap::ArgAction::Set)]
@@ -51,12 +46,27 @@ pub struct EngineArgs {
     pub context: usize,
 }
 
+/// Where the engine runs: the device and its CPU threads (the engine options `thorn bench engine` takes
+/// too).
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Engine")]
+pub struct DeviceArgs {
+    /// The device the model runs on: `cpu`, `cuda` or `cuda:N` (a build without the CUDA backend, or a
+    /// machine without a usable GPU, says which and stops), or `auto` (GPU 0 when one can be used, else
+    /// the CPU, with a log line saying why).
+    #[arg(long, env = "THORN_DEVICE", default_value = "cpu")]
+    pub device: DeviceKind,
+    /// CPU threads (0 = one per physical core).
+    #[arg(long, env = "THORN_THREADS", default_value_t = 0)]
+    pub threads: usize,
+}
+
 impl EngineArgs {
     /// Applies these options to an engine configuration.
     pub fn apply(&self, cfg: EngineConfig) -> EngineConfig {
         EngineConfig {
-            device: self.device,
-            threads: self.threads,
+            device: self.device.device,
+            threads: self.device.threads,
             cuda_graphs: self.cuda_graphs,
             context: self.context,
             ..cfg

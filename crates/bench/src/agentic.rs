@@ -9,7 +9,7 @@
 //! dropped turn) and reports what was kept. Per turn the bench records TTFT (first streamed delta), TPOT,
 //! prompt, cached and completion tokens; the summary has the wall time, output tok/s and percentiles.
 
-use super::client::Endpoint;
+use super::client::{Endpoint, EndpointArgs};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -20,20 +20,29 @@ use thorn_tools::ToolSet;
 use thorn_tools::chat::{ChatTemplate, FunctionCall, Message, Role, ToolCall};
 
 /// Options of a run.
+#[derive(clap::Args, Debug, Clone)]
 pub struct Opts {
-    pub endpoint: String,
-    pub api_key: Option<String>,
-    pub model: Option<String>,
-    /// Another recording than the built-in one.
+    #[command(flatten)]
+    pub endpoint: EndpointArgs,
+    /// The recorded conversations (JSON Lines; default: the MLPerf Edge Agentic set built into thorn).
+    #[arg(long)]
     pub trajectories: Option<PathBuf>,
+    /// Drop turns whose prompt plus --max-tokens exceeds this many tokens (0 = send everything).
+    #[arg(long, default_value_t = 0)]
     pub max_context: usize,
+    /// Only the first K conversations (0 = all).
+    #[arg(long, default_value_t = 0)]
     pub conversations: usize,
+    /// At most T turns per conversation (0 = all).
+    #[arg(long, default_value_t = 0)]
     pub turns: usize,
+    /// Conversations replayed at the same time (each one still turn by turn).
+    #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
-    pub max_tokens: usize,
-    pub tokenizer_model: PathBuf,
-    pub json: Option<PathBuf>,
-    pub markdown: Option<PathBuf>,
+    /// GGUF whose tokenizer and chat template count prompt tokens for --max-context (default: the
+    /// default model).
+    #[arg(long)]
+    pub tokenizer_model: Option<PathBuf>,
 }
 
 /// One recorded conversation: the system prompt, the tools, and its rows in order.
@@ -186,9 +195,15 @@ fn pct(v: &[f64], p: f64) -> f64 {
     s[((s.len() - 1) as f64 * p).round() as usize]
 }
 
-pub fn run(o: &Opts) -> Result<()> {
-    let ep = Endpoint::new(&o.endpoint, o.api_key.clone(), Duration::from_secs(600));
-    let model = match &o.model {
+/// Replays the conversations against the endpoint; `tokenizer_model` (`--tokenizer-model`, or the default
+/// model) counts prompt tokens for `--max-context`.
+pub fn run(o: &Opts, tokenizer_model: &Path) -> Result<()> {
+    let ep = Endpoint::new(
+        &o.endpoint.url,
+        o.endpoint.api_key.clone(),
+        Duration::from_secs(600),
+    );
+    let model = match &o.endpoint.model {
         Some(m) => m.clone(),
         None => ep.model().context("asking the endpoint for its model")?,
     };
@@ -202,7 +217,7 @@ pub fn run(o: &Opts) -> Result<()> {
         })
         .collect();
     let counter = if o.max_context > 0 {
-        Some(Counter::new(&o.tokenizer_model)?)
+        Some(Counter::new(tokenizer_model)?)
     } else {
         None
     };
@@ -232,7 +247,7 @@ pub fn run(o: &Opts) -> Result<()> {
                 None => Vec::new(),
             };
             let n = toks.len();
-            if o.max_context > 0 && n + o.max_tokens > o.max_context {
+            if o.max_context > 0 && n + o.endpoint.max_tokens > o.max_context {
                 dropped += 1;
                 continue;
             }
@@ -275,7 +290,7 @@ pub fn run(o: &Opts) -> Result<()> {
                         bar.set_message(c.id.clone());
                         let (messages, _) = history(c, ri);
                         let body = json!({"model": model, "messages": messages, "tools": c.tools,
-                            "tool_choice": "auto", "temperature": 0, "seed": 42, "max_tokens": o.max_tokens});
+                            "tool_choice": "auto", "temperature": 0, "seed": 42, "max_tokens": o.endpoint.max_tokens});
                         let sent = t0.elapsed().as_secs_f64();
                         let r = ep.chat(&body);
                         let Ok(mut res) = results.lock() else {
@@ -317,10 +332,10 @@ pub fn run(o: &Opts) -> Result<()> {
     let cached_reported = turns.iter().any(|t| t["cached_tokens"].is_u64());
     let cached = sum("cached_tokens");
     let report = json!({
-        "endpoint": o.endpoint, "model": model, "conversations": convs.len(), "concurrency": o.concurrency.max(1),
+        "endpoint": o.endpoint.url, "model": model, "conversations": convs.len(), "concurrency": o.concurrency.max(1),
         "recorded_turns": recorded, "turns": turns.len(), "dropped_turns": dropped,
         "skipped_turns": skipped,
-        "failed_turns": failed.len(), "max_context": o.max_context, "max_tokens": o.max_tokens,
+        "failed_turns": failed.len(), "max_context": o.max_context, "max_tokens": o.endpoint.max_tokens,
         "wall_s": wall, "output_tokens": out_tokens, "output_tok_per_s": out_tokens as f64 / wall,
         "prompt_tokens": prompt_tokens,
         "cached_tokens": if cached_reported { json!(cached) } else { Value::Null },
@@ -332,11 +347,11 @@ pub fn run(o: &Opts) -> Result<()> {
     });
     let md = markdown(&report);
     println!("{md}");
-    if let Some(p) = &o.json {
+    if let Some(p) = &o.endpoint.json {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", p.display()))?;
     }
-    if let Some(p) = &o.markdown {
+    if let Some(p) = &o.endpoint.markdown {
         std::fs::write(p, &md).with_context(|| format!("writing {}", p.display()))?;
     }
     if !failed.is_empty() {

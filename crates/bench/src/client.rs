@@ -5,7 +5,36 @@
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// The endpoint a benchmark measures and where its report goes (the options every endpoint benchmark
+/// shares).
+#[derive(clap::Args, Debug, Clone)]
+pub struct EndpointArgs {
+    /// The endpoint's base URL.
+    #[arg(
+        long = "endpoint",
+        value_name = "ENDPOINT",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub url: String,
+    /// API key (Bearer).
+    #[arg(long, env = "THORN_BENCH_API_KEY")]
+    pub api_key: Option<String>,
+    /// Model name to request (default: the first the endpoint lists).
+    #[arg(long = "model", value_name = "MODEL_NAME")]
+    pub model: Option<String>,
+    /// Most new tokens per request.
+    #[arg(long, default_value_t = 1024)]
+    pub max_tokens: usize,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the markdown summary here.
+    #[arg(long)]
+    pub markdown: Option<PathBuf>,
+}
 
 /// An endpoint: base URL (`http://127.0.0.1:8080`) and optional API key.
 #[derive(Debug, Clone)]

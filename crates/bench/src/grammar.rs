@@ -14,7 +14,7 @@
 use crate::bfcl::{self, Question};
 use anyhow::{Context, Result};
 use serde_json::json;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use thorn_engine::engine::{Engine, EngineConfig, FinishReason, Request};
 use thorn_engine::sample::{Sampler, SamplingParams};
@@ -23,20 +23,53 @@ use thorn_tools::chat::ChatTemplate;
 use thorn_tools::{ResponseFormat, ToolChoice, ToolSet, complete_calls_prefix};
 
 /// Options of a run.
-pub struct Opts<'a> {
-    pub model: &'a Path,
-    pub bfcl_dir: &'a Path,
-    pub categories: &'a [String],
+#[derive(clap::Args, Debug, Clone)]
+pub struct Opts {
+    /// Folder with the BFCL v4 files (default: the data set `thorn data pull bfcl` fetched).
+    #[arg(long)]
+    pub bfcl_dir: Option<PathBuf>,
+    /// BFCL categories (file names without `BFCL_v4_` and `.json`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "simple_python,multiple,parallel,parallel_multiple,irrelevance"
+    )]
+    pub categories: Vec<String>,
+    /// Questions per category (0 = all).
+    #[arg(long, default_value_t = 0)]
     pub limit: usize,
+    /// Seeds per question.
+    #[arg(long, default_value_t = 3)]
     pub seeds: u64,
+    /// Sampling temperature of the validity run.
+    #[arg(long, default_value_t = 1.0)]
     pub temperature: f32,
+    /// Most tokens per answer.
+    #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
+    /// tool_choice: auto, required or a function name.
+    #[arg(long, default_value = "required", value_parser = tool_choice)]
     pub tool_choice: ToolChoice,
+    /// Questions per category in the speed comparison (greedy; 0 = none).
+    #[arg(long, default_value_t = 10)]
     pub speed_questions: usize,
-    pub fast_forward: bool,
-    pub lazy_mask: bool,
+    /// Sample every token of the validity run (no fast-forward of forced tokens).
+    #[arg(long)]
+    pub no_fast_forward: bool,
+    /// Compute the full mask before every sampled token (no sample-first check).
+    #[arg(long)]
+    pub no_lazy_mask: bool,
+    /// CPU threads (0 = one per physical core).
+    #[arg(long, env = "THORN_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
     pub json: bool,
+}
+
+/// `--tool-choice` as spelled on the command line (`ToolChoice::from_name`).
+fn tool_choice(name: &str) -> Result<ToolChoice, std::convert::Infallible> {
+    Ok(ToolChoice::from_name(name))
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -93,21 +126,23 @@ struct Tally {
     lazy_hits: usize,
 }
 
-pub fn run(o: &Opts<'_>) -> Result<()> {
+/// Runs the benchmark with the model file `model` on the BFCL v4 files in `bfcl_dir` (`--bfcl-dir`, or the
+/// pulled data set).
+pub fn run(o: &Opts, model: &Path, bfcl_dir: &Path) -> Result<()> {
     let cfg = EngineConfig {
         threads: o.threads,
         context: 4096,
         ..EngineConfig::default()
     };
     let mut e =
-        Engine::load(o.model, &cfg).with_context(|| format!("loading {}", o.model.display()))?;
+        Engine::load(model, &cfg).with_context(|| format!("loading {}", model.display()))?;
     let prompter = Prompter::new(&e)?;
     let grammars = e.grammars()?.clone();
     let mut per_cat = Vec::new();
     let mut all = Tally::default();
     let mut speed_set: Vec<(Vec<u32>, ToolSet)> = Vec::new();
-    for cat in o.categories {
-        let path = o.bfcl_dir.join(format!("BFCL_v4_{cat}.json"));
+    for cat in &o.categories {
+        let path = bfcl_dir.join(format!("BFCL_v4_{cat}.json"));
         let mut qs = bfcl::load(&path)?;
         if o.limit > 0 {
             qs.truncate(o.limit);
@@ -162,8 +197,8 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
                     .guide(&tools, &o.tool_choice, true, &ResponseFormat::Text)?
                     .context("no guide")?;
                 g.record_mask_times();
-                g.set_fast_forward(o.fast_forward);
-                g.set_lazy_mask(o.lazy_mask);
+                g.set_fast_forward(!o.no_fast_forward);
+                g.set_lazy_mask(!o.no_lazy_mask);
                 let req = Request {
                     sampling: SamplingParams {
                         temperature: o.temperature,
@@ -270,7 +305,7 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
         })
     };
     let report = json!({
-        "model": o.model.display().to_string(),
+        "model": model.display().to_string(),
         "threads": e.device().threads(),
         "tool_choice": format!("{:?}", o.tool_choice),
         "temperature": o.temperature,

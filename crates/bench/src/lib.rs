@@ -19,9 +19,12 @@ pub mod grammar;
 pub mod spec;
 pub mod tasks;
 
+pub use client::EndpointArgs;
+
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::time::Duration;
+use thorn_engine::backend::DeviceKind;
 use thorn_engine::engine::{Engine, EngineConfig};
 use thorn_engine::model::llama::Stage;
 
@@ -38,33 +41,50 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// What `thorn bench engine` measures.
-#[derive(Debug, Clone)]
+/// What `thorn bench engine` measures (its flags; the device and threads are the engine's own options).
+#[derive(clap::Args, Debug, Clone)]
 pub struct EngineBench {
     /// Prompt tokens for the prefill measurement.
+    #[arg(
+        long = "prompt-tokens",
+        value_name = "PROMPT_TOKENS",
+        default_value_t = 512
+    )]
     pub pp: usize,
-    /// Tokens per decode measurement.
+    /// Tokens for each decode measurement.
+    #[arg(long = "gen-tokens", value_name = "GEN_TOKENS", default_value_t = 128)]
     pub tg: usize,
-    /// Depths to prefill and decode at besides 0.
+    /// Context depths to measure prefill and decode at (besides 0).
+    #[arg(long, value_delimiter = ',', default_value = "1024,3000")]
     pub depths: Vec<usize>,
-    /// Repetitions (the median is reported).
+    /// Repetitions of each measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    /// CPU threads.
-    pub threads: usize,
-    /// The device.
-    pub device: thorn_engine::backend::DeviceKind,
-    /// CUDA graphs on a GPU device.
+    /// CUDA graphs on a GPU: a decode step's launches replayed as one graph.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,
-    /// KV element types, one set of rows each.
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// KV cache element types to measure, one table each (f16, f32, fp8).
+    #[arg(
+        long = "kv-dtype",
+        value_name = "KV_DTYPE",
+        value_delimiter = ',',
+        default_value = "f16"
+    )]
     pub kv_dtypes: Vec<thorn_engine::kv::KvDtype>,
     /// Positions per KV page.
+    #[arg(long, default_value_t = thorn_engine::kv::KvConfig::PAGE_SIZE)]
     pub page_size: usize,
-    /// Concurrent sequences to measure batched decode with (aggregate tok/s), besides the single-sequence rows.
+    /// Also decode this many sequences at once (continuous batching), e.g. 4,8: aggregate tok/s.
+    #[arg(long = "batch", value_name = "BATCH", value_delimiter = ',')]
     pub batches: Vec<usize>,
 }
 
-/// `thorn bench engine`: prefill and decode speed, llama-bench style, once per KV element type.
-pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
+/// `thorn bench engine`: prefill and decode speed, llama-bench style, once per KV element type, on `device`
+/// with `threads` CPU threads.
+pub fn engine(path: &Path, b: &EngineBench, device: DeviceKind, threads: usize) -> Result<()> {
     let (pp, tg, reps) = (b.pp, b.tg, b.reps.max(1));
     let max_depth = b.depths.iter().copied().max().unwrap_or(0);
     let context = ((max_depth + pp.max(tg)) + 16).next_multiple_of(256);
@@ -72,8 +92,8 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
     let mut profiled = None;
     for &dtype in &b.kv_dtypes {
         let cfg = EngineConfig {
-            device: b.device,
-            threads: b.threads,
+            device,
+            threads,
             cuda_graphs: b.cuda_graphs,
             context,
             kv_dtype: dtype,
@@ -249,7 +269,7 @@ pub fn engine(path: &Path, b: EngineBench, json: bool) -> Result<()> {
     });
 
     let weights = e.model().weight_bytes();
-    if json {
+    if b.json {
         let items: Vec<serde_json::Value> = rows
             .iter()
             .map(|(name, kv, med, runs)| serde_json::json!({"test": name, "kv": kv, "tok_per_s": med, "runs": runs}))

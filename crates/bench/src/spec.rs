@@ -20,7 +20,7 @@ use super::agentic::{Conversation, history, load};
 use crate::bfcl;
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use thorn_engine::engine::{Engine, EngineConfig, Request};
 use thorn_engine::spec::{SpecConfig, SpecStats, Speculator};
@@ -28,20 +28,54 @@ use thorn_guide::ToolGrammars;
 use thorn_tools::chat::ChatTemplate;
 use thorn_tools::{ResponseFormat, ToolChoice, ToolSet};
 
-/// Options of a run.
-pub struct Opts<'a> {
-    pub model: &'a Path,
-    pub bfcl_dir: &'a Path,
-    pub categories: &'a [String],
+/// Options of a run: the flags `thorn bench spec` adds to the model, engine and speculation options it
+/// shares with other commands (those reach [`run`] resolved, as a [`Setup`]).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Opts {
+    /// The BFCL data directory (default: the data set `thorn data pull bfcl` fetched).
+    #[arg(long)]
+    pub bfcl_dir: Option<PathBuf>,
+    /// BFCL categories.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "simple_python,multiple,parallel,parallel_multiple,live_simple"
+    )]
+    pub categories: Vec<String>,
+    /// Questions per category.
+    #[arg(long, default_value_t = 6)]
     pub questions: usize,
-    pub trajectories: Option<&'a Path>,
+    /// The recorded conversations (JSON Lines; default: the MLPerf Edge Agentic set built into thorn).
+    #[arg(long)]
+    pub trajectories: Option<PathBuf>,
+    /// Conversations whose assistant turns are generated.
+    #[arg(long, default_value_t = 4)]
     pub conversations: usize,
+    /// Assistant turns per conversation.
+    #[arg(long, default_value_t = 3)]
     pub turns: usize,
+    /// Most tokens per generation.
+    #[arg(long, default_value_t = 128)]
     pub max_tokens: usize,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// What a run takes from the rest of the command line, resolved: the model file, the BFCL folder, the
+/// engine's threads and context (turns that do not fit the context are skipped) and the draft tree.
+#[derive(Debug, Clone)]
+pub struct Setup<'a> {
+    /// The model file.
+    pub model: &'a Path,
+    /// The BFCL v4 files (`--bfcl-dir`, or the pulled data set).
+    pub bfcl_dir: &'a Path,
+    /// Context length in tokens.
     pub context: usize,
+    /// CPU threads (0 = one per physical core).
     pub threads: usize,
+    /// The draft tree measured beside no speculation and a 3-token chain.
     pub tree: SpecConfig,
-    pub json: Option<&'a Path>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -95,10 +129,10 @@ struct Case {
     choice: ToolChoice,
 }
 
-fn bfcl_cases(e: &Engine, t: &ChatTemplate, o: &Opts<'_>) -> Result<Vec<Case>> {
+fn bfcl_cases(e: &Engine, t: &ChatTemplate, o: &Opts, setup: &Setup<'_>) -> Result<Vec<Case>> {
     let mut out = Vec::new();
-    for cat in o.categories {
-        let path = o.bfcl_dir.join(format!("BFCL_v4_{cat}.json"));
+    for cat in &o.categories {
+        let path = setup.bfcl_dir.join(format!("BFCL_v4_{cat}.json"));
         let qs = bfcl::load(&path).with_context(|| format!("loading {}", path.display()))?;
         for q in qs.iter().take(o.questions) {
             let Ok(tools) = ToolSet::new(&q.tools) else {
@@ -107,7 +141,7 @@ fn bfcl_cases(e: &Engine, t: &ChatTemplate, o: &Opts<'_>) -> Result<Vec<Case>> {
             let tok = e.tokenizer();
             let text = tools.render(t, &q.messages, "", "<|im_end|>", &|s| tok.quote(s))?;
             let prompt = tok.encode_rendered(&text)?;
-            if prompt.len() + o.max_tokens < o.context {
+            if prompt.len() + o.max_tokens < setup.context {
                 out.push(Case {
                     prompt,
                     tools: Rc::new(tools),
@@ -119,8 +153,13 @@ fn bfcl_cases(e: &Engine, t: &ChatTemplate, o: &Opts<'_>) -> Result<Vec<Case>> {
     Ok(out)
 }
 
-fn trajectory_cases(e: &Engine, t: &ChatTemplate, o: &Opts<'_>) -> Result<Vec<Case>> {
-    let convs: Vec<Conversation> = load(o.trajectories)?;
+fn trajectory_cases(
+    e: &Engine,
+    t: &ChatTemplate,
+    o: &Opts,
+    setup: &Setup<'_>,
+) -> Result<Vec<Case>> {
+    let convs: Vec<Conversation> = load(o.trajectories.as_deref())?;
     let mut out = Vec::new();
     for c in convs.iter().take(o.conversations) {
         let tools = Rc::new(ToolSet::new(&c.tools)?);
@@ -133,7 +172,7 @@ fn trajectory_cases(e: &Engine, t: &ChatTemplate, o: &Opts<'_>) -> Result<Vec<Ca
             let tok = e.tokenizer();
             let text = tools.render(t, &msgs, "", "<|im_end|>", &|s| tok.quote(s))?;
             let prompt = tok.encode_rendered(&text)?;
-            if prompt.len() + o.max_tokens >= o.context {
+            if prompt.len() + o.max_tokens >= setup.context {
                 break;
             }
             out.push(Case {
@@ -199,17 +238,18 @@ fn run_cases(
     Ok((t, mismatches))
 }
 
-pub fn run(o: &Opts<'_>) -> Result<()> {
+/// Runs the benchmark.
+pub fn run(o: &Opts, setup: &Setup<'_>) -> Result<()> {
     let mut e = Engine::load(
-        o.model,
+        setup.model,
         &EngineConfig {
-            threads: o.threads,
-            context: o.context,
+            threads: setup.threads,
+            context: setup.context,
             speculation: SpecConfig::off(),
             ..EngineConfig::default()
         },
     )
-    .with_context(|| format!("loading {}", o.model.display()))?;
+    .with_context(|| format!("loading {}", setup.model.display()))?;
     let template = ChatTemplate::new(
         e.gguf()
             .get_str("tokenizer.chat_template")
@@ -226,9 +266,9 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
     let configs = [
         SpecConfig::off(),
         SpecConfig::chain(3),
-        o.tree.clone(),
+        setup.tree.clone(),
         full(SpecConfig::chain(3)),
-        full(o.tree.clone()),
+        full(setup.tree.clone()),
     ];
     let mut specs: [Speculator; N] = configs.map(|c| {
         let mut s = Speculator::new(c);
@@ -236,16 +276,19 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
         s
     });
     let workloads = [
-        ("bfcl tool calls", bfcl_cases(&e, &template, o)?),
-        ("trajectory turns", trajectory_cases(&e, &template, o)?),
+        ("bfcl tool calls", bfcl_cases(&e, &template, o, setup)?),
+        (
+            "trajectory turns",
+            trajectory_cases(&e, &template, o, setup)?,
+        ),
     ];
     let mut report = json!({
-        "model": o.model.display().to_string(),
+        "model": setup.model.display().to_string(),
         "threads": e.device().threads(),
         "isa": e.device().name(),
         "max_tokens": o.max_tokens,
-        "tree": {"top_k": o.tree.top_k, "max_depth": o.tree.max_depth, "max_nodes": o.tree.max_nodes,
-                 "adaptive": o.tree.adaptive},
+        "tree": {"top_k": setup.tree.top_k, "max_depth": setup.tree.max_depth, "max_nodes": setup.tree.max_nodes,
+                 "adaptive": setup.tree.adaptive},
         "cost_ms": (1..=64).filter(|&n| cost.measured(n)).map(|n| json!([n, cost.cost(n) * 1e3])).collect::<Vec<_>>(),
         "workloads": {},
     });
@@ -293,7 +336,7 @@ pub fn run(o: &Opts<'_>) -> Result<()> {
         report["workloads"][label] = w;
     }
     println!("{md}");
-    if let Some(p) = o.json {
+    if let Some(p) = o.json.as_deref() {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("wrote {}", p.display());

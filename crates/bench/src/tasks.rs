@@ -10,10 +10,9 @@
 //! no tool was called. The files tasks read the `README.txt` that `scripts/install-plugins` puts in the
 //! workspace; the memory tasks run in order (a recall follows its remember).
 
-use crate::client::Endpoint;
+use crate::client::{Endpoint, EndpointArgs};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// The built-in task set.
@@ -164,41 +163,47 @@ pub fn judge(task: &Task, completion: &Value) -> Verdict {
 }
 
 /// What `thorn bench tasks` runs.
-#[derive(Debug, Clone)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Opts {
-    /// Endpoint base URL.
-    pub endpoint: String,
-    /// API key.
-    pub api_key: Option<String>,
-    /// Model name (default: the endpoint's first).
-    pub model: Option<String>,
-    /// `tool_choice` for every request (`auto`, `required`).
+    #[command(flatten)]
+    pub endpoint: EndpointArgs,
+    /// `tool_choice` for every request.
+    #[arg(long, default_value = "auto")]
     pub tool_choice: String,
-    /// Most new tokens per request (each round).
-    pub max_tokens: usize,
-    /// The design's label in the report.
+    /// The design's name in the report.
+    #[arg(long, default_value = "default")]
     pub label: String,
-    /// Offer each tool task only its own plugin, and a no-tool prompt no tools: the ceiling of a perfect
-    /// tool router (it reads the answer key, so it is a bound to measure designs against, not a design).
+    /// Offer each task only its own plugin (no tools for the no-tool prompts): the ceiling of a perfect
+    /// tool router, to measure designs against.
+    #[arg(long)]
     pub oracle_tools: bool,
-    /// `thorn_tool_use` for every request (`None`: the server's default).
-    pub tool_use: Option<Value>,
-    /// The "tool-first round with an answer function" design: every request also offers a client tool
-    /// `answer(text)` and forces a call (`required`); a call to it is the answer. (A client tool in the
-    /// request turns thorn's own routing off.)
-    pub answer_tool: bool,
-    /// `main` or `heldout`.
+    /// `thorn_tool_use` for every request, as JSON (e.g. `{"routing": "off"}`; default: the server's).
+    #[arg(long)]
+    pub tool_use: Option<String>,
+    /// Which task set: `main` (40 tool tasks, 10 plain prompts) or `heldout` (20 and 10, written before
+    /// any design was tuned on `main`).
+    #[arg(long, default_value = "main")]
     pub set: String,
-    /// JSON report.
-    pub json: Option<PathBuf>,
-    /// Markdown summary.
-    pub markdown: Option<PathBuf>,
+    /// Measure the "tool-first round with an answer function" design: offer a client tool `answer(text)`
+    /// beside the plugins and force a call; a call to it is the answer.
+    #[arg(long)]
+    pub answer_tool: bool,
 }
 
 /// Runs the task set against the endpoint and prints (and writes) the report.
 pub fn run(o: &Opts) -> Result<()> {
-    let ep = Endpoint::new(&o.endpoint, o.api_key.clone(), Duration::from_secs(600));
-    let model = match &o.model {
+    let tool_use: Option<Value> = o
+        .tool_use
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .context("--tool-use is not JSON")?;
+    let ep = Endpoint::new(
+        &o.endpoint.url,
+        o.endpoint.api_key.clone(),
+        Duration::from_secs(600),
+    );
+    let model = match &o.endpoint.model {
         Some(m) => m.clone(),
         None => ep.model()?,
     };
@@ -216,8 +221,8 @@ pub fn run(o: &Opts) -> Result<()> {
     for t in &tasks {
         let mut body = json!({"model": model, "messages": [{"role": "user", "content": t.prompt}],
             "tools": tools, "tool_choice": o.tool_choice, "temperature": 0,
-            "max_tokens": o.max_tokens, "conversation_id": "bench-tasks"});
-        if let Some(u) = &o.tool_use {
+            "max_tokens": o.endpoint.max_tokens, "conversation_id": "bench-tasks"});
+        if let Some(u) = &tool_use {
             body["thorn_tool_use"] = u.clone();
         }
         if o.answer_tool {
@@ -300,7 +305,7 @@ pub fn run(o: &Opts) -> Result<()> {
         );
     }
     let report = json!({"label": o.label, "model": model, "tool_choice": o.tool_choice,
-        "tool_use": o.tool_use, "set": o.set, "answer_tool": o.answer_tool,
+        "tool_use": tool_use, "set": o.set, "answer_tool": o.answer_tool,
         "tool_tasks": tool_n, "tool_right": tool_right, "no_tool_prompts": plain_n,
         "no_tool_right": plain_right, "tasks": rows});
     let pct = |a: usize, n: usize| 100.0 * a as f64 / n.max(1) as f64;
@@ -312,10 +317,10 @@ pub fn run(o: &Opts) -> Result<()> {
         pct(plain_right, plain_n)
     );
     println!("{md}");
-    if let Some(p) = &o.json {
+    if let Some(p) = &o.endpoint.json {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
     }
-    if let Some(p) = &o.markdown {
+    if let Some(p) = &o.endpoint.markdown {
         std::fs::write(p, &md)?;
     }
     Ok(())

@@ -5,24 +5,29 @@
 //! questions); otherwise `--limit` questions per category.
 
 use crate::bfcl::{self, Category};
-use crate::client::Endpoint;
+use crate::client::{Endpoint, EndpointArgs};
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Options of a run.
+#[derive(clap::Args, Debug, Clone)]
 pub struct Opts {
-    pub endpoint: String,
-    pub api_key: Option<String>,
-    pub model: Option<String>,
-    pub data: PathBuf,
+    #[command(flatten)]
+    pub endpoint: EndpointArgs,
+    /// Folder with the BFCL v4 files (default: the data set `thorn data pull bfcl` fetched).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Categories (default: the twelve MLPerf scores).
+    #[arg(long, value_delimiter = ',')]
     pub categories: Vec<String>,
+    /// Questions per category (0 = all).
+    #[arg(long, default_value_t = 0)]
     pub limit: usize,
+    /// MLPerf's deterministic sample (995 questions).
+    #[arg(long)]
     pub mlperf: bool,
-    pub max_tokens: usize,
-    pub json: Option<PathBuf>,
-    pub markdown: Option<PathBuf>,
 }
 
 /// The categories MLPerf scores, in its groups.
@@ -69,9 +74,14 @@ pub struct CategoryScore {
     pub seconds: f64,
 }
 
-pub fn run(o: &Opts) -> Result<()> {
-    let ep = Endpoint::new(&o.endpoint, o.api_key.clone(), Duration::from_secs(600));
-    let model = match &o.model {
+/// Runs the benchmark on the BFCL v4 files in `data` (`--data`, or the pulled data set).
+pub fn run(o: &Opts, data: &Path) -> Result<()> {
+    let ep = Endpoint::new(
+        &o.endpoint.url,
+        o.endpoint.api_key.clone(),
+        Duration::from_secs(600),
+    );
+    let model = match &o.endpoint.model {
         Some(m) => m.clone(),
         None => ep.model().context("asking the endpoint for its model")?,
     };
@@ -82,14 +92,14 @@ pub fn run(o: &Opts) -> Result<()> {
     };
     let mut plan = Vec::new();
     for cat in &cats {
-        let qs = bfcl::load(&o.data.join(format!("BFCL_v4_{cat}.json")))?;
+        let qs = bfcl::load(&data.join(format!("BFCL_v4_{cat}.json")))?;
         let answers = if matches!(
             Category::of(cat),
             Some((Category::Irrelevance | Category::Relevance, _))
         ) {
             Vec::new()
         } else {
-            bfcl::load_answers(&o.data.join(format!("possible_answer/BFCL_v4_{cat}.json")))?
+            bfcl::load_answers(&data.join(format!("possible_answer/BFCL_v4_{cat}.json")))?
         };
         let n = if o.mlperf {
             mlperf_count(cat, qs.len())
@@ -134,7 +144,7 @@ pub fn run(o: &Opts) -> Result<()> {
                 .map(|m| json!({"role": m.role, "content": m.content}))
                 .collect();
             let mut body = json!({"model": model, "messages": messages, "tool_choice": "auto",
-                "temperature": 0, "seed": 42, "max_tokens": o.max_tokens});
+                "temperature": 0, "seed": 42, "max_tokens": o.endpoint.max_tokens});
             if !q.tools.is_empty() {
                 body["tools"] = json!(q.tools);
             }
@@ -178,16 +188,16 @@ pub fn run(o: &Opts) -> Result<()> {
         })
         .collect();
     let normalized = groups.iter().map(|g| g.1).sum::<f64>() / groups.len().max(1) as f64;
-    let report = json!({"endpoint": o.endpoint, "model": model, "questions": all, "correct": ok,
+    let report = json!({"endpoint": o.endpoint.url, "model": model, "questions": all, "correct": ok,
         "overall": overall, "normalized": normalized,
         "groups": groups.iter().map(|(g, a)| json!({"group": g, "accuracy": a})).collect::<Vec<_>>(),
         "categories": scores, "failures": failures});
     let md = markdown(&report);
     println!("{md}");
-    if let Some(p) = &o.json {
+    if let Some(p) = &o.endpoint.json {
         write(p, &serde_json::to_string_pretty(&report)?)?;
     }
-    if let Some(p) = &o.markdown {
+    if let Some(p) = &o.endpoint.markdown {
         write(p, &md)?;
     }
     Ok(())
