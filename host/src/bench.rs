@@ -107,8 +107,12 @@ pub fn run(cache: &Path, cmd: BenchCmd) -> Result<()> {
         } => thorn_bench::engine(
             &resolve(cache, model.model)?,
             &bench,
-            device.device,
-            device.threads,
+            // A GPU's compiled kernels are cached under `--cache-dir`, as for every other command.
+            &thorn_engine::engine::EngineConfig {
+                device: device.device,
+                threads: device.threads,
+                ..crate::opts::engine_defaults(cache)
+            },
         ),
     }
 }

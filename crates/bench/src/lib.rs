@@ -24,7 +24,6 @@ pub use client::EndpointArgs;
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::time::Duration;
-use thorn_engine::backend::DeviceKind;
 use thorn_engine::engine::{Engine, EngineConfig};
 use thorn_engine::model::llama::Stage;
 
@@ -82,9 +81,9 @@ pub struct EngineBench {
     pub batches: Vec<usize>,
 }
 
-/// `thorn bench engine`: prefill and decode speed, llama-bench style, once per KV element type, on `device`
-/// with `threads` CPU threads.
-pub fn engine(path: &Path, b: &EngineBench, device: DeviceKind, threads: usize) -> Result<()> {
+/// `thorn bench engine`: prefill and decode speed, llama-bench style, once per KV element type, on the
+/// device, threads and kernel cache of `base` (the rest of the configuration is the benchmark's).
+pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
     let (pp, tg, reps) = (b.pp, b.tg, b.reps.max(1));
     let max_depth = b.depths.iter().copied().max().unwrap_or(0);
     let context = ((max_depth + pp.max(tg)) + 16).next_multiple_of(256);
@@ -92,13 +91,11 @@ pub fn engine(path: &Path, b: &EngineBench, device: DeviceKind, threads: usize) 
     let mut profiled = None;
     for &dtype in &b.kv_dtypes {
         let cfg = EngineConfig {
-            device,
-            threads,
             cuda_graphs: b.cuda_graphs,
             context,
             kv_dtype: dtype,
             page_size: b.page_size,
-            ..EngineConfig::default()
+            ..base.clone()
         };
         let mut e =
             Engine::load(path, &cfg).with_context(|| format!("loading {}", path.display()))?;
