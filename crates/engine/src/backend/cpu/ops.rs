@@ -1,5 +1,6 @@
 //! Scalar reference kernels for the element-wise and attention ops. They define the math; the SIMD
-//! versions in `simd.rs` are tested against them.
+//! versions under `simd/` (one attention row driver over the ISAs, `simd/row_kernel.rs`) are tested
+//! against them.
 
 use crate::backend::pages::KvSlice;
 
