@@ -42,19 +42,10 @@ pub(super) enum Dialect {
     Anthropic,
 }
 
-impl Dialect {
-    /// The error body of `e` in this dialect.
-    fn body(self, e: &ApiError) -> serde_json::Value {
-        match self {
-            Dialect::OpenAi => e.body(),
-            Dialect::Anthropic => super::anthropic::error_body(e),
-        }
-    }
-}
-
 /// The layer around every API route of a dialect: tells the extractors the route's [`Dialect`], renders
 /// an error response in it (an [`ApiError`] renders OpenAI's body and leaves itself in the response's
-/// extensions), and counts the response's status under its endpoint in the metrics.
+/// extensions), and counts the response's status under its endpoint in the metrics. (Every body limit
+/// an error names is `max_body`: the `Checked` extractor is the one reader of API bodies.)
 pub(super) async fn respond(
     State((st, dialect)): State<(Arc<AppState>, Dialect)>,
     mut req: Request,
@@ -63,15 +54,11 @@ pub(super) async fn respond(
     let endpoint = endpoint(req.extensions().get::<MatchedPath>());
     req.extensions_mut().insert(dialect);
     let mut r = next.run(req).await;
-    if let Some(Failed(e)) = r.extensions_mut().remove::<Failed>() {
-        // The body limit is the server's, whichever layer refused the body.
-        let e = match &*e {
-            ApiError::TooLarge { .. } => Arc::new(ApiError::TooLarge {
-                limit: st.config.max_body,
-            }),
-            _ => e,
-        };
-        r = e.respond(dialect.body(&e));
+    // An error already carries OpenAI's body; Anthropic's routes render it again in theirs.
+    if let Some(Failed(e)) = r.extensions_mut().remove::<Failed>()
+        && dialect == Dialect::Anthropic
+    {
+        r = e.respond(super::anthropic::error_body(&e));
     }
     if let Some(endpoint) = endpoint {
         st.metrics.request(endpoint, r.status().as_u16());
