@@ -11,7 +11,7 @@
 //!
 //! Each [`Upstream`] bounds what it is given: requests in flight ([`Upstream::lease`], beyond it 503),
 //! time to the response's start and silence between stream events (a hung upstream is a 504, not a hung
-//! client), bytes per answer and per event ([`sse`]), calls per answer ([`wire::MAX_CALLS`]); a
+//! client), bytes per answer and per event ([`sse`]), calls per answer ([`round::MAX_CALLS`]); a
 //! [`breaker::Breaker`] stops sending to one that keeps failing, and a health check
 //! ([`Upstream::health_loop`]) re-lists its models and finds it again when it recovers. Every failure is
 //! an [`UpstreamError`] that names the upstream; the API maps it to 502, 503 or 504 (or passes a client's
@@ -23,14 +23,15 @@
 
 pub mod breaker;
 mod error;
+pub mod round;
 mod set;
 pub mod spec;
 pub mod sse;
 mod stats;
-pub mod wire;
 
 use breaker::{Admit, Breaker};
 pub use error::{UpstreamError, Waited};
+pub use round::{Delta, RoundOutput, RoundSpec, WireError};
 use serde_json::Value;
 pub use set::{Target, Upstreams};
 pub use spec::{SpecError, UpstreamSpec};
@@ -41,7 +42,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-pub use wire::{Delta, RoundOutput, RoundSpec, WireError};
 
 /// Whether `id` may name a model: 1 to 256 printable ASCII characters, no spaces.
 pub fn valid_model_id(id: &str) -> bool {
@@ -216,7 +216,7 @@ impl Upstream {
         }
         UpstreamError::Unreachable {
             name: self.spec.name.clone(),
-            why: wire::clip(&why, 500),
+            why: round::clip(&why, 500),
         }
     }
 
@@ -306,8 +306,8 @@ impl Upstream {
             .unwrap_or_default();
         let message = serde_json::from_slice::<Value>(&body)
             .ok()
-            .and_then(|v| wire::error_message(&v))
-            .unwrap_or_else(|| wire::clip(String::from_utf8_lossy(&body).trim(), 1000));
+            .and_then(|v| round::error_message(&v))
+            .unwrap_or_else(|| round::clip(String::from_utf8_lossy(&body).trim(), 1000));
         UpstreamError::Status {
             name: self.spec.name.clone(),
             status,
@@ -458,11 +458,12 @@ impl Upstream {
             cancelled: true,
             ..RoundOutput::default()
         };
-        let body =
-            serde_json::to_vec(&wire::request_body(spec)).map_err(|e| UpstreamError::Protocol {
+        let body = serde_json::to_vec(&round::request_body(spec)).map_err(|e| {
+            UpstreamError::Protocol {
                 name: name(),
                 why: format!("serializing the request: {e}"),
-            })?;
+            }
+        })?;
         let send = self
             .request(reqwest::Method::POST, "/chat/completions")
             .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -532,13 +533,10 @@ impl Upstream {
                     out.done = true;
                     return;
                 }
-                failed = match serde_json::from_slice::<Value>(data) {
-                    Err(e) => Some(UpstreamError::Protocol {
-                        name: name(),
-                        why: format!("a stream event is not JSON: {e}"),
-                    }),
-                    Ok(v) => out.chunk(&v, &mut *on).err().map(|e| self.wire_error(e)),
-                };
+                failed = round::parse_chunk(data)
+                    .and_then(|c| out.chunk(&c, &mut *on))
+                    .err()
+                    .map(|e| self.wire_error(e));
             })
             .map_err(|t| UpstreamError::Protocol {
                 name: name(),

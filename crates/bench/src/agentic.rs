@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use thorn_engine::gguf::Gguf;
 use thorn_engine::tokenizer::Tokenizer;
+use thorn_openai as openai;
 use thorn_tools::ToolSet;
 use thorn_tools::chat::{ChatTemplate, FunctionCall, Message, Role, ToolCall};
 
@@ -105,22 +106,38 @@ fn parse(text: &str, path: &Path) -> Result<Vec<Conversation>> {
 
 /// The chat messages of a conversation up to and including row `upto`, in OpenAI form and as thorn
 /// messages (for counting tokens).
-pub(crate) fn history(c: &Conversation, upto: usize) -> (Vec<Value>, Vec<Message>) {
-    let mut wire = vec![json!({"role": "system", "content": c.system})];
+pub(crate) fn history(c: &Conversation, upto: usize) -> (Vec<openai::Message<'_>>, Vec<Message>) {
+    let mut wire = vec![openai::Message::text("system", c.system.as_str())];
     let mut msgs = vec![Message::system(c.system.as_str())];
     for row in &c.rows[..=upto] {
         match row["role"].as_str() {
             Some("user") => {
                 let t = row["content"].as_str().unwrap_or("");
-                wire.push(json!({"role": "user", "content": t}));
+                wire.push(openai::Message::text("user", t));
                 msgs.push(Message::user(t));
             }
             Some("assistant") => {
                 let calls = row["tool_calls"].as_array().cloned().unwrap_or_default();
-                let mut m = json!({"role": "assistant", "content": "", "tool_calls": calls});
-                if let Some(r) = row.get("reasoning_content") {
-                    m["reasoning_content"] = r.clone();
-                }
+                let mut m = openai::Message::text("assistant", "");
+                m.tool_calls = Some(
+                    row["tool_calls"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|c| {
+                            let f = &c["function"];
+                            openai::ToolCall::function(
+                                c["id"].as_str().unwrap_or(""),
+                                f["name"].as_str().unwrap_or(""),
+                                match &f["arguments"] {
+                                    Value::String(a) => a.clone(),
+                                    other => other.to_string(),
+                                },
+                            )
+                        })
+                        .collect(),
+                );
+                m.reasoning_content = row["reasoning_content"].as_str().map(Into::into);
                 wire.push(m);
                 let mut a = Message::assistant("");
                 a.tool_calls = calls
@@ -142,8 +159,9 @@ pub(crate) fn history(c: &Conversation, upto: usize) -> (Vec<Value>, Vec<Message
             Some("tool") => {
                 for r in row["tool_results"].as_array().into_iter().flatten() {
                     let content = r["content"].as_str().unwrap_or("");
-                    wire.push(json!({"role": "tool", "tool_call_id": r["tool_call_id"],
-                        "content": content}));
+                    let mut w = openai::Message::text("tool", content);
+                    w.tool_call_id = r["tool_call_id"].as_str().map(Into::into);
+                    wire.push(w);
                     let mut m = Message::new(Role::Tool, content);
                     m.tool_call_id = r["tool_call_id"].as_str().map(str::to_owned);
                     msgs.push(m);
@@ -289,10 +307,18 @@ pub fn run(o: &Opts, tokenizer_model: &Path) -> Result<()> {
                     for &(ri, local) in &by_conv[ci] {
                         bar.set_message(c.id.clone());
                         let (messages, _) = history(c, ri);
-                        let body = json!({"model": model, "messages": messages, "tools": c.tools,
-                            "tool_choice": "auto", "temperature": 0, "seed": 42, "max_tokens": o.endpoint.max_tokens});
+                        let body = openai::ChatRequest {
+                            model: Some(model.as_str().into()),
+                            messages,
+                            tools: Some(c.tools.as_slice().into()),
+                            tool_choice: Some("auto".into()),
+                            temperature: Some(0.0),
+                            seed: Some(42),
+                            max_tokens: Some(o.endpoint.max_tokens_u32()),
+                            ..openai::ChatRequest::default()
+                        };
                         let sent = t0.elapsed().as_secs_f64();
-                        let r = ep.chat(&body);
+                        let r = ep.chat(body);
                         let Ok(mut res) = results.lock() else {
                             return;
                         };

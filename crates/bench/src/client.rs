@@ -1,12 +1,16 @@
 //! A minimal OpenAI client for the endpoint benchmarks: one chat request, streamed, with the time of the
 //! first token and the final usage. It speaks to any OpenAI-compatible server (thorn, llama.cpp's
-//! `llama-server`, vLLM), so the same code measures every endpoint.
+//! `llama-server`, vLLM), so the same code measures every endpoint; the wire types are `thorn-openai`'s,
+//! the ones thorn's server answers with.
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use thorn_openai::{
+    ChatChunk, ChatCompletion, ChatRequest, ErrorResponse, ModelList, StreamOptions,
+};
 
 /// The endpoint a benchmark measures and where its report goes (the options every endpoint benchmark
 /// shares).
@@ -34,6 +38,13 @@ pub struct EndpointArgs {
     /// Write the markdown summary here.
     #[arg(long)]
     pub markdown: Option<PathBuf>,
+}
+
+impl EndpointArgs {
+    /// `--max-tokens` as the wire's `max_tokens`.
+    pub fn max_tokens_u32(&self) -> u32 {
+        u32::try_from(self.max_tokens).unwrap_or(u32::MAX)
+    }
 }
 
 /// An endpoint: base URL (`http://127.0.0.1:8080`) and optional API key.
@@ -87,15 +98,16 @@ impl Endpoint {
             .get(format!("{}/v1/models", self.base))
             .call()
             .with_context(|| format!("GET {}/v1/models", self.base))?;
-        let v: Value = r.body_mut().read_json()?;
-        v["data"][0]["id"]
-            .as_str()
-            .map(str::to_owned)
+        let list: ModelList = r.body_mut().read_json()?;
+        list.data
+            .into_iter()
+            .next()
+            .map(|m| m.id)
             .context("the endpoint lists no model")
     }
 
     /// POSTs `body` to the chat completions route (with the key, if any).
-    fn post_chat(&self, body: &Value) -> Result<ureq::http::Response<ureq::Body>> {
+    fn post_chat(&self, body: &ChatRequest<'_>) -> Result<ureq::http::Response<ureq::Body>> {
         let mut req = self
             .agent
             .post(format!("{}/v1/chat/completions", self.base))
@@ -103,21 +115,31 @@ impl Endpoint {
         if let Some(k) = &self.key {
             req = req.header("Authorization", &format!("Bearer {k}"));
         }
-        req.send(body.to_string().as_bytes())
+        req.send(serde_json::to_vec(body)?.as_slice())
             .with_context(|| format!("POST {}/v1/chat/completions", self.base))
     }
 
-    /// Sends a chat request unstreamed and returns the completion (or the error body, for any status).
-    pub fn chat_json(&self, body: &Value) -> Result<Value> {
-        let text = self.post_chat(body)?.body_mut().read_to_string()?;
-        serde_json::from_str(&text).with_context(|| format!("a response that is not JSON: {text}"))
+    /// Sends a chat request unstreamed and returns the completion; an error status is an error with the
+    /// server's message.
+    pub fn chat_json(&self, body: &ChatRequest<'_>) -> Result<ChatCompletion<'static>> {
+        let mut resp = self.post_chat(body)?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string()?;
+        if status != 200 {
+            let why = serde_json::from_str::<ErrorResponse<'_>>(&text)
+                .map_or(text.clone(), |e| e.error.message.into_owned());
+            bail!("HTTP {status}: {why}");
+        }
+        serde_json::from_str(&text)
+            .with_context(|| format!("a response that is not a chat.completion: {text}"))
     }
 
-    /// Sends a chat request (`body` without `stream`) and reads the streamed answer.
-    pub fn chat(&self, body: &Value) -> Result<Reply> {
-        let mut body = body.clone();
-        body["stream"] = json!(true);
-        body["stream_options"] = json!({"include_usage": true});
+    /// Sends a chat request streamed (with usage in the last chunk) and reads the answer.
+    pub fn chat(&self, mut body: ChatRequest<'_>) -> Result<Reply> {
+        body.stream = Some(true);
+        body.stream_options = Some(StreamOptions {
+            include_usage: true,
+        });
         let t0 = Instant::now();
         let mut resp = self.post_chat(&body)?;
         let status = resp.status().as_u16();
@@ -138,56 +160,49 @@ impl Endpoint {
             if data == "[DONE]" {
                 break;
             }
-            let v: Value = serde_json::from_str(data)
-                .with_context(|| format!("a stream event that is not JSON: {data}"))?;
-            if v.get("error").is_some() {
-                bail!("the stream reported an error: {}", v["error"]);
+            let c: ChatChunk<'_> = serde_json::from_str(data)
+                .with_context(|| format!("a stream event that is not a chunk: {data}"))?;
+            if let Some(e) = &c.error {
+                bail!("the stream reported an error: {e}");
             }
-            if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                out.prompt_tokens = u["prompt_tokens"].as_u64();
-                out.completion_tokens = u["completion_tokens"].as_u64();
-                out.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64();
+            if let Some(u) = c.usage {
+                out.prompt_tokens = Some(u.prompt_tokens as u64);
+                out.completion_tokens = Some(u.completion_tokens as u64);
+                out.cached_tokens = u.cached_tokens().map(|n| n as u64);
             }
-            let Some(choice) = v["choices"].get(0) else {
+            let Some(choice) = c.choices.first() else {
                 continue;
             };
-            let delta = &choice["delta"];
+            let delta = &choice.delta;
             let mut got = false;
-            if let Some(t) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+            if let Some(t) = delta.content.as_deref().filter(|t| !t.is_empty()) {
                 out.content.push_str(t);
                 got = true;
             }
-            if let Some(tc) = delta["tool_calls"].as_array() {
-                for c in tc {
-                    let i = c["index"].as_u64().unwrap_or(calls.len() as u64) as usize;
-                    while calls.len() <= i {
-                        calls.push((String::new(), String::new()));
-                    }
-                    if let Some(n) = c["function"]["name"].as_str() {
-                        calls[i].0.push_str(n);
-                    }
-                    if let Some(a) = c["function"]["arguments"].as_str() {
-                        calls[i].1.push_str(a);
-                    }
+            for tc in delta.tool_calls.iter().flatten() {
+                let i = tc.index.unwrap_or(calls.len());
+                anyhow::ensure!(i < 1024, "a tool call index of {i}");
+                if calls.len() <= i {
+                    calls.resize_with(i + 1, Default::default);
+                }
+                if let Some(n) = &tc.function.name {
+                    calls[i].0.push_str(n);
+                }
+                if let Some(a) = &tc.function.arguments {
+                    calls[i].1.push_str(a);
                 }
                 got = true;
             }
-            // A host call being generated (thorn runs it) is output too.
-            if delta["thorn_host_tool_calls"].is_array() {
-                got = true;
-            }
-            // Reasoning deltas count as output too (servers that think first).
-            if delta["reasoning_content"]
-                .as_str()
-                .is_some_and(|t| !t.is_empty())
-            {
+            // A host call being generated (thorn runs it), and reasoning (servers that think first),
+            // are output too.
+            if delta.thorn_host_tool_calls.is_some() || delta.reasoning().is_some() {
                 got = true;
             }
             if got && out.ttft.is_none() {
                 out.ttft = Some(t0.elapsed());
             }
-            if let Some(f) = choice["finish_reason"].as_str() {
-                out.finish = f.to_owned();
+            if let Some(f) = &choice.finish_reason {
+                out.finish = f.to_string();
             }
         }
         out.total = t0.elapsed();

@@ -14,6 +14,7 @@ use crate::client::{Endpoint, EndpointArgs};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::time::Duration;
+use thorn_openai::{AssistantMessage, ChatRequest, HostCall, Message, ToolUseOpts};
 
 /// The built-in task set.
 const TASKS: &str = include_str!("../data/tasks.jsonl");
@@ -123,13 +124,9 @@ impl Verdict {
 }
 
 /// Judges a chat completion (thorn's, with `message.thorn_host_tool_calls`) for `task`.
-pub fn judge(task: &Task, completion: &Value) -> Verdict {
-    let msg = &completion["choices"][0]["message"];
-    let calls = msg["thorn_host_tool_calls"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let content = msg["content"].as_str().unwrap_or("").to_lowercase();
+pub fn judge(task: &Task, msg: &AssistantMessage<'_>) -> Verdict {
+    let calls = &msg.thorn_host_tool_calls;
+    let content = msg.content.as_deref().unwrap_or("").to_lowercase();
     let Some(tool) = &task.tool else {
         let none = calls.is_empty();
         return Verdict {
@@ -138,15 +135,12 @@ pub fn judge(task: &Task, completion: &Value) -> Verdict {
             answer: true,
         };
     };
-    let ok: Vec<&Value> = calls
+    let ok: Vec<&HostCall<'_>> = calls
         .iter()
-        .filter(|c| c["name"] == tool.as_str() && c.get("error").is_none_or(Value::is_null))
+        .filter(|c| c.name == tool.as_str() && c.error.is_none())
         .collect();
     let args = ok.iter().any(|c| {
-        let got: Value = c["arguments"]
-            .as_str()
-            .and_then(|a| serde_json::from_str(a).ok())
-            .unwrap_or(Value::Null);
+        let got: Value = serde_json::from_str(&c.arguments).unwrap_or(Value::Null);
         task.args.as_ref().is_none_or(|w| args_match(w, &got))
     });
     // The answer itself must state the value: a tool result the model then ignores does not count.
@@ -192,12 +186,12 @@ pub struct Opts {
 
 /// Runs the task set against the endpoint and prints (and writes) the report.
 pub fn run(o: &Opts) -> Result<()> {
-    let tool_use: Option<Value> = o
+    let tool_use: Option<ToolUseOpts> = o
         .tool_use
         .as_deref()
         .map(serde_json::from_str)
         .transpose()
-        .context("--tool-use is not JSON")?;
+        .context("--tool-use is not thorn_tool_use (routing, examples, answers)")?;
     let ep = Endpoint::new(
         &o.endpoint.url,
         o.endpoint.api_key.clone(),
@@ -219,62 +213,63 @@ pub fn run(o: &Opts) -> Result<()> {
     let mut rows = Vec::new();
     let (mut tool_right, mut tool_n, mut plain_right, mut plain_n) = (0, 0, 0, 0);
     for t in &tasks {
-        let mut body = json!({"model": model, "messages": [{"role": "user", "content": t.prompt}],
-            "tools": tools, "tool_choice": o.tool_choice, "temperature": 0,
-            "max_tokens": o.endpoint.max_tokens, "conversation_id": "bench-tasks"});
-        if let Some(u) = &tool_use {
-            body["thorn_tool_use"] = u.clone();
-        }
+        let mut body = ChatRequest {
+            model: Some(model.as_str().into()),
+            messages: vec![Message::text("user", t.prompt.as_str())],
+            tools: Some(tools.as_slice().into()),
+            tool_choice: Some(o.tool_choice.as_str().into()),
+            temperature: Some(0.0),
+            max_tokens: Some(o.endpoint.max_tokens_u32()),
+            conversation_id: Some("bench-tasks".into()),
+            thorn_tool_use: tool_use,
+            ..ChatRequest::default()
+        };
         if o.answer_tool {
-            body["tool_choice"] = json!("required");
-            body["parallel_tool_calls"] = json!(false);
+            body.tool_choice = Some("required".into());
+            body.parallel_tool_calls = Some(false);
             let answer = json!({"type": "function", "function": {"name": "answer",
                 "description": "Answers the user directly, when no other tool is needed.",
                 "parameters": {"type": "object", "properties": {"text": {"type": "string",
                     "description": "The answer."}}, "required": ["text"]}}});
-            if let Some(list) = body["tools"].as_array_mut() {
-                list.push(answer);
+            if let Some(list) = &mut body.tools {
+                list.to_mut().push(answer);
             }
         }
         if o.oracle_tools {
             match t.tool.as_deref().and_then(plugin_of) {
                 Some(p) => {
-                    body["tools"] =
-                        json!([{"type": "function", "function": {"name": format!("thorn:{p}")}}])
+                    let only =
+                        json!({"type": "function", "function": {"name": format!("thorn:{p}")}});
+                    body.tools = Some(vec![only].into());
                 }
                 None => {
-                    if let Some(b) = body.as_object_mut() {
-                        b.remove("tools");
-                        b.remove("tool_choice");
-                    }
+                    body.tools = None;
+                    body.tool_choice = None;
                 }
             }
         }
-        let mut v = ep.chat_json(&body)?;
-        if v.get("error").is_some() {
-            bail!("{}: {}", t.id, v["error"]);
-        }
+        let mut v = ep.chat_json(&body).with_context(|| t.id.clone())?;
+        let Some(msg) = v.choices.first_mut().map(|c| &mut c.message) else {
+            bail!("{}: an answer without choices", t.id);
+        };
         if o.answer_tool {
             // The answer function's text is the answer.
-            let msg = &mut v["choices"][0]["message"];
-            let text = msg["tool_calls"].as_array().and_then(|calls| {
-                calls
-                    .iter()
-                    .find(|c| c["function"]["name"] == "answer")
-                    .map(|c| {
-                        let args: Value = c["function"]["arguments"]
-                            .as_str()
-                            .and_then(|a| serde_json::from_str(a).ok())
-                            .unwrap_or(Value::Null);
-                        args["text"].as_str().unwrap_or("").to_owned()
-                    })
-            });
+            let text = msg
+                .tool_calls
+                .iter()
+                .find(|c| c.function.name == "answer")
+                .map(|c| {
+                    let args: Value =
+                        serde_json::from_str(&c.function.arguments).unwrap_or(Value::Null);
+                    args["text"].as_str().unwrap_or("").to_owned()
+                });
             if let Some(text) = text {
-                let before = msg["content"].as_str().unwrap_or("").to_owned();
-                msg["content"] = json!(format!("{before}{text}"));
+                let before = msg.content.as_deref().unwrap_or("");
+                msg.content = Some(format!("{before}{text}").into());
             }
         }
-        let verdict = judge(t, &v);
+        let msg = &*msg;
+        let verdict = judge(t, msg);
         if t.tool.is_some() {
             tool_n += 1;
             tool_right += usize::from(verdict.right());
@@ -282,26 +277,22 @@ pub fn run(o: &Opts) -> Result<()> {
             plain_n += 1;
             plain_right += usize::from(verdict.right());
         }
-        let msg = &v["choices"][0]["message"];
-        let calls: Vec<Value> = msg["thorn_host_tool_calls"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|c| json!([c["name"], c["arguments"]]))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let calls: Vec<Value> = msg
+            .thorn_host_tool_calls
+            .iter()
+            .map(|c| json!([c.name, c.arguments]))
+            .collect();
         eprintln!(
             "{:<20} {} {} {}",
             t.id,
             if verdict.right() { "right" } else { "wrong" },
             serde_json::to_string(&calls).unwrap_or_default(),
-            msg["thorn_routed_tools"]
+            serde_json::to_string(&msg.thorn_routed_tools).unwrap_or_default()
         );
         rows.push(
             json!({"id": t.id, "tool": t.tool, "right": verdict.right(), "called": verdict.called,
             "args": verdict.args, "answer": verdict.answer, "calls": calls,
-            "routed": msg["thorn_routed_tools"], "content": msg["content"]}),
+            "routed": msg.thorn_routed_tools, "content": msg.content}),
         );
     }
     let report = json!({"label": o.label, "model": model, "tool_choice": o.tool_choice,
@@ -355,10 +346,12 @@ mod tests {
             args: Some(json!({"value": 10, "from": "km"})),
             expect: vec!["6.21".into()],
         };
-        let reply = |name: &str, args: &str, error: Value, content: &str| {
-            json!({"choices": [{"message": {"content": content, "thorn_host_tool_calls": [
-                {"name": name, "arguments": args, "error": error}]}}]})
-        };
+        let reply =
+            |name: &str, args: &str, error: Value, content: &str| -> AssistantMessage<'static> {
+                serde_json::from_value(json!({"content": content, "thorn_host_tool_calls": [
+                {"id": "call_1", "name": name, "arguments": args, "error": error}]}))
+                .unwrap()
+            };
         let right = reply(
             "convert",
             r#"{"value":10.0,"from":"KM","to":"mi"}"#,
@@ -403,7 +396,7 @@ mod tests {
         assert!(
             judge(
                 &plain,
-                &json!({"choices": [{"message": {"content": "Paris"}}]})
+                &serde_json::from_value(json!({"content": "Paris"})).unwrap()
             )
             .right()
         );

@@ -24,6 +24,18 @@ pub enum Role {
     Tool,
 }
 
+impl Role {
+    /// Its name in OpenAI's chat format (and in chat templates).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
 /// A call the assistant asked for.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ToolCall {

@@ -150,7 +150,7 @@ impl Agent {
                     call(serde_json::json!({})),
                     format!(
                         "the arguments are not valid JSON ({e}): {}",
-                        crate::upstream::wire::clip(text, 200)
+                        crate::upstream::round::clip(text, 200)
                     ),
                 )),
                 Ok(arguments) => {

@@ -34,8 +34,7 @@ pub const MAX_EXAMPLE_FUNCTIONS: usize = 3;
 
 /// Whether the router decides which host tools the model sees (`"off"`, `"lexical"` on the wire and the
 /// command line).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Routing {
     /// The model sees every requested tool and decides.
     Off,
@@ -44,8 +43,7 @@ pub enum Routing {
 }
 
 /// Who words the answer after a routed call (`"model"`, `"template"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answers {
     /// The model, from the results.
     Model,

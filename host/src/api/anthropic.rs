@@ -411,7 +411,9 @@ fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, 
         conversation: conversation_of(None, user)?,
         key_id: caller.key.as_ref().map(|k| k.id().to_owned()),
         peer: caller.peer.map(|p| p.to_string()),
-        tool_use: r.thorn_tool_use.map(|o| o.over(st.agent.tool_use())),
+        tool_use: r
+            .thorn_tool_use
+            .map(|o| wire::tool_use_over(o, st.agent.tool_use())),
         route,
         ..Turn::new(messages_of(r.system.as_ref(), r.messages)?, plugins)
     };
@@ -470,7 +472,7 @@ fn message_json(id: &str, out: &Outcome) -> Value {
         m["thorn_host_tool_calls"] = json!(
             out.host_calls
                 .iter()
-                .map(wire::HostCallOut::of)
+                .map(wire::host_call)
                 .collect::<Vec<_>>()
         );
     }

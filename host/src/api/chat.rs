@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 pub(super) async fn chat(
     State(st): State<Arc<AppState>>,
     caller: Caller,
-    Checked(req): Checked<wire::ChatRequest>,
+    Checked(req): Checked<wire::ChatRequest<'static>>,
 ) -> Result<Response, ApiError> {
     let (turn, shape) = turn_of(&st, req, &caller)?;
     let t0 = Instant::now();
@@ -57,28 +57,28 @@ pub(super) fn chat_json<'a>(
 ) -> wire::ChatCompletion<'a> {
     let only_calls = out.content.is_empty() && !out.tool_calls.is_empty();
     wire::ChatCompletion {
-        id,
-        object: "chat.completion",
+        id: id.into(),
+        object: "chat.completion".into(),
         created: unix_now(),
-        model: &out.served.model,
-        system_fingerprint: wire::FINGERPRINT,
-        choices: [wire::ChatChoice {
+        model: out.served.model.as_str().into(),
+        system_fingerprint: Some(wire::FINGERPRINT.into()),
+        choices: vec![wire::ChatChoice {
             index: 0,
             message: wire::AssistantMessage {
-                role: "assistant",
-                content: (!only_calls).then_some(out.content.as_str()),
+                role: "assistant".into(),
+                content: (!only_calls).then_some(out.content.as_str().into()),
                 refusal: None,
-                tool_calls: out.tool_calls.iter().map(wire::ToolCallOut::of).collect(),
-                thorn_host_tool_calls: out.host_calls.iter().map(wire::HostCallOut::of).collect(),
-                reasoning_content: (!out.reasoning.is_empty()).then_some(out.reasoning.as_str()),
-                thorn_routed_tools: out.routed.as_deref(),
+                tool_calls: out.tool_calls.iter().map(wire::tool_call).collect(),
+                thorn_host_tool_calls: out.host_calls.iter().map(wire::host_call).collect(),
+                reasoning_content: (!out.reasoning.is_empty())
+                    .then_some(out.reasoning.as_str().into()),
+                reasoning: None,
+                thorn_routed_tools: out.routed.as_deref().map(Into::into),
             },
-            logprobs: shape
-                .logprobs
-                .then(|| wire::ChatLogprobs::of(&out.logprobs)),
-            finish_reason: out.finish.as_str(),
+            logprobs: shape.logprobs.then(|| wire::chat_logprobs(&out.logprobs)),
+            finish_reason: Some(out.finish.as_str().into()),
         }],
-        usage: wire::WireUsage::from(out.usage),
+        usage: Some(wire::usage(out.usage)),
     }
 }
 
@@ -97,7 +97,7 @@ pub(super) fn stream_chat(
     let chunk = move |delta: wire::Delta<'_>,
                       finish: Option<&'static str>,
                       logprobs: Option<wire::ChatLogprobs<'_>>,
-                      usage: Option<wire::WireUsage>| {
+                      usage: Option<wire::Usage>| {
         let choices = match usage {
             // The usage chunk has no choice.
             Some(_) => Vec::new(),
@@ -105,17 +105,18 @@ pub(super) fn stream_chat(
                 index: 0,
                 delta,
                 logprobs,
-                finish_reason: finish,
+                finish_reason: finish.map(Into::into),
             }],
         };
         sse_json(&wire::ChatChunk {
-            id: &id,
-            object: "chat.completion.chunk",
+            id: id.as_str().into(),
+            object: "chat.completion.chunk".into(),
             created,
-            model: &model,
-            system_fingerprint: wire::FINGERPRINT,
+            model: model.as_str().into(),
+            system_fingerprint: Some(wire::FINGERPRINT.into()),
             choices,
             usage,
+            error: None,
         })
     };
     let (tx, out_rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
@@ -126,8 +127,8 @@ pub(super) fn stream_chat(
             async move { tx.send(ev).await.is_ok() }
         };
         let first = wire::Delta {
-            role: Some("assistant"),
-            content: Some(""),
+            role: Some("assistant".into()),
+            content: Some("".into()),
             ..wire::Delta::default()
         };
         if !send(chunk(first, None, None, None)).await {
@@ -141,7 +142,7 @@ pub(super) fn stream_chat(
                 match rx.recv().await {
                     Some(Msg::Event(Event::Content(t))) => {
                         let d = wire::Delta {
-                            content: Some(&t),
+                            content: Some(t.as_str().into()),
                             ..wire::Delta::default()
                         };
                         if !send(chunk(d, None, None, None)).await {
@@ -150,7 +151,7 @@ pub(super) fn stream_chat(
                     }
                     Some(Msg::Event(Event::Reasoning(t))) => {
                         let d = wire::Delta {
-                            reasoning_content: Some(&t),
+                            reasoning_content: Some(t.as_str().into()),
                             ..wire::Delta::default()
                         };
                         if !send(chunk(d, None, None, None)).await {
@@ -181,7 +182,7 @@ pub(super) fn stream_chat(
                     }
                     Some(Msg::Event(Event::HostCall(c))) => {
                         let d = wire::Delta {
-                            thorn_host_tool_call: Some(wire::HostCallOut::started(&c)),
+                            thorn_host_tool_call: Some(wire::host_call_started(&c)),
                             ..wire::Delta::default()
                         };
                         if !send(chunk(d, None, None, None)).await {
@@ -190,7 +191,7 @@ pub(super) fn stream_chat(
                     }
                     Some(Msg::Event(Event::HostResult(h))) => {
                         let d = wire::Delta {
-                            thorn_host_tool_result: Some(wire::HostCallOut::of(&h)),
+                            thorn_host_tool_result: Some(wire::host_call(&h)),
                             ..wire::Delta::default()
                         };
                         if !send(chunk(d, None, None, None)).await {
@@ -229,7 +230,7 @@ pub(super) fn stream_chat(
                     .skip(client_calls)
                 {
                     let mut whole = wire::ToolCallDelta::start(i, &c.id, &c.function.name);
-                    whole.function.arguments = a;
+                    whole.function.arguments = Some(a.as_str().into());
                     let d = wire::Delta::call(false, whole);
                     if !send(chunk(d, None, None, None)).await {
                         return;
@@ -240,9 +241,7 @@ pub(super) fn stream_chat(
                     StreamedCalls::Truncated => "length",
                     _ => out.finish.as_str(),
                 };
-                let logprobs = shape
-                    .logprobs
-                    .then(|| wire::ChatLogprobs::of(&out.logprobs));
+                let logprobs = shape.logprobs.then(|| wire::chat_logprobs(&out.logprobs));
                 let last = chunk(wire::Delta::default(), Some(finish), logprobs, None);
                 if !send(last).await {
                     return;
@@ -252,7 +251,7 @@ pub(super) fn stream_chat(
                         wire::Delta::default(),
                         None,
                         None,
-                        Some(wire::WireUsage::from(out.usage)),
+                        Some(wire::usage(out.usage)),
                     );
                     if !send(u).await {
                         return;

@@ -89,17 +89,15 @@ pub(super) async fn completions(
             &model,
             &out.content,
             Some(out.finish.as_str()),
-            shape
-                .logprobs
-                .then(|| wire::LegacyLogprobs::of(&out.logprobs)),
-            Some(wire::WireUsage::from(out.usage)),
+            shape.logprobs.then(|| wire::legacy_logprobs(&out.logprobs)),
+            Some(wire::usage(out.usage)),
         ))
         .into_response());
     }
     let body = move |text: &str,
                      finish: Option<&'static str>,
                      logprobs: Option<wire::LegacyLogprobs>,
-                     usage: Option<wire::WireUsage>| {
+                     usage: Option<wire::Usage>| {
         sse_json(&wire::TextCompletion::new(
             &id, created, &model, text, finish, logprobs, usage,
         ))
@@ -128,9 +126,7 @@ pub(super) async fn completions(
         match outcome {
             Ok(out) => {
                 account(&st2, &out, t0);
-                let usage = shape
-                    .include_usage
-                    .then(|| wire::WireUsage::from(out.usage));
+                let usage = shape.include_usage.then(|| wire::usage(out.usage));
                 let last = body("", Some(out.finish.as_str()), None, usage);
                 if tx.send(last).await.is_err() {
                     return;

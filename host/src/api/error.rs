@@ -5,7 +5,6 @@ use crate::agent::AgentError;
 use crate::upstream::UpstreamError;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use thiserror::Error;
 use thorn_engine::engine::EngineError;
 use thorn_engine::engine::service::SubmitError;
@@ -131,21 +130,28 @@ impl ApiError {
         }
     }
 
-    /// The error body.
-    pub fn body(&self) -> serde_json::Value {
+    /// OpenAI's error body.
+    pub fn body(&self) -> super::wire::ErrorResponse<'static> {
         let (kind, code) = self.kind();
         let param = match self {
             ApiError::BadRequest { param, .. } => param.clone(),
             ApiError::ContextLength(_) => Some("messages".into()),
             _ => None,
         };
-        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+        super::wire::ErrorResponse {
+            error: super::wire::ErrorDetail {
+                message: self.to_string().into(),
+                kind: kind.into(),
+                param: param.map(Into::into),
+                code: code.map(Into::into),
+            },
+        }
     }
 }
 
 impl ApiError {
     /// The response: this error's status and headers (`Retry-After`, `WWW-Authenticate`) with `body`.
-    pub fn respond(&self, body: serde_json::Value) -> Response {
+    pub fn respond(&self, body: impl serde::Serialize) -> Response {
         let mut r = (self.status(), axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after() {
             r.headers_mut()
@@ -258,15 +264,10 @@ mod tests {
             after: std::time::Duration::from_secs(60),
         });
         assert_eq!(t.status(), StatusCode::GATEWAY_TIMEOUT);
-        let body = t.body();
-        assert_eq!(body["error"]["type"], "upstream_error");
-        assert_eq!(body["error"]["code"], "timeout");
-        assert!(
-            body["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("upstream big")
-        );
+        let body = t.body().error;
+        assert_eq!(body.kind, "upstream_error");
+        assert_eq!(body.code.as_deref(), Some("timeout"));
+        assert!(body.message.contains("upstream big"));
         let closed = ApiError::Upstream(UpstreamError::Closed { name: name() });
         assert_eq!(closed.status(), StatusCode::BAD_GATEWAY);
     }

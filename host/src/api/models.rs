@@ -119,7 +119,7 @@ pub(super) fn check_model_name(served: &str, model: Option<&str>) -> Result<(), 
 pub(super) fn model_objects(st: &AppState) -> Vec<wire::ModelObject> {
     let object = |id: String, owned_by: &str, context_length| wire::ModelObject {
         id,
-        object: "model",
+        object: "model".into(),
         created: st.started,
         owned_by: owned_by.to_owned(),
         context_length,
@@ -143,7 +143,7 @@ pub(super) fn model_objects(st: &AppState) -> Vec<wire::ModelObject> {
 /// `GET /v1/models`.
 pub(super) async fn models(State(st): State<Arc<AppState>>, _: Caller) -> Response {
     Json(wire::ModelList {
-        object: "list",
+        object: "list".into(),
         data: model_objects(&st),
     })
     .into_response()

@@ -8,6 +8,7 @@ use super::{ApiError, AppState, wire};
 use crate::agent::{Route, Turn};
 use crate::auth::ApiKey;
 use serde_json::{Value, json};
+use std::borrow::Cow;
 use std::sync::Arc;
 use thorn_engine::sample::SamplingParams;
 use thorn_tools::chat::{FunctionCall, Message, Role, ToolCall};
@@ -28,7 +29,7 @@ pub(super) fn role_of(s: &str, i: usize) -> Result<Role, ApiError> {
     })
 }
 
-pub(super) fn messages_of(wire: Vec<wire::WireMessage>) -> Result<Vec<Message>, ApiError> {
+pub(super) fn messages_of(wire: Vec<wire::Message<'static>>) -> Result<Vec<Message>, ApiError> {
     if wire.is_empty() {
         return Err(ApiError::bad(
             "`messages` must not be empty",
@@ -40,7 +41,7 @@ pub(super) fn messages_of(wire: Vec<wire::WireMessage>) -> Result<Vec<Message>, 
         let role = role_of(&m.role, i)?;
         let content = match m.content {
             None => String::new(),
-            Some(wire::Content::Text(t)) => t,
+            Some(wire::Content::Text(t)) => t.into_owned(),
             Some(wire::Content::Parts(parts)) => {
                 let mut t = String::new();
                 for p in parts {
@@ -71,17 +72,20 @@ pub(super) fn messages_of(wire: Vec<wire::WireMessage>) -> Result<Vec<Message>, 
                 })?
             };
             msg.tool_calls.push(ToolCall {
-                id: c.id,
+                id: c.id.into_owned(),
                 kind: "function",
                 function: FunctionCall {
-                    name: c.function.name,
+                    name: c.function.name.into_owned(),
                     arguments: args,
                 },
             });
         }
-        msg.tool_call_id = m.tool_call_id;
-        msg.name = m.name;
-        msg.reasoning_content = m.reasoning_content.filter(|_| role == Role::Assistant);
+        msg.tool_call_id = m.tool_call_id.map(Cow::into_owned);
+        msg.name = m.name.map(Cow::into_owned);
+        msg.reasoning_content = m
+            .reasoning_content
+            .filter(|_| role == Role::Assistant)
+            .map(Cow::into_owned);
         out.push(msg);
     }
     Ok(out)
@@ -229,7 +233,7 @@ pub(super) fn stops(stop: Option<wire::Stop>) -> Result<Vec<String>, ApiError> {
 }
 
 /// Parses a chat request body as the server does (for tools and fuzzing: the same errors, the same paths).
-pub fn parse_chat_request(body: &[u8]) -> Result<wire::ChatRequest, ApiError> {
+pub fn parse_chat_request(body: &[u8]) -> Result<wire::ChatRequest<'static>, ApiError> {
     super::handler::parse_body(body)
 }
 
@@ -238,7 +242,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<wire::ChatRequest, ApiError> {
 pub fn chat_turn(
     model: &str,
     plugins: Arc<thorn_plugin::PluginSet>,
-    r: wire::ChatRequest,
+    r: wire::ChatRequest<'static>,
 ) -> Result<Turn, ApiError> {
     check_model_name(model, r.model.as_deref())?;
     turn_from(plugins, r, &Caller::default(), Route::Local).map(|(t, _)| t)
@@ -246,7 +250,7 @@ pub fn chat_turn(
 
 pub(super) fn turn_of(
     st: &AppState,
-    r: wire::ChatRequest,
+    r: wire::ChatRequest<'static>,
     caller: &Caller,
 ) -> Result<(Turn, Shape), ApiError> {
     let opts = r.thorn_tool_use;
@@ -257,13 +261,13 @@ pub(super) fn turn_of(
         caller.key.as_ref(),
     )?;
     let (mut turn, shape) = turn_from(st.agent.plugins(), r, caller, route)?;
-    turn.tool_use = opts.map(|o| o.over(st.agent.tool_use()));
+    turn.tool_use = opts.map(|o| wire::tool_use_over(o, st.agent.tool_use()));
     Ok((turn, shape))
 }
 
 pub(super) fn turn_from(
     plugins: Arc<thorn_plugin::PluginSet>,
-    r: wire::ChatRequest,
+    r: wire::ChatRequest<'static>,
     caller: &Caller,
     route: Route,
 ) -> Result<(Turn, Shape), ApiError> {
@@ -296,7 +300,11 @@ pub(super) fn turn_from(
     sampling.min_p = r.min_p.unwrap_or(0.0);
     sampling.repetition_penalty = r.repetition_penalty.unwrap_or(1.0);
     sampling.top_logprobs = top_logprobs as usize;
-    let (tools, host_tools) = tools_of(&plugins, r.tools.unwrap_or_default(), caller.key.as_ref())?;
+    let (tools, host_tools) = tools_of(
+        &plugins,
+        r.tools.map(Cow::into_owned).unwrap_or_default(),
+        caller.key.as_ref(),
+    )?;
     let tool_choice = match &r.tool_choice {
         None => ToolChoice::Auto,
         Some(v) => ToolChoice::from_openai(v)

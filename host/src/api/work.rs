@@ -172,9 +172,8 @@ pub(super) async fn collect(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Out
 pub(super) fn sse_json(v: &impl serde::Serialize) -> Result<SseEvent, Infallible> {
     let text = serde_json::to_string(v).unwrap_or_else(|e| {
         // Our own types always serialize; say so on the stream rather than send nothing.
-        ApiError::Internal(format!("response serialization: {e}"))
-            .body()
-            .to_string()
+        let e = ApiError::Internal(format!("response serialization: {e}"));
+        serde_json::to_string(&e.body()).unwrap_or_default()
     });
     Ok(SseEvent::default().data(text))
 }

@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use thorn_openai::{ChatRequest, Message};
 
 /// Options of a run.
 #[derive(clap::Args, Debug, Clone)]
@@ -138,17 +139,21 @@ pub fn run(o: &Opts, data: &Path) -> Result<()> {
                     q.id
                 );
             }
-            let messages: Vec<Value> = q
-                .messages
-                .iter()
-                .map(|m| json!({"role": m.role, "content": m.content}))
-                .collect();
-            let mut body = json!({"model": model, "messages": messages, "tool_choice": "auto",
-                "temperature": 0, "seed": 42, "max_tokens": o.endpoint.max_tokens});
-            if !q.tools.is_empty() {
-                body["tools"] = json!(q.tools);
-            }
-            let verdict = match ep.chat(&body) {
+            let body = ChatRequest {
+                model: Some(model.as_str().into()),
+                messages: q
+                    .messages
+                    .iter()
+                    .map(|m| Message::text(m.role.as_str(), m.content.as_str()))
+                    .collect(),
+                tools: (!q.tools.is_empty()).then(|| q.tools.as_slice().into()),
+                tool_choice: Some("auto".into()),
+                temperature: Some(0.0),
+                seed: Some(42),
+                max_tokens: Some(o.endpoint.max_tokens_u32()),
+                ..ChatRequest::default()
+            };
+            let verdict = match ep.chat(body) {
                 Ok(r) => {
                     // Calls whose arguments are not JSON count as no call.
                     let calls: Vec<(String, Value)> = r

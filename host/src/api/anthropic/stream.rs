@@ -150,13 +150,13 @@ pub(super) fn stream_messages(
                         b.events.push((
                             "thorn_host_tool_call",
                             json!({"type": "thorn_host_tool_call",
-                                "call": wire::HostCallOut::started(&c)}),
+                                "call": wire::host_call_started(&c)}),
                         ));
                     }
                     Some(Msg::Event(Event::HostResult(h))) => b.events.push((
                         "thorn_host_tool_result",
                         json!({"type": "thorn_host_tool_result",
-                            "call": wire::HostCallOut::of(&h)}),
+                            "call": wire::host_call(&h)}),
                     )),
                     Some(Msg::Event(_)) => {}
                     Some(Msg::Done(o)) => break *o,

@@ -1,12 +1,16 @@
-//! OpenAI's chat wire form, the client side: one round's request body built from the agent's domain
-//! types, and the upstream's stream (or whole answer) read back into deltas and one [`RoundOutput`].
+//! One round against an upstream, in OpenAI's chat form (the types are `thorn-openai`'s, the server's
+//! own): the request body built from the agent's domain types, and the upstream's stream (or whole
+//! answer) read back into deltas and one [`RoundOutput`].
 //!
-//! The upstream is read as data: its fields are checked for type, its tool calls are bounded in number
-//! and size, and nothing it sends is interpreted beyond text, calls, finish, usage and log-probabilities.
+//! The upstream is read as data: its chunks are typed (a known field of the wrong type is an error that
+//! names it), its tool calls are bounded in number and size, and nothing it sends is interpreted beyond
+//! text, calls, finish, usage and log-probabilities.
 
-use serde_json::{Map, Value, json};
+use serde_json::Value;
+use std::borrow::Cow;
 use std::time::Instant;
 use thorn_engine::sample::SamplingParams;
+use thorn_openai as openai;
 use thorn_tools::chat::{Message, Role};
 use thorn_tools::{ResponseFormat, ToolChoice};
 
@@ -38,44 +42,33 @@ pub struct RoundSpec<'a> {
     pub logprobs: bool,
 }
 
-fn role(r: Role) -> &'static str {
-    match r {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
+/// A message in the wire form (arguments as JSON text; an assistant message that only calls tools has
+/// `null` content; a tool message keeps its name).
+fn message(m: &Message) -> openai::Message<'_> {
+    let only_calls = m.role == Role::Assistant && m.content.is_empty() && !m.tool_calls.is_empty();
+    openai::Message {
+        role: m.role.as_str().into(),
+        content: (!only_calls).then(|| openai::Content::Text(m.content.as_str().into())),
+        tool_calls: (!m.tool_calls.is_empty()).then(|| {
+            m.tool_calls
+                .iter()
+                .map(|c| {
+                    openai::ToolCall::function(
+                        c.id.as_str(),
+                        c.function.name.as_str(),
+                        c.function.arguments.to_string(),
+                    )
+                })
+                .collect()
+        }),
+        tool_call_id: m.tool_call_id.as_deref().map(Cow::Borrowed),
+        name: m
+            .name
+            .as_deref()
+            .filter(|_| m.role == Role::Tool)
+            .map(Cow::Borrowed),
+        reasoning_content: None,
     }
-}
-
-/// A message as OpenAI's wire form has it (arguments as JSON text).
-fn message(m: &Message) -> Value {
-    let mut o = Map::new();
-    o.insert("role".into(), role(m.role).into());
-    if m.role == Role::Assistant && m.content.is_empty() && !m.tool_calls.is_empty() {
-        o.insert("content".into(), Value::Null);
-    } else {
-        o.insert("content".into(), m.content.clone().into());
-    }
-    if !m.tool_calls.is_empty() {
-        let calls: Vec<Value> = m
-            .tool_calls
-            .iter()
-            .map(|c| {
-                json!({"id": c.id, "type": "function",
-                       "function": {"name": c.function.name, "arguments": c.function.arguments.to_string()}})
-            })
-            .collect();
-        o.insert("tool_calls".into(), calls.into());
-    }
-    if let Some(id) = &m.tool_call_id {
-        o.insert("tool_call_id".into(), id.clone().into());
-    }
-    if m.role == Role::Tool
-        && let Some(n) = &m.name
-    {
-        o.insert("name".into(), n.clone().into());
-    }
-    Value::Object(o)
 }
 
 fn tool_choice(c: &ToolChoice) -> Value {
@@ -83,79 +76,59 @@ fn tool_choice(c: &ToolChoice) -> Value {
         ToolChoice::None => "none".into(),
         ToolChoice::Auto => "auto".into(),
         ToolChoice::Required => "required".into(),
-        ToolChoice::Function(n) => json!({"type": "function", "function": {"name": n}}),
+        ToolChoice::Function(n) => serde_json::json!({"type": "function", "function": {"name": n}}),
     }
 }
 
 fn response_format(f: &ResponseFormat) -> Option<Value> {
     match f {
         ResponseFormat::Text => None,
-        ResponseFormat::JsonObject => Some(json!({"type": "json_object"})),
+        ResponseFormat::JsonObject => Some(serde_json::json!({"type": "json_object"})),
         ResponseFormat::JsonSchema {
             name,
             schema,
             strict,
-        } => Some(json!({"type": "json_schema",
+        } => Some(serde_json::json!({"type": "json_schema",
                           "json_schema": {"name": name, "schema": schema, "strict": strict}})),
     }
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// The request body: always streamed, with usage in the last chunk. Sampling fields an OpenAI server may
 /// not know (`top_k`, `min_p`, `repetition_penalty`: vLLM, SGLang and llama-server take them) are sent
 /// only when the request set them away from their neutral value.
-pub fn request_body(r: &RoundSpec<'_>) -> Value {
+pub fn request_body<'a>(r: &RoundSpec<'a>) -> openai::ChatRequest<'a> {
     let s = r.sampling;
-    let mut o = Map::new();
-    o.insert("model".into(), r.model.into());
-    o.insert(
-        "messages".into(),
-        r.messages.iter().map(message).collect::<Vec<_>>().into(),
-    );
-    o.insert("stream".into(), true.into());
-    o.insert("stream_options".into(), json!({"include_usage": true}));
-    if !r.tools.is_empty() {
-        o.insert("tools".into(), r.tools.to_vec().into());
-        o.insert("tool_choice".into(), tool_choice(r.tool_choice));
-        o.insert("parallel_tool_calls".into(), r.parallel_tool_calls.into());
+    let tools = !r.tools.is_empty();
+    openai::ChatRequest {
+        model: Some(r.model.into()),
+        messages: r.messages.iter().map(message).collect(),
+        stream: Some(true),
+        stream_options: Some(openai::StreamOptions {
+            include_usage: true,
+        }),
+        tools: tools.then_some(Cow::Borrowed(r.tools)),
+        tool_choice: tools.then(|| tool_choice(r.tool_choice)),
+        parallel_tool_calls: tools.then_some(r.parallel_tool_calls),
+        response_format: response_format(r.response_format),
+        temperature: Some(s.temperature),
+        top_p: (s.top_p < 1.0).then_some(s.top_p),
+        // The client's own seed (the API keeps its bits in a u64).
+        seed: s.seed.map(|x| x as i64),
+        presence_penalty: (s.presence_penalty != 0.0).then_some(s.presence_penalty),
+        frequency_penalty: (s.frequency_penalty != 0.0).then_some(s.frequency_penalty),
+        top_k: (s.top_k > 0).then(|| count(s.top_k)),
+        min_p: (s.min_p > 0.0).then_some(s.min_p),
+        repetition_penalty: (s.repetition_penalty != 1.0).then_some(s.repetition_penalty),
+        max_tokens: r.max_tokens.map(count),
+        stop: (!r.stop.is_empty()).then(|| openai::Stop::Many(r.stop.to_vec())),
+        logprobs: r.logprobs.then_some(true),
+        top_logprobs: (r.logprobs && s.top_logprobs > 0).then(|| count(s.top_logprobs)),
+        ..openai::ChatRequest::default()
     }
-    if let Some(f) = response_format(r.response_format) {
-        o.insert("response_format".into(), f);
-    }
-    o.insert("temperature".into(), s.temperature.into());
-    if s.top_p < 1.0 {
-        o.insert("top_p".into(), s.top_p.into());
-    }
-    if let Some(seed) = s.seed {
-        o.insert("seed".into(), seed.into());
-    }
-    if s.presence_penalty != 0.0 {
-        o.insert("presence_penalty".into(), s.presence_penalty.into());
-    }
-    if s.frequency_penalty != 0.0 {
-        o.insert("frequency_penalty".into(), s.frequency_penalty.into());
-    }
-    if s.top_k > 0 {
-        o.insert("top_k".into(), s.top_k.into());
-    }
-    if s.min_p > 0.0 {
-        o.insert("min_p".into(), s.min_p.into());
-    }
-    if s.repetition_penalty != 1.0 {
-        o.insert("repetition_penalty".into(), s.repetition_penalty.into());
-    }
-    if let Some(n) = r.max_tokens {
-        o.insert("max_tokens".into(), n.into());
-    }
-    if !r.stop.is_empty() {
-        o.insert("stop".into(), r.stop.to_vec().into());
-    }
-    if r.logprobs {
-        o.insert("logprobs".into(), true.into());
-        if s.top_logprobs > 0 {
-            o.insert("top_logprobs".into(), s.top_logprobs.into());
-        }
-    }
-    Value::Object(o)
 }
 
 /// What arrives, as it arrives.
@@ -236,44 +209,34 @@ pub struct RoundOutput {
     pub cancelled: bool,
 }
 
-fn counts(u: &Value) -> Option<Counts> {
-    let n = |v: &Value| v.as_u64().map(|n| n as usize);
-    Some(Counts {
-        prompt: n(&u["prompt_tokens"])?,
-        completion: n(&u["completion_tokens"]).unwrap_or(0),
-        cached: n(&u["prompt_tokens_details"]["cached_tokens"]).unwrap_or(0),
-    })
-}
-
-fn logprob_entry(v: &Value) -> Option<(String, Vec<u8>, f32)> {
-    let token = v["token"].as_str()?.to_owned();
-    let bytes = match v["bytes"].as_array() {
-        Some(b) => b
-            .iter()
-            .map(|x| x.as_u64().and_then(|x| u8::try_from(x).ok()))
-            .collect::<Option<Vec<u8>>>()?,
-        None => token.as_bytes().to_vec(),
-    };
-    Some((token, bytes, v["logprob"].as_f64()? as f32))
-}
-
-fn logprobs(v: &Value, out: &mut Vec<Logprob>) {
-    for t in v["content"].as_array().into_iter().flatten() {
-        if let Some((token, bytes, logprob)) = logprob_entry(t) {
-            let top = t["top_logprobs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(logprob_entry)
-                .collect();
-            out.push(Logprob {
-                token,
-                bytes,
-                logprob,
-                top,
-            });
+impl From<openai::Usage> for Counts {
+    fn from(u: openai::Usage) -> Self {
+        Counts {
+            prompt: u.prompt_tokens,
+            cached: u.cached_tokens().unwrap_or(0),
+            completion: u.completion_tokens,
         }
     }
+}
+
+fn logprobs(lp: &openai::ChatLogprobs<'_>, out: &mut Vec<Logprob>) {
+    // A server that sends no bytes means the text's.
+    let bytes = |b: &Option<Cow<'_, [u8]>>, t: &str| {
+        b.as_deref()
+            .map_or_else(|| t.as_bytes().to_vec(), <[u8]>::to_vec)
+    };
+    out.extend(lp.content.iter().map(|t| {
+        Logprob {
+            token: t.token.to_string(),
+            bytes: bytes(&t.bytes, &t.token),
+            logprob: t.logprob,
+            top: t
+                .top_logprobs
+                .iter()
+                .map(|a| (a.token.to_string(), bytes(&a.bytes, &a.token), a.logprob))
+                .collect(),
+        }
+    }));
 }
 
 /// The text of an error the upstream put in a body or an event (`{"error": {"message"}}`,
@@ -288,6 +251,15 @@ pub fn error_message(v: &Value) -> Option<String> {
             .to_owned(),
     };
     Some(clip(&m, 1000))
+}
+
+/// An error an event or a whole answer reported under `error`.
+fn reported(e: &Value) -> WireError {
+    let wrapped = serde_json::json!({ "error": e });
+    WireError::Reported(
+        error_message(&wrapped)
+            .unwrap_or_else(|| clip(&format!("an error without a message: {e}"), 1000)),
+    )
 }
 
 /// Why an upstream's answer could not be taken.
@@ -311,6 +283,24 @@ pub fn clip(s: &str, n: usize) -> String {
     format!("{}...", &s[..end])
 }
 
+/// One streamed event's data read as a chunk: not JSON, or not a chunk (a known field of the wrong type,
+/// named by its path), is [`WireError::Invalid`].
+pub fn parse_chunk(data: &[u8]) -> Result<openai::ChatChunk<'static>, WireError> {
+    let de = &mut serde_json::Deserializer::from_slice(data);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        WireError::Invalid(if inner.is_data() {
+            format!("a stream event is not a chat.completion.chunk: {path}: {inner}")
+        } else {
+            format!("a stream event is not JSON: {inner}")
+        })
+    })
+}
+
+/// A call piece: its `index` (else its place in the list), name text, arguments text.
+type CallPiece<'p> = (u64, Option<&'p str>, Option<&'p str>);
+
 impl RoundOutput {
     fn call_at(&mut self, wire_index: u64) -> Result<usize, WireError> {
         if let Some(i) = self.calls.iter().position(|c| c.wire_index == wire_index) {
@@ -329,94 +319,95 @@ impl RoundOutput {
     }
 
     /// Takes one streamed chunk (`chat.completion.chunk`); `on` sees what it adds.
-    pub fn chunk(&mut self, v: &Value, on: &mut dyn FnMut(Delta<'_>)) -> Result<(), WireError> {
-        if let Some(m) = error_message(v).filter(|_| v.get("error").is_some()) {
-            return Err(WireError::Reported(m));
+    pub fn chunk(
+        &mut self,
+        c: &openai::ChatChunk<'_>,
+        on: &mut dyn FnMut(Delta<'_>),
+    ) -> Result<(), WireError> {
+        if let Some(e) = &c.error {
+            return Err(reported(e));
         }
-        if let Some(u) = v.get("usage").and_then(counts) {
-            self.usage = Some(u);
+        if let Some(u) = c.usage {
+            self.usage = Some(u.into());
         }
-        let Some(choice) = v["choices"].as_array().and_then(|c| c.first()) else {
+        let Some(choice) = c.choices.first() else {
             return Ok(());
         };
-        let d = &choice["delta"];
-        self.take(d, on)?;
-        if !choice["logprobs"].is_null() {
-            logprobs(&choice["logprobs"], &mut self.logprobs);
+        let d = &choice.delta;
+        let calls = d.tool_calls.iter().flatten().enumerate().map(|(pos, t)| {
+            (
+                t.index.map_or(pos as u64, |i| i as u64),
+                t.function.name.as_deref(),
+                t.function.arguments.as_deref(),
+            )
+        });
+        self.take(d.reasoning(), d.content.as_deref(), calls, on)?;
+        if let Some(lp) = &choice.logprobs {
+            logprobs(lp, &mut self.logprobs);
         }
-        if let Some(f) = choice["finish_reason"].as_str() {
-            self.finish = Some(f.to_owned());
+        if let Some(f) = &choice.finish_reason {
+            self.finish = Some(f.to_string());
         }
         Ok(())
     }
 
-    /// Takes a whole answer (`chat.completion`, from an upstream that did not stream).
-    pub fn whole(&mut self, v: &Value, on: &mut dyn FnMut(Delta<'_>)) -> Result<(), WireError> {
-        if v.get("error").is_some() {
-            return Err(WireError::Reported(
-                error_message(v).unwrap_or_else(|| "an error without a message".into()),
-            ));
+    /// Takes a whole answer's body (`chat.completion`, from an upstream that did not stream).
+    pub fn whole(&mut self, body: &Value, on: &mut dyn FnMut(Delta<'_>)) -> Result<(), WireError> {
+        if let Some(e) = body.get("error").filter(|e| !e.is_null()) {
+            return Err(reported(e));
         }
-        let choice = v["choices"]
-            .as_array()
-            .and_then(|c| c.first())
+        let a: openai::ChatCompletion<'_> =
+            serde_path_to_error::deserialize(body).map_err(|e| {
+                WireError::Invalid(format!("an answer that is not a chat.completion: {e}"))
+            })?;
+        let choice = a
+            .choices
+            .first()
             .ok_or_else(|| WireError::Invalid("an answer without choices".into()))?;
+        let m = &choice.message;
         // A whole message's calls carry no `index`: their order gives it.
-        let mut m = choice["message"].clone();
-        if let Some(calls) = m["tool_calls"].as_array_mut() {
-            for (i, c) in calls.iter_mut().enumerate() {
-                c["index"] = i.into();
-            }
+        let calls = m.tool_calls.iter().enumerate().map(|(pos, t)| {
+            (
+                pos as u64,
+                Some(t.function.name.as_ref()),
+                Some(t.function.arguments.as_ref()),
+            )
+        });
+        self.take(m.reasoning(), m.content.as_deref(), calls, on)?;
+        if let Some(lp) = &choice.logprobs {
+            logprobs(lp, &mut self.logprobs);
         }
-        self.take(&m, on)?;
-        if !choice["logprobs"].is_null() {
-            logprobs(&choice["logprobs"], &mut self.logprobs);
-        }
-        self.finish = choice["finish_reason"]
-            .as_str()
-            .map(str::to_owned)
-            .or(Some("stop".into()));
-        self.usage = v.get("usage").and_then(counts);
+        self.finish = Some(choice.finish_reason.as_deref().unwrap_or("stop").to_owned());
+        self.usage = a.usage.map(Counts::from);
         self.done = true;
         Ok(())
     }
 
-    /// A delta (or whole message): text, reasoning, calls.
-    fn take(&mut self, d: &Value, on: &mut dyn FnMut(Delta<'_>)) -> Result<(), WireError> {
+    /// A delta (or whole message): reasoning, text, calls.
+    fn take<'p>(
+        &mut self,
+        reasoning: Option<&str>,
+        content: Option<&str>,
+        calls: impl Iterator<Item = CallPiece<'p>>,
+        on: &mut dyn FnMut(Delta<'_>),
+    ) -> Result<(), WireError> {
         let first = |at: &mut Option<Instant>| {
             at.get_or_insert_with(Instant::now);
         };
-        // vLLM and llama-server say `reasoning_content`, newer vLLM `reasoning` (a server sending both
-        // sends the same text twice: the first is taken).
-        if let Some(r) = ["reasoning_content", "reasoning"]
-            .iter()
-            .find_map(|k| d[*k].as_str())
-            .filter(|r| !r.is_empty())
-        {
+        if let Some(r) = reasoning.filter(|r| !r.is_empty()) {
             first(&mut self.first_token);
             self.reasoning.push_str(r);
             on(Delta::Reasoning(r));
         }
-        if let Some(c) = d["content"].as_str().filter(|c| !c.is_empty()) {
+        if let Some(c) = content.filter(|c| !c.is_empty()) {
             first(&mut self.first_token);
             self.content.push_str(c);
             on(Delta::Content(c));
         }
-        for (pos, c) in d["tool_calls"].as_array().into_iter().flatten().enumerate() {
-            let wire = c["index"].as_u64().unwrap_or(pos as u64);
+        for (wire, name, arguments) in calls {
             let at = self.call_at(wire)?;
-            let f = &c["function"];
-            let name = f["name"].as_str().filter(|n| !n.is_empty());
-            // Arguments are JSON text; a server that sends the object itself is read as its text.
-            let args_owned;
-            let arguments = match &f["arguments"] {
-                Value::String(s) if !s.is_empty() => Some(s.as_str()),
-                v @ Value::Object(_) => {
-                    args_owned = v.to_string();
-                    Some(args_owned.as_str())
-                }
-                _ => None,
-            };
+            let name = name.filter(|n| !n.is_empty());
+            let arguments = arguments.filter(|a| !a.is_empty());
             if name.is_none() && arguments.is_none() {
                 continue;
             }
@@ -444,7 +435,12 @@ impl RoundOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use thorn_tools::chat::{FunctionCall, ToolCall};
+
+    fn chunk(v: &Value) -> openai::ChatChunk<'static> {
+        parse_chunk(v.to_string().as_bytes()).unwrap()
+    }
 
     #[test]
     fn a_round_becomes_an_openai_request() {
@@ -468,7 +464,7 @@ mod tests {
             top_k: 5,
             ..SamplingParams::default()
         };
-        let body = request_body(&RoundSpec {
+        let body = serde_json::to_value(request_body(&RoundSpec {
             model: "Qwen/Qwen3-8B",
             messages: &messages,
             tools: &tools,
@@ -479,7 +475,8 @@ mod tests {
             max_tokens: Some(64),
             stop: &["END".into()],
             logprobs: false,
-        });
+        }))
+        .unwrap();
         assert_eq!(
             body,
             json!({
@@ -505,7 +502,7 @@ mod tests {
             })
         );
         // No tools: no tool fields (some servers refuse a tool_choice without tools).
-        let body = request_body(&RoundSpec {
+        let body = serde_json::to_value(request_body(&RoundSpec {
             model: "m",
             messages: &messages[..2],
             tools: &[],
@@ -516,7 +513,8 @@ mod tests {
             max_tokens: None,
             stop: &[],
             logprobs: true,
-        });
+        }))
+        .unwrap();
         assert!(body.get("tools").is_none() && body.get("tool_choice").is_none());
         assert!(body.get("max_tokens").is_none() && body.get("response_format").is_none());
         assert_eq!(body["logprobs"], true);
@@ -541,7 +539,8 @@ mod tests {
         let mut out = RoundOutput::default();
         let mut seen = Vec::new();
         for c in &chunks {
-            out.chunk(c, &mut |d| seen.push(format!("{d:?}"))).unwrap();
+            out.chunk(&chunk(c), &mut |d| seen.push(format!("{d:?}")))
+                .unwrap();
         }
         assert_eq!(out.content, "Sure. ");
         assert_eq!(out.reasoning, "Hm.");
@@ -571,7 +570,7 @@ mod tests {
             json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "{"}}]}}]}),
             json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "}"}}]}}]}),
         ] {
-            out.chunk(&c, &mut |_| {}).unwrap();
+            out.chunk(&chunk(&c), &mut |_| {}).unwrap();
         }
         assert_eq!(out.reasoning, "a");
         assert_eq!(
@@ -585,7 +584,7 @@ mod tests {
         let mut out = RoundOutput::default();
         let e = out
             .chunk(
-                &json!({"error": {"message": "CUDA out of memory", "type": "InternalServerError"}}),
+                &chunk(&json!({"error": {"message": "CUDA out of memory", "type": "InternalServerError"}})),
                 &mut |_| {},
             )
             .unwrap_err();
@@ -595,11 +594,22 @@ mod tests {
             .collect();
         let e = out
             .chunk(
-                &json!({"choices": [{"delta": {"tool_calls": many}}]}),
+                &chunk(&json!({"choices": [{"delta": {"tool_calls": many}}]})),
                 &mut |_| {},
             )
             .unwrap_err();
         assert!(matches!(e, WireError::Invalid(m) if m.contains("more than")));
+        // An event that is not JSON, or a known field of the wrong type (named by its path), is invalid.
+        let e = parse_chunk(b"{\"choices\": [").unwrap_err();
+        assert!(
+            matches!(&e, WireError::Invalid(m) if m.contains("not JSON")),
+            "{e:?}"
+        );
+        let e = parse_chunk(br#"{"choices": [{"delta": {"content": 5}}]}"#).unwrap_err();
+        assert!(
+            matches!(&e, WireError::Invalid(m) if m.contains("choices[0].delta.content")),
+            "{e:?}"
+        );
     }
 
     #[test]
