@@ -78,3 +78,73 @@ pub(crate) fn fill_seq(kv: &mut KvCache, n: usize, done: usize, seed: u64) -> Se
     seq.advance(done);
     seq
 }
+
+/// The shape of a Llama-architecture model, for skeleton files.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LlamaShape {
+    pub layers: usize,
+    pub d_model: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+}
+
+/// SmolLM2-135M's shape: the default model.
+pub(crate) const SMOLLM2_135M: LlamaShape = LlamaShape {
+    layers: 30,
+    d_model: 576,
+    heads: 9,
+    kv_heads: 3,
+    ffn: 1536,
+    vocab: 49152,
+};
+
+/// A Llama GGUF of `shape` whose matrices are `ty` blocks of zero bytes and whose norms are zeros, with the
+/// embedding tied to the output (as SmolLM2's): what a runtime that never runs its kernels needs to load
+/// and run the model (the launch budget, the host time per step). Its numbers mean nothing.
+pub(crate) fn skeleton_llama(shape: LlamaShape, ty: GgmlType) -> crate::gguf::Gguf {
+    use crate::gguf::{GgufBuilder, Value};
+    let LlamaShape {
+        layers,
+        d_model: d,
+        heads,
+        kv_heads,
+        ffn,
+        vocab,
+    } = shape;
+    let kvd = kv_heads * (d / heads);
+    let matrix = |cols: usize, rows: usize| {
+        let bytes = ty.row_bytes(cols).expect("whole blocks per row") * rows;
+        (vec![cols as u64, rows as u64], vec![0u8; bytes])
+    };
+    let u = |v: usize| Value::U32(v as u32);
+    let mut b = GgufBuilder::new()
+        .kv("general.architecture", Value::String("llama".into()))
+        .kv("llama.block_count", u(layers))
+        .kv("llama.embedding_length", u(d))
+        .kv("llama.attention.head_count", u(heads))
+        .kv("llama.attention.head_count_kv", u(kv_heads))
+        .kv("llama.feed_forward_length", u(ffn))
+        .kv("llama.vocab_size", u(vocab))
+        .kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+    let norm = |n: usize| (vec![n as u64], vec![0u8; 4 * n]);
+    let add = |b: GgufBuilder, name: &str, (dims, data): (Vec<u64>, Vec<u8>), t| {
+        b.tensor(name, &dims, t, data)
+    };
+    b = add(b, "token_embd.weight", matrix(d, vocab), ty);
+    b = add(b, "output_norm.weight", norm(d), GgmlType::F32);
+    for i in 0..layers {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        b = add(b, &n("attn_norm"), norm(d), GgmlType::F32);
+        b = add(b, &n("attn_q"), matrix(d, d), ty);
+        b = add(b, &n("attn_k"), matrix(d, kvd), ty);
+        b = add(b, &n("attn_v"), matrix(d, kvd), ty);
+        b = add(b, &n("attn_output"), matrix(d, d), ty);
+        b = add(b, &n("ffn_norm"), norm(d), GgmlType::F32);
+        b = add(b, &n("ffn_gate"), matrix(d, ffn), ty);
+        b = add(b, &n("ffn_up"), matrix(d, ffn), ty);
+        b = add(b, &n("ffn_down"), matrix(ffn, d), ty);
+    }
+    crate::gguf::Gguf::from_bytes(b.build()).expect("a well-formed skeleton")
+}

@@ -434,6 +434,106 @@ mod tests {
         out
     }
 
+    /// The most kernel launches one SmolLM2 decode step may take on the GPU device. It only goes down: each
+    /// fusion that lands lowers it to what the step then takes (the goal is 7 a layer, 212 a step).
+    const DECODE_LAUNCH_BUDGET: usize = 513;
+
+    /// One forward pass of `tokens` for `seq`, its KV reserved first.
+    fn step(
+        model: &Llama,
+        dev: &Device,
+        kv: &mut KvCache,
+        seq: &mut crate::kv::SeqKv,
+        s: &mut Scratch,
+        tokens: &[u32],
+    ) {
+        let want = seq.len() + tokens.len();
+        kv.reserve(seq, want).unwrap();
+        let mut batch = Batch::default();
+        batch.push(seq, tokens, Logits::Last);
+        model.forward(dev, kv.pool_mut(), &batch, s).unwrap();
+        seq.advance(tokens.len());
+    }
+
+    /// What one SmolLM2 decode step asks of the GPU device, counted on the null runtime (a model of
+    /// SmolLM2's shape whose kernels are counted, never run): the launches, against
+    /// [`DECODE_LAUNCH_BUDGET`], and per kernel; the copies and waits; and the host's time per step with
+    /// graphs off and on (printed, not asserted: the device's own work per step, without a GPU).
+    ///
+    /// `cargo test -p thorn-engine --lib decode_launch_budget -- --nocapture` prints
+    /// `launches per decode step: N`.
+    #[test]
+    fn decode_launch_budget() {
+        use crate::backend::sim::Counting;
+        use crate::testutil::{SMOLLM2_135M, skeleton_llama};
+        let g = Arc::new(skeleton_llama(SMOLLM2_135M, crate::quant::GgmlType::Q4_1));
+        let rt = Counting::null();
+        let dev = Device::gpu(Arc::clone(&rt) as _);
+        dev.set_graphs(false);
+        let model = Llama::load(Arc::clone(&g), &dev).unwrap();
+        let mut kv = KvCache::on(
+            &dev,
+            model.kv_shape(),
+            KvConfig {
+                dtype: KvDtype::F16,
+                page_size: 16,
+                memory: 1 << 26,
+                cache_output: false,
+                ..KvConfig::default()
+            },
+        )
+        .unwrap();
+        let (mut s, mut seq) = (Scratch::default(), kv.acquire(&[]));
+        // A prefill and two decode steps grow every buffer; the fourth pass is counted.
+        step(
+            &model,
+            &dev,
+            &mut kv,
+            &mut seq,
+            &mut s,
+            &[1, 2, 3, 4, 5, 6, 7, 8],
+        );
+        for t in [9, 10] {
+            step(&model, &dev, &mut kv, &mut seq, &mut s, &[t]);
+        }
+        rt.take();
+        rt.take_kernels();
+        step(&model, &dev, &mut kv, &mut seq, &mut s, &[11]);
+        let c = rt.take();
+        println!("launches per decode step: {}", c.launches);
+        for (kernel, n) in rt.take_kernels() {
+            println!("  {kernel}: {n}");
+        }
+        println!(
+            "uploads {} ({} bytes), downloads {}, waits {}",
+            c.uploads, c.upload_bytes, c.downloads, c.waits
+        );
+        // The host's time per decode step: the device's own work, kernels not run.
+        let mut time = |label: &str| {
+            let mut us: Vec<f64> = (0..64)
+                .map(|i| {
+                    let t0 = std::time::Instant::now();
+                    step(&model, &dev, &mut kv, &mut seq, &mut s, &[12 + i]);
+                    t0.elapsed().as_secs_f64() * 1e6
+                })
+                .collect();
+            us.sort_by(f64::total_cmp);
+            println!(
+                "host time per decode step, {label}: median {:.1} us",
+                us[32]
+            );
+        };
+        time("graphs off");
+        dev.set_graphs(true);
+        time("graphs on");
+        kv.release(seq, None);
+        assert!(
+            c.launches <= DECODE_LAUNCH_BUDGET,
+            "{} launches per decode step, over the budget of {DECODE_LAUNCH_BUDGET}",
+            c.launches
+        );
+    }
+
     /// SmolLM2 (the default model, Q4_1) through the GPU device, its kernels run by the simulator, against
     /// the CPU device, for a 4-token prefill and two decode steps over f16 pages.
     ///

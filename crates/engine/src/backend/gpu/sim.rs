@@ -96,15 +96,18 @@ impl GpuRuntime for Sim {
         Ok(Box::new(SimGraph {
             launches: launches.to_vec(),
             counts: None,
+            run: true,
         }))
     }
 }
 
-/// A simulated graph: its launches, replayed in order (on the counting runtime, counted there).
+/// A simulated graph: its launches, replayed in order (on the counting runtime, counted there; on the
+/// null runtime, not run).
 #[derive(Debug)]
 struct SimGraph {
     launches: Vec<Launch>,
     counts: Option<std::sync::Arc<std::sync::Mutex<Counts>>>,
+    run: bool,
 }
 
 /// Adds to `counts`.
@@ -116,6 +119,9 @@ impl Graph for SimGraph {
     fn launch(&self) -> Result<(), DeviceError> {
         if let Some(c) = &self.counts {
             count(c, |c| c.graphs += 1);
+        }
+        if !self.run {
+            return Ok(());
         }
         self.launches.iter().try_for_each(|l| l.run(&Sim))
     }
@@ -150,6 +156,10 @@ pub(crate) struct Counting {
     refuse: std::sync::atomic::AtomicBool,
     /// Whether it stands for a GPU that reads host memory in place (unified memory).
     unified: bool,
+    /// Whether kernels are only counted, never run (the null runtime).
+    null: bool,
+    /// Launches per kernel name since the last [`Counting::take_kernels`].
+    kernels: std::sync::Mutex<std::collections::BTreeMap<&'static str, usize>>,
 }
 
 impl Counting {
@@ -165,6 +175,22 @@ impl Counting {
             unified: true,
             ..Counting::default()
         })
+    }
+
+    /// The null runtime: it counts what the device asks as [`Counting::new`] does but runs no kernel, so
+    /// a whole model's pass costs only the device's host work (the launch budget and the host time per
+    /// step are measured on it). Memory is host memory as in the simulator; what kernels would compute is
+    /// not there.
+    pub fn null() -> std::sync::Arc<Counting> {
+        std::sync::Arc::new(Counting {
+            null: true,
+            ..Counting::default()
+        })
+    }
+
+    /// Launches per kernel name since the last call (launched one by one; a graph's are not in it).
+    pub fn take_kernels(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        std::mem::take(&mut *self.kernels.lock().unwrap())
     }
 
     /// Makes every capture fail from now on.
@@ -192,6 +218,10 @@ impl Launcher for Counting {
         params: &Params,
     ) -> Result<(), DeviceError> {
         self.count(|c| c.launches += 1);
+        *self.kernels.lock().unwrap().entry(kernel).or_default() += 1;
+        if self.null {
+            return Ok(());
+        }
         Sim.launch_params(module, kernel, shape, params)
     }
 }
@@ -242,6 +272,7 @@ impl GpuRuntime for Counting {
         Ok(Box::new(SimGraph {
             launches: launches.to_vec(),
             counts: Some(std::sync::Arc::clone(&self.counts)),
+            run: !self.null,
         }))
     }
 
