@@ -20,6 +20,8 @@ fn main() {
         .flag_if_supported("-Wno-unused-function")
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-unknown-pragmas")
+        // Each float operation rounded as written (a GPU kernel asks for fused multiply-adds explicitly).
+        .flag_if_supported("-ffp-contract=off")
         .file(sim.join("runtime.cpp"));
     let mut find = String::from("#include \"cuda_sim.hpp\"\n");
     let mut arms = String::new();

@@ -52,6 +52,7 @@ pub mod batch;
 pub mod buf;
 pub mod cpu;
 pub mod fp8;
+mod fused;
 mod gdn_run;
 pub mod gpu;
 mod matrix;

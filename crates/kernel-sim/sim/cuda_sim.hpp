@@ -101,6 +101,9 @@ static inline float __uint_as_float(unsigned u) { return thorn_sim::from_bits<fl
 // Round to nearest, ties to even (the default rounding mode, as cvt.rni).
 static inline int __float2int_rn(float f) { return (int)nearbyintf(f); }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+// Rounded once each and never fused into a multiply-add (the simulator is built with -ffp-contract=off).
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
 #define __expf expf  // glibc declares its own __expf
 static inline float __fdividef(float a, float b) { return a / b; }
 static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }

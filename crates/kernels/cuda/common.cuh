@@ -42,30 +42,47 @@ __device__ float block_sum(float v) {
     return v;
 }
 
-// The same two reductions in f64 (the RMS norms sum exact squares in f64, as the CPU does, so both devices
-// get the same scale, and the same 8-bit activations after it, but at the rare rounding boundary).
-__device__ __forceinline__ double warp_sum_f64(double v) {
-    for (int o = 16; o > 0; o >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+// The RMS norm's scale of a row of `d` floats, 1 / sqrt(mean(x^2) + eps): the exact squares summed in f64
+// as the CPU does (so both devices get the same scale, and the same 8-bit activations after it, but at the
+// rare rounding boundary where the order of the sum moves it), in one fixed order: lane j sums elements j,
+// j + 32, ..., then the warp's butterfly (commutative at each step, so every lane holds the same total).
+// Every kernel that norms a row (rmsnorm_f32, rmsnorm_quantize_q8_1, the matrix products' prologue) calls
+// this, so they all get the same bits whatever their block shape. All 32 lanes of a warp call it (lane =
+// threadIdx.x % 32, blockDim.x a multiple of 32); every lane gets the scale.
+__device__ __forceinline__ float warp_rms_scale(const float* __restrict__ x, int d, float eps) {
+    double ss = 0.0;
+    for (int i = threadIdx.x & 31; i < d; i += 32) {
+        const double v = x[i];
+        ss += v * v;
     }
-    return v;
+    for (int o = 16; o > 0; o >>= 1) {
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    }
+    return (float)(1.0 / sqrt(ss / (double)d + (double)eps));
 }
 
-__device__ double block_sum_f64(double v) {
-    __shared__ double partial[32];
-    const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-    const int lane = t & 31;
-    const int warp = t >> 5;
-    v = warp_sum_f64(v);
-    if (lane == 0) {
-        partial[warp] = v;
+// Value `v` at index `i` quantized to 8 bits with the 31 other lanes of its warp, which hold the rest of its
+// block of 32 (indices i & ~31 .. i | 31), as the CPU backend does (`quantize_block_ref`): the block's scale
+// d = max|v| / 127, q = round-half-even(v * (1 / d)), and lane 0 writes (d, d * sum q) (the sum for the
+// weight formats with a minimum, Q4_1). Same IEEE operations in the same order as the CPU reference, so the
+// two agree bit for bit. Every lane of the warp calls it.
+__device__ __forceinline__ void quantize_lane(float v, long i, signed char* __restrict__ q,
+                                              float2* __restrict__ ds) {
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     }
-    __syncthreads();
-    const int warps = (blockDim.x * blockDim.y * blockDim.z + 31) >> 5;
-    v = lane < warps ? partial[lane] : 0.0;
-    v = warp_sum_f64(v);
-    __syncthreads();
-    return v;
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int r = __float2int_rn(v * id);
+    q[i] = (signed char)r;
+    int sum = r;
+    for (int o = 16; o > 0; o >>= 1) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    if ((i & 31) == 0) {
+        ds[i / 32] = make_float2(d, d * (float)sum);
+    }
 }
 
 // IEEE half (as its bits) to float, exactly.

@@ -1,12 +1,16 @@
 // Quantized matrix-vector products over GGUF blocks as stored: decode, and batches of up to 8 tokens (draft
 // trees, small prefill chunks), out[t * stride + r] = scale * W[r] . x[t] (stride >= rows: a matrix that is
-// one part of a stacked output, such as a fused QKV whose parts stay where the model file has them).
+// one part of a stacked output, such as a fused QKV whose parts stay where the model file has them). With
+// `add` set the product is added to what `out` holds (a residual, x += W . h, in one launch): rounded once,
+// then added with one more rounding, as a separate add kernel would.
 //
-// Weights are the GGUF tensor's bytes, uploaded once or read in place: `rows` rows of `cols` weights. Activations are `nt`
-// tokens quantized by quantize_q8_1: `q` (nt x cols int8) and `ds` (nt x cols/32 pairs (d, d * sum q)).
+// Weights are the GGUF tensor's bytes, uploaded once or read in place: `rows` rows of `cols` weights.
+// Activations are `nt` tokens quantized as quantize_q8_1 does: `q` (nt x cols int8) and `ds` (nt x cols/32
+// pairs (d, d * sum q)), given, or made by the kernel's own prologue from floats (see MV_QUANTIZED below).
 // `scale` is the tensor scale (NVFP4's second level; 1 for the others).
 //
-// One warp per output row, 4 rows per block: launch with block (32, 4) and grid ceil(rows / 4). Each lane
+// One warp per output row, 4 rows per block: launch with block (32, 4) and a grid of at most ceil(rows / 4)
+// blocks (the blocks stride over the rows). Each lane
 // takes a quarter (8 values) of a 32-value activation block, so a warp covers 8 blocks per step; the
 // quarter's weights are unpacked to 8-bit integers and multiplied by dp4a, exactly. A quarter's weights are
 // w_j = d * (v_j - z) plus a per-block offset m, so its share of the dot product is
@@ -156,121 +160,203 @@ __device__ __forceinline__ long row_bytes(int cols) {
     }
 }
 
-template <int F>
-__device__ __forceinline__ void matvec(const unsigned char* __restrict__ w, const signed char* __restrict__ q,
-                                       const float2* __restrict__ ds, float* __restrict__ out, int rows,
-                                       int cols, int nt, int stride, float scale) {
-    const int r = blockIdx.x * MV_ROWS + threadIdx.y;
-    if (r >= rows) {
-        return;  // the whole warp: threadIdx.y is the warp's row
+// Stores one output: the product, or (add) the product added to what is there. __fadd_rn is never fused
+// into a multiply-add, so the sum is rounded exactly as the unfused add kernel rounds it.
+__device__ __forceinline__ void store_out(float* o, float v, int add) {
+    *o = add ? __fadd_rn(*o, v) : v;
+}
+
+// How a product gets its input. MV_QUANTIZED: `q` and `ds` hold it, quantized by quantize_q8_1 or a fused
+// kernel beside it. The others quantize it in the kernel's prologue, each block into its own shared memory,
+// from floats at `x`: MV_FLOATS as they are, MV_NORM after the RMS norm with weight `nw` and `eps`, MV_SWIGLU
+// after SwiGLU of [gate (cols) | up (cols)] rows. The prologue computes each value with the unfused
+// kernels' arithmetic (rmsnorm_f32, swiglu_rows_f32, then quantize_lane), so the product's bits are those of
+// the unfused launches: one launch where there were two. Float weights read the values the same way, one
+// at a time, without quantizing them.
+#define MV_QUANTIZED 0
+#define MV_FLOATS 1
+#define MV_NORM 2
+#define MV_SWIGLU 3
+
+// Each warp computes the norm scale of tokens warp, warp + MV_ROWS, ... (the prelude's warp_rms_scale, the
+// order every norm uses) into `scales`; the block then waits for all of them.
+__device__ __forceinline__ void mv_norm_scales(const float* __restrict__ x, int cols, int nt, float eps,
+                                               float* scales) {
+    for (int t = threadIdx.y; t < nt; t += MV_ROWS) {
+        const float s = warp_rms_scale(x + (long)t * cols, cols, eps);
+        if (threadIdx.x == 0) {
+            scales[t] = s;
+        }
     }
-    const unsigned char* row = w + (long)r * row_bytes<F>(cols);
+    __syncthreads();
+}
+
+// Value i of token t of the input in `mode` (not MV_QUANTIZED), as the unfused kernels compute it.
+__device__ __forceinline__ float mv_value(const float* __restrict__ x, const float* __restrict__ nw,
+                                          const float* scales, int mode, int t, int i, int cols) {
+    if (mode == MV_NORM) {
+        return x[(long)t * cols + i] * scales[t] * nw[i];
+    }
+    if (mode == MV_SWIGLU) {
+        const float g = x[(long)t * 2 * cols + i];
+        return g / (1.0f + expf(-g)) * x[(long)t * 2 * cols + cols + i];
+    }
+    return x[(long)t * cols + i];
+}
+
+// The prologue: the block's 4 warps quantize the nt x cols input into shared memory, a block of 32 values a
+// warp at a time, then wait for each other.
+__device__ __forceinline__ void mv_prologue(const float* __restrict__ x, const float* __restrict__ nw, int mode,
+                                            int nt, int cols, const float* scales, signed char* q, float2* ds) {
     const int nb = cols >> 5;
+    for (int idx = threadIdx.y; idx < nt * nb; idx += MV_ROWS) {
+        const int t = idx / nb;
+        const int i = 32 * (idx - t * nb) + threadIdx.x;
+        quantize_lane(mv_value(x, nw, scales, mode, t, i, cols), (long)t * cols + i, q, ds);
+    }
+    __syncthreads();
+}
+
+// A prologue's dynamic shared memory: ds (nt x cols / 32 pairs), then q (nt x cols int8); the host sizes it
+// the same way (launch.rs, matvec).
+
+template <int F>
+__device__ __forceinline__ void matvec(const unsigned char* __restrict__ w, const signed char* q,
+                                       const float2* ds, const float* __restrict__ x,
+                                       const float* __restrict__ nw, float* __restrict__ out, int rows, int cols,
+                                       int nt, int stride, float scale, int add, int mode, float eps) {
+    const int nb = cols >> 5;
+    if (mode != MV_QUANTIZED) {
+        __shared__ float scales[MV_TOKENS];
+        THORN_DYNAMIC_SHARED(float2, staged);
+        if (mode == MV_NORM) {
+            mv_norm_scales(x, cols, nt, eps, scales);
+        }
+        signed char* sq = (signed char*)(staged + nt * nb);
+        mv_prologue(x, nw, mode, nt, cols, scales, sq, staged);
+        q = sq;
+        ds = staged;
+    }
     const int lane = threadIdx.x;
     const int k = lane & 3;
-    float acc[MV_TOKENS];
+    // Rows a warp at a time, the grid striding over them (a prologue's grid is capped, so each block's
+    // prologue serves many rows).
+    for (int r = blockIdx.x * MV_ROWS + threadIdx.y; r < rows; r += gridDim.x * MV_ROWS) {
+        const unsigned char* row = w + (long)r * row_bytes<F>(cols);
+        float acc[MV_TOKENS];
 #pragma unroll
-    for (int t = 0; t < MV_TOKENS; t++) {
-        acc[t] = 0.0f;
-    }
-    for (int b = lane >> 2; b < nb; b += 8) {
-        const Quarter wq = quarter<F>(row, b, k);
+        for (int t = 0; t < MV_TOKENS; t++) {
+            acc[t] = 0.0f;
+        }
+        for (int b = lane >> 2; b < nb; b += 8) {
+            const Quarter wq = quarter<F>(row, b, k);
+#pragma unroll
+            for (int t = 0; t < MV_TOKENS; t++) {
+                if (t < nt) {
+                    const int* xq = (const int*)(q + (long)t * cols + 32 * b + 8 * k);
+                    const int x0 = xq[0];
+                    const int x1 = xq[1];
+                    int isum = __dp4a((int)wq.v0, x0, __dp4a((int)wq.v1, x1, 0));
+                    if (wq.z != 0) {
+                        isum -= wq.z * __dp4a(0x01010101, x0, __dp4a(0x01010101, x1, 0));
+                    }
+                    const float2 dx = ds[(long)t * nb + b];
+                    acc[t] += wq.d * dx.x * (float)isum;
+                    if (k == 0) {
+                        acc[t] += wq.m * dx.y;
+                    }
+                }
+            }
+        }
 #pragma unroll
         for (int t = 0; t < MV_TOKENS; t++) {
             if (t < nt) {
-                const int* xq = (const int*)(q + (long)t * cols + 32 * b + 8 * k);
-                const int x0 = xq[0];
-                const int x1 = xq[1];
-                int isum = __dp4a((int)wq.v0, x0, __dp4a((int)wq.v1, x1, 0));
-                if (wq.z != 0) {
-                    isum -= wq.z * __dp4a(0x01010101, x0, __dp4a(0x01010101, x1, 0));
+                const float v = warp_sum(acc[t]);
+                if (lane == 0) {
+                    store_out(out + (long)t * stride + r, v * scale, add);
                 }
-                const float2 dx = ds[(long)t * nb + b];
-                acc[t] += wq.d * dx.x * (float)isum;
-                if (k == 0) {
-                    acc[t] += wq.m * dx.y;
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < MV_TOKENS; t++) {
-        if (t < nt) {
-            const float v = warp_sum(acc[t]);
-            if (lane == 0) {
-                out[(long)t * stride + r] = v * scale;
             }
         }
     }
 }
 
-extern "C" __global__ void matvec_q4_0(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                       int rows, int cols, int nt, int stride, float scale) {
-    matvec<FMT_Q4_0>(w, q, ds, out, rows, cols, nt, stride, scale);
+extern "C" __global__ void matvec_q4_0(const unsigned char* w, const signed char* q, const float2* ds,
+                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
+                                       int stride, float scale, int add, int mode, float eps) {
+    matvec<FMT_Q4_0>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
 }
-extern "C" __global__ void matvec_q4_1(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                       int rows, int cols, int nt, int stride, float scale) {
-    matvec<FMT_Q4_1>(w, q, ds, out, rows, cols, nt, stride, scale);
+extern "C" __global__ void matvec_q4_1(const unsigned char* w, const signed char* q, const float2* ds,
+                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
+                                       int stride, float scale, int add, int mode, float eps) {
+    matvec<FMT_Q4_1>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
 }
-extern "C" __global__ void matvec_q8_0(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                       int rows, int cols, int nt, int stride, float scale) {
-    matvec<FMT_Q8_0>(w, q, ds, out, rows, cols, nt, stride, scale);
+extern "C" __global__ void matvec_q8_0(const unsigned char* w, const signed char* q, const float2* ds,
+                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
+                                       int stride, float scale, int add, int mode, float eps) {
+    matvec<FMT_Q8_0>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
 }
-extern "C" __global__ void matvec_q4_k(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                       int rows, int cols, int nt, int stride, float scale) {
-    matvec<FMT_Q4_K>(w, q, ds, out, rows, cols, nt, stride, scale);
+extern "C" __global__ void matvec_q4_k(const unsigned char* w, const signed char* q, const float2* ds,
+                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
+                                       int stride, float scale, int add, int mode, float eps) {
+    matvec<FMT_Q4_K>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
 }
-extern "C" __global__ void matvec_q6_k(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                       int rows, int cols, int nt, int stride, float scale) {
-    matvec<FMT_Q6_K>(w, q, ds, out, rows, cols, nt, stride, scale);
+extern "C" __global__ void matvec_q6_k(const unsigned char* w, const signed char* q, const float2* ds,
+                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
+                                       int stride, float scale, int add, int mode, float eps) {
+    matvec<FMT_Q6_K>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
 }
-extern "C" __global__ void matvec_nvfp4(const unsigned char* w, const signed char* q, const float2* ds, float* out,
-                                        int rows, int cols, int nt, int stride, float scale) {
-    matvec<FMT_NVFP4>(w, q, ds, out, rows, cols, nt, stride, scale);
+extern "C" __global__ void matvec_nvfp4(const unsigned char* w, const signed char* q, const float2* ds,
+                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
+                                       int stride, float scale, int add, int mode, float eps) {
+    matvec<FMT_NVFP4>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
 }
 
-// Float weights (f32, or f16 as bits) times float activations x (nt x cols), for the matrices that are not
-// block-quantized. Same launch shape; lanes stride over the columns.
+// Float weights (f32, or f16 as bits) times float activations (nt x cols, read in `mode` as above, never
+// MV_QUANTIZED), for the matrices that are not block-quantized. Same launch shape; lanes stride over the
+// columns.
 template <bool HALF>
 __device__ __forceinline__ void matvec_float(const void* __restrict__ w, const float* __restrict__ x,
-                                             float* __restrict__ out, int rows, int cols, int nt, int stride) {
-    const int r = blockIdx.x * MV_ROWS + threadIdx.y;
-    if (r >= rows) {
-        return;
+                                             const float* __restrict__ nw, float* __restrict__ out, int rows,
+                                             int cols, int nt, int stride, int add, int mode, float eps) {
+    __shared__ float scales[MV_TOKENS];
+    if (mode == MV_NORM) {
+        mv_norm_scales(x, cols, nt, eps, scales);
     }
-    float acc[MV_TOKENS];
+    for (int r = blockIdx.x * MV_ROWS + threadIdx.y; r < rows; r += gridDim.x * MV_ROWS) {
+        float acc[MV_TOKENS];
 #pragma unroll
-    for (int t = 0; t < MV_TOKENS; t++) {
-        acc[t] = 0.0f;
-    }
-    for (int c = threadIdx.x; c < cols; c += 32) {
-        const long i = (long)r * cols + c;
-        const float wv = HALF ? f16_to_f32(((const unsigned short*)w)[i]) : ((const float*)w)[i];
+        for (int t = 0; t < MV_TOKENS; t++) {
+            acc[t] = 0.0f;
+        }
+        for (int c = threadIdx.x; c < cols; c += 32) {
+            const long i = (long)r * cols + c;
+            const float wv = HALF ? f16_to_f32(((const unsigned short*)w)[i]) : ((const float*)w)[i];
+#pragma unroll
+            for (int t = 0; t < MV_TOKENS; t++) {
+                if (t < nt) {
+                    acc[t] += wv * mv_value(x, nw, scales, mode, t, c, cols);
+                }
+            }
+        }
 #pragma unroll
         for (int t = 0; t < MV_TOKENS; t++) {
             if (t < nt) {
-                acc[t] += wv * x[(long)t * cols + c];
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < MV_TOKENS; t++) {
-        if (t < nt) {
-            const float v = warp_sum(acc[t]);
-            if (threadIdx.x == 0) {
-                out[(long)t * stride + r] = v;
+                const float v = warp_sum(acc[t]);
+                if (threadIdx.x == 0) {
+                    store_out(out + (long)t * stride + r, v, add);
+                }
             }
         }
     }
 }
 
-extern "C" __global__ void matvec_f32(const float* w, const float* x, float* out, int rows, int cols, int nt,
-                                      int stride) {
-    matvec_float<false>(w, x, out, rows, cols, nt, stride);
+extern "C" __global__ void matvec_f32(const float* w, const float* x, const float* nw, float* out, int rows,
+                                      int cols, int nt, int stride, int add, int mode, float eps) {
+    matvec_float<false>(w, x, nw, out, rows, cols, nt, stride, add, mode, eps);
 }
-extern "C" __global__ void matvec_f16(const unsigned short* w, const float* x, float* out, int rows, int cols,
-                                      int nt, int stride) {
-    matvec_float<true>(w, x, out, rows, cols, nt, stride);
+extern "C" __global__ void matvec_f16(const unsigned short* w, const float* x, const float* nw, float* out,
+                                      int rows, int cols, int nt, int stride, int add, int mode, float eps) {
+    matvec_float<true>(w, x, nw, out, rows, cols, nt, stride, add, mode, eps);
 }
 
 // Embedding rows: out[t] = row tokens[t] of a table of `d` columns of format F, dequantized exactly as the

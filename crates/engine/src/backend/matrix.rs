@@ -72,6 +72,14 @@ pub struct Workspace {
     pub(super) gpu: gpu::Quantized,
 }
 
+impl Workspace {
+    /// Whether the inputs prepared with it are prepared at once, their floats written (on by the reference
+    /// path, which reads them), or may be left to each matrix product's prologue on a GPU (the default).
+    pub fn eager(&mut self, on: bool) {
+        self.gpu.eager = on;
+    }
+}
+
 /// Activations prepared as a matmul input: `n` rows of `cols` floats (and their 8-bit blocks: the CPU's, or
 /// the GPU's quantized copy).
 #[derive(Debug)]

@@ -1,7 +1,7 @@
 //! The GPU device ([`GpuDevice`]): every [`Device`](crate::backend::Device) op run by the CUDA kernels
 //! through [`super::launch`], on any [`GpuRuntime`], with its weights ([`GpuMatrix`]) and per-pass staging.
 
-use super::launch::{self, Acts, BatchMeta, DevBatch, DevPtr, KvStore, Launcher, Weights};
+use super::launch::{self, Acts, BatchMeta, DevBatch, DevPtr, KvStore, Launcher, Prep, Weights};
 use super::mem::{DevMem, DevVec, GpuBuf, SharedMem, fail};
 use super::runtime::{GpuRuntime, GraphStats, Queue};
 use crate::backend::batch::Batch;
@@ -11,6 +11,8 @@ use crate::backend::pages::PagePool;
 use crate::backend::{DeviceError, GdnRun, GdnSteps, Rope};
 use crate::quant::{GgmlType, dequantize_ref};
 use std::sync::{Arc, Mutex};
+
+mod fused;
 
 /// A weight matrix in device memory.
 ///
@@ -54,6 +56,9 @@ impl GpuMatrix {
 pub struct Quantized {
     q: DevVec,
     ds: DevVec,
+    /// Every input prepared now, its floats written (the reference path reads them), none left to the
+    /// products' prologue.
+    pub(crate) eager: bool,
 }
 
 /// The batch metadata in device memory, one staging per array.
@@ -103,6 +108,29 @@ impl Staging {
             splits: m.splits,
             attend_from: m.attend_from,
         })
+    }
+
+    /// The RoPE rows of `positions` (`n_angles` pairs each, from `table`) as a table the kernels read at
+    /// positions `0..positions.len()`, in device memory: (positions, table).
+    fn rope_rows(
+        &mut self,
+        rt: &Queue,
+        positions: &[u32],
+        table: &[(f32, f32)],
+        n_angles: usize,
+    ) -> Result<(DevPtr, DevPtr), DeviceError> {
+        self.table.clear();
+        self.pos.clear();
+        for (t, &p) in positions.iter().enumerate() {
+            let p = p as usize;
+            self.table.extend(
+                table[p * n_angles..(p + 1) * n_angles]
+                    .iter()
+                    .flat_map(|&(c, si)| [c, si]),
+            );
+            self.pos.push(t as i32);
+        }
+        self.rope(rt)
     }
 
     /// The RoPE rows and positions built in `table` and `pos`, in device memory.
@@ -371,38 +399,75 @@ impl GpuDevice {
         })
     }
 
-    /// Quantizes `n` rows of `cols` floats of `x` for the matrix products (when `cols` allows it; float
-    /// matrices read `x` itself). Returns the quantized input's addresses.
+    /// Prepares `n` rows of `cols` floats of `x` for the matrix products: nothing to do where each product
+    /// can quantize them in its prologue (see [`Acts::deferrable`]), else quantized here, once for all
+    /// (`None`: `cols` is not whole blocks, and float matrices read `x` itself).
     pub fn input(&self, x: View<'_>, n: usize, cols: usize, s: &mut Quantized) -> Option<Acts> {
         if !cols.is_multiple_of(32) {
             return None;
         }
-        let rt = &*self.q;
-        let q =
-            s.q.scratch(rt, n * cols)
-                .unwrap_or_else(|e| fail("quantize", e));
-        let ds =
-            s.ds.scratch(rt, 4 * 2 * n * cols / 32)
-                .unwrap_or_else(|e| fail("quantize", e));
-        let a = Acts {
-            x: x.ptr(),
-            q,
-            ds,
-            tokens: n,
-            cols,
-        };
+        if let Some(a) = Self::deferred(x.ptr(), n, cols, Prep::Floats, s) {
+            return Some(a);
+        }
+        let a = self.acts(x.ptr(), n, cols, s);
         self.run("quantize", |l| launch::quantize_q8_1(l, &a));
         Some(a)
     }
 
+    /// The input of `n` rows of `cols` left to the products' prologue as `prep` says (`None`: it must be
+    /// prepared now).
+    fn deferred(x: DevPtr, n: usize, cols: usize, prep: Prep, s: &Quantized) -> Option<Acts> {
+        (!s.eager && Acts::deferrable(n, cols)).then_some(Acts {
+            x,
+            q: DevPtr(0),
+            ds: DevPtr(0),
+            tokens: n,
+            cols,
+            prep,
+        })
+    }
+
+    /// The input of `n` rows of `cols` floats at `x` with room in `s` for their quantized copy.
+    fn acts(&self, x: DevPtr, n: usize, cols: usize, s: &mut Quantized) -> Acts {
+        let rt = &*self.q;
+        let q =
+            s.q.scratch(rt, Acts::q_bytes(n, cols))
+                .unwrap_or_else(|e| fail("quantize", e));
+        let ds =
+            s.ds.scratch(rt, Acts::ds_bytes(n, cols))
+                .unwrap_or_else(|e| fail("quantize", e));
+        Acts {
+            x,
+            q,
+            ds,
+            tokens: n,
+            cols,
+            prep: Prep::Quantized,
+        }
+    }
+
     /// `out[t * w.rows + r] = W[r] · x[t]` for the `n` rows of `x` (`q`: their quantized copy).
     pub fn matmul(&self, w: &GpuMatrix, x: View<'_>, n: usize, q: Option<Acts>, out: ViewMut<'_>) {
+        self.product(w, x, n, q, out, false);
+    }
+
+    /// [`GpuDevice::matmul`], or with `add` the products added to what `out` holds.
+    fn product(
+        &self,
+        w: &GpuMatrix,
+        x: View<'_>,
+        n: usize,
+        q: Option<Acts>,
+        out: ViewMut<'_>,
+        add: bool,
+    ) {
         let a = q.unwrap_or(Acts {
             x: x.ptr(),
             q: DevPtr(0),
             ds: DevPtr(0),
             tokens: n,
             cols: w.w.cols,
+            prep: Prep::Quantized,
         });
         // Block weights have whole blocks of 32 per row, so `input` quantized their activations.
         debug_assert!(q.is_some() || !w.w.kernel().is_ok_and(|(_, quantized)| quantized));
@@ -411,7 +476,7 @@ impl GpuDevice {
         self.run("matmul", |l| {
             let mut row = 0;
             for p in &w.parts {
-                launch::matvec(l, p, &a, o.offset(4 * row), stride)?;
+                launch::matvec(l, p, &a, o.offset(4 * row), stride, add)?;
                 row += p.rows;
             }
             Ok(())
@@ -473,19 +538,9 @@ impl GpuDevice {
             "rope rows"
         );
         let s = &mut *self.staging();
-        // The rows' own angles, as a table the kernel reads at positions 0..rows.
-        s.table.clear();
-        s.pos.clear();
-        for (t, &p) in positions[..rows].iter().enumerate() {
-            let p = p as usize;
-            s.table.extend(
-                table[p * n_angles..(p + 1) * n_angles]
-                    .iter()
-                    .flat_map(|&(c, si)| [c, si]),
-            );
-            s.pos.push(t as i32);
-        }
-        let (pp, tp) = s.rope(&self.q).unwrap_or_else(|e| fail("rope", e));
+        let (pp, tp) = s
+            .rope_rows(&self.q, &positions[..rows], table, n_angles)
+            .unwrap_or_else(|e| fail("rope", e));
         let xp = x.ptr();
         self.run("rope", |l| {
             launch::rope(

@@ -179,6 +179,12 @@ impl Launch {
 pub const MATVEC_TOKENS: usize = 8;
 /// Output rows per matrix-vector block (`MV_ROWS`).
 const MATVEC_ROWS: usize = 4;
+/// The most blocks a matrix-vector launch with a prologue uses: each block prepares the input once and
+/// strides over rows, so a tall matrix (an LM head) does not prepare it once per 4 rows.
+const PROLOGUE_BLOCKS: usize = 1024;
+/// The most dynamic shared memory a prologue stages its quantized input in (within the 48 KiB every CUDA
+/// GPU gives a block without opting in).
+pub const PROLOGUE_SHARED: usize = 40 * 1024;
 /// Threads per block of the element-wise kernels.
 const THREADS: u32 = 256;
 /// The most blocks an element-wise launch uses (its kernels loop over the rest).
@@ -286,21 +292,53 @@ pub fn rmsnorm(
     l.launch(&thorn_kernels::NORM, "rmsnorm_f32", shape, &args)
 }
 
-/// A matrix product's input: `tokens` rows of `cols` floats at `x`, and their quantized copy for the block
-/// formats (filled by [`quantize_q8_1`]): `q`, one int8 per value, and `ds`, per block of 32 the pair
-/// `(d, d * Σq)` as two floats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A matrix product's input: `tokens` rows of `cols` values, prepared as [`Prep`] says: quantized into `q`,
+/// one int8 per value, and `ds`, per block of 32 the pair `(d, d * Σq)` as two floats (by
+/// [`quantize_q8_1`] or a fused kernel), or left for each product to prepare in its prologue from the floats
+/// at `x`.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Acts {
-    /// `tokens × cols` floats.
+    /// `tokens × cols` floats (for [`Prep::Norm`] the rows before the norm, for [`Prep::Swiglu`]
+    /// `tokens × 2 cols` gate and up values).
     pub x: DevPtr,
-    /// `tokens × cols` int8.
+    /// `tokens × cols` int8 ([`Prep::Quantized`] only).
     pub q: DevPtr,
-    /// `tokens × cols / 32` float pairs.
+    /// `tokens × cols / 32` float pairs ([`Prep::Quantized`] only).
     pub ds: DevPtr,
     /// Rows.
     pub tokens: usize,
     /// Values per row.
     pub cols: usize,
+    /// What is ready and what each product does first.
+    pub prep: Prep,
+}
+
+/// How a matrix product's input is prepared (`MV_*` in `matvec.cu`). All but [`Prep::Quantized`] are done by
+/// each product's own prologue, with the unfused kernels' arithmetic, so the products' bits do not depend on
+/// where the preparation ran.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Prep {
+    /// `q` and `ds` hold the quantized input and `x` its floats.
+    Quantized,
+    /// `x` holds the floats; each product quantizes them.
+    Floats,
+    /// `x` holds rows before their RMS norm with weight `w` (`cols` floats); each product norms and
+    /// quantizes them.
+    Norm { w: DevPtr, eps: f32 },
+    /// `x` holds `[gate | up]` rows of `2 cols`; each product applies SwiGLU and quantizes.
+    Swiglu,
+}
+
+impl Prep {
+    /// The kernels' `mode` argument.
+    fn mode(self) -> i32 {
+        match self {
+            Prep::Quantized => 0,
+            Prep::Floats => 1,
+            Prep::Norm { .. } => 2,
+            Prep::Swiglu => 3,
+        }
+    }
 }
 
 impl Acts {
@@ -312,6 +350,14 @@ impl Acts {
     /// Bytes of `ds` for `tokens` rows of `cols`.
     pub fn ds_bytes(tokens: usize, cols: usize) -> usize {
         8 * tokens * cols.div_ceil(32)
+    }
+
+    /// Whether `tokens` rows of `cols` can be left to the products' prologue: one launch of them (at most
+    /// [`MATVEC_TOKENS`]), whole blocks of 32, and their quantized copy within [`PROLOGUE_SHARED`].
+    pub fn deferrable(tokens: usize, cols: usize) -> bool {
+        tokens <= MATVEC_TOKENS
+            && cols.is_multiple_of(32)
+            && Self::ds_bytes(tokens, cols) + Self::q_bytes(tokens, cols) <= PROLOGUE_SHARED
     }
 }
 
@@ -386,8 +432,14 @@ pub fn rmsnorm_quantize(
 }
 
 /// SwiGLU of `a.tokens` fused gate/up rows at `gu` (`[gate (f) | up (f)]`, `f = a.cols`) quantized straight
-/// into `a.q` and `a.ds`: [`swiglu_rows`] then [`quantize_q8_1`] in one launch, with the same bits.
-pub fn swiglu_quantize(l: &dyn Launcher, gu: DevPtr, a: &Acts) -> Result<(), DeviceError> {
+/// into `a.q` and `a.ds`, the floats also written to `out` when given: [`swiglu_rows`] then
+/// [`quantize_q8_1`] in one launch, with the same bits.
+pub fn swiglu_quantize(
+    l: &dyn Launcher,
+    gu: DevPtr,
+    a: &Acts,
+    out: Option<DevPtr>,
+) -> Result<(), DeviceError> {
     let Some((shape, _)) = one_thread_per_value(a)? else {
         return Ok(());
     };
@@ -395,6 +447,7 @@ pub fn swiglu_quantize(l: &dyn Launcher, gu: DevPtr, a: &Acts) -> Result<(), Dev
         Arg::Ptr(gu),
         Arg::Ptr(a.q),
         Arg::Ptr(a.ds),
+        Arg::Ptr(out.unwrap_or(DevPtr(0))),
         Arg::I32(int(a.tokens, "rows")?),
         Arg::I32(int(a.cols, "a width")?),
     ];
@@ -465,14 +518,16 @@ impl Weights {
 }
 
 /// `out[t * stride + r] = scale * W[r] · x[t]` for the `a.tokens` rows of the input (`stride >= w.rows`:
-/// `W` may be one part of a stacked output): its quantized copy for block types (see [`quantize_q8_1`]),
-/// its floats for f32 and f16 weights. Batches of more than [`MATVEC_TOKENS`] run as several launches.
+/// `W` may be one part of a stacked output), prepared as `a.prep` says (its quantized copy for block types,
+/// see [`quantize_q8_1`], its floats for f32 and f16 weights; or by the kernel's prologue). With `add` the
+/// products are added to what `out` holds. Batches of more than [`MATVEC_TOKENS`] run as several launches.
 pub fn matvec(
     l: &dyn Launcher,
     w: &Weights,
     a: &Acts,
     out: DevPtr,
     stride: usize,
+    add: bool,
 ) -> Result<(), DeviceError> {
     w.check()?;
     let (kernel, quantized) = w.kernel()?;
@@ -488,37 +543,91 @@ pub fn matvec(
             w.rows
         )));
     }
+    let staged = quantized && a.prep != Prep::Quantized;
+    // Each launch's prologue stages at most MATVEC_TOKENS rows.
+    if staged && !Acts::deferrable(a.tokens.min(MATVEC_TOKENS), a.cols) {
+        return Err(unsupported(format!(
+            "a prologue over rows of {} (more shared memory than {PROLOGUE_SHARED} bytes)",
+            a.cols
+        )));
+    }
     let stride = int(stride, "an output stride")?;
-    let shape = Shape {
-        grid: [int(w.rows.div_ceil(MATVEC_ROWS), "blocks")? as u32, 1, 1],
-        block: [32, MATVEC_ROWS as u32, 1],
-        shared: 0,
+    let mut blocks = w.rows.div_ceil(MATVEC_ROWS);
+    if a.prep != Prep::Quantized {
+        blocks = blocks.min(PROLOGUE_BLOCKS);
+    }
+    // Float weights read the floats the eager preparations wrote.
+    let mode = match a.prep {
+        Prep::Quantized if !quantized => Prep::Floats,
+        p => p,
+    };
+    let (nw, eps) = match a.prep {
+        Prep::Norm { w, eps } => (w, eps),
+        _ => (DevPtr(0), 0.0),
+    };
+    let row_floats = if a.prep == Prep::Swiglu {
+        2 * w.cols
+    } else {
+        w.cols
     };
     let (rows, cols) = (int(w.rows, "rows")?, int(w.cols, "a width")?);
     let mut t0 = 0;
     while t0 < a.tokens {
         let nt = (a.tokens - t0).min(MATVEC_TOKENS);
+        let shape = Shape {
+            grid: [int(blocks, "blocks")? as u32, 1, 1],
+            block: [32, MATVEC_ROWS as u32, 1],
+            shared: if staged {
+                (Acts::ds_bytes(nt, w.cols) + Acts::q_bytes(nt, w.cols)) as u32
+            } else {
+                0
+            },
+        };
         let o = Arg::Ptr(out.offset(4 * t0 * stride as usize));
+        let x = Arg::Ptr(a.x.offset(4 * t0 * row_floats));
         let (rows, cols, nt) = (Arg::I32(rows), Arg::I32(cols), Arg::I32(nt as i32));
-        let st = Arg::I32(stride);
+        let (st, add) = (Arg::I32(stride), Arg::I32(i32::from(add)));
+        let (nw, mode, eps) = (Arg::Ptr(nw), Arg::I32(mode.mode()), Arg::F32(eps));
         if quantized {
-            let q = Arg::Ptr(a.q.offset(Acts::q_bytes(t0, w.cols)));
-            let ds = Arg::Ptr(a.ds.offset(Acts::ds_bytes(t0, w.cols)));
+            let (q, ds) = if staged {
+                (DevPtr(0), DevPtr(0))
+            } else {
+                (
+                    a.q.offset(Acts::q_bytes(t0, w.cols)),
+                    a.ds.offset(Acts::ds_bytes(t0, w.cols)),
+                )
+            };
             let args = [
                 Arg::Ptr(w.ptr),
-                q,
-                ds,
+                Arg::Ptr(q),
+                Arg::Ptr(ds),
+                x,
+                nw,
                 o,
                 rows,
                 cols,
                 nt,
                 st,
                 Arg::F32(w.scale),
+                add,
+                mode,
+                eps,
             ];
             l.launch(&thorn_kernels::MATVEC, kernel, shape, &args)?;
         } else {
-            let x = Arg::Ptr(a.x.offset(4 * t0 * w.cols));
-            let args = [Arg::Ptr(w.ptr), x, o, rows, cols, nt, st];
+            let args = [
+                Arg::Ptr(w.ptr),
+                x,
+                nw,
+                o,
+                rows,
+                cols,
+                nt,
+                st,
+                add,
+                mode,
+                eps,
+            ];
             l.launch(&thorn_kernels::MATVEC, kernel, shape, &args)?;
         }
         t0 += MATVEC_TOKENS;
@@ -526,7 +635,6 @@ pub fn matvec(
     Ok(())
 }
 
-/// Rows `tokens` (i32 at `tokens`, `n` of them) of an embedding table of `d` columns of type `ty` at
 /// `table`, dequantized into `out` (`n × d` floats), exactly as the CPU's `dequantize_ref`.
 pub fn embed(
     l: &dyn Launcher,

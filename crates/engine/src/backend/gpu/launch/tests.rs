@@ -348,6 +348,7 @@ fn quantize_on_device<'d>(
         ds: ds.ptr(),
         tokens,
         cols,
+        prep: Prep::Quantized,
     };
     quantize_q8_1(d, &a).unwrap();
     (x, q, ds)
@@ -400,6 +401,7 @@ fn activation_quantization_is_bit_exact_on(d: &dyn TestDev) {
             ds: DevPtr(0),
             tokens: 1,
             cols: 0,
+            prep: Prep::Quantized,
         }
     };
     assert!(matches!(
@@ -421,7 +423,8 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
 
 /// Checks matvec for `ty` over `tokens` tokens against the dequantized weights times the dequantized
 /// activations (the quantized ones for block formats), summed in f64; with `gap`, its outputs are one
-/// part of rows `rows + gap` apart, and the gap is left as it was.
+/// part of rows `rows + gap` apart, and the gap is left as it was. With `add` the products are added to
+/// what the output holds, with the bits of the product then a separate add.
 fn check_matvec(
     d: &dyn TestDev,
     ty: GgmlType,
@@ -450,8 +453,25 @@ fn check_matvec(
         ds: ds.ptr(),
         tokens,
         cols,
+        prep: Prep::Quantized,
     };
-    matvec(d, &w, &a, out.ptr(), stride).unwrap();
+    matvec(d, &w, &a, out.ptr(), stride, false).unwrap();
+    let base = data(tokens * stride, 13);
+    let acc = Mem::from_f32(d, &base);
+    matvec(d, &w, &a, acc.ptr(), stride, true).unwrap();
+    let products = out.f32s();
+    for (i, (&got, &b)) in acc.f32s().iter().zip(&base).enumerate() {
+        let want = if i % stride < rows {
+            b + products[i]
+        } else {
+            b
+        };
+        assert_eq!(
+            got.to_bits(),
+            want.to_bits(),
+            "matvec {ty} with add, output {i}"
+        );
+    }
     let (_, quantized) = w.kernel().unwrap();
     // The activations the kernel sees: dx * q for block formats, the floats otherwise.
     let mut qa = QActs::default();
@@ -530,6 +550,7 @@ fn matvec_rejects_what_its_kernels_cannot_take_on(d: &dyn TestDev) {
         ds: DevPtr(0),
         tokens: 1,
         cols: 288,
+        prep: Prep::Quantized,
     };
     let w = |ty, cols, scale| Weights {
         ptr: DevPtr(0),
@@ -544,14 +565,14 @@ fn matvec_rejects_what_its_kernels_cannot_take_on(d: &dyn TestDev) {
         (GgmlType::F32, 288, 0.5),  // a tensor scale on floats
         (GgmlType::Q4_0, 320, 1.0), // input width differs
     ] {
-        let r = matvec(d, &w(ty, cols, scale), &a, DevPtr(0), 6);
+        let r = matvec(d, &w(ty, cols, scale), &a, DevPtr(0), 6, false);
         assert!(
             matches!(r, Err(DeviceError::Unsupported { .. })),
             "{ty} {cols}: {r:?}"
         );
     }
     // Outputs closer together than the matrix's rows.
-    let r = matvec(d, &w(GgmlType::Q4_0, 288, 1.0), &a, DevPtr(0), 3);
+    let r = matvec(d, &w(GgmlType::Q4_0, 288, 1.0), &a, DevPtr(0), 3, false);
     assert!(
         matches!(r, Err(DeviceError::Unsupported { .. })),
         "a stride of 3 for 4 rows: {r:?}"
@@ -740,6 +761,7 @@ fn fused_quantization_on(dev: &dyn TestDev) {
             ds: ds.ptr(),
             tokens: rows,
             cols: width,
+            prep: Prep::Quantized,
         };
         // Unfused: the norm's floats, then their quantization.
         let normed = Mem::zeroed(dev, 4 * rows * width);
@@ -774,8 +796,20 @@ fn fused_quantization_on(dev: &dyn TestDev) {
         let act = Mem::zeroed(dev, 4 * rows * width);
         swiglu_rows(dev, gu.ptr(), act.ptr(), rows, width).unwrap();
         quantize_q8_1(dev, &acts(act.ptr(), &q0, &ds0)).unwrap();
-        swiglu_quantize(dev, gu.ptr(), &acts(DevPtr(0), &q1, &ds1)).unwrap();
+        let floats = Mem::zeroed(dev, 4 * rows * width);
+        swiglu_quantize(
+            dev,
+            gu.ptr(),
+            &acts(DevPtr(0), &q1, &ds1),
+            Some(floats.ptr()),
+        )
+        .unwrap();
         assert_eq!(q1.bytes(), q0.bytes(), "swiglu+quantize q, width {width}");
+        assert_eq!(
+            floats.bytes(),
+            act.bytes(),
+            "swiglu+quantize floats, width {width}"
+        );
         assert_eq!(
             ds1.bytes(),
             ds0.bytes(),
@@ -786,3 +820,4 @@ fn fused_quantization_on(dev: &dyn TestDev) {
 
 mod attention;
 mod gdn;
+mod prologue;
