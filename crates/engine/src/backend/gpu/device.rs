@@ -1,7 +1,7 @@
 //! The GPU device ([`GpuDevice`]): every [`Device`](crate::backend::Device) op run by the CUDA kernels
 //! through [`super::launch`], on any [`GpuRuntime`], with its weights ([`GpuMatrix`]) and per-pass staging.
 
-use super::launch::{self, Acts, BatchMeta, DevBatch, DevPtr, KvStore, Launcher, Prep, Weights};
+use super::launch::{self, Acts, DevPtr, KvStore, Launcher, Prep, Weights};
 use super::mem::{DevMem, DevVec, GpuBuf, SharedMem, fail};
 use super::runtime::{GpuRuntime, GraphStats, Queue};
 use crate::backend::batch::Batch;
@@ -13,6 +13,9 @@ use crate::quant::{GgmlType, dequantize_ref};
 use std::sync::{Arc, Mutex};
 
 mod fused;
+mod staging;
+
+use staging::Staging;
 
 /// A weight matrix in device memory.
 ///
@@ -59,87 +62,6 @@ pub struct Quantized {
     /// Every input prepared now, its floats written (the reference path reads them), none left to the
     /// products' prologue.
     pub(crate) eager: bool,
-}
-
-/// The batch metadata in device memory, one staging per array.
-#[derive(Debug, Default)]
-struct MetaBufs {
-    table: DevVec,
-    meta: DevVec,
-    seen: DevVec,
-    dst: DevVec,
-    seqs: DevVec,
-}
-
-/// The device's own staging (RoPE rows and positions, batch metadata, attention partials, embedding
-/// rows), reused across calls.
-#[derive(Debug, Default)]
-struct Staging {
-    meta: BatchMeta,
-    dev_meta: MetaBufs,
-    partials: DevVec,
-    table: Vec<f32>,
-    dev_table: DevVec,
-    pos: Vec<i32>,
-    dev_pos: DevVec,
-    rows: Vec<f32>,
-    /// The chunked DeltaNet's per-head scratch.
-    gdn_work: DevVec,
-}
-
-impl Staging {
-    /// `batch`'s metadata in device memory (uploaded only where it changed since the last op).
-    fn batch(
-        &mut self,
-        rt: &Queue,
-        batch: &Batch,
-        page_size: usize,
-    ) -> Result<DevBatch, DeviceError> {
-        self.meta.build(batch, page_size)?;
-        let (m, d) = (&self.meta, &mut self.dev_meta);
-        Ok(DevBatch {
-            table: d.table.put(rt, bytemuck::cast_slice(&m.table))?,
-            meta: d.meta.put(rt, bytemuck::cast_slice(&m.meta))?,
-            seen: d.seen.put(rt, bytemuck::cast_slice(&m.seen))?,
-            dst: d.dst.put(rt, bytemuck::cast_slice(&m.dst))?,
-            seqs: d.seqs.put(rt, bytemuck::cast_slice(&m.seqs))?,
-            tokens: batch.len(),
-            n_seqs: batch.seqs.len(),
-            splits: m.splits,
-            attend_from: m.attend_from,
-        })
-    }
-
-    /// The RoPE rows of `positions` (`n_angles` pairs each, from `table`) as a table the kernels read at
-    /// positions `0..positions.len()`, in device memory: (positions, table).
-    fn rope_rows(
-        &mut self,
-        rt: &Queue,
-        positions: &[u32],
-        table: &[(f32, f32)],
-        n_angles: usize,
-    ) -> Result<(DevPtr, DevPtr), DeviceError> {
-        self.table.clear();
-        self.pos.clear();
-        for (t, &p) in positions.iter().enumerate() {
-            let p = p as usize;
-            self.table.extend(
-                table[p * n_angles..(p + 1) * n_angles]
-                    .iter()
-                    .flat_map(|&(c, si)| [c, si]),
-            );
-            self.pos.push(t as i32);
-        }
-        self.rope(rt)
-    }
-
-    /// The RoPE rows and positions built in `table` and `pos`, in device memory.
-    fn rope(&mut self, rt: &Queue) -> Result<(DevPtr, DevPtr), DeviceError> {
-        Ok((
-            self.dev_pos.put(rt, bytemuck::cast_slice(&self.pos))?,
-            self.dev_table.put(rt, bytemuck::cast_slice(&self.table))?,
-        ))
-    }
 }
 
 /// A GPU: its runtime, and the ops of the device API on it.

@@ -212,6 +212,31 @@ impl DevVec {
         Ok(p)
     }
 
+    /// [`DevVec::put`] for several stagings at once, with one lock of the queue for all that need no
+    /// upload (the common case: a step's metadata, the same for every layer): `Some(data)` as `put`,
+    /// `None` what the staging holds already, handed to the current segment.
+    pub(super) fn put_all<const N: usize>(
+        q: &Queue,
+        mut items: [(&mut DevVec, Option<&[u8]>); N],
+    ) -> Result<[DevPtr; N], DeviceError> {
+        let mut out = [DevPtr(0); N];
+        let mut kept = [false; N];
+        for (i, (v, data)) in items.iter_mut().enumerate() {
+            match (&v.mem, *data) {
+                (Some(m), None) => (out[i], kept[i]) = (m.ptr(), true),
+                (Some(m), Some(d)) if v.last == d => (out[i], kept[i]) = (m.ptr(), true),
+                (_, Some(d)) => out[i] = v.put(q, d)?,
+                (None, None) => (out[i], kept[i]) = (v.reserve(q, 0)?, true),
+            }
+        }
+        // Those kept are read by an op of the segment now current (after any flush an upload made).
+        let id = q.rec().id;
+        for ((v, _), _) in items.iter_mut().zip(kept).filter(|(_, k)| *k) {
+            v.used = Some(id);
+        }
+        Ok(out)
+    }
+
     /// Device scratch of `bytes` that an op of the current segment writes.
     pub(super) fn scratch(&mut self, q: &Queue, bytes: usize) -> Result<DevPtr, DeviceError> {
         let p = self.reserve(q, bytes)?;

@@ -115,7 +115,7 @@ impl Queue {
         }
         r.id += 1;
         let n = r.segment.len();
-        if let Some(i) = r.graphs.iter().position(|(k, _)| *k == r.segment) {
+        if let Some(i) = r.graphs.iter().rposition(|(k, _)| *k == r.segment) {
             let g = r.graphs.remove(i);
             let launched = g.1.launch();
             r.graphs.push(g);

@@ -1,0 +1,226 @@
+//! The GPU device's own staging: what its ops upload (a batch's metadata, RoPE rows) and the scratch they
+//! write (attention partials, DeltaNet work), reused across calls. A decode step asks for the same
+//! batch metadata and RoPE rows in every layer: they are built and uploaded once, and each later op of
+//! the step only hands the staged copy to its segment (one lock of the queue, no upload).
+
+use crate::backend::DeviceError;
+use crate::backend::batch::{Batch, SeqSpan};
+use crate::backend::gpu::launch::{BatchMeta, DevBatch, DevPtr};
+use crate::backend::gpu::mem::DevVec;
+use crate::backend::gpu::runtime::Queue;
+use crate::backend::pages::PageId;
+
+/// The batch metadata in device memory, one staging per array.
+#[derive(Debug, Default)]
+struct MetaBufs {
+    table: DevVec,
+    meta: DevVec,
+    seen: DevVec,
+    dst: DevVec,
+    seqs: DevVec,
+}
+
+/// What [`BatchMeta::build`] reads of a batch, kept to tell whether the next batch is the same one.
+#[derive(Debug, Default)]
+struct BatchKey {
+    table: Vec<PageId>,
+    seqs: Vec<SeqSpan>,
+    owner: Vec<u32>,
+    pos: Vec<u32>,
+    parent: Vec<u32>,
+    direct: Vec<u32>,
+    attend_from: usize,
+    page_size: usize,
+}
+
+impl BatchKey {
+    fn matches(&self, b: &Batch, page_size: usize) -> bool {
+        self.page_size == page_size
+            && self.attend_from == b.attend_from
+            && self.pos == b.pos
+            && self.table == b.table
+            && self.seqs == b.seqs
+            && self.owner == b.owner
+            && self.direct == b.direct
+            && self.parent == b.parent
+    }
+
+    fn set(&mut self, b: &Batch, page_size: usize) {
+        self.table.clone_from(&b.table);
+        self.seqs.clone_from(&b.seqs);
+        self.owner.clone_from(&b.owner);
+        self.pos.clone_from(&b.pos);
+        self.parent.clone_from(&b.parent);
+        self.direct.clone_from(&b.direct);
+        self.attend_from = b.attend_from;
+        self.page_size = page_size;
+    }
+}
+
+/// The device's own staging (RoPE rows and positions, batch metadata, attention partials, embedding
+/// rows), reused across calls.
+#[derive(Debug, Default)]
+pub(super) struct Staging {
+    meta: BatchMeta,
+    dev_meta: MetaBufs,
+    /// The batch `dev_meta` holds the metadata of, and what it gave (`None`: none yet, or an upload of
+    /// it failed).
+    staged: Option<DevBatch>,
+    key: BatchKey,
+    pub(super) partials: DevVec,
+    table: Vec<f32>,
+    dev_table: DevVec,
+    pos: Vec<i32>,
+    dev_pos: DevVec,
+    pub(super) rows: Vec<f32>,
+    /// The chunked DeltaNet's per-head scratch.
+    pub(super) gdn_work: DevVec,
+}
+
+impl Staging {
+    /// `batch`'s metadata in device memory: built and uploaded when the batch differs from the last one
+    /// asked for (in what the metadata is built from), else the staged copy, handed to the current
+    /// segment.
+    pub(super) fn batch(
+        &mut self,
+        rt: &Queue,
+        batch: &Batch,
+        page_size: usize,
+    ) -> Result<DevBatch, DeviceError> {
+        if let Some(b) = self.staged
+            && self.key.matches(batch, page_size)
+        {
+            let d = &mut self.dev_meta;
+            DevVec::put_all(
+                rt,
+                [
+                    (&mut d.table, None),
+                    (&mut d.meta, None),
+                    (&mut d.seen, None),
+                    (&mut d.dst, None),
+                    (&mut d.seqs, None),
+                ],
+            )?;
+            return Ok(b);
+        }
+        self.staged = None;
+        self.meta.build(batch, page_size)?;
+        let (m, d) = (&self.meta, &mut self.dev_meta);
+        let [table, meta, seen, dst, seqs] = DevVec::put_all(
+            rt,
+            [
+                (&mut d.table, Some(bytemuck::cast_slice(&m.table))),
+                (&mut d.meta, Some(bytemuck::cast_slice(&m.meta))),
+                (&mut d.seen, Some(bytemuck::cast_slice(&m.seen))),
+                (&mut d.dst, Some(bytemuck::cast_slice(&m.dst))),
+                (&mut d.seqs, Some(bytemuck::cast_slice(&m.seqs))),
+            ],
+        )?;
+        let b = DevBatch {
+            table,
+            meta,
+            seen,
+            dst,
+            seqs,
+            tokens: batch.len(),
+            n_seqs: batch.seqs.len(),
+            splits: m.splits,
+            attend_from: m.attend_from,
+        };
+        self.key.set(batch, page_size);
+        self.staged = Some(b);
+        Ok(b)
+    }
+
+    /// The RoPE rows of `positions` (`n_angles` pairs each, from `table`) as a table the kernels read at
+    /// positions `0..positions.len()`, in device memory: (positions, table).
+    pub(super) fn rope_rows(
+        &mut self,
+        rt: &Queue,
+        positions: &[u32],
+        table: &[(f32, f32)],
+        n_angles: usize,
+    ) -> Result<(DevPtr, DevPtr), DeviceError> {
+        self.table.clear();
+        self.pos.clear();
+        for (t, &p) in positions.iter().enumerate() {
+            let p = p as usize;
+            self.table.extend(
+                table[p * n_angles..(p + 1) * n_angles]
+                    .iter()
+                    .flat_map(|&(c, si)| [c, si]),
+            );
+            self.pos.push(t as i32);
+        }
+        let [pos, table] = DevVec::put_all(
+            rt,
+            [
+                (&mut self.dev_pos, Some(bytemuck::cast_slice(&self.pos))),
+                (&mut self.dev_table, Some(bytemuck::cast_slice(&self.table))),
+            ],
+        )?;
+        Ok((pos, table))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::batch::{Logits, NO_PARENT};
+    use crate::backend::gpu::runtime::GpuRuntime;
+    use crate::backend::gpu::sim::Counting;
+    use std::sync::Arc;
+
+    /// One sequence's decode token at `pos` over `pages`.
+    fn decode(b: &mut Batch, pages: &[PageId], pos: u32) {
+        b.clear();
+        b.tokens.push(5);
+        b.table.extend_from_slice(pages);
+        b.seqs.push(SeqSpan {
+            table: 0,
+            pages: pages.len(),
+            start: pos as usize,
+            first: 0,
+            len: 1,
+        });
+        b.logits.push(Logits::Last);
+        b.owner.push(0);
+        b.pos.push(pos);
+        b.parent.push(NO_PARENT);
+        b.direct.push(u32::MAX);
+    }
+
+    fn table(rt: &Counting, b: &DevBatch, n: usize) -> Vec<i32> {
+        let mut bytes = vec![0u8; 4 * n];
+        rt.download(b.table, &mut bytes).unwrap();
+        bytemuck::cast_slice(&bytes).to_vec()
+    }
+
+    #[test]
+    fn a_batch_is_staged_once_and_again_when_it_changes_in_place() {
+        let rt = Counting::new();
+        let q = Queue::new(Arc::clone(&rt) as Arc<dyn GpuRuntime>);
+        let (mut s, mut b) = (Staging::default(), Batch::default());
+        decode(&mut b, &[3, 7], 20);
+        let first = s.batch(&q, &b, 16).unwrap();
+        assert_eq!(table(&rt, &first, 2), [3, 7]);
+        rt.take();
+        // The same batch again (every layer of a step): the staged copy, nothing uploaded.
+        for _ in 0..30 {
+            assert_eq!(s.batch(&q, &b, 16).unwrap(), first);
+        }
+        assert_eq!(rt.take().uploads, 0);
+        // The same Batch value refilled with a page moved: built and uploaded again.
+        decode(&mut b, &[3, 9], 20);
+        let moved = s.batch(&q, &b, 16).unwrap();
+        assert_eq!(table(&rt, &moved, 2), [3, 9]);
+        assert!(rt.take().uploads > 0);
+        // The next position, or another page size: new metadata too.
+        decode(&mut b, &[3, 9], 21);
+        let next = s.batch(&q, &b, 16).unwrap();
+        assert!(rt.take().uploads > 0, "the next position");
+        assert_eq!(next.splits, moved.splits);
+        s.batch(&q, &b, 32).unwrap();
+        assert!(rt.take().uploads > 0, "another page size");
+    }
+}
