@@ -71,6 +71,7 @@ static inline uint64_t to_bits(T v) {
 #define THORN_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(thorn_sim::dynamic_shared())
 
 static inline void __syncthreads() { thorn_sim::sync_threads(); }
+static inline void __threadfence() {}  // blocks run one after another: every write is seen
 static inline void __syncwarp(unsigned mask = 0xffffffffu) { thorn_sim::sync_warp(mask); }
 
 template <class T>

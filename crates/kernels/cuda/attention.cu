@@ -9,8 +9,11 @@
 // its positions are cut into splits of ATTN_SPLIT (256) at fixed offsets, so a token's result never depends
 // on what it was batched with. attention_* writes one partial per (item, split): per query head the running
 // max m, the sum l of exp(score - m), and the unnormalised output o, laid out [m (group) | l (group) |
-// o (group x head_dim)] like the CPU's partials; attention_merge combines the splits. Launch attention_*
-// with grid (tokens x kv heads, splits) and 128 threads; attention_merge with grid (tokens x kv heads) and
+// o (group x head_dim)] like the CPU's partials, and the splits are combined (merge_item): by the last of
+// an item's blocks to finish, when the launch gives `counters` (one int per item, zero before the launch and
+// zero again after it), else by attention_merge in a launch of its own. The merge reads the splits in a fixed
+// order, so whichever block runs it, and in whichever launch, the bits are the same. Launch attention_* with
+// grid (tokens x kv heads, splits) and 128 threads; attention_merge with grid (tokens x kv heads) and
 // head_dim threads.
 //
 // Token metadata, 4 ints per token: [page table offset, positions seen (its position + 1), first position
@@ -39,6 +42,47 @@ __device__ __forceinline__ float kv_load(const void* store, long i) {
     }
 }
 
+// A load that bypasses the L1 cache: the merging block reads partials other blocks wrote during the launch.
+__device__ __forceinline__ float ld_cg(const float* p) {
+#ifdef THORN_SIM
+    return *p;
+#else
+    return __ldcg(p);
+#endif
+}
+
+// Combines an item's splits (as the CPU's merge_partials): per query head, the outputs weighted by
+// exp(m_split - max m), over the total of l weighted the same way; splits with nothing seen are skipped.
+// out: n_tokens x n_heads x head_dim; the block's threads stride over head_dim.
+__device__ void merge_item(const float* partials, float* __restrict__ out, int item, int splits, int n_heads,
+                           int n_kv_heads, int head_dim) {
+    const int t = item / n_kv_heads;
+    const int kvh = item % n_kv_heads;
+    const int group = n_heads / n_kv_heads;
+    const int stride = group * (head_dim + 2);
+    const float* parts = partials + (long)item * splits * stride;
+    for (int h = 0; h < group; h++) {
+        float mx = NEG_INF;
+        for (int p = 0; p < splits; p++) {
+            mx = fmaxf(mx, ld_cg(parts + p * stride + h));
+        }
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+            float total = 0.0f;
+            float o = 0.0f;
+            for (int p = 0; p < splits; p++) {
+                const float l = ld_cg(parts + p * stride + group + h);
+                if (l == 0.0f) {
+                    continue;
+                }
+                const float w = expf(ld_cg(parts + p * stride + h) - mx);
+                total += l * w;
+                o += w * ld_cg(parts + p * stride + 2 * group + h * head_dim + d);
+            }
+            out[((long)t * n_heads + kvh * group + h) * head_dim + d] = total > 0.0f ? o * (1.0f / total) : 0.0f;
+        }
+    }
+}
+
 template <int KV>
 __device__ __forceinline__ void attention(const float* __restrict__ q, const void* __restrict__ kstore,
                                           const void* __restrict__ vstore, const float* __restrict__ kscale,
@@ -46,7 +90,8 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
                                           const int* __restrict__ meta, const int* __restrict__ seen,
                                           float* __restrict__ partials, int n_heads, int n_kv_heads,
                                           int head_dim, int page_size, int n_layers, int layer,
-                                          int attend_from, float scale, int q_stride) {
+                                          int attend_from, float scale, int q_stride, float* __restrict__ out,
+                                          int* __restrict__ counters) {
     __shared__ float qs[ATTN_MAX_GROUP * ATTN_MAX_HEAD_DIM];
     __shared__ float es[ATTN_MAX_GROUP * ATTN_SPLIT];
     __shared__ long rows[ATTN_SPLIT];
@@ -153,49 +198,42 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
             part[2 * group + h * hd + d] = acc[h];
         }
     }
+    if (counters == nullptr) {
+        return;  // attention_merge runs next
+    }
+    // Every thread's partial is visible before the count says so; the last block then merges.
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(&counters[item], 1) == splits - 1;
+    }
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        merge_item(partials, out, item, splits, n_heads, n_kv_heads, hd);
+        if (threadIdx.x == 0) {
+            counters[item] = 0;
+        }
+    }
 }
 
 #define ATTENTION_ARGS                                                                                      \
     const float *q, const void *kstore, const void *vstore, const float *kscale, const float *vscale,      \
         const int *table, const int *meta, const int *seen, float *partials, int n_heads, int n_kv_heads, \
-        int head_dim, int page_size, int n_layers, int layer, int attend_from, float scale, int q_stride
+        int head_dim, int page_size, int n_layers, int layer, int attend_from, float scale, int q_stride,    \
+        float *out, int *counters
 #define ATTENTION_CALL                                                                                     \
     q, kstore, vstore, kscale, vscale, table, meta, seen, partials, n_heads, n_kv_heads, head_dim, page_size, \
-        n_layers, layer, attend_from, scale, q_stride
+        n_layers, layer, attend_from, scale, q_stride, out, counters
 
 extern "C" __global__ void attention_f32(ATTENTION_ARGS) { attention<KV_F32>(ATTENTION_CALL); }
 extern "C" __global__ void attention_f16(ATTENTION_ARGS) { attention<KV_F16>(ATTENTION_CALL); }
 extern "C" __global__ void attention_fp8(ATTENTION_ARGS) { attention<KV_FP8>(ATTENTION_CALL); }
 
-// Combines an item's splits (as the CPU's merge_partials): per query head, the outputs weighted by
-// exp(m_split - max m), over the total of l weighted the same way; splits with nothing seen are skipped.
-// out: n_tokens x n_heads x head_dim. Grid (tokens x kv heads), head_dim threads.
+// The merge as a launch of its own (an attention launch without counters): grid (tokens x kv heads),
+// head_dim threads.
 extern "C" __global__ void attention_merge(const float* __restrict__ partials, float* __restrict__ out,
                                            int splits, int n_heads, int n_kv_heads, int head_dim) {
-    const int item = blockIdx.x;
-    const int t = item / n_kv_heads;
-    const int kvh = item % n_kv_heads;
-    const int group = n_heads / n_kv_heads;
-    const int stride = group * (head_dim + 2);
-    const float* parts = partials + (long)item * splits * stride;
-    for (int h = 0; h < group; h++) {
-        float mx = NEG_INF;
-        for (int p = 0; p < splits; p++) {
-            mx = fmaxf(mx, parts[p * stride + h]);
-        }
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-            float total = 0.0f;
-            float o = 0.0f;
-            for (int p = 0; p < splits; p++) {
-                const float l = parts[p * stride + group + h];
-                if (l == 0.0f) {
-                    continue;
-                }
-                const float w = expf(parts[p * stride + h] - mx);
-                total += l * w;
-                o += w * parts[p * stride + 2 * group + h * head_dim + d];
-            }
-            out[((long)t * n_heads + kvh * group + h) * head_dim + d] = total > 0.0f ? o * (1.0f / total) : 0.0f;
-        }
-    }
+    merge_item(partials, out, blockIdx.x, splits, n_heads, n_kv_heads, head_dim);
 }

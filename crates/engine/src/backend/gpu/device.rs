@@ -567,10 +567,24 @@ impl GpuDevice {
             .partials
             .scratch(rt, 4 * floats)
             .unwrap_or_else(|e| fail("attention", e));
+        let counters = s
+            .counters(rt, launch::attention_counters(n, shape.n_kv_heads))
+            .unwrap_or_else(|e| fail("attention", e));
         let store = Self::store(pool);
         let (qp, op) = (q.ptr(), out.ptr());
         self.run("attention", |l| {
-            launch::attention(l, &store, &b, layer, qp, q_stride, n_heads, op, pp)
+            launch::attention(
+                l,
+                &store,
+                &b,
+                layer,
+                qp,
+                q_stride,
+                n_heads,
+                op,
+                pp,
+                Some(counters),
+            )
         });
     }
 

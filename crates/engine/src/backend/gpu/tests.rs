@@ -66,8 +66,12 @@ fn the_batch_metadata_is_uploaded_once_per_pass_and_nothing_waits() {
         }
         let c = rt.take();
         assert!(c.launches >= 2 * layers, "step {step}: {c:?}");
-        // Five metadata arrays at most, uploaded by the first layer's op.
-        assert!(c.uploads <= 5, "step {step}: {c:?}");
+        // Five metadata arrays at most, uploaded by the first layer's op, and the attention merge's
+        // counters when they grow (the first step).
+        assert!(
+            c.uploads <= 5 + usize::from(step == 0),
+            "step {step}: {c:?}"
+        );
         assert_eq!(c.downloads, 0, "step {step}: {c:?}");
         // The first step sizes the staging (growing it waits for the queued work); after that
         // nothing waits.

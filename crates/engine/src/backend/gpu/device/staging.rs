@@ -68,6 +68,9 @@ pub(super) struct Staging {
     staged: Option<DevBatch>,
     key: BatchKey,
     pub(super) partials: DevVec,
+    /// The attention merge's counters: zero on the device whenever no launch is running.
+    counters: DevVec,
+    zeros: Vec<u8>,
     table: Vec<f32>,
     dev_table: DevVec,
     pos: Vec<i32>,
@@ -130,6 +133,15 @@ impl Staging {
         self.key.set(batch, page_size);
         self.staged = Some(b);
         Ok(b)
+    }
+
+    /// At least `bytes` of zeros in device memory, for the attention merge's counters (each launch leaves
+    /// them zero, so they are uploaded only when they grow).
+    pub(super) fn counters(&mut self, rt: &Queue, bytes: usize) -> Result<DevPtr, DeviceError> {
+        if self.zeros.len() < bytes {
+            self.zeros.resize(bytes, 0);
+        }
+        self.counters.put(rt, &self.zeros)
     }
 
     /// The RoPE rows of `positions` (`n_angles` pairs each, from `table`) as a table the kernels read at

@@ -211,7 +211,10 @@ pub fn write_kv(
 
 /// Attention of the batch's queries (token `t`'s `n_heads` × head_dim at `q + 4 · t · q_stride`) over
 /// `layer` of the pool into `out` (tokens × `n_heads` × head_dim), with `partials`
-/// ([`DevBatch::partial_floats`] floats) as the splits' scratch.
+/// ([`DevBatch::partial_floats`] floats) as the splits' scratch. With `counters` (one `i32` per token and
+/// KV head, zero, and zero again when the launch ends; see [`attention_counters`]) the last block of each
+/// item merges its splits, in one launch; without, `attention_merge` runs as a second launch. Both give
+/// the same bits.
 #[expect(clippy::too_many_arguments, reason = "a kernel's shape")]
 pub fn attention(
     l: &dyn Launcher,
@@ -223,6 +226,7 @@ pub fn attention(
     n_heads: usize,
     out: DevPtr,
     partials: DevPtr,
+    counters: Option<DevPtr>,
 ) -> Result<(), DeviceError> {
     let (kvh, hd) = (kv.shape.n_kv_heads, kv.shape.head_dim);
     if q_stride < n_heads * hd {
@@ -268,6 +272,8 @@ pub fn attention(
         Arg::I32(int(b.attend_from, "a position")?),
         Arg::F32(1.0 / (hd as f32).sqrt()),
         Arg::I32(int(q_stride, "a row stride")?),
+        Arg::Ptr(out),
+        Arg::Ptr(counters.unwrap_or(DevPtr(0))),
     ];
     let kernel = match kv.dtype {
         KvDtype::F32 => "attention_f32",
@@ -276,6 +282,9 @@ pub fn attention(
     };
     let m = &thorn_kernels::ATTENTION;
     l.launch(m, kernel, shape, &args)?;
+    if counters.is_some() {
+        return Ok(());
+    }
     let merge = Shape {
         grid: [items, 1, 1],
         block: [hd as u32, 1, 1],
@@ -290,6 +299,11 @@ pub fn attention(
         hd_arg,
     ];
     l.launch(m, "attention_merge", merge, &args)
+}
+
+/// Bytes of the merge counters [`attention`] takes for a batch of `tokens` over `n_kv_heads`.
+pub fn attention_counters(tokens: usize, n_kv_heads: usize) -> usize {
+    4 * tokens * n_kv_heads
 }
 
 /// Normal RoPE of fused QKV rows with the KV write in one launch, for f32 and f16 pages: token `t`'s row at

@@ -330,7 +330,24 @@ fn attention_case(d: &dyn TestDev, heads: usize, kv_heads: usize, hd: usize) {
             let parts = Mem::zeroed(d, 4 * meta.b.partial_floats(kv_heads, heads / kv_heads, hd));
             let store = dev.store(kv.pool());
             let (qp, o, pp) = (qm.ptr(), out.ptr(), parts.ptr());
-            attention(d, &store, &meta.b, 0, qp, q_stride, heads, o, pp).unwrap();
+            attention(d, &store, &meta.b, 0, qp, q_stride, heads, o, pp, None).unwrap();
+            // Merged by each item's last block in the same launch: the same bits, and the counters
+            // left at zero for the next launch.
+            let items = n * kv_heads;
+            let (fused, counters) = (
+                Mem::zeroed(d, 4 * n * heads * hd),
+                Mem::zeroed(d, attention_counters(n, kv_heads)),
+            );
+            let (fo, cp) = (fused.ptr(), counters.ptr());
+            for _ in 0..2 {
+                attention(d, &store, &meta.b, 0, qp, q_stride, heads, fo, pp, Some(cp)).unwrap();
+                assert_eq!(fused.bytes(), out.bytes(), "merged in the attention launch");
+                assert_eq!(
+                    counters.bytes(),
+                    vec![0; 4 * items],
+                    "counters left at zero"
+                );
+            }
             let (exact, bound) = attention_f64(kv.pool(), &batch, &q, heads, kv_heads, hd);
             let what = format!("{dtype:?}, pages of {page_size}, {heads}/{kv_heads} heads of {hd}");
             // Both f32 attentions against the exact one, each element within its rounding-error bound (an
@@ -408,6 +425,7 @@ fn attention_rejects_shapes_outside_its_kernels_on(d: &dyn TestDev) {
             heads,
             DevPtr(0),
             DevPtr(0),
+            None,
         );
         assert!(
             matches!(r, Err(DeviceError::Unsupported { .. })),
