@@ -34,3 +34,20 @@ for name in ("qwen35", "smollm2"):
             f"\n- {name}: graphs save {100 * (1 - on / off):.0f}% of a decode step (TPOT {off:.3f} ms "
             f"without, {on:.3f} ms with), what launching kernel by kernel costs a step"
         )
+for name in ("qwen35", "smollm2"):
+    path = os.path.join(out, f"bench-{name}-graphs-true.json")
+    try:
+        b = json.load(open(path))
+    except (OSError, ValueError):
+        continue
+    for at in b.get("kernel_times") or []:
+        print(
+            f"\n### {name}: kernel times per decode step at depth {at['depth']} "
+            f"({at['us_per_step']:.1f} us, graphs off, events around each launch)\n"
+        )
+        print("| kernel | launches/step | us/step | us/launch | share |")
+        print("|---|---:|---:|---:|---:|")
+        for k in at["kernels"]:
+            n = max(k["launches_per_step"], 1e-9)
+            share = 100 * k["us_per_step"] / max(at["us_per_step"], 1e-9)
+            print(f"| {k['name']} | {n:.1f} | {k['us_per_step']:.1f} | {k['us_per_step'] / n:.2f} | {share:.1f}% |")

@@ -79,6 +79,48 @@ pub struct EngineBench {
     /// Also decode this many sequences at once (continuous batching), e.g. 4,8: aggregate tok/s.
     #[arg(long = "batch", value_name = "BATCH", value_delimiter = ',')]
     pub batches: Vec<usize>,
+    /// On a GPU: time every kernel of the decode steps at depth 0 and at the deepest depth (graphs off,
+    /// an event pair around each launch) and print the time per kernel name.
+    #[arg(long)]
+    pub kernel_times: bool,
+}
+
+/// One row of `--kernel-times`: a kernel's launches and time per decode step.
+struct KernelRow {
+    name: &'static str,
+    launches: f64,
+    us: f64,
+}
+
+/// `--kernel-times` at one depth: microseconds per step in all, and per kernel, slowest first.
+fn kernel_times(e: &mut Engine, depth: usize, steps: usize) -> Result<(f64, Vec<KernelRow>)> {
+    let vocab = e.model().vocab();
+    e.reset();
+    let mut s = e.session();
+    if depth > 0 {
+        s.eval(&tokens(depth, vocab, 600))?;
+    }
+    let dev = s.engine().device();
+    // From here on (the depth's prefill is not timed): the decode steps.
+    dev.time_kernels(true).context("--kernel-times")?;
+    for t in tokens(steps, vocab, 700) {
+        s.eval(&[t])?;
+    }
+    let dev = s.engine().device();
+    let t = dev.kernel_times()?;
+    dev.time_kernels(false)?;
+    let n = steps as f64;
+    let mut rows: Vec<KernelRow> = t
+        .kernels
+        .iter()
+        .map(|(&name, &(launches, secs))| KernelRow {
+            name,
+            launches: launches as f64 / n,
+            us: secs * 1e6 / n,
+        })
+        .collect();
+    rows.sort_by(|a, b| b.us.total_cmp(&a.us));
+    Ok((t.total() * 1e6 / n, rows))
 }
 
 /// `thorn bench engine`: prefill and decode speed, llama-bench style, once per KV element type, on the
@@ -99,6 +141,9 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
         };
         let mut e =
             Engine::load(path, &cfg).with_context(|| format!("loading {}", path.display()))?;
+        if b.kernel_times && e.device().graph_stats().is_none() {
+            anyhow::bail!("--kernel-times times a GPU's kernels: run it with --device cuda");
+        }
         let vocab = e.model().vocab();
         let kv = dtype.name();
 
@@ -237,6 +282,16 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
         }
         None => None,
     };
+    let kernels = if b.kernel_times {
+        let mut at = vec![(0, kernel_times(&mut e, 0, tg)?)];
+        if max_depth > 0 {
+            at.push((max_depth, kernel_times(&mut e, max_depth, tg)?));
+        }
+        e.device().set_graphs(b.cuda_graphs);
+        at
+    } else {
+        Vec::new()
+    };
     let per_token_ms = total.as_secs_f64() * 1e3 / tg as f64;
     // The stages are timed on the host: a GPU's ops only queue there, so its profile would be the time
     // to queue, not to run; it has none.
@@ -281,6 +336,13 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
             "kernels_per_decode_step": launches.map(|l| l.0),
             "graph_share_of_kernels": launches.map(|l| l.1),
             "decode_profile_ms_per_token": stages.iter().map(|(n, v)| (n.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+            "kernel_times": kernels.iter().map(|(depth, (us, rows))| serde_json::json!({
+                "depth": depth,
+                "us_per_step": us,
+                "kernels": rows.iter().map(|r| serde_json::json!({
+                    "name": r.name, "launches_per_step": r.launches, "us_per_step": r.us,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
             "decode_profile_at_depth": deep.as_ref().map(|(depth, ms, st)| serde_json::json!({
                 "depth": depth,
                 "ms_per_token": ms,
@@ -307,6 +369,27 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
                 "kernels per decode step {per_step:.0}, {:.0}% of them in CUDA graphs",
                 100.0 * share
             );
+        }
+        for (depth, (us, rows)) in &kernels {
+            let launches: f64 = rows.iter().map(|r| r.launches).sum();
+            println!(
+                "kernel times per decode step at depth {depth} (graphs off, events around each \
+                 launch): {us:.1} us in {launches:.0} launches"
+            );
+            println!(
+                "  {:<28} {:>9} {:>10} {:>10} {:>6}",
+                "kernel", "launches", "us/step", "us/launch", "share"
+            );
+            for r in rows {
+                println!(
+                    "  {:<28} {:>9.1} {:>10.1} {:>10.2} {:>5.1}%",
+                    r.name,
+                    r.launches,
+                    r.us,
+                    r.us / r.launches.max(1e-9),
+                    100.0 * r.us / us.max(1e-9)
+                );
+            }
         }
         println!("decode at depth 0: {per_token_ms:.3} ms/token (profiled run)");
         if !stages.is_empty() {

@@ -218,6 +218,26 @@ impl Device {
         }
     }
 
+    /// Times every GPU kernel launched from now on (`on`: graphs off, an event pair around each launch), or
+    /// stops; [`Device::kernel_times`] reads the times. The CPU has no kernels to time.
+    pub fn time_kernels(&self, on: bool) -> Result<(), DeviceError> {
+        match self {
+            Device::Cpu(_) => Err(DeviceError::Unsupported {
+                device: "the CPU",
+                what: "kernel times (they are a GPU's)".into(),
+            }),
+            Device::Cuda(g) => g.time_kernels(on),
+        }
+    }
+
+    /// The GPU kernels timed since the last call, per kernel name (waits for the queued ops).
+    pub fn kernel_times(&self) -> Result<gpu::KernelTimes, DeviceError> {
+        match self {
+            Device::Cpu(_) => Ok(gpu::KernelTimes::default()),
+            Device::Cuda(g) => g.kernel_times(),
+        }
+    }
+
     /// Waits for the queued ops (a GPU queues them; the CPU runs each before it returns). A forward pass
     /// ends with it: the host reads the KV pages next.
     pub fn finish(&self) {

@@ -55,4 +55,4 @@ mod tests;
 
 pub use device::{GpuDevice, GpuMatrix, Quantized};
 pub use mem::{DevMem, DevVec, GpuBuf, SharedMem};
-pub use runtime::{GpuRuntime, Graph, GraphStats, Queue};
+pub use runtime::{GpuRuntime, Graph, GraphStats, KernelTimes, Queue};

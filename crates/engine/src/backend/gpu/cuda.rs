@@ -127,7 +127,21 @@ pub struct Gpu {
     reads_host: bool,
     modules: Mutex<HashMap<&'static str, Loaded>>,
     cache: Mutex<KernelCache>,
+    /// While kernels are timed: each launch's kernel and the events recorded around it.
+    timing: Mutex<Option<Vec<Timed>>>,
 }
+
+/// One timed launch: its kernel and the events recorded before and after it on the stream.
+struct Timed {
+    kernel: &'static str,
+    start: sys::CUevent,
+    end: sys::CUevent,
+}
+
+#[expect(unsafe_code, reason = "CUDA event handles held across threads")]
+// SAFETY: event handles are driver objects of the context, usable from any thread that binds it (every
+// use here binds it first); they are only touched under the `timing` mutex.
+unsafe impl Send for Timed {}
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -206,6 +220,7 @@ impl Gpu {
             reads_host,
             modules: Mutex::new(HashMap::new()),
             cache: Mutex::new(KernelCache::new(cache_dir)),
+            timing: Mutex::new(None),
         })
     }
 
@@ -390,6 +405,40 @@ impl GpuRuntime for Gpu {
         Gpu::synchronize(self)
     }
 
+    fn time_kernels(&self, on: bool) -> Result<(), DeviceError> {
+        let mut t = self.timing.lock().unwrap_or_else(|e| e.into_inner());
+        if on {
+            t.get_or_insert_with(Vec::new);
+            return Ok(());
+        }
+        if let Some(pending) = t.take() {
+            Gpu::synchronize(self)?;
+            self.destroy_events(pending);
+        }
+        Ok(())
+    }
+
+    #[expect(unsafe_code, reason = "reads CUDA events")]
+    fn kernel_times(&self) -> Result<super::KernelTimes, DeviceError> {
+        let mut t = self.timing.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(pending) = t.as_mut().map(std::mem::take) else {
+            return Ok(super::KernelTimes::default());
+        };
+        Gpu::synchronize(self)?;
+        let mut times = super::KernelTimes::default();
+        let mut read = Ok(());
+        for e in &pending {
+            // SAFETY: both events were created by this context and recorded on its one stream, around
+            // one launch; the stream is idle (above), so both have completed; neither is destroyed yet.
+            match unsafe { result::event::elapsed(e.start, e.end) } {
+                Ok(ms) => times.add(e.kernel, f64::from(ms) / 1e3),
+                Err(err) => read = Err(driver("reading a kernel's time")(err)),
+            }
+        }
+        self.destroy_events(pending);
+        read.map(|()| times)
+    }
+
     fn capture(&self, launches: &[Launch]) -> Result<Box<dyn Graph>, DeviceError> {
         // Every module is loaded first, so that the capture holds launches only.
         for l in launches {
@@ -435,6 +484,36 @@ impl Graph for Captured {
     }
 }
 
+impl Gpu {
+    /// An event recorded on the stream now (for a timed launch).
+    #[expect(unsafe_code, reason = "records a CUDA event")]
+    fn record_event(&self) -> Result<sys::CUevent, DeviceError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(driver("creating an event"))?;
+        // SAFETY: a live event of this context, recorded on its live stream.
+        unsafe { result::event::record(e, self.stream.cu_stream()) }
+            .map_err(driver("recording an event"))?;
+        Ok(e)
+    }
+
+    /// Frees the events of timed launches (their work done).
+    #[expect(unsafe_code, reason = "destroys CUDA events")]
+    fn destroy_events(&self, timed: Vec<Timed>) {
+        let _ = self.ctx.bind_to_thread();
+        for e in timed {
+            // SAFETY: each event was created by this context, is destroyed once (the Vec is consumed) and
+            // no queued work records it any more (the stream was synchronized by the caller).
+            unsafe {
+                let _ = result::event::destroy(e.start);
+                let _ = result::event::destroy(e.end);
+            }
+        }
+    }
+}
+
 impl Launcher for Gpu {
     #[expect(unsafe_code, reason = "cuLaunchKernel with raw parameters")]
     fn launch_params(
@@ -459,6 +538,11 @@ impl Launcher for Gpu {
         let mut ptrs = params.pointers();
         let [gx, gy, gz] = shape.grid;
         let [bx, by, bz] = shape.block;
+        let mut timing = self.timing.lock().unwrap_or_else(|e| e.into_inner());
+        let start = match timing.as_ref() {
+            Some(_) => Some(self.record_event()?),
+            None => None,
+        };
         // SAFETY: one pointer per kernel parameter, each to a slot holding that parameter's C type, built
         // by the op in `launch` that checked the sizes; `params` outlives the call, which copies them.
         unsafe {
@@ -471,7 +555,12 @@ impl Launcher for Gpu {
                 &mut ptrs[..n],
             )
         }
-        .map_err(|e| DeviceError::NoGpu(format!("launching {kernel}: {e}")))
+        .map_err(|e| DeviceError::NoGpu(format!("launching {kernel}: {e}")))?;
+        if let (Some(start), Some(timed)) = (start, timing.as_mut()) {
+            let end = self.record_event()?;
+            timed.push(Timed { kernel, start, end });
+        }
+        Ok(())
     }
 }
 

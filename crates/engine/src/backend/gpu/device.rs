@@ -3,7 +3,7 @@
 
 use super::launch::{self, Acts, DevPtr, KvStore, Launcher, Prep, Weights};
 use super::mem::{DevMem, DevVec, GpuBuf, SharedMem, fail};
-use super::runtime::{GpuRuntime, GraphStats, Queue};
+use super::runtime::{GpuRuntime, GraphStats, KernelTimes, Queue};
 use crate::backend::batch::Batch;
 use crate::backend::buf::{Buf, Mem, View, ViewMut};
 use crate::backend::gdn::Shape as GdnShape;
@@ -95,6 +95,22 @@ impl GpuDevice {
     /// What the launches did so far.
     pub fn graph_stats(&self) -> GraphStats {
         self.q.rec().stats
+    }
+
+    /// Times every kernel launched from now on (`on`; graphs go off, so each kernel is launched, and timed,
+    /// on its own), or stops (graphs stay as they are).
+    pub fn time_kernels(&self, on: bool) -> Result<(), DeviceError> {
+        if on {
+            self.set_graphs(false);
+        }
+        self.q.flush()?;
+        self.q.rt.time_kernels(on)
+    }
+
+    /// The kernels timed since the last call (waits for the queued work).
+    pub fn kernel_times(&self) -> Result<KernelTimes, DeviceError> {
+        self.q.flush()?;
+        self.q.rt.kernel_times()
     }
 
     fn staging(&self) -> std::sync::MutexGuard<'_, Staging> {

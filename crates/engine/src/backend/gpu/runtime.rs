@@ -34,6 +34,40 @@ pub trait GpuRuntime: Launcher + Send + Sync + std::fmt::Debug {
         let _ = host;
         None
     }
+    /// Starts timing every kernel launched one by one (`on`), or stops: on a GPU an event pair around each
+    /// launch (graph replays are not timed: turn graphs off first). A runtime that cannot time refuses.
+    fn time_kernels(&self, on: bool) -> Result<(), DeviceError> {
+        let _ = on;
+        Err(DeviceError::Unsupported {
+            device: "this GPU runtime",
+            what: "timing kernels".into(),
+        })
+    }
+    /// The kernels timed since the last call, per kernel name (waits for the queued work).
+    fn kernel_times(&self) -> Result<KernelTimes, DeviceError> {
+        Ok(KernelTimes::default())
+    }
+}
+
+/// Kernel times per kernel name (see [`GpuRuntime::time_kernels`]).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct KernelTimes {
+    /// Per kernel name: launches and their total time, in seconds.
+    pub kernels: std::collections::BTreeMap<&'static str, (usize, f64)>,
+}
+
+impl KernelTimes {
+    /// Counts one launch of `kernel` that took `seconds`.
+    pub fn add(&mut self, kernel: &'static str, seconds: f64) {
+        let e = self.kernels.entry(kernel).or_default();
+        e.0 += 1;
+        e.1 += seconds;
+    }
+
+    /// All kernels' time, in seconds.
+    pub fn total(&self) -> f64 {
+        self.kernels.values().map(|k| k.1).sum()
+    }
 }
 
 /// Launches captured once and queued as one ([`GpuRuntime::capture`]): a CUDA graph.

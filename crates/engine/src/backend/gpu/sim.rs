@@ -160,6 +160,8 @@ pub(crate) struct Counting {
     null: bool,
     /// Launches per kernel name since the last [`Counting::take_kernels`].
     kernels: std::sync::Mutex<std::collections::BTreeMap<&'static str, usize>>,
+    /// Kernel times, while timing is on: the host's clock around each simulated kernel.
+    times: std::sync::Mutex<Option<super::KernelTimes>>,
 }
 
 impl Counting {
@@ -222,13 +224,38 @@ impl Launcher for Counting {
         if self.null {
             return Ok(());
         }
-        Sim.launch_params(module, kernel, shape, params)
+        let t0 = std::time::Instant::now();
+        Sim.launch_params(module, kernel, shape, params)?;
+        if let Some(t) = &mut *self.times.lock().unwrap() {
+            t.add(kernel, t0.elapsed().as_secs_f64());
+        }
+        Ok(())
     }
 }
 
 impl GpuRuntime for Counting {
     fn describe(&self) -> String {
         "the kernel simulator (counting)".into()
+    }
+
+    fn time_kernels(&self, on: bool) -> Result<(), DeviceError> {
+        let mut t = self.times.lock().unwrap();
+        match (on, t.is_some()) {
+            (true, false) => *t = Some(super::KernelTimes::default()),
+            (false, _) => *t = None,
+            (true, true) => {}
+        }
+        Ok(())
+    }
+
+    fn kernel_times(&self) -> Result<super::KernelTimes, DeviceError> {
+        Ok(self
+            .times
+            .lock()
+            .unwrap()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default())
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError> {

@@ -171,3 +171,34 @@ fn staging_a_recorded_op_was_handed_is_not_changed_under_it() {
     let close = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| (p - q).abs() <= 1e-5);
     assert!(close(&want.0, &a) && close(&want.1, &b));
 }
+
+/// Kernel times: every kernel launched while timing is on, per name, with graphs turned off so each is
+/// launched (and timed) on its own; nothing after timing stops; the CPU has none to time.
+#[test]
+fn kernels_are_timed_one_by_one_while_timing_is_on() {
+    let rt = Counting::new();
+    let dev = Device::gpu(Arc::clone(&rt) as _);
+    let (mut x, y) = (
+        dev.buf(data(4096, 1)).unwrap(),
+        dev.buf(data(4096, 2)).unwrap(),
+    );
+    dev.time_kernels(true).unwrap();
+    for _ in 0..3 {
+        dev.add(x.at_mut(..), y.at(..));
+    }
+    let t = dev.kernel_times().unwrap();
+    let (launches, seconds) = t.kernels["add_f32"];
+    assert_eq!(launches, 3, "{t:?}");
+    assert!(seconds > 0.0 && t.total() == seconds, "{t:?}");
+    assert_eq!(
+        dev.graph_stats().unwrap().replays,
+        0,
+        "timed kernels are not replayed from graphs"
+    );
+    // Read once: the next call has only what ran since.
+    assert!(dev.kernel_times().unwrap().kernels.is_empty());
+    dev.time_kernels(false).unwrap();
+    dev.add(x.at_mut(..), y.at(..));
+    assert!(dev.kernel_times().unwrap().kernels.is_empty());
+    assert!(Device::cpu(1).time_kernels(true).is_err());
+}
