@@ -25,6 +25,8 @@
 #define ATTN_THREADS 128
 #define ATTN_MAX_GROUP 16
 #define ATTN_MAX_HEAD_DIM 256
+// Positions whose key or value rows a thread loads before it uses them (loads in flight together).
+#define ATTN_ROWS 4
 
 #define KV_F32 0
 #define KV_F16 1
@@ -129,29 +131,43 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
     }
     __syncthreads();
 
-    // Scores: a warp per position, lanes across the head's dimensions.
+    // Scores: a warp per position, lanes across the head's dimensions. Each warp loads the key rows of
+    // ATTN_ROWS positions before it uses any (ATTN_THREADS / 32 apart, as one position at a time would
+    // take them), so their loads are in flight together; each score is summed as before.
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    for (int j = warp; j < len; j += ATTN_THREADS / 32) {
-        float kr[ATTN_MAX_HEAD_DIM / 32];
-        const float ks = KV == KV_FP8 ? ksc[j] : 1.0f;
+    const int warps = ATTN_THREADS / 32;
+    for (int j0 = warp; j0 < len; j0 += warps * ATTN_ROWS) {
+        float kr[ATTN_ROWS][ATTN_MAX_HEAD_DIM / 32];
 #pragma unroll
-        for (int c = 0; c < ATTN_MAX_HEAD_DIM / 32; c++) {
-            const int d = lane + 32 * c;
-            kr[c] = d < hd ? kv_load<KV>(kstore, rows[j] + d) * ks : 0.0f;
-        }
-        for (int h = 0; h < group; h++) {
-            float s = 0.0f;
+        for (int u = 0; u < ATTN_ROWS; u++) {
+            const int j = j0 + u * warps;
+            const float ks = KV == KV_FP8 && j < len ? ksc[j] : 1.0f;
 #pragma unroll
             for (int c = 0; c < ATTN_MAX_HEAD_DIM / 32; c++) {
                 const int d = lane + 32 * c;
-                if (d < hd) {
-                    s += qs[h * hd + d] * kr[c];
-                }
+                kr[u][c] = d < hd && j < len ? kv_load<KV>(kstore, rows[j] + d) * ks : 0.0f;
             }
-            s = warp_sum(s);
-            if (lane == 0) {
-                es[h * ATTN_SPLIT + j] = s * scale;
+        }
+#pragma unroll
+        for (int u = 0; u < ATTN_ROWS; u++) {
+            const int j = j0 + u * warps;
+            if (j >= len) {
+                break;
+            }
+            for (int h = 0; h < group; h++) {
+                float s = 0.0f;
+#pragma unroll
+                for (int c = 0; c < ATTN_MAX_HEAD_DIM / 32; c++) {
+                    const int d = lane + 32 * c;
+                    if (d < hd) {
+                        s += qs[h * hd + d] * kr[u][c];
+                    }
+                }
+                s = warp_sum(s);
+                if (lane == 0) {
+                    es[h * ATTN_SPLIT + j] = s * scale;
+                }
             }
         }
     }
@@ -178,19 +194,31 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
     }
     __syncthreads();
 
-    // Outputs: threads across the dimensions, each accumulating every query head of the group.
+    // Outputs: threads across the dimensions, each accumulating every query head of the group. The values
+    // of ATTN_ROWS positions are loaded before any is used (their loads in flight together); they are
+    // added in position order, as one at a time would.
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc[ATTN_MAX_GROUP];
 #pragma unroll
         for (int h = 0; h < ATTN_MAX_GROUP; h++) {
             acc[h] = 0.0f;
         }
-        for (int j = 0; j < len; j++) {
-            const float v = kv_load<KV>(vstore, rows[j] + d) * (KV == KV_FP8 ? vsc[j] : 1.0f);
+        for (int j0 = 0; j0 < len; j0 += ATTN_ROWS) {
+            float v[ATTN_ROWS];
 #pragma unroll
-            for (int h = 0; h < ATTN_MAX_GROUP; h++) {
-                if (h < group) {
-                    acc[h] += es[h * ATTN_SPLIT + j] * v;
+            for (int u = 0; u < ATTN_ROWS; u++) {
+                const int j = j0 + u;
+                v[u] = j < len ? kv_load<KV>(vstore, rows[j] + d) * (KV == KV_FP8 ? vsc[j] : 1.0f) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < ATTN_ROWS; u++) {
+                if (j0 + u < len) {
+#pragma unroll
+                    for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                        if (h < group) {
+                            acc[h] += es[h * ATTN_SPLIT + j0 + u] * v[u];
+                        }
+                    }
                 }
             }
         }
