@@ -25,7 +25,7 @@
 #define ATTN_THREADS 128
 #define ATTN_MAX_GROUP 16
 #define ATTN_MAX_HEAD_DIM 256
-// Positions whose key or value rows a thread loads before it uses them (loads in flight together).
+// Positions whose values a thread loads before it uses them (loads in flight together).
 #define ATTN_ROWS 4
 
 #define KV_F32 0
@@ -85,6 +85,46 @@ __device__ void merge_item(const float* partials, float* __restrict__ out, int i
     }
 }
 
+// Elements i .. i + 7 of a KV store (i a multiple of 8: a row starts at a multiple of head_dim, and
+// head_dim is one here), with one 16-byte load (8 for FP8) on the GPU; the stores are allocations, so
+// aligned to that.
+template <int KV>
+__device__ __forceinline__ void kv_load8(const void* store, long i, float* out) {
+#ifdef THORN_SIM
+    for (int u = 0; u < 8; u++) {
+        out[u] = kv_load<KV>(store, i + u);
+    }
+#else
+    if constexpr (KV == KV_F32) {
+        const float4 a = ((const float4*)store)[i / 4];
+        const float4 b = ((const float4*)store)[i / 4 + 1];
+        out[0] = a.x;
+        out[1] = a.y;
+        out[2] = a.z;
+        out[3] = a.w;
+        out[4] = b.x;
+        out[5] = b.y;
+        out[6] = b.z;
+        out[7] = b.w;
+    } else if constexpr (KV == KV_F16) {
+        const uint4 w = ((const uint4*)store)[i / 8];
+        const unsigned words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            out[2 * u] = f16_to_f32((unsigned short)(words[u] & 0xffffu));
+            out[2 * u + 1] = f16_to_f32((unsigned short)(words[u] >> 16));
+        }
+    } else {
+        const uint2 w = ((const uint2*)store)[i / 8];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            out[u] = e4m3_to_f32((w.x >> (8 * u)) & 0xffu);
+            out[4 + u] = e4m3_to_f32((w.y >> (8 * u)) & 0xffu);
+        }
+    }
+#endif
+}
+
 template <int KV>
 __device__ __forceinline__ void attention(const float* __restrict__ q, const void* __restrict__ kstore,
                                           const void* __restrict__ vstore, const float* __restrict__ kscale,
@@ -131,43 +171,46 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
     }
     __syncthreads();
 
-    // Scores: a warp per position, lanes across the head's dimensions. Each warp loads the key rows of
-    // ATTN_ROWS positions before it uses any (ATTN_THREADS / 32 apart, as one position at a time would
-    // take them), so their loads are in flight together; each score is summed as before.
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int warps = ATTN_THREADS / 32;
-    for (int j0 = warp; j0 < len; j0 += warps * ATTN_ROWS) {
-        float kr[ATTN_ROWS][ATTN_MAX_HEAD_DIM / 32];
+    // Scores: a thread per position, each query head's dot product summed in order over the dimensions:
+    // no shuffles, and a row's loads are its thread's own, 8 elements at a time where head_dim allows (the
+    // same sums either way). The query heads are read from shared memory, the same word by every thread.
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        const long r = rows[j];
+        const float ks = KV == KV_FP8 ? ksc[j] : 1.0f;
+        float s[ATTN_MAX_GROUP];
 #pragma unroll
-        for (int u = 0; u < ATTN_ROWS; u++) {
-            const int j = j0 + u * warps;
-            const float ks = KV == KV_FP8 && j < len ? ksc[j] : 1.0f;
+        for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+            s[h] = 0.0f;
+        }
+        if ((hd & 7) == 0) {
+            for (int d0 = 0; d0 < hd; d0 += 8) {
+                float k[8];
+                kv_load8<KV>(kstore, r + d0, k);
 #pragma unroll
-            for (int c = 0; c < ATTN_MAX_HEAD_DIM / 32; c++) {
-                const int d = lane + 32 * c;
-                kr[u][c] = d < hd && j < len ? kv_load<KV>(kstore, rows[j] + d) * ks : 0.0f;
+                for (int u = 0; u < 8; u++) {
+#pragma unroll
+                    for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                        if (h < group) {
+                            s[h] += qs[h * hd + d0 + u] * (k[u] * ks);
+                        }
+                    }
+                }
+            }
+        } else {
+            for (int d = 0; d < hd; d++) {
+                const float k = kv_load<KV>(kstore, r + d);
+#pragma unroll
+                for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                    if (h < group) {
+                        s[h] += qs[h * hd + d] * (k * ks);
+                    }
+                }
             }
         }
 #pragma unroll
-        for (int u = 0; u < ATTN_ROWS; u++) {
-            const int j = j0 + u * warps;
-            if (j >= len) {
-                break;
-            }
-            for (int h = 0; h < group; h++) {
-                float s = 0.0f;
-#pragma unroll
-                for (int c = 0; c < ATTN_MAX_HEAD_DIM / 32; c++) {
-                    const int d = lane + 32 * c;
-                    if (d < hd) {
-                        s += qs[h * hd + d] * kr[u][c];
-                    }
-                }
-                s = warp_sum(s);
-                if (lane == 0) {
-                    es[h * ATTN_SPLIT + j] = s * scale;
-                }
+        for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+            if (h < group) {
+                es[h * ATTN_SPLIT + j] = s[h] * scale;
             }
         }
     }
@@ -222,8 +265,11 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
                 }
             }
         }
-        for (int h = 0; h < group; h++) {
-            part[2 * group + h * hd + d] = acc[h];
+#pragma unroll
+        for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+            if (h < group) {
+                part[2 * group + h * hd + d] = acc[h];
+            }
         }
     }
     if (counters == nullptr) {
