@@ -5,9 +5,10 @@
 //
 // q: each token's n_heads x head_dim query, token rows `q_stride` floats apart (a fused QKV row's Q part).
 //
-// Work is split as the CPU splits it: an item is (token, kv head) with its `group` query heads (GQA), and
-// its positions are cut into splits of ATTN_SPLIT (256) at fixed offsets, so a token's result never depends
-// on what it was batched with. attention_* writes one partial per (item, split): per query head the running
+// Work is split like the CPU's: an item is (token, kv head) with its `group` query heads (GQA), and its
+// positions are cut into splits of ATTN_SPLIT (64; smaller than the CPU's, for more blocks at depth) at
+// fixed offsets, so a token's result never depends on what it was batched with. The grid may have more
+// splits than a token's positions fill (a power of two): those see nothing and the merge skips them. attention_* writes one partial per (item, split): per query head the running
 // max m, the sum l of exp(score - m), and the unnormalised output o, laid out [m (group) | l (group) |
 // o (group x head_dim)] like the CPU's partials, and the splits are combined (merge_item): by the last of
 // an item's blocks to finish, when the launch gives `counters` (one int per item, zero before the launch and
@@ -21,7 +22,7 @@
 // ancestors' slots in `seen`]. A position p < direct is at slot p; slot_of(p) = seen[off + p - direct]
 // otherwise. Positions before `attend_from` are not seen.
 
-#define ATTN_SPLIT 256
+#define ATTN_SPLIT 64
 #define ATTN_THREADS 128
 #define ATTN_MAX_GROUP 16
 #define ATTN_MAX_HEAD_DIM 256

@@ -24,9 +24,10 @@ pub struct KvStore {
     pub page_size: usize,
 }
 
-/// Positions per attention split (as the CPU backend's `ATTENTION_SPLIT`: fixed offsets, so a token's
-/// result does not depend on its batch).
-pub const ATTENTION_SPLIT: usize = 256;
+/// Positions per attention split (`ATTN_SPLIT` in attention.cu): fixed offsets, so a token's result does
+/// not depend on its batch. Small, so that a decode step at depth has many blocks: the positions of one
+/// split are one block's sequential work.
+pub const ATTENTION_SPLIT: usize = 64;
 /// The largest query group and head width the attention kernels take.
 pub const ATTENTION_MAX_GROUP: usize = 16;
 /// See [`ATTENTION_MAX_GROUP`].
@@ -48,7 +49,9 @@ pub struct BatchMeta {
     pub seqs: Vec<i32>,
     /// Per token: its position (RoPE).
     pub pos: Vec<i32>,
-    /// Attention splits the longest sequence needs.
+    /// Attention splits: those the longest sequence needs, rounded up to a power of two (the splits past a
+    /// sequence's end see nothing and are skipped by the merge), so that the launch, and the CUDA graph
+    /// of a decode step, changes only when the depth doubles.
     pub splits: usize,
     /// Positions before this are not attended to.
     pub attend_from: usize,
@@ -89,7 +92,7 @@ impl BatchMeta {
             .map(|s| s.start + s.len)
             .max()
             .unwrap_or(0);
-        self.splits = longest.div_ceil(ATTENTION_SPLIT).max(1);
+        self.splits = longest.div_ceil(ATTENTION_SPLIT).max(1).next_power_of_two();
         self.attend_from = batch.attend_from;
         Ok(())
     }
