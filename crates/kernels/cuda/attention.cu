@@ -126,6 +126,38 @@ __device__ __forceinline__ void kv_load8(const void* store, long i, float* out) 
 #endif
 }
 
+// acc[h] = sum over positions j in [from, to) of es[h][j] * value j's element d, for each of the group's
+// query heads, added in position order; the values of ATTN_ROWS positions are loaded before any is used
+// (their loads in flight together).
+template <int KV>
+__device__ __forceinline__ void weigh_values(const void* __restrict__ vstore, const long* rows, const float* vsc,
+                                             const float* es, int group, int d, int from, int to,
+                                             float* acc) {
+#pragma unroll
+    for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+        acc[h] = 0.0f;
+    }
+    for (int j0 = from; j0 < to; j0 += ATTN_ROWS) {
+        float v[ATTN_ROWS];
+#pragma unroll
+        for (int u = 0; u < ATTN_ROWS; u++) {
+            const int j = j0 + u;
+            v[u] = j < to ? kv_load<KV>(vstore, rows[j] + d) * (KV == KV_FP8 ? vsc[j] : 1.0f) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ATTN_ROWS; u++) {
+            if (j0 + u < to) {
+#pragma unroll
+                for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                    if (h < group) {
+                        acc[h] += es[h * ATTN_SPLIT + j0 + u] * v[u];
+                    }
+                }
+            }
+        }
+    }
+}
+
 template <int KV>
 __device__ __forceinline__ void attention(const float* __restrict__ q, const void* __restrict__ kstore,
                                           const void* __restrict__ vstore, const float* __restrict__ kscale,
@@ -238,38 +270,54 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
     }
     __syncthreads();
 
-    // Outputs: threads across the dimensions, each accumulating every query head of the group. The values
-    // of ATTN_ROWS positions are loaded before any is used (their loads in flight together); they are
-    // added in position order, as one at a time would.
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    // Outputs: threads across the dimensions, each accumulating every query head of the group. Where the
+    // head is at most half the block wide, the block's `parts` groups of head_dim threads take one
+    // contiguous share of the positions each, and share 0's threads add the others' in order at the end
+    // (qs, no longer read, holds them).
+    const int parts = hd <= (int)blockDim.x / 2 ? (int)blockDim.x / hd : 1;
+    if (parts > 1) {
+        const int p = (int)threadIdx.x / hd;
+        const int d = (int)threadIdx.x % hd;
+        const int share = (len + parts - 1) / parts;
         float acc[ATTN_MAX_GROUP];
+        if (p < parts) {
+            weigh_values<KV>(vstore, rows, vsc, es, group, d, min(p * share, len), min((p + 1) * share, len),
+                             acc);
+            if (p > 0) {
 #pragma unroll
-        for (int h = 0; h < ATTN_MAX_GROUP; h++) {
-            acc[h] = 0.0f;
-        }
-        for (int j0 = 0; j0 < len; j0 += ATTN_ROWS) {
-            float v[ATTN_ROWS];
-#pragma unroll
-            for (int u = 0; u < ATTN_ROWS; u++) {
-                const int j = j0 + u;
-                v[u] = j < len ? kv_load<KV>(vstore, rows[j] + d) * (KV == KV_FP8 ? vsc[j] : 1.0f) : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < ATTN_ROWS; u++) {
-                if (j0 + u < len) {
-#pragma unroll
-                    for (int h = 0; h < ATTN_MAX_GROUP; h++) {
-                        if (h < group) {
-                            acc[h] += es[h * ATTN_SPLIT + j0 + u] * v[u];
-                        }
+                for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                    if (h < group) {
+                        qs[((p - 1) * group + h) * hd + d] = acc[h];
                     }
                 }
             }
         }
+        __syncthreads();
+        if (p == 0) {
+            for (int o = 1; o < parts; o++) {
 #pragma unroll
-        for (int h = 0; h < ATTN_MAX_GROUP; h++) {
-            if (h < group) {
-                part[2 * group + h * hd + d] = acc[h];
+                for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                    if (h < group) {
+                        acc[h] += qs[((o - 1) * group + h) * hd + d];
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                if (h < group) {
+                    part[2 * group + h * hd + d] = acc[h];
+                }
+            }
+        }
+    } else {
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float acc[ATTN_MAX_GROUP];
+            weigh_values<KV>(vstore, rows, vsc, es, group, d, 0, len, acc);
+#pragma unroll
+            for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                if (h < group) {
+                    part[2 * group + h * hd + d] = acc[h];
+                }
             }
         }
     }
