@@ -13,7 +13,8 @@
 //!   or no GPU is present.
 //! * This file is the [`Device`] enum and its dispatch (each op's CPU arm calls into `cpu`, e.g. its
 //!   row loops in `cpu::rows`; its GPU arm into `gpu`); beside it `open.rs` ([`DeviceKind`],
-//!   [`DeviceError`]), `matrix.rs` ([`Matrix`], [`Input`], [`Workspace`]) and `gdn_run.rs` ([`GdnRun`],
+//!   [`DeviceError`]), `matrix.rs` ([`Matrix`], [`Input`], [`Workspace`], and the ops that make matrices
+//!   and multiply by them), `fused.rs` (ops fused where the device can) and `gdn_run.rs` ([`GdnRun`],
 //!   [`GdnSteps`]), re-exported here.
 //!
 //! # The API
@@ -68,12 +69,10 @@ pub use buf::{Buf, Edit, View, ViewMut};
 use cpu::Cpu;
 pub use cpu::gdn;
 pub use cpu::ops::rope_angles;
-use cpu::qmatmul::QMatrix;
 pub use cpu::simd::{MAX_GROUP, MAX_HEAD_DIM};
 use pages::PagePool;
 
 pub use gdn_run::{GdnRun, GdnSteps};
-use matrix::MatrixKind;
 pub use matrix::{Input, Matrix, Workspace};
 pub use open::{DeviceError, DeviceKind, default_kernel_cache};
 
@@ -244,185 +243,6 @@ impl Device {
         if let Device::Cuda(g) = self {
             g.finish();
         }
-    }
-
-    /// `rows` rows of `cols` weights of type `ty` (GGUF bytes) in this device's layout.
-    pub fn matrix(
-        &self,
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        data: &[u8],
-    ) -> Result<Matrix, DeviceError> {
-        match self {
-            Device::Cpu(_) => Ok(Matrix {
-                m: MatrixKind::Cpu(QMatrix::from_ggml(ty, rows, cols, data)?),
-            }),
-            Device::Cuda(g) => Ok(Matrix {
-                m: MatrixKind::Gpu(g.matrix(ty, rows, cols, data)?),
-            }),
-        }
-    }
-
-    /// [`Device::matrix`] of bytes a mapping keeps where they are while `owner` lives (a model file's
-    /// tensor): a GPU that reads host memory in place (unified memory: Jetson Thor) keeps `owner` and reads
-    /// the weights there instead of a copy; every other device lays them out as [`Device::matrix`] does.
-    pub fn mapped_matrix(
-        &self,
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        data: &[u8],
-        owner: &std::sync::Arc<dyn Send + Sync>,
-    ) -> Result<Matrix, DeviceError> {
-        match self {
-            Device::Cpu(_) => self.matrix(ty, rows, cols, data),
-            Device::Cuda(g) => Ok(Matrix {
-                m: MatrixKind::Gpu(g.mapped_matrix(ty, rows, cols, data, owner)?),
-            }),
-        }
-    }
-
-    /// A matrix of f32 rows (`f` is `rows × cols`, row-major).
-    pub fn matrix_f32(&self, rows: usize, cols: usize, f: Vec<f32>) -> Result<Matrix, DeviceError> {
-        Ok(Matrix {
-            m: match self {
-                Device::Cpu(_) => MatrixKind::Cpu(QMatrix::from_f32(rows, cols, f)),
-                Device::Cuda(g) => MatrixKind::Gpu(g.matrix_f32(rows, cols, &f)?),
-            },
-        })
-    }
-
-    /// Matrices with the same input size and layout stacked along the output dimension (fused QKV, gate/up);
-    /// `None` when they do not share a layout.
-    pub fn concat(&self, parts: Vec<Matrix>) -> Option<Matrix> {
-        if parts.len() == 1 {
-            return parts.into_iter().next();
-        }
-        let n = parts.len();
-        match self {
-            Device::Cpu(_) => {
-                let qs: Vec<QMatrix> = parts
-                    .into_iter()
-                    .filter_map(|m| match m.m {
-                        MatrixKind::Cpu(q) => Some(q),
-                        MatrixKind::Gpu(_) => None,
-                    })
-                    .collect();
-                if qs.len() != n {
-                    return None;
-                }
-                QMatrix::concat(&qs).map(|q| Matrix {
-                    m: MatrixKind::Cpu(q),
-                })
-            }
-            Device::Cuda(g) => {
-                let gs: Vec<gpu::GpuMatrix> = parts
-                    .into_iter()
-                    .filter_map(|m| match m.m {
-                        MatrixKind::Gpu(g) => Some(g),
-                        MatrixKind::Cpu(_) => None,
-                    })
-                    .collect();
-                if gs.len() != n {
-                    return None;
-                }
-                g.concat(gs).map(|m| Matrix {
-                    m: MatrixKind::Gpu(m),
-                })
-            }
-        }
-    }
-
-    /// Prepares `n` rows of `cols` activations of `x` as the input of one or more [`Device::matmul`]s (the
-    /// CPU quantizes them to 8 bits per block of 32 here, once for every matrix that reads them).
-    pub fn input<'a>(
-        &self,
-        x: impl Into<View<'a>>,
-        n: usize,
-        cols: usize,
-        ws: &'a mut Workspace,
-    ) -> Input<'a> {
-        let x = x.into().slice(..n * cols);
-        let acts = match self {
-            Device::Cpu(c) => {
-                c.quantize(x.host(), n, cols, &mut ws.qa);
-                None
-            }
-            Device::Cuda(g) => g.input(x, n, cols, &mut ws.gpu),
-        };
-        Input {
-            x,
-            n,
-            cols,
-            qa: &ws.qa,
-            acts,
-        }
-    }
-
-    /// `out[t * w.rows + r] = W[r] · x[t]` for every row of `x` (`out` grows to fit).
-    pub fn matmul(&self, w: &Matrix, x: &Input<'_>, out: &mut Buf) {
-        debug_assert_eq!(x.cols, w.cols(), "matmul input width");
-        let n = x.n * w.rows();
-        if let Err(e) = self.grow(out, n) {
-            panic!("matmul output: {e}");
-        }
-        match self {
-            Device::Cpu(c) => c.matmul(w.cpu(), x.qa, x.x.host(), out.at_mut(..).host()),
-            Device::Cuda(g) => g.matmul(w.gpu(), x.x, x.n, x.acts, out.at_mut(..n)),
-        }
-    }
-
-    /// The check path of a matmul: rows `row0..row0 + rows` of `out` (stride `stride` per token) from `rows`
-    /// stored rows of type `ty` dotted with f32 `x` (`n` tokens of `cols`), accumulated in f64 by the scalar
-    /// reference kernel. Slow by design; the fast path is [`Device::matmul`].
-    #[expect(clippy::too_many_arguments, reason = "a strided block of the output")]
-    pub fn matmul_reference<'v>(
-        &self,
-        ty: GgmlType,
-        data: &[u8],
-        rows: usize,
-        x: impl Into<View<'v>>,
-        n: usize,
-        cols: usize,
-        out: impl Into<ViewMut<'v>>,
-        stride: usize,
-        row0: usize,
-    ) -> Result<(), DeviceError> {
-        let (x, mut out) = (x.into(), out.into());
-        if !ty.has_reference_kernel() {
-            return Err(DeviceError::Unsupported {
-                device: "the reference path",
-                what: format!("weights of type {ty}"),
-            });
-        }
-        let rb = ty.row_bytes(cols).ok_or_else(|| DeviceError::Unsupported {
-            device: "the reference path",
-            what: format!("rows of {cols} weights of type {ty}"),
-        })?;
-        match self {
-            Device::Cpu(c) => {
-                c.reference_matmul(
-                    ty,
-                    data,
-                    rb,
-                    rows,
-                    x.host(),
-                    n,
-                    cols,
-                    out.host(),
-                    stride,
-                    row0,
-                );
-            }
-            // The check path runs on the host for every device: the GPU's buffers make the trip.
-            Device::Cuda(g) => {
-                let (x, mut o) = (g.download(x), g.download(out.as_view()));
-                cpu::rows::reference_matmul(ty, data, rb, rows, &x, n, cols, &mut o, stride, row0);
-                g.upload(&out.slice(..), &o);
-            }
-        }
-        Ok(())
     }
 
     /// Rows `tokens` of an embedding table of type `ty` (`d` values per row, `table` its bytes), dequantized

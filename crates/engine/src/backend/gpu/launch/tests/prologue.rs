@@ -91,16 +91,7 @@ fn a_prologue_gives_the_bits_of_the_unfused_launches() {
 }
 
 fn a_prologue_gives_the_bits_of_the_unfused_launches_on(d: &dyn TestDev) {
-    for ty in [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-        GgmlType::NVFP4,
-        GgmlType::F32,
-        GgmlType::F16,
-    ] {
+    for ty in FORMATS {
         let cols = if ty.block_size() == 256 { 512 } else { 576 };
         for case in [Case::Floats, Case::Norm, Case::Swiglu] {
             // Rows not a multiple of the block's 4; one token (decode), an odd count, a full launch, two
