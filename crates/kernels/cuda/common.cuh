@@ -61,6 +61,20 @@ __device__ __forceinline__ float warp_rms_scale(const float* __restrict__ x, int
     return (float)(1.0 / sqrt(ss / (double)d + (double)eps));
 }
 
+// warp_rms_scale of a row for a whole block: warp 0 computes it, every thread of the block gets it (all
+// call this; the block's threads wait for warp 0).
+__device__ __forceinline__ float block_rms_scale(const float* __restrict__ x, int d, float eps) {
+    __shared__ float row_scale;
+    if (threadIdx.x < 32 && threadIdx.y == 0 && threadIdx.z == 0) {
+        const float s = warp_rms_scale(x, d, eps);
+        if (threadIdx.x == 0) {
+            row_scale = s;
+        }
+    }
+    __syncthreads();
+    return row_scale;
+}
+
 // Value `v` at index `i` quantized to 8 bits with the 31 other lanes of its warp, which hold the rest of its
 // block of 32 (indices i & ~31 .. i | 31), as the CPU backend does (`quantize_block_ref`): the block's scale
 // d = max|v| / 127, q = round-half-even(v * (1 / d)), and lane 0 writes (d, d * sum q) (the sum for the

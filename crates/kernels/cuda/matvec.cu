@@ -280,36 +280,17 @@ __device__ __forceinline__ void matvec(const unsigned char* __restrict__ w, cons
     }
 }
 
-extern "C" __global__ void matvec_q4_0(const unsigned char* w, const signed char* q, const float2* ds,
-                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
-                                       int stride, float scale, int add, int mode, float eps) {
-    matvec<FMT_Q4_0>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
-}
-extern "C" __global__ void matvec_q4_1(const unsigned char* w, const signed char* q, const float2* ds,
-                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
-                                       int stride, float scale, int add, int mode, float eps) {
-    matvec<FMT_Q4_1>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
-}
-extern "C" __global__ void matvec_q8_0(const unsigned char* w, const signed char* q, const float2* ds,
-                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
-                                       int stride, float scale, int add, int mode, float eps) {
-    matvec<FMT_Q8_0>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
-}
-extern "C" __global__ void matvec_q4_k(const unsigned char* w, const signed char* q, const float2* ds,
-                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
-                                       int stride, float scale, int add, int mode, float eps) {
-    matvec<FMT_Q4_K>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
-}
-extern "C" __global__ void matvec_q6_k(const unsigned char* w, const signed char* q, const float2* ds,
-                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
-                                       int stride, float scale, int add, int mode, float eps) {
-    matvec<FMT_Q6_K>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
-}
-extern "C" __global__ void matvec_nvfp4(const unsigned char* w, const signed char* q, const float2* ds,
-                                       const float* x, const float* nw, float* out, int rows, int cols, int nt,
-                                       int stride, float scale, int add, int mode, float eps) {
-    matvec<FMT_NVFP4>(w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps);
-}
+#define MATVEC_ARGS                                                                                         \
+    const unsigned char *w, const signed char *q, const float2 *ds, const float *x, const float *nw,       \
+        float *out, int rows, int cols, int nt, int stride, float scale, int add, int mode, float eps
+#define MATVEC_CALL w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps
+
+extern "C" __global__ void matvec_q4_0(MATVEC_ARGS) { matvec<FMT_Q4_0>(MATVEC_CALL); }
+extern "C" __global__ void matvec_q4_1(MATVEC_ARGS) { matvec<FMT_Q4_1>(MATVEC_CALL); }
+extern "C" __global__ void matvec_q8_0(MATVEC_ARGS) { matvec<FMT_Q8_0>(MATVEC_CALL); }
+extern "C" __global__ void matvec_q4_k(MATVEC_ARGS) { matvec<FMT_Q4_K>(MATVEC_CALL); }
+extern "C" __global__ void matvec_q6_k(MATVEC_ARGS) { matvec<FMT_Q6_K>(MATVEC_CALL); }
+extern "C" __global__ void matvec_nvfp4(MATVEC_ARGS) { matvec<FMT_NVFP4>(MATVEC_CALL); }
 
 // Float weights (f32, or f16 as bits) times float activations (nt x cols, read in `mode` as above, never
 // MV_QUANTIZED), for the matrices that are not block-quantized. Same launch shape; lanes stride over the

@@ -9,17 +9,9 @@
 // x, out: rows x d (row-major); w: d.
 extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w,
                                        float* __restrict__ out, int d, float eps) {
-    __shared__ float row_scale;
     const float* xr = x + (long)blockIdx.x * d;
     float* orow = out + (long)blockIdx.x * d;
-    if (threadIdx.x < 32) {
-        const float s = warp_rms_scale(xr, d, eps);
-        if (threadIdx.x == 0) {
-            row_scale = s;
-        }
-    }
-    __syncthreads();
-    const float scale = row_scale;
+    const float scale = block_rms_scale(xr, d, eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         orow[i] = xr[i] * scale * w[i];
     }

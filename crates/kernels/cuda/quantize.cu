@@ -27,17 +27,9 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, signed cha
 extern "C" __global__ void rmsnorm_quantize_q8_1(const float* __restrict__ x, const float* __restrict__ w,
                                                  signed char* __restrict__ q, float2* __restrict__ ds,
                                                  float* __restrict__ out, int d, float eps) {
-    __shared__ float row_scale;
     const long r = blockIdx.x;
     const float* xr = x + r * d;
-    if (threadIdx.x < 32) {
-        const float s = warp_rms_scale(xr, d, eps);
-        if (threadIdx.x == 0) {
-            row_scale = s;
-        }
-    }
-    __syncthreads();
-    const float scale = row_scale;
+    const float scale = block_rms_scale(xr, d, eps);
     const int lane = threadIdx.x & 31;
     const int warps = blockDim.x >> 5;
     for (int b = threadIdx.x >> 5; b < d / 32; b += warps) {

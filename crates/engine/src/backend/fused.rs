@@ -8,6 +8,23 @@ use super::pages::PagePool;
 use super::{Buf, Device, Input, Matrix, Rope, View, ViewMut, Workspace, gpu};
 
 impl<'a> Input<'a> {
+    /// The input a GPU prepared (`acts`) for `n` rows of `cols`, with `out` as its floats.
+    fn prepared(
+        out: &'a Buf,
+        n: usize,
+        cols: usize,
+        ws: &'a Workspace,
+        acts: gpu::launch::Acts,
+    ) -> Self {
+        Input {
+            x: out.at(..n * cols),
+            n,
+            cols,
+            qa: &ws.qa,
+            acts: Some(acts),
+        }
+    }
+
     /// The floats it was prepared from (`rows × cols`). An input a GPU left to the products' prologue
     /// (a norm or a SwiGLU) has not written them: a caller that reads them prepares its inputs with an
     /// eager workspace ([`Workspace::eager`]).
@@ -53,22 +70,14 @@ impl Device {
         ws: &'a mut Workspace,
     ) -> Input<'a> {
         let (x, w) = (x.into(), w.into());
-        let acts = match self {
-            Device::Cpu(_) => {
-                self.rmsnorm_rows(x, w, eps, n, d, out.at_mut(..n * d));
-                let out: &'a Buf = out;
-                return self.input(out.at(..n * d), n, d, ws);
-            }
-            Device::Cuda(g) => g.norm_input(x, w, eps, n, d, out.at_mut(..n * d), &mut ws.gpu),
-        };
-        let out: &'a Buf = out;
-        Input {
-            x: out.at(..n * d),
-            n,
-            cols: d,
-            qa: &ws.qa,
-            acts,
+        if let Device::Cuda(g) = self
+            && let Some(acts) = g.norm_input(x, w, eps, n, d, out.at_mut(..n * d), &mut ws.gpu)
+        {
+            return Input::prepared(out, n, d, ws, acts);
         }
+        self.rmsnorm_rows(x, w, eps, n, d, out.at_mut(..n * d));
+        let out: &'a Buf = out;
+        self.input(out.at(..n * d), n, d, ws)
     }
 
     /// SwiGLU of `n` fused `[gate (f) | up (f)]` rows of `gu` into `out` (grown to `n × f` by the caller),
@@ -83,22 +92,14 @@ impl Device {
         ws: &'a mut Workspace,
     ) -> Input<'a> {
         let gu = gu.into();
-        let acts = match self {
-            Device::Cpu(_) => {
-                self.swiglu_rows(gu, n, f, out.at_mut(..n * f));
-                let out: &'a Buf = out;
-                return self.input(out.at(..n * f), n, f, ws);
-            }
-            Device::Cuda(g) => g.swiglu_input(gu, n, f, out.at_mut(..n * f), &mut ws.gpu),
-        };
-        let out: &'a Buf = out;
-        Input {
-            x: out.at(..n * f),
-            n,
-            cols: f,
-            qa: &ws.qa,
-            acts,
+        if let Device::Cuda(g) = self
+            && let Some(acts) = g.swiglu_input(gu, n, f, out.at_mut(..n * f), &mut ws.gpu)
+        {
+            return Input::prepared(out, n, f, ws, acts);
         }
+        self.swiglu_rows(gu, n, f, out.at_mut(..n * f));
+        let out: &'a Buf = out;
+        self.input(out.at(..n * f), n, f, ws)
     }
 
     /// `out[t * w.rows + r] += W[r] · x[t]` for every row of `x` (a residual; `out` holds at least
@@ -113,7 +114,7 @@ impl Device {
                 self.matmul(w, x, tmp);
                 self.add(out.at_mut(..n), tmp.at(..n));
             }
-            Device::Cuda(g) => g.matmul_add(w.gpu(), x.x, x.n, x.acts, out.at_mut(..n)),
+            Device::Cuda(g) => g.matmul(w.gpu(), x.x, x.n, x.acts, out.at_mut(..n), true),
         }
     }
 
@@ -137,39 +138,43 @@ impl Device {
         n_angles: usize,
     ) {
         let mut rows = rows.into();
-        let shape = pool.shape();
-        let (hd, kvw, n) = (
-            shape.head_dim,
-            shape.n_kv_heads * shape.head_dim,
-            batch.len(),
-        );
-        match self {
-            Device::Cpu(_) => {
-                let (qw, width) = (n_heads * hd, n_heads * hd + kvw);
-                self.rope_rows(
-                    kind,
-                    rows.slice(..),
-                    n,
-                    stride,
-                    width,
-                    hd,
-                    &batch.pos,
-                    table,
-                    n_angles,
-                );
-                let all = rows.as_view();
-                self.write_kv_rows(
-                    pool,
-                    batch,
-                    layer,
-                    all.slice(qw..),
-                    all.slice(width..),
-                    stride,
-                );
-            }
-            Device::Cuda(g) => g.rope_write_kv(
-                kind, pool, batch, layer, rows, stride, n_heads, &batch.pos, table, n_angles,
-            ),
+        if let Device::Cuda(g) = self
+            && g.rope_write_kv(
+                kind,
+                pool,
+                batch,
+                layer,
+                rows.slice(..),
+                stride,
+                n_heads,
+                table,
+                n_angles,
+            )
+        {
+            return;
         }
+        let shape = pool.shape();
+        let hd = shape.head_dim;
+        let (qw, width) = (n_heads * hd, (n_heads + shape.n_kv_heads) * hd);
+        self.rope_rows(
+            kind,
+            rows.slice(..),
+            batch.len(),
+            stride,
+            width,
+            hd,
+            &batch.pos,
+            table,
+            n_angles,
+        );
+        let all = rows.as_view();
+        self.write_kv_rows(
+            pool,
+            batch,
+            layer,
+            all.slice(qw..),
+            all.slice(width..),
+            stride,
+        );
     }
 }

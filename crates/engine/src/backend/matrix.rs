@@ -216,7 +216,7 @@ impl Device {
         }
         match self {
             Device::Cpu(c) => c.matmul(w.cpu(), x.qa, x.x.host(), out.at_mut(..).host()),
-            Device::Cuda(g) => g.matmul(w.gpu(), x.x, x.n, x.acts, out.at_mut(..n)),
+            Device::Cuda(g) => g.matmul(w.gpu(), x.x, x.n, x.acts, out.at_mut(..n), false),
         }
     }
 

@@ -384,13 +384,9 @@ impl GpuDevice {
         }
     }
 
-    /// `out[t * w.rows + r] = W[r] · x[t]` for the `n` rows of `x` (`q`: their quantized copy).
-    pub fn matmul(&self, w: &GpuMatrix, x: View<'_>, n: usize, q: Option<Acts>, out: ViewMut<'_>) {
-        self.product(w, x, n, q, out, false);
-    }
-
-    /// [`GpuDevice::matmul`], or with `add` the products added to what `out` holds.
-    fn product(
+    /// `out[t * w.rows + r] = W[r] · x[t]` for the `n` rows of `x` (`q`: their prepared input), or with
+    /// `add` the products added to what `out` holds (a residual, in the same launch).
+    pub fn matmul(
         &self,
         w: &GpuMatrix,
         x: View<'_>,

@@ -1,8 +1,9 @@
 //! The GPU device's fused ops: what two or three device ops do, in one launch, with their bits (see
 //! [`crate::backend::Device::norm_input`] and the ops beside it). Where a kernel cannot take the shape
-//! (widths that are not whole blocks of 32, FP8 pages, NeoX rotation) the unfused ops run.
+//! (widths that are not whole blocks of 32, FP8 pages, NeoX rotation) they say so and run nothing: the
+//! device API runs the unfused ops then, as on the CPU.
 
-use super::{GpuDevice, GpuMatrix, Quantized, fail};
+use super::{GpuDevice, Quantized, fail};
 use crate::backend::Rope;
 use crate::backend::batch::Batch;
 use crate::backend::buf::{View, ViewMut};
@@ -13,8 +14,8 @@ use crate::kv::KvDtype;
 impl GpuDevice {
     /// RMS norm of `n` rows of `d` floats of `x` (weight `w`) as the matrix products' input: left to each
     /// product's prologue where it can take it (no launch here, `out` not written), else into `out` and
-    /// its quantized copy, `rmsnorm_rows` then `input` in one launch (`None`: `d` is not whole blocks, and
-    /// only the norm ran).
+    /// its quantized copy, `rmsnorm_rows` then `input` in one launch. `None`: `d` is not whole blocks of
+    /// 32, nothing ran (the caller runs the unfused ops).
     #[expect(
         clippy::too_many_arguments,
         reason = "a norm's shape and its two outputs"
@@ -30,7 +31,6 @@ impl GpuDevice {
         s: &mut Quantized,
     ) -> Option<Acts> {
         if !d.is_multiple_of(32) {
-            self.rmsnorm_rows(x, w, eps, n, d, out);
             return None;
         }
         assert!(
@@ -51,8 +51,7 @@ impl GpuDevice {
 
     /// SwiGLU of `n` fused `[gate | up]` rows of `2 f` as the down projection's input: left to its
     /// prologue where it can take it (no launch here, `out` not written), else into `out` and its quantized
-    /// copy, `swiglu_rows` then `input` in one launch (`None`: `f` is not whole blocks, and only the SwiGLU
-    /// ran).
+    /// copy, `swiglu_rows` then `input` in one launch. `None`: `f` is not whole blocks of 32, nothing ran.
     pub fn swiglu_input(
         &self,
         gu: View<'_>,
@@ -62,7 +61,6 @@ impl GpuDevice {
         s: &mut Quantized,
     ) -> Option<Acts> {
         if !f.is_multiple_of(32) {
-            self.swiglu_rows(gu, n, f, out);
             return None;
         }
         assert!(gu.len() >= n * 2 * f && out.len() >= n * f, "swiglu sizes");
@@ -75,21 +73,10 @@ impl GpuDevice {
         Some(a)
     }
 
-    /// `out[t * w.rows + r] += W[r] · x[t]` (a residual): `matmul` then `add` in one launch per part.
-    pub fn matmul_add(
-        &self,
-        w: &GpuMatrix,
-        x: View<'_>,
-        n: usize,
-        q: Option<Acts>,
-        out: ViewMut<'_>,
-    ) {
-        self.product(w, x, n, q, out, true);
-    }
-
     /// RoPE of fused `[Q | K | V]` rows (`n_heads` query heads, then the pool's KV heads, of `head_dim`)
     /// and the write of their K and V into `layer`'s page slots: `rope_rows` then `write_kv_rows` in one
-    /// launch, for normal rotation over f32 and f16 pages.
+    /// launch, for normal rotation over f32 and f16 pages. `false`: another rotation or FP8 pages (which
+    /// rescale in token order), nothing ran.
     #[expect(
         clippy::too_many_arguments,
         reason = "a strided batch of rows and its pages"
@@ -103,45 +90,22 @@ impl GpuDevice {
         rows: ViewMut<'_>,
         stride: usize,
         n_heads: usize,
-        positions: &[u32],
         table: &[(f32, f32)],
         n_angles: usize,
-    ) {
+    ) -> bool {
+        if kind != Rope::Normal || pool.dtype() == KvDtype::Fp8 {
+            return false;
+        }
         let shape = pool.shape();
         let (hd, kvw) = (shape.head_dim, shape.n_kv_heads * shape.head_dim);
         let n = batch.len();
-        let (qw, width) = (n_heads * hd, n_heads * hd + kvw);
-        if kind != Rope::Normal || pool.dtype() == KvDtype::Fp8 {
-            let mut rows = rows;
-            self.rope_rows(
-                kind,
-                rows.slice(..),
-                n,
-                stride,
-                width,
-                hd,
-                positions,
-                table,
-                n_angles,
-            );
-            let all = rows.as_view();
-            self.write_kv_rows(
-                pool,
-                batch,
-                layer,
-                all.slice(qw..),
-                all.slice(width..),
-                stride,
-            );
-            return;
-        }
         assert!(
-            n == 0 || rows.len() >= (n - 1) * stride + width + kvw,
+            n == 0 || rows.len() >= (n - 1) * stride + n_heads * hd + 2 * kvw,
             "fused QKV rows"
         );
         let s = &mut *self.staging();
         let (pp, tp) = s
-            .rope_rows(&self.q, &positions[..n], table, n_angles)
+            .rope_rows(&self.q, &batch.pos[..n], table, n_angles)
             .unwrap_or_else(|e| fail("RoPE and KV write", e));
         let b = s
             .batch(&self.q, batch, pool.page_size())
@@ -151,5 +115,6 @@ impl GpuDevice {
         self.run("RoPE and KV write", |l| {
             launch::rope_kv_write(l, &store, &b, layer, xp, stride, n_heads, pp, tp, n_angles)
         });
+        true
     }
 }
