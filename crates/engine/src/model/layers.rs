@@ -157,7 +157,7 @@ impl Linear {
         out: &mut Buf,
     ) -> Result<(), ModelError> {
         let x = x.into();
-        if let Some(r) = self.reference(run, x, n, out) {
+        if let Some(r) = self.reference(run, || x, n, out) {
             return r;
         }
         let input = run.dev.input(x, n, self.q.cols(), ws);
@@ -167,10 +167,7 @@ impl Linear {
 
     /// [`Linear::apply`] to an input already prepared (by [`Device::norm_input`], say).
     pub fn apply_to(&self, run: &Run<'_>, x: &Input<'_>, out: &mut Buf) -> Result<(), ModelError> {
-        // The floats are read only on the reference path (a GPU may not have written them otherwise).
-        if run.reference.is_some()
-            && let Some(r) = self.reference(run, x.floats(), x.rows(), out)
-        {
+        if let Some(r) = self.reference(run, || x.floats(), x.rows(), out) {
             return r;
         }
         run.dev.matmul(&self.q, x, out);
@@ -187,9 +184,7 @@ impl Linear {
         tmp: &mut Buf,
     ) -> Result<(), ModelError> {
         let n = x.rows() * self.q.rows();
-        if run.reference.is_some()
-            && let Some(r) = self.reference(run, x.floats(), x.rows(), tmp)
-        {
+        if let Some(r) = self.reference(run, || x.floats(), x.rows(), tmp) {
             r?;
             run.dev.add(out.at_mut(..n), tmp.at(..n));
             return Ok(());
@@ -198,15 +193,17 @@ impl Linear {
         Ok(())
     }
 
-    /// The reference path's product (`None`: the fast path runs).
-    fn reference(
+    /// The reference path's product (`None`: the fast path runs). The input's floats are asked for only
+    /// here (a GPU may not have written a prepared input's otherwise).
+    fn reference<'v>(
         &self,
         run: &Run<'_>,
-        x: View<'_>,
+        x: impl FnOnce() -> View<'v>,
         n: usize,
         out: &mut Buf,
     ) -> Option<Result<(), ModelError>> {
         let g = run.reference.filter(|_| !self.parts.is_empty())?;
+        let x = x();
         let (rows, cols) = (self.q.rows(), self.q.cols());
         let mut product = || -> Result<(), ModelError> {
             run.dev.grow(out, n * rows)?;
