@@ -245,6 +245,41 @@ impl Device {
         }
     }
 
+    /// Starts a forward pass of `batch` under `key` (the model's part: which model and scratch, the rows
+    /// that want logits; see [`gpu::plan`]), after staging what its ops read (the batch's metadata, its
+    /// RoPE rows `(table, angles per position)` when given). On a GPU with graphs on, a pass seen before
+    /// under the same key is replayed whole and this returns `true`: the model runs none of its ops and
+    /// reads its results. Otherwise `false`: the model runs its ops, then calls [`Device::end_step`]. An
+    /// empty key (a pass the model does not plan) and the CPU always run the ops.
+    pub fn begin_step(
+        &self,
+        key: &mut gpu::StepKey,
+        pool: &mut PagePool,
+        batch: &Batch,
+        rope: Option<(&[(f32, f32)], usize)>,
+    ) -> Result<bool, DeviceError> {
+        match self {
+            Device::Cpu(_) => Ok(false),
+            Device::Cuda(g) => g.begin_step(key, pool, batch, rope),
+        }
+    }
+
+    /// Ends the pass [`Device::begin_step`] started, when the model ran its ops.
+    pub fn end_step(&self) {
+        if let Device::Cuda(g) = self {
+            g.end_step();
+        }
+    }
+
+    /// Whether a GPU device records a pass that could be replayed and checks it against its plan
+    /// (on in the tests; see [`gpu::plan`]).
+    #[cfg(test)]
+    pub(crate) fn verify_steps(&self, on: bool) {
+        if let Device::Cuda(g) = self {
+            g.verify_steps(on);
+        }
+    }
+
     /// Rows `tokens` of an embedding table of type `ty` (`d` values per row, `table` its bytes), dequantized
     /// exactly into `out` (`tokens.len() × d`).
     pub fn embed<'v>(

@@ -104,6 +104,17 @@ pub(crate) const SMOLLM2_135M: LlamaShape = LlamaShape {
 /// embedding tied to the output (as SmolLM2's): what a runtime that never runs its kernels needs to load
 /// and run the model (the launch budget, the host time per step). Its numbers mean nothing.
 pub(crate) fn skeleton_llama(shape: LlamaShape, ty: GgmlType) -> crate::gguf::Gguf {
+    llama_gguf(shape, ty, None)
+}
+
+/// A Llama GGUF of `shape` with seeded random `ty` weights and norms near one: a model whose logits
+/// differ between tokens and positions, for tests that compare two ways of running it.
+pub(crate) fn random_llama(shape: LlamaShape, ty: GgmlType, seed: u64) -> crate::gguf::Gguf {
+    llama_gguf(shape, ty, Some(seed))
+}
+
+/// [`skeleton_llama`] (zeros, `seed` `None`) or [`random_llama`].
+fn llama_gguf(shape: LlamaShape, ty: GgmlType, seed: Option<u64>) -> crate::gguf::Gguf {
     use crate::gguf::{GgufBuilder, Value};
     let LlamaShape {
         layers,
@@ -114,9 +125,17 @@ pub(crate) fn skeleton_llama(shape: LlamaShape, ty: GgmlType) -> crate::gguf::Gg
         vocab,
     } = shape;
     let kvd = kv_heads * (d / heads);
+    let next = std::cell::Cell::new(seed.unwrap_or(0));
+    let seeded = || {
+        next.set(next.get() + 1);
+        seed.map(|_| next.get())
+    };
     let matrix = |cols: usize, rows: usize| {
-        let bytes = ty.row_bytes(cols).expect("whole blocks per row") * rows;
-        (vec![cols as u64, rows as u64], vec![0u8; bytes])
+        let bytes = match seeded() {
+            Some(s) => quantize_rows(ty, rows, cols, s),
+            None => vec![0u8; ty.row_bytes(cols).expect("whole blocks per row") * rows],
+        };
+        (vec![cols as u64, rows as u64], bytes)
     };
     let u = |v: usize| Value::U32(v as u32);
     let mut b = GgufBuilder::new()
@@ -128,7 +147,13 @@ pub(crate) fn skeleton_llama(shape: LlamaShape, ty: GgmlType) -> crate::gguf::Gg
         .kv("llama.feed_forward_length", u(ffn))
         .kv("llama.vocab_size", u(vocab))
         .kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
-    let norm = |n: usize| (vec![n as u64], vec![0u8; 4 * n]);
+    let norm = |n: usize| {
+        let v = match seeded() {
+            Some(s) => data(n, s).iter().map(|x| 1.0 + x / 4.0).collect(),
+            None => vec![0f32; n],
+        };
+        (vec![n as u64], bytemuck::cast_slice(&v).to_vec())
+    };
     let add = |b: GgufBuilder, name: &str, (dims, data): (Vec<u64>, Vec<u8>), t| {
         b.tensor(name, &dims, t, data)
     };

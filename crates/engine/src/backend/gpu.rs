@@ -11,7 +11,10 @@
 //! is not uploaded again: a decode step uploads its batch metadata once for all its layers.
 //!
 //! With CUDA graphs on (the default), the launches between two host waits are recorded and a repeated
-//! segment is replayed as one captured graph ([`Queue`]).
+//! segment is replayed as one captured graph ([`Queue`]). A model's forward pass goes further ([`plan`]):
+//! it stages its inputs first, and a pass seen before under the same [`StepKey`] is replayed whole, its
+//! ops not run on the host at all (a decode step's host time is then its uploads, one graph launch and
+//! the logits' download).
 //!
 //! The KV page pool is memory the GPU and the host both address ([`SharedMem`]: CUDA managed memory, which
 //! stays in device memory while the GPU uses it), so that the prefix cache's page copies run on the host
@@ -29,6 +32,7 @@
 //! | [`Device::Cuda`](super::Device::Cuda) | the GPU arm of the device enum: a [`GpuDevice`] (on a CUDA GPU, or the simulator in the tests) |
 //! | [`GpuDevice`] ([`device`]) | the GPU device: every op as kernel launches on a [`Queue`], its weights ([`GpuMatrix`]) and staging |
 //! | [`GpuRuntime`] ([`runtime`]) | where the kernels run and the memory lives: a CUDA GPU or the simulator; [`Queue`] records and replays its launches as graphs |
+//! | [`StepKey`] ([`plan`]) | a forward pass's step plan: what its launches depend on; a pass seen before replays whole |
 //! | [`DevMem`], [`GpuBuf`], [`SharedMem`], [`DevVec`] ([`mem`]) | device memory: an allocation, a `Buf`'s storage, the KV pool's host-shared memory, staging |
 //! | [`launch`] | each kernel's launch (its arguments and checks), shared by every runtime; its tests run on the simulator |
 //! | `cuda::Gpu` ([`cuda`]) | the CUDA runtime (built with the `cuda` feature): one context and stream, kernels compiled by `nvrtc` into the kernel cache; `cuda::Cuda` is the driver's probes. Without the feature [`cuda`] is a stub whose `open` says so |
@@ -38,6 +42,7 @@
 pub mod device;
 pub mod launch;
 pub mod mem;
+pub mod plan;
 pub mod runtime;
 
 #[cfg(not(feature = "cuda"))]
@@ -55,4 +60,5 @@ mod tests;
 
 pub use device::{GpuDevice, GpuMatrix, Quantized};
 pub use mem::{DevMem, DevVec, GpuBuf, SharedMem};
+pub use plan::{PlanId, StepKey};
 pub use runtime::{GpuRuntime, Graph, GraphStats, KernelTimes, Queue};

@@ -17,6 +17,7 @@
 use super::ModelError;
 use super::layers::{HeadScratch, Linear, LmHead, Mlp, MlpScratch, Run, mark};
 pub use super::layers::{Profile, Stage};
+use crate::backend::gpu::{PlanId, StepKey};
 use crate::backend::{Buf, Device, MAX_GROUP, MAX_HEAD_DIM, Rope, Workspace, rope_angles};
 use crate::gguf::{Gguf, TensorInfo};
 pub use crate::kv::Logits;
@@ -127,6 +128,8 @@ pub struct Llama {
     layers: Vec<Layer>,
     head: LmHead,
     precision: Precision,
+    /// Names it in step-plan keys.
+    plan: PlanId,
 }
 
 /// Per-forward buffers, reused across calls (nothing is allocated per token once they have grown).
@@ -142,6 +145,9 @@ pub struct Scratch {
     ws: Workspace,
     /// RoPE `(cos, sin)` for positions `0..rope.len() / (head_dim / 2)`, grown on demand.
     rope: Vec<(f32, f32)>,
+    /// The pass's step-plan key (see [`Device::begin_step`]), and what names these buffers in it.
+    key: StepKey,
+    plan: PlanId,
     /// Time per stage, when enabled.
     pub profile: Option<Profile>,
 }
@@ -213,6 +219,7 @@ impl Llama {
             cfg,
             gguf,
             precision: Precision::Quantized,
+            plan: PlanId::default(),
         })
     }
 
@@ -309,6 +316,25 @@ impl Llama {
             s.x.at_mut(..n * d),
         )?;
 
+        // The pass's plan key: this model, this scratch (its buffers), the rows that want logits. The
+        // reference path reads host weights: it is not planned. (A GPU's profile times only the host's
+        // queueing, so a replayed pass has no stages to time.)
+        s.key.clear();
+        let mut rows = 0;
+        if self.precision == Precision::Quantized {
+            for v in [self.plan.get(), s.plan.get(), self.layers.len() as u64] {
+                s.key.push(v);
+            }
+            batch.for_each_logit_run(|r| {
+                rows += r.len();
+                s.key.push(r.start as u64);
+                s.key.push(r.end as u64);
+            });
+        }
+        if dev.begin_step(&mut s.key, pool, batch, Some((&s.rope, hd / 2)))? {
+            return Ok(s.head.logits.read_back(rows * c.vocab));
+        }
+
         let run = Run {
             dev,
             reference: (self.precision == Precision::Reference).then_some(&*self.gguf),
@@ -359,6 +385,7 @@ impl Llama {
         let len = self
             .head
             .forward(&run, &s.x, batch, &mut s.head, &mut s.ws, &mut s.profile)?;
+        dev.end_step();
         Ok(s.head.logits.read_back(len))
     }
 }
@@ -519,13 +546,102 @@ mod tests {
         };
         time("graphs off");
         dev.set_graphs(true);
+        // Timed as served: a step seen before is replayed from its plan, not recorded to be checked.
+        dev.verify_steps(false);
         time("graphs on");
+        let st = dev.graph_stats().unwrap();
+        println!(
+            "steps replayed from a plan: {} of {} graph replays",
+            st.steps, st.replays
+        );
         kv.release(seq, None);
         assert!(
             c.launches <= DECODE_LAUNCH_BUDGET,
             "{} launches per decode step, over the budget of {DECODE_LAUNCH_BUDGET}",
             c.launches
         );
+    }
+
+    /// Decode steps replayed whole from their step plans (none of the model's ops run on the host) give
+    /// the bits of the same steps run op by op, through what a plan must notice between two steps: a new
+    /// page every 16 positions, the attention's splits doubling at 64, a second sequence joining the batch
+    /// (another shape) and leaving, the staging growing for it; and most steps are replayed.
+    #[test]
+    fn decode_steps_replayed_from_their_plans_match_steps_run_op_by_op() {
+        use crate::testutil::{LlamaShape, random_llama};
+        let shape = LlamaShape {
+            layers: 2,
+            d_model: 128,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 256,
+            vocab: 512,
+        };
+        let g = Arc::new(random_llama(shape, crate::quant::GgmlType::Q4_1, 3));
+        let passes = |dev: &Device| {
+            let model = Llama::load(Arc::clone(&g), dev).unwrap();
+            let mut kv = KvCache::on(
+                dev,
+                model.kv_shape(),
+                KvConfig {
+                    dtype: KvDtype::F16,
+                    page_size: 16,
+                    memory: 1 << 22,
+                    cache_output: false,
+                    ..KvConfig::default()
+                },
+            )
+            .unwrap();
+            let mut s = Scratch::default();
+            let (mut a, mut b) = (kv.acquire(&[]), kv.acquire(&[]));
+            let mut out = Vec::new();
+            let mut pass = |kv: &mut KvCache, seqs: &mut [(&mut crate::kv::SeqKv, u32)]| {
+                let mut batch = Batch::default();
+                for (seq, t) in seqs.iter_mut() {
+                    let want = seq.len() + 1;
+                    kv.reserve(seq, want).unwrap();
+                    batch.push(seq, &[*t], Logits::Last);
+                }
+                out.push(
+                    model
+                        .forward(dev, kv.pool_mut(), &batch, &mut s)
+                        .unwrap()
+                        .to_vec(),
+                );
+                seqs.iter_mut().for_each(|(seq, _)| seq.advance(1));
+            };
+            for i in 0..72 {
+                pass(&mut kv, &mut [(&mut a, 1 + i % 500)]);
+            }
+            for i in 0..6 {
+                pass(&mut kv, &mut [(&mut a, 7 + i), (&mut b, 300 + i)]);
+            }
+            for i in 0..6 {
+                pass(&mut kv, &mut [(&mut a, 40 + i)]);
+            }
+            kv.release(a, None);
+            kv.release(b, None);
+            out
+        };
+        let off = Device::gpu(Arc::new(crate::backend::sim::Sim));
+        off.set_graphs(false);
+        let want = passes(&off);
+        let on = Device::gpu(Arc::new(crate::backend::sim::Sim));
+        on.verify_steps(false);
+        let got = passes(&on);
+        assert_ne!(want[0], want[1], "the model's logits depend on the token");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(g == w, "pass {i}: a replayed step's logits differ");
+        }
+        // Checked: every pass that could be replayed is recorded and its launches compared with the plan's.
+        let checked = Device::gpu(Arc::new(crate::backend::sim::Sim));
+        assert!(passes(&checked) == want, "checked passes differ");
+        assert_eq!(checked.graph_stats().unwrap().steps, 0);
+        let st = on.graph_stats().unwrap();
+        // Per shape (one sequence below 64 positions, above, two sequences, one again after the staging
+        // grew) at most three passes are recorded: one that grows staging (its wait splits it), then two
+        // (the second captured). The rest are replayed.
+        assert!(st.steps >= 84 - 3 * 4, "{st:?}");
     }
 
     /// SmolLM2 (the default model, Q4_1) through the GPU device, its kernels run by the simulator, against

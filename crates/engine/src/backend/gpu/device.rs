@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 mod fused;
 mod staging;
+mod step;
 
 use staging::Staging;
 
@@ -78,6 +79,7 @@ impl GpuDevice {
     pub fn new(rt: Arc<dyn GpuRuntime>) -> Self {
         let q = Arc::new(Queue::new(rt));
         q.rec().on = true;
+        q.rec().plans.verify = cfg!(test);
         GpuDevice {
             q,
             staging: Box::new(Mutex::new(Staging::default())),
@@ -146,7 +148,7 @@ impl GpuDevice {
             return Ok(());
         }
         let len = n.max(b.len());
-        let mem = self.q.rt.alloc(4 * len)?;
+        let mem = self.q.alloc(4 * len)?;
         match &b.mem {
             Mem::Host(v) => self.q.upload(mem.ptr(), bytemuck::cast_slice(v))?,
             Mem::Gpu(g) => self.q.copy(mem.ptr(), g.ptr(), 4 * g.len())?,
@@ -163,7 +165,7 @@ impl GpuDevice {
     /// `bytes` of zeroed memory the device and the host both address (the KV page pool).
     pub fn shared(&self, bytes: usize) -> Result<SharedMem, DeviceError> {
         Ok(SharedMem {
-            mem: self.q.rt.alloc_shared(bytes)?,
+            mem: self.q.alloc_shared(bytes)?,
             q: Arc::clone(&self.q),
         })
     }
@@ -285,7 +287,7 @@ impl GpuDevice {
 
     fn upload_weights(&self, mut w: Weights, data: &[u8]) -> Result<GpuMatrix, DeviceError> {
         w.check()?;
-        let mem = self.q.rt.alloc(data.len())?;
+        let mem = self.q.alloc(data.len())?;
         self.q.upload(mem.ptr(), data)?;
         w.ptr = mem.ptr();
         Ok(GpuMatrix {
@@ -318,7 +320,7 @@ impl GpuDevice {
             return Some(GpuMatrix { w, parts: ws, mems });
         }
         let total: usize = parts.iter().map(GpuMatrix::bytes).sum();
-        let mem = self.q.rt.alloc(total).ok()?;
+        let mem = self.q.alloc(total).ok()?;
         let mut at = 0;
         for p in &parts {
             for (part, m) in p.parts.iter().zip(&p.mems) {

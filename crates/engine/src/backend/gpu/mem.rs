@@ -181,7 +181,7 @@ impl DevVec {
             Some(m) if m.bytes >= bytes => Ok(m.ptr()),
             _ => {
                 q.wait()?;
-                let m = q.rt.alloc(bytes.next_power_of_two().max(256))?;
+                let m = q.alloc(bytes.next_power_of_two().max(256))?;
                 let p = m.ptr();
                 self.mem = Some(m);
                 self.last.clear();

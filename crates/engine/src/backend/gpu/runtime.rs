@@ -4,6 +4,7 @@
 
 use super::launch::{DevPtr, Launch, Launcher, Params, Shape};
 use super::mem::DevMem;
+use super::plan::Plans;
 use crate::backend::DeviceError;
 use std::sync::{Arc, Mutex};
 
@@ -96,6 +97,9 @@ pub struct GraphStats {
     pub graph_kernels: usize,
     /// Kernels launched one by one.
     pub kernels: usize,
+    /// Forward passes replayed whole from a step plan, their ops not run on the host (see
+    /// [`plan`](super::plan)); counted in `replays` too.
+    pub steps: usize,
 }
 
 /// How a GPU device's work reaches its runtime. Without graphs each launch goes straight to the stream.
@@ -126,6 +130,8 @@ pub(super) struct Recorder {
     /// Captured graphs and the segments they replay, most recently used last.
     pub(super) graphs: Vec<(Vec<Launch>, Box<dyn Graph>)>,
     pub(super) stats: GraphStats,
+    /// Step plans, and the pass being recorded as one.
+    pub(super) plans: Plans,
 }
 
 impl Queue {
@@ -147,6 +153,7 @@ impl Queue {
         if r.segment.is_empty() {
             return Ok(());
         }
+        r.plans.split();
         r.id += 1;
         let n = r.segment.len();
         if let Some(i) = r.graphs.iter().rposition(|(k, _)| *k == r.segment) {

@@ -1,0 +1,66 @@
+//! A forward pass as a step plan (see [`plan`](crate::backend::gpu::plan)): its inputs staged before
+//! its ops, so that a pass seen before is replayed whole.
+
+use super::{GpuDevice, fail};
+use crate::backend::DeviceError;
+use crate::backend::batch::Batch;
+use crate::backend::gpu::plan::StepKey;
+use crate::backend::pages::PagePool;
+
+impl GpuDevice {
+    /// Stages what `batch`'s ops read (its metadata; its RoPE rows, `(table, angles per position)`,
+    /// when the model rotates by the device's table) and starts the pass under `key`, the model's part
+    /// of it, which this completes with what the device derives from the batch and the pool. Returns
+    /// `true` when the pass was replayed from its plan (its launches are queued: the model runs none of
+    /// its ops and reads the results); `false` when the model runs its ops, recorded until
+    /// [`GpuDevice::end_step`]. An empty key has no plan.
+    pub fn begin_step(
+        &self,
+        key: &mut StepKey,
+        pool: &mut PagePool,
+        batch: &Batch,
+        rope: Option<(&[(f32, f32)], usize)>,
+    ) -> Result<bool, DeviceError> {
+        if key.is_empty() || batch.is_empty() {
+            key.clear();
+            return self.q.begin_step(key);
+        }
+        {
+            let s = &mut *self.staging();
+            let b = s.batch(&self.q, batch, pool.page_size())?;
+            if let Some((table, n_angles)) = rope {
+                s.rope_rows(&self.q, &batch.pos[..batch.len()], table, n_angles)?;
+                key.push(n_angles as u64);
+            }
+            let store = Self::store_mut(pool);
+            for v in [
+                b.tokens,
+                b.n_seqs,
+                b.splits,
+                b.attend_from,
+                store.page_size,
+                store.dtype as usize,
+            ] {
+                key.push(v as u64);
+            }
+            for p in [store.k, store.v, store.kscale, store.vscale] {
+                key.push(p.0);
+            }
+        }
+        self.q.begin_step(key)
+    }
+
+    /// Ends the pass [`GpuDevice::begin_step`] started (its launches queued; kept as its key's plan).
+    pub fn end_step(&self) {
+        if let Err(e) = self.q.end_step() {
+            fail("pass", e);
+        }
+    }
+
+    /// Whether a pass that could be replayed is recorded anyway and checked against its plan (on in the
+    /// tests, so that a key that misses something fails them; off, the host time of a replayed pass).
+    #[cfg(test)]
+    pub(crate) fn verify_steps(&self, on: bool) {
+        self.q.rec().plans.verify = on;
+    }
+}
