@@ -6,6 +6,8 @@
 //!   included), the Gated DeltaNet ops ([`crate::backend::gdn`]: convolution window, gates, the delta rule
 //!   token by token and in chunked form), and each sequence's DeltaNet state in its [`Recurrent`]
 //!   (snapshotted by the prefix cache, see [`crate::kv::state`]).
+//! * [`Qwen35Config`] (`config`): the hyperparameters, from GGUF keys or `config.json`, and the shapes they
+//!   give; `mtp`: the MTP head of Qwen3.6 checkpoints (its drafts, [`Qwen35::mtp_draft`]).
 //! * [`mod@reference`]: the scalar, one-token-at-a-time oracle.
 //! * [`source`]: GGUF and Hugging Face (safetensors, incl. NVFP4) weights, both seen in GGUF conventions.
 //!
@@ -24,9 +26,10 @@
 //! into `[query | gate]`, normalises q and k per head, rotates the first `rope.dimension_count` dims
 //! (NeoX halves), attends causally with grouped KV heads, and multiplies by `σ(gate)` before `attn_output`.
 //!
-//! Not yet here: the MTP head (Qwen3.6 checkpoints carry one; GGUF conversion drops it with `--no-mtp`),
-//! M-RoPE for images (text uses one position for every section, which is plain RoPE).
+//! Not yet here: M-RoPE for images (text uses one position for every section, which is plain RoPE).
 
+mod config;
+mod mtp;
 pub mod reference;
 pub mod source;
 #[cfg(test)]
@@ -34,229 +37,16 @@ mod tests;
 
 use super::ModelError;
 use super::layers::{HeadScratch, Linear, LmHead, Mlp, MlpScratch, Run};
-use crate::backend::{
-    Buf, Device, GdnRun, GdnSteps, MAX_GROUP, MAX_HEAD_DIM, Matrix, Rope, ViewMut, Workspace, gdn,
-};
+use crate::backend::{Buf, Device, GdnRun, GdnSteps, Matrix, Rope, ViewMut, Workspace};
 use crate::gguf::Gguf;
-use crate::kv::{Batch, KvShape, Logits, PagePool, Recurrent};
+use crate::kv::{Batch, Logits, PagePool, Recurrent};
 use crate::quant::GgmlType;
+pub use config::Qwen35Config;
+use config::unsupported;
+use mtp::Mtp;
 pub use reference::{Qwen35State, Reference};
 pub use source::{HfCheckpoint, Weights};
 use std::sync::Arc;
-
-/// Hyperparameters.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Qwen35Config {
-    /// Width of the residual stream.
-    pub d_model: usize,
-    /// MLP width.
-    pub ffn: usize,
-    /// Vocabulary.
-    pub vocab: usize,
-    /// Layers.
-    pub n_layers: usize,
-    /// Which layers are Gated DeltaNet (the rest are full attention).
-    pub recurrent: Vec<bool>,
-    /// RMSNorm epsilon.
-    pub eps: f32,
-    /// Attention query heads.
-    pub n_heads: usize,
-    /// Attention KV heads.
-    pub n_kv_heads: usize,
-    /// Attention head width.
-    pub head_dim: usize,
-    /// Rotated dims per attention head.
-    pub rope_dims: usize,
-    /// RoPE base.
-    pub rope_base: f32,
-    /// DeltaNet key heads.
-    pub key_heads: usize,
-    /// DeltaNet value heads.
-    pub value_heads: usize,
-    /// DeltaNet key (and query) head width.
-    pub key_dim: usize,
-    /// DeltaNet value head width.
-    pub value_dim: usize,
-    /// Causal convolution taps.
-    pub conv_kernel: usize,
-    /// Training context.
-    pub ctx_train: usize,
-    /// Whether the model has an MTP head (one extra gated-attention block that predicts the token after
-    /// next from the last hidden state and the next token: a drafter for speculative decoding).
-    pub mtp: bool,
-}
-
-fn unsupported(msg: impl Into<String>) -> ModelError {
-    ModelError::Unsupported(msg.into())
-}
-
-impl Qwen35Config {
-    /// Reads the hyperparameters of a `qwen35` GGUF.
-    pub fn from_gguf(g: &Gguf) -> Result<Self, ModelError> {
-        let arch = g.architecture()?;
-        if arch != "qwen35" {
-            return Err(unsupported(format!("architecture {arch:?} is not qwen35")));
-        }
-        let u = |k: &str| g.arch_u32(k).map(|v| v as usize);
-        // `block_count` includes the MTP blocks, which come last (llama.cpp's nextn convention).
-        let nextn = u("nextn_predict_layers").unwrap_or(0);
-        let n_layers = u("block_count")?.saturating_sub(nextn);
-        let interval = u("full_attention_interval").unwrap_or(4).max(1);
-        let recurrent = (0..n_layers).map(|i| (i + 1) % interval != 0).collect();
-        let value_heads = u("ssm.time_step_rank")?;
-        let inner = u("ssm.inner_size")?;
-        let vocab = g
-            .tensor("token_embd.weight")?
-            .dims
-            .get(1)
-            .copied()
-            .unwrap_or(0);
-        let c = Qwen35Config {
-            d_model: u("embedding_length")?,
-            ffn: u("feed_forward_length")?,
-            vocab: vocab as usize,
-            n_layers,
-            recurrent,
-            eps: g.arch_f32("attention.layer_norm_rms_epsilon")?,
-            n_heads: u("attention.head_count")?,
-            n_kv_heads: u("attention.head_count_kv")?,
-            head_dim: u("attention.key_length")?,
-            rope_dims: u("rope.dimension_count")?,
-            rope_base: g.arch_f32("rope.freq_base")?,
-            key_heads: u("ssm.group_count")?,
-            value_heads,
-            key_dim: u("ssm.state_size")?,
-            value_dim: inner / value_heads.max(1),
-            conv_kernel: u("ssm.conv_kernel")?,
-            ctx_train: u("context_length").unwrap_or(4096),
-            mtp: nextn > 0,
-        };
-        c.validate()?;
-        Ok(c)
-    }
-
-    /// Reads the hyperparameters of a Hugging Face `config.json` (`qwen3_5_text`, or the `text_config` of
-    /// a multimodal one).
-    pub fn from_hf(j: &serde_json::Value) -> Result<Self, ModelError> {
-        let u = |k: &str| {
-            j.get(k)
-                .and_then(serde_json::Value::as_u64)
-                .map(|v| v as usize)
-                .ok_or_else(|| unsupported(format!("config.json lacks {k}")))
-        };
-        let n_layers = u("num_hidden_layers")?;
-        let recurrent: Vec<bool> = match j.get("layer_types").and_then(|v| v.as_array()) {
-            Some(t) => t
-                .iter()
-                .map(|v| v.as_str() == Some("linear_attention"))
-                .collect(),
-            None => {
-                let interval = u("full_attention_interval").unwrap_or(4).max(1);
-                (0..n_layers).map(|i| (i + 1) % interval != 0).collect()
-            }
-        };
-        if recurrent.len() != n_layers {
-            return Err(unsupported(
-                "config.json: layer_types does not match the layers",
-            ));
-        }
-        let rope = j.get("rope_parameters").unwrap_or(j);
-        let f = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_f64);
-        let head_dim = u("head_dim")?;
-        let partial = f(rope, "partial_rotary_factor")
-            .or_else(|| f(j, "partial_rotary_factor"))
-            .unwrap_or(1.0);
-        let c = Qwen35Config {
-            d_model: u("hidden_size")?,
-            ffn: u("intermediate_size")?,
-            vocab: u("vocab_size")?,
-            n_layers,
-            recurrent,
-            eps: f(j, "rms_norm_eps").unwrap_or(1e-6) as f32,
-            n_heads: u("num_attention_heads")?,
-            n_kv_heads: u("num_key_value_heads")?,
-            head_dim,
-            rope_dims: (head_dim as f64 * partial).round() as usize,
-            rope_base: f(rope, "rope_theta")
-                .or_else(|| f(j, "rope_theta"))
-                .unwrap_or(1e7) as f32,
-            key_heads: u("linear_num_key_heads")?,
-            value_heads: u("linear_num_value_heads")?,
-            key_dim: u("linear_key_head_dim")?,
-            value_dim: u("linear_value_head_dim")?,
-            conv_kernel: u("linear_conv_kernel_dim")?,
-            ctx_train: u("max_position_embeddings").unwrap_or(4096),
-            mtp: u("mtp_num_hidden_layers").unwrap_or(0) > 0,
-        };
-        c.validate()?;
-        Ok(c)
-    }
-
-    fn validate(&self) -> Result<(), ModelError> {
-        let ok = self.key_heads > 0
-            && self.value_heads.is_multiple_of(self.key_heads)
-            && self.n_kv_heads > 0
-            && self.n_heads.is_multiple_of(self.n_kv_heads)
-            && self.n_heads / self.n_kv_heads <= MAX_GROUP
-            && self.head_dim <= MAX_HEAD_DIM
-            && self.rope_dims <= self.head_dim
-            && self.rope_dims.is_multiple_of(2)
-            && (2..=gdn::MAX_KERNEL).contains(&self.conv_kernel)
-            && self.value_dim <= gdn::MAX_HEAD
-            && self.head_dim <= gdn::MAX_HEAD
-            && self.recurrent.len() == self.n_layers
-            && self.recurrent.iter().any(|&r| !r);
-        if ok {
-            Ok(())
-        } else {
-            Err(unsupported(format!(
-                "qwen35 shape outside what thorn runs: {self:?}"
-            )))
-        }
-    }
-
-    /// Channels of the convolution: q, k and v.
-    pub fn conv_dim(&self) -> usize {
-        self.gdn().conv_dim()
-    }
-
-    /// The DeltaNet layers' shape.
-    pub fn gdn(&self) -> gdn::Shape {
-        gdn::Shape {
-            kh: self.key_heads,
-            vh: self.value_heads,
-            dk: self.key_dim,
-            dv: self.value_dim,
-            kernel: self.conv_kernel,
-        }
-    }
-
-    /// Floats of one DeltaNet layer's state: the recurrent matrix per value head and the convolution window.
-    pub fn recurrent_state_floats(&self) -> usize {
-        self.gdn().floats()
-    }
-
-    /// Floats of a sequence's per-sequence state: every DeltaNet layer's, then (with an MTP head) the final
-    /// hidden state of its last position, which the head reads next.
-    pub fn state_floats(&self) -> usize {
-        self.hidden_offset() + if self.mtp { self.d_model } else { 0 }
-    }
-
-    /// Where the last hidden state sits in the per-sequence state (after the DeltaNet layers').
-    pub fn hidden_offset(&self) -> usize {
-        self.recurrent.iter().filter(|&&r| r).count() * self.recurrent_state_floats()
-    }
-
-    /// What the KV cache holds for this model: the attention layers' KV and the recurrent state.
-    pub fn kv_shape(&self) -> KvShape {
-        KvShape {
-            n_layers: self.recurrent.iter().filter(|&&r| !r).count() + usize::from(self.mtp),
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
-            recurrent: self.state_floats(),
-        }
-    }
-}
 
 #[derive(Debug)]
 struct DeltaNet {
@@ -292,26 +82,6 @@ struct Attention {
 enum Mixer {
     DeltaNet(DeltaNet),
     Attention(Attention),
-}
-
-/// The MTP head: `x = W_eh · [enorm(embed(token)); hnorm(hidden)]`, one gated-attention block, `head_norm`
-/// and the shared LM head.
-#[derive(Debug)]
-struct Mtp {
-    eh: Matrix,
-    enorm: Buf,
-    hnorm: Buf,
-    head_norm: Buf,
-    layer: Layer,
-}
-
-impl Mtp {
-    fn attention(&self) -> &Attention {
-        match &self.layer.mixer {
-            Mixer::Attention(a) => a,
-            Mixer::DeltaNet(_) => unreachable!("the MTP block is loaded as an attention block"),
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -475,7 +245,7 @@ impl Qwen35 {
     }
 
     /// Prefill runs of more than one token with the chunked DeltaNet form instead of token by token (see
-    /// [`gdn`]: the token-by-token form is cheaper on CPU and batch-invariant, so it is the default).
+    /// [`gdn`](crate::backend::gdn): the token-by-token form is cheaper on CPU and batch-invariant, so it is the default).
     pub fn set_chunked_prefill(&mut self, on: bool) {
         self.chunked_prefill = on;
     }
@@ -644,152 +414,6 @@ impl Qwen35 {
                 s.rope.push((th.cos() as f32, th.sin() as f32));
             }
         }
-    }
-
-    /// Whether the model has an MTP head.
-    pub fn has_mtp(&self) -> bool {
-        self.mtp.is_some()
-    }
-
-    /// The MTP head's inputs for every token of `batch`: `W_eh · [enorm(embed(token t)); hnorm(hidden of
-    /// position t − 1)]` into `s.x` (the residual stream), and its attention norm into `s.xb`. The head's row for
-    /// token `t` pairs the hidden state before it with it;
-    /// it sits at `t`'s position and slot (RoPE is relative, so this equals the usual "position t − 1"
-    /// convention while keeping the head's KV at a slot that depends only on tokens `0..=t`, as the prefix
-    /// cache requires). A sequence's first row reads the hidden state its [`Recurrent`] holds.
-    fn mtp_input(
-        &self,
-        mtp: &Mtp,
-        dev: &Device,
-        batch: &Batch,
-        states: &[Recurrent],
-        s: &mut Scratch,
-    ) -> Result<(), ModelError> {
-        let c = &self.cfg;
-        let d = c.d_model;
-        let n = batch.len();
-        let ho = c.hidden_offset();
-        dev.grow(&mut s.raw, n * 2 * d)?;
-        dev.grow(&mut s.cat, n * 2 * d)?;
-        {
-            // The raw rows, on the host: the embeddings (a host table) and the hidden states before
-            // each token (the pass's, or the one its state holds).
-            let hn = s.hn.read_back(n * d);
-            let mut raw = s.raw.edit();
-            for t in 0..n {
-                let i = batch.owner[t] as usize;
-                let span = &batch.seqs[i];
-                let tok = batch.tokens[t] as usize;
-                let (e, h) = raw[t * 2 * d..(t + 1) * 2 * d].split_at_mut(d);
-                e.copy_from_slice(&self.embd[tok * d..(tok + 1) * d]);
-                if span.start + (t - span.first) == 0 {
-                    // Position 0 has no hidden state before it (its normed zeros are zeros); its row
-                    // is never attended to.
-                    h.fill(0.0);
-                } else if t > span.first {
-                    h.copy_from_slice(&hn[(t - 1) * d..t * d]);
-                } else {
-                    h.copy_from_slice(&states[i].state[ho..ho + d]);
-                }
-            }
-        }
-        for t in 0..n {
-            let (e, h) = (t * 2 * d, t * 2 * d + d);
-            dev.rmsnorm_rows(s.raw.at(e..h), &mtp.enorm, c.eps, 1, d, s.cat.at_mut(e..h));
-            let end = h + d;
-            dev.rmsnorm_rows(
-                s.raw.at(h..end),
-                &mtp.hnorm,
-                c.eps,
-                1,
-                d,
-                s.cat.at_mut(h..end),
-            );
-        }
-        let cat = dev.input(&s.cat, n, 2 * d, &mut s.ws);
-        dev.matmul(&mtp.eh, &cat, &mut s.x);
-        dev.rmsnorm_rows(&s.x, &mtp.layer.norm, c.eps, n, d, &mut s.xb);
-        Ok(())
-    }
-
-    /// After a pass: keeps each sequence's final hidden state (and those of its kept steps) and writes the
-    /// MTP head's KV for the pass's tokens (its rows need only K and V: their outputs are the drafts of
-    /// positions already decided).
-    fn mtp_fill(
-        &self,
-        mtp: &Mtp,
-        dev: &Device,
-        pool: &mut PagePool,
-        batch: &Batch,
-        states: &mut [Recurrent],
-        s: &mut Scratch,
-    ) -> Result<(), ModelError> {
-        let c = &self.cfg;
-        let d = c.d_model;
-        let n = batch.len();
-        let ho = c.hidden_offset();
-        let floats = c.state_floats();
-        dev.grow(&mut s.hn, n * d)?;
-        dev.rmsnorm_rows(&s.x, self.head.norm(), c.eps, n, d, &mut s.hn);
-        self.mtp_input(mtp, dev, batch, states, s)?;
-        let a = mtp.attention();
-        self.project_kv(a, dev, pool, batch, n, s, false)?;
-        let hn = s.hn.read_back(n * d);
-        for (st, span) in states.iter_mut().zip(&batch.seqs) {
-            let last = span.first + span.len - 1;
-            st.state[ho..ho + d].copy_from_slice(&hn[last * d..(last + 1) * d]);
-            for j in 0..st.steps_len {
-                let row = span.first + span.len - st.steps_len + j;
-                st.steps[j * floats + ho..j * floats + ho + d]
-                    .copy_from_slice(&hn[row * d..(row + 1) * d]);
-            }
-        }
-        Ok(())
-    }
-
-    /// The MTP head's logits for the token after `batch`'s single token per sequence: each sequence's
-    /// `states[i]` holds the hidden state of the position before it. The head's KV for that position is
-    /// written (the sequence must own the page; the next pass writes the same row again). Returns `vocab`
-    /// logits per sequence, or nothing for a model without a head.
-    pub fn mtp_draft<'s>(
-        &self,
-        dev: &Device,
-        pool: &mut PagePool,
-        batch: &mut Batch,
-        states: &[Recurrent],
-        s: &'s mut Scratch,
-    ) -> Result<&'s mut [f32], ModelError> {
-        let c = &self.cfg;
-        let Some(mtp) = &self.mtp else {
-            return Ok(&mut []);
-        };
-        let n = batch.len();
-        if n == 0 || batch.seqs.iter().any(|sp| sp.len != 1) || states.len() != batch.seqs.len() {
-            return Err(unsupported("an MTP draft takes one token per sequence"));
-        }
-        if pool.shape() != c.kv_shape() {
-            return Err(unsupported("the KV pool was made for another model"));
-        }
-        let d = c.d_model;
-        let (nh, hd) = (c.n_heads, c.head_dim);
-        dev.grow(&mut s.xb, n * d)?;
-        dev.grow(&mut s.q, n * nh * hd)?;
-        dev.grow(&mut s.att, n * nh * hd)?;
-        dev.grow(&mut s.hn, n * d)?;
-        self.grow_rope(batch, s);
-        batch.attend_from = 1;
-        let attended = self.mtp_input(mtp, dev, batch, states, s).and_then(|()| {
-            let a = mtp.attention();
-            self.attention(a, dev, pool, batch, n, s)
-        });
-        batch.attend_from = 0;
-        attended?;
-        dev.add(s.x.at_mut(..n * d), s.mix.at(..n * d));
-        self.mlp(&mtp.layer, dev, n, s)?;
-        dev.rmsnorm_rows(&s.x, &mtp.head_norm, c.eps, n, d, &mut s.xb);
-        let x = dev.input(&s.xb, n, d, &mut s.ws);
-        dev.matmul(self.head.output().matrix(), &x, &mut s.head.logits);
-        Ok(s.head.logits.read_back(n * c.vocab))
     }
 
     /// The gated attention of `n` tokens: projections of `s.xb`, q/k norms, partial RoPE, the KV written
