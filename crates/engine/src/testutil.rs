@@ -132,7 +132,16 @@ fn llama_gguf(shape: LlamaShape, ty: GgmlType, seed: Option<u64>) -> crate::gguf
     };
     let matrix = |cols: usize, rows: usize| {
         let bytes = match seeded() {
-            Some(s) => quantize_rows(ty, rows, cols, s),
+            Some(s) => {
+                let mut b = quantize_rows(ty, rows, cols, s);
+                if ty == GgmlType::Q4_1 {
+                    // Centred weights (min = -7.5 steps), so that no token's logit wins everywhere.
+                    let m = half::f16::from_f32(-0.075).to_bits().to_le_bytes();
+                    b.chunks_exact_mut(ty.type_size())
+                        .for_each(|blk| blk[2..4].copy_from_slice(&m));
+                }
+                b
+            }
             None => vec![0u8; ty.row_bytes(cols).expect("whole blocks per row") * rows],
         };
         (vec![cols as u64, rows as u64], bytes)
