@@ -280,6 +280,30 @@ impl Device {
         }
     }
 
+    /// Floats [`Device::logit_best`] writes per row.
+    pub const BEST_FLOATS: usize = gpu::launch::ROW_BEST_FLOATS;
+
+    /// On a GPU, each of `rows` rows of `vocab` logits reduced where it is to its greedy token (the lower
+    /// index among equals, as a float; -1 when every value is NaN), that logit and the row's
+    /// log-normaliser, [`Device::BEST_FLOATS`] floats per row into `out`, so that a greedy step reads back
+    /// those instead of the rows; returns `true`. The CPU reads its rows where they are: it computes
+    /// nothing and returns `false`.
+    pub fn logit_best<'v>(
+        &self,
+        logits: impl Into<View<'v>>,
+        rows: usize,
+        vocab: usize,
+        out: impl Into<ViewMut<'v>>,
+    ) -> bool {
+        match self {
+            Device::Cpu(_) => false,
+            Device::Cuda(g) => {
+                g.row_best(logits.into(), rows, vocab, out.into());
+                true
+            }
+        }
+    }
+
     /// Rows `tokens` of an embedding table of type `ty` (`d` values per row, `table` its bytes), dequantized
     /// exactly into `out` (`tokens.len() × d`).
     pub fn embed<'v>(

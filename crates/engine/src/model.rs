@@ -7,7 +7,10 @@
 
 pub mod layers;
 pub mod llama;
+pub mod logits;
 pub mod qwen35;
+
+pub use logits::{BestLogit, LogitRows};
 
 use crate::backend::{Device, DeviceError};
 use crate::gguf::{Gguf, GgufError};
@@ -116,6 +119,7 @@ impl Model {
     }
 
     /// Runs `batch`; `states` holds one recurrent state per sequence for hybrids (ignored otherwise).
+    /// Returns the logits rows the batch wants, read back as far as the caller reads them.
     pub fn forward<'s>(
         &self,
         dev: &Device,
@@ -123,10 +127,10 @@ impl Model {
         batch: &Batch,
         states: &mut [Recurrent],
         s: &'s mut Scratch,
-    ) -> Result<&'s mut [f32], ModelError> {
+    ) -> Result<LogitRows<'s>, ModelError> {
         let r = match self {
-            Model::Llama(m) => m.forward(dev, pool, batch, &mut s.llama),
-            Model::Qwen35(m) => m.forward(dev, pool, batch, states, &mut s.qwen35),
+            Model::Llama(m) => m.pass(dev, pool, batch, &mut s.llama),
+            Model::Qwen35(m) => m.pass(dev, pool, batch, states, &mut s.qwen35),
         };
         // The host reads the KV pages next: nothing may still be queued.
         dev.finish();

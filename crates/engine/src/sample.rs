@@ -166,6 +166,17 @@ impl Sampler {
             && (p.temperature <= 0.0 || (p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0))
     }
 
+    /// Whether a row's greedy token and log-normaliser are all a pick needs: greedy, no logit bias or
+    /// penalties, no top log-probabilities (a GPU then reads back three numbers a row, not the row).
+    pub fn needs_only_best(&self) -> bool {
+        let p = &self.params;
+        let penalize = p.penalty_last_n > 0
+            && (p.repetition_penalty != 1.0
+                || p.presence_penalty != 0.0
+                || p.frequency_penalty != 0.0);
+        p.temperature <= 0.0 && p.top_logprobs == 0 && p.logit_bias.is_empty() && !penalize
+    }
+
     /// Applies logit bias and penalties to `logits` in place (once per step, before [`Sampler::pick`]).
     pub fn process(&mut self, logits: &mut [f32], history: &[TokenId]) {
         let p = &self.params;

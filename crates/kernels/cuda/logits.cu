@@ -82,3 +82,61 @@ extern "C" __global__ void topk_rows(const float* __restrict__ logits, int vocab
         }
     }
 }
+
+// A row's greedy token and log-normaliser, so that a greedy step reads back three numbers per row instead of
+// the row: out[3r] = the index of row r's largest value (the lower index among equals, NaN never chosen; -1
+// when every value is NaN) as a float (exact below 2^24), out[3r + 1] = that value, out[3r + 2] =
+// ln(sum(exp(x))) over the row, computed as max + ln(sum(exp(x - max))) (minus infinity when every value
+// is minus infinity). One block of 256 threads per row; the sums are added in a fixed order, so a row's
+// numbers do not depend on the other rows.
+extern "C" __global__ void row_best(const float* __restrict__ logits, int vocab, float* __restrict__ out) {
+    __shared__ float sv[TOPK_THREADS];
+    __shared__ int si[TOPK_THREADS];
+    const float* row = logits + (long)blockIdx.x * vocab;
+    float bv = NEG_INF;
+    int bi = -1;
+    // Each thread's best of its strided share: its indices rise, so the first of equals stays.
+    for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
+        const float v = row[c];
+        if (v == v && before(v, c, bv, bi)) {
+            bv = v;
+            bi = c;
+        }
+    }
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+        if ((int)threadIdx.x < half) {
+            const int o = threadIdx.x + half;
+            if (before(sv[o], si[o], sv[threadIdx.x], si[threadIdx.x])) {
+                sv[threadIdx.x] = sv[o];
+                si[threadIdx.x] = si[o];
+            }
+        }
+        __syncthreads();
+    }
+    const float mx = sv[0];
+    const int best = si[0];
+    __syncthreads();
+    float s = 0.0f;
+    if (mx != NEG_INF) {
+        for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
+            s += expf(row[c] - mx);
+        }
+    }
+    sv[threadIdx.x] = s;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+        if ((int)threadIdx.x < half) {
+            sv[threadIdx.x] += sv[threadIdx.x + half];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        float* o = out + 3 * (long)blockIdx.x;
+        o[0] = (float)best;
+        o[1] = mx;
+        o[2] = mx == NEG_INF ? NEG_INF : mx + logf(sv[0]);
+    }
+}

@@ -14,7 +14,8 @@
 //! segment is replayed as one captured graph ([`Queue`]). A model's forward pass goes further ([`plan`]):
 //! it stages its inputs first, and a pass seen before under the same [`StepKey`] is replayed whole, its
 //! ops not run on the host at all (a decode step's host time is then its uploads, one graph launch and
-//! the logits' download).
+//! reading back each logits row's greedy token and log-normaliser, reduced on the device:
+//! [`Device::logit_best`](super::Device::logit_best)).
 //!
 //! The KV page pool is memory the GPU and the host both address ([`SharedMem`]: CUDA managed memory, which
 //! stays in device memory while the GPU uses it), so that the prefix cache's page copies run on the host

@@ -10,6 +10,7 @@
 
 use super::stop::StopBuffer;
 use super::{EngineError, FinishReason, Request};
+use crate::model::LogitRows;
 use crate::sample::grammar::GrammarError;
 use crate::sample::guide::Guide;
 use crate::sample::{Sampled, Sampler};
@@ -248,26 +249,26 @@ impl<'g> Decoder<'g> {
         self.spec.as_deref().map_or(&[], |s| &s.path)
     }
 
-    /// Consumes a verified tree: `rows` holds the logits of the last pending token and then of each tree
-    /// node. Samples at the root exactly as [`Decoder::advance`] does and follows the tree while it holds
-    /// the chosen tokens; [`Decoder::accepted`] then lists the nodes kept and [`Decoder::pending`] what
-    /// still has to run.
+    /// Consumes a verified tree: `rows` from row `first` on holds the logits of the last pending token
+    /// and then of each tree node. Samples at the root exactly as [`Decoder::advance`] does and follows
+    /// the tree while it holds the chosen tokens; [`Decoder::accepted`] then lists the nodes kept and
+    /// [`Decoder::pending`] what still has to run.
     pub fn advance_tree(
         &mut self,
-        rows: &mut [f32],
-        vocab: usize,
+        rows: &mut LogitRows<'_>,
+        first: usize,
         tok: &Tokenizer,
         on_text: &mut dyn FnMut(&str),
         sp: &mut Speculator,
     ) -> Result<(), EngineError> {
         let Some(mut st) = self.spec.take() else {
-            return self.advance(&mut rows[..vocab], tok, on_text);
+            return self.advance(rows, first, tok, on_text);
         };
         st.path.clear();
         let mut node: Option<usize> = None;
         let res = loop {
-            let row = node.map_or(0, |n| n + 1);
-            if let Err(e) = self.advance(&mut rows[row * vocab..(row + 1) * vocab], tok, on_text) {
+            let row = first + node.map_or(0, |n| n + 1);
+            if let Err(e) = self.advance(rows, row, tok, on_text) {
                 break Err(e);
             }
             let mut matched = 0;
@@ -315,11 +316,13 @@ impl<'g> Decoder<'g> {
         }
     }
 
-    /// Consumes the logits of the last position (masked and modified in place) and chooses the next
-    /// token(s); text that is final goes to `on_text`.
+    /// Consumes row `i` of `rows`, the logits of the last position (masked and modified in place), and
+    /// chooses the next token(s); text that is final goes to `on_text`. A greedy pick the grammar allows
+    /// reads only the row's best where the device reduced it (see [`LogitRows::best`]).
     pub fn advance(
         &mut self,
-        logits: &mut [f32],
+        rows: &mut LogitRows<'_>,
+        i: usize,
         tok: &Tokenizer,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<(), EngineError> {
@@ -327,9 +330,45 @@ impl<'g> Decoder<'g> {
             return Ok(());
         }
         debug_assert!(self.pending.is_empty(), "pending tokens were not run");
+        let s = match self.pick_best(rows, i, tok)? {
+            Some(s) => s,
+            None => self.pick_row(rows.row(i), tok)?,
+        };
+        self.commit(s, tok, on_text)
+    }
+
+    /// The pick from row `i`'s best alone, when that is all the sampler needs (greedy, nothing added to
+    /// the logits, no alternatives reported), the device reduced the row, and the grammar (if any, when
+    /// checking a token is exact) allows the token; else `None` and the row itself is read.
+    fn pick_best(
+        &mut self,
+        rows: &mut LogitRows<'_>,
+        i: usize,
+        tok: &Tokenizer,
+    ) -> Result<Option<Sampled>, EngineError> {
+        if !self.sampler.needs_only_best() {
+            return Ok(None);
+        }
+        let Some(b) = rows.best(i) else {
+            return Ok(None);
+        };
+        if let Some(g) = self.guide.get_mut()
+            && !(self.lazy_ok && g.lazy_mask() && g.allows(b.token, tok)?)
+        {
+            return Ok(None);
+        }
+        Ok(Some(Sampled {
+            token: b.token,
+            logprob: b.logit - b.lse,
+            top: Vec::new(),
+        }))
+    }
+
+    /// The pick from a whole row (modified in place by bias, penalties and the grammar's mask).
+    fn pick_row(&mut self, logits: &mut [f32], tok: &Tokenizer) -> Result<Sampled, EngineError> {
         self.sampler.process(logits, &self.history);
         let lazy_ok = self.lazy_ok;
-        let s = match self.guide.get_mut() {
+        Ok(match self.guide.get_mut() {
             None => self.sampler.pick(logits),
             // Sample first; compute the mask only if the grammar rejects the token (exact here).
             Some(g) if lazy_ok && g.lazy_mask() => {
@@ -345,7 +384,16 @@ impl<'g> Decoder<'g> {
                 g.mask_logits(logits, tok)?;
                 self.sampler.pick(logits)
             }
-        };
+        })
+    }
+
+    /// Takes the chosen token and any the grammar forces after it.
+    fn commit(
+        &mut self,
+        s: Sampled,
+        tok: &Tokenizer,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<(), EngineError> {
         self.step.clear();
         self.step.push(s);
         if let Some(g) = self.guide.get_mut() {

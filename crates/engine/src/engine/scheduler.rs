@@ -338,11 +338,11 @@ impl<'a> Scheduler<'a> {
             }
         };
         let Pass {
-            logits: out,
+            logits: mut out,
             kv,
             tokenizer,
             spec,
-            vocab,
+            ..
         } = pass;
         let mut row = 0;
         let now = Instant::now();
@@ -364,7 +364,7 @@ impl<'a> Scheduler<'a> {
                 Logits::Tail(k) => k,
                 Logits::All => n,
             };
-            let logits = &mut out[row * vocab..(row + k) * vocab];
+            let first = row;
             row += k;
             if !a.dec.pending().is_empty() {
                 a.dec.ran_pending();
@@ -378,14 +378,15 @@ impl<'a> Scheduler<'a> {
             let res = if ran.tree {
                 let r = a
                     .dec
-                    .advance_tree(logits, vocab, tokenizer, &mut |t| sink.text(t), spec);
+                    .advance_tree(&mut out, first, tokenizer, &mut |t| sink.text(t), spec);
                 // Keep the accepted path of the tree, stored after the pending tokens (the last of which
                 // is the first of the `k` rows).
                 let from = seq.len() + 1 - k;
                 kv.keep_path(&mut seq, from, a.dec.accepted());
                 r
             } else {
-                a.dec.advance(logits, tokenizer, &mut |t| sink.text(t))
+                a.dec
+                    .advance(&mut out, first, tokenizer, &mut |t| sink.text(t))
             };
             a.seq = Some(seq);
             if let Err(e) = res {

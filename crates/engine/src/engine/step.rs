@@ -15,6 +15,7 @@
 
 use super::{Engine, EngineError, PREFILL_CHUNK};
 use crate::kv::{KvCache, Logits, NO_PARENT, SeqKv};
+use crate::model::LogitRows;
 use crate::spec::Speculator;
 use crate::tokenizer::{TokenId, Tokenizer};
 use std::ops::Range;
@@ -148,8 +149,9 @@ pub struct Ran {
 /// the tokenizer and the speculator are the engine's, borrowed for as long as the rows).
 #[derive(Debug)]
 pub struct Pass<'e> {
-    /// The rows wanted, in plan order: one per `Last`, `k` per `Tail(k)`, every token's for `All`.
-    pub logits: &'e mut [f32],
+    /// The rows wanted, in plan order: one per `Last`, `k` per `Tail(k)`, every token's for `All`; read
+    /// back as far as the consumer reads them (a greedy pick on a GPU reads three numbers a row).
+    pub logits: LogitRows<'e>,
     /// The KV cache.
     pub kv: &'e mut KvCache,
     /// The tokenizer.
@@ -232,10 +234,10 @@ impl Engine {
             };
             plan.clear();
             plan.push(0, seq.take().expect("the caller's sequence"), head, w);
-            let r = self.execute(plan).map(|pass| {
+            let r = self.execute(plan).map(|mut pass| {
                 if w != Logits::None {
                     logits.clear();
-                    logits.extend_from_slice(pass.logits);
+                    logits.extend_from_slice(pass.logits.all());
                 }
             });
             *seq = plan.drain().next().map(|r| r.seq);

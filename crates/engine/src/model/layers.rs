@@ -360,6 +360,19 @@ pub struct HeadScratch {
     xb: Buf,
     /// The logits of the last pass.
     pub logits: Buf,
+    /// Their rows' [`BestLogit`](super::BestLogit)s, where the device reduced them
+    /// ([`Device::logit_best`]).
+    best: Buf,
+    /// Rows of the last pass whose best the device computed into `best` (0: none).
+    best_rows: usize,
+}
+
+impl HeadScratch {
+    /// The last pass's `rows` logits rows of `vocab`, with their best where the device computed them.
+    pub fn rows(&mut self, rows: usize, vocab: usize) -> super::LogitRows<'_> {
+        let best = (self.best_rows == rows && rows > 0).then_some(&mut self.best);
+        super::LogitRows::new(&mut self.logits, best, rows, vocab)
+    }
 }
 
 impl LmHead {
@@ -431,8 +444,19 @@ impl LmHead {
                 .apply(run, s.xb.at(..m * d), m, ws, &mut s.logits)?;
             m
         };
+        // A GPU reduces each row to its greedy token and log-normaliser where the rows are.
+        let vocab = self.output.rows();
+        run.dev.grow(&mut s.best, m * Device::BEST_FLOATS)?;
+        s.best_rows = if run
+            .dev
+            .logit_best(s.logits.at(..m * vocab), m, vocab, &mut s.best)
+        {
+            m
+        } else {
+            0
+        };
         mark(prof, Stage::Output);
-        Ok(m * self.output.rows())
+        Ok(m * vocab)
     }
 }
 

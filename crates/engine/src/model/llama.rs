@@ -14,6 +14,7 @@
 //! Q/K/V and gate/up are fused into one matrix each at load, so a layer is five parallel matmul dispatches.
 //! The MLP and the final norm + LM head are the shared blocks of [`super::layers`].
 
+use super::LogitRows;
 use super::ModelError;
 use super::layers::{HeadScratch, Linear, LmHead, Mlp, MlpScratch, Run, mark};
 pub use super::layers::{Profile, Stage};
@@ -268,10 +269,22 @@ impl Llama {
         batch: &Batch,
         s: &'s mut Scratch,
     ) -> Result<&'s mut [f32], ModelError> {
+        Ok(self.pass(dev, pool, batch, s)?.into_all())
+    }
+
+    /// [`Llama::forward`], its logits rows read back as far as the caller reads them (on a GPU, each
+    /// row's greedy token and log-normaliser are reduced where the rows are: see [`LogitRows`]).
+    pub fn pass<'s>(
+        &self,
+        dev: &Device,
+        pool: &mut PagePool,
+        batch: &Batch,
+        s: &'s mut Scratch,
+    ) -> Result<LogitRows<'s>, ModelError> {
         let c = &self.cfg;
         let n = batch.len();
         if n == 0 {
-            return Ok(&mut []);
+            return Ok(s.head.rows(0, c.vocab));
         }
         if pool.shape() != self.kv_shape() {
             return Err(ModelError::Unsupported(
@@ -332,7 +345,7 @@ impl Llama {
             });
         }
         if dev.begin_step(&mut s.key, pool, batch, Some((&s.rope, hd / 2)))? {
-            return Ok(s.head.logits.read_back(rows * c.vocab));
+            return Ok(s.head.rows(rows, c.vocab));
         }
 
         let run = Run {
@@ -386,7 +399,7 @@ impl Llama {
             .head
             .forward(&run, &s.x, batch, &mut s.head, &mut s.ws, &mut s.profile)?;
         dev.end_step();
-        Ok(s.head.logits.read_back(len))
+        Ok(s.head.rows(len / c.vocab, c.vocab))
     }
 }
 

@@ -35,8 +35,8 @@ pub mod source;
 #[cfg(test)]
 mod tests;
 
-use super::ModelError;
 use super::layers::{HeadScratch, Linear, LmHead, Mlp, MlpScratch, Run};
+use super::{LogitRows, ModelError};
 use crate::backend::{Buf, Device, GdnRun, GdnSteps, Matrix, Rope, ViewMut, Workspace};
 use crate::gguf::Gguf;
 use crate::kv::{Batch, Logits, PagePool, Recurrent};
@@ -263,10 +263,23 @@ impl Qwen35 {
         states: &mut [Recurrent],
         s: &'s mut Scratch,
     ) -> Result<&'s mut [f32], ModelError> {
+        Ok(self.pass(dev, pool, batch, states, s)?.into_all())
+    }
+
+    /// [`Qwen35::forward`], its logits rows read back as far as the caller reads them (see
+    /// [`LogitRows`]).
+    pub fn pass<'s>(
+        &self,
+        dev: &Device,
+        pool: &mut PagePool,
+        batch: &Batch,
+        states: &mut [Recurrent],
+        s: &'s mut Scratch,
+    ) -> Result<LogitRows<'s>, ModelError> {
         let c = &self.cfg;
         let n = batch.len();
         if n == 0 {
-            return Ok(&mut []);
+            return Ok(s.head.rows(0, c.vocab));
         }
         if pool.shape() != c.kv_shape() {
             return Err(unsupported("the KV pool was made for another model"));
@@ -336,7 +349,7 @@ impl Qwen35 {
         for (st, span) in states.iter_mut().zip(&batch.seqs) {
             st.len = span.start + span.len;
         }
-        Ok(s.head.logits.read_back(len))
+        Ok(s.head.rows(len / c.vocab, c.vocab))
     }
 
     /// Every layer over the batch in `s.x`, the recurrent states in `rec`.

@@ -13,6 +13,7 @@ use crate::quant::{GgmlType, dequantize_ref};
 use std::sync::{Arc, Mutex};
 
 mod fused;
+mod logits;
 mod staging;
 mod step;
 

@@ -21,6 +21,7 @@ pub use crate::backend::buf::DevPtr;
 
 mod attention;
 mod gdn;
+mod logits;
 pub use attention::{
     ATTENTION_MAX_GROUP, ATTENTION_MAX_HEAD_DIM, ATTENTION_SPLIT, BatchMeta, DevBatch, KvStore,
     attention, attention_counters, rope_kv_write, write_kv,
@@ -29,6 +30,7 @@ pub use gdn::{
     DevSteps, gdn_chunk, gdn_chunk_work, gdn_conv, gdn_gated_norm, gdn_gates, gdn_normalize_qk,
     gdn_recurrence, sigmoid_gate,
 };
+pub use logits::{ROW_BEST_FLOATS, TOPK_MAX, row_best, topk_rows};
 
 /// One kernel argument, as the C type the kernel declares (pointers, `int`, `float`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -672,39 +674,6 @@ pub fn embed(
         Arg::I32(int(d, "a width")?),
     ];
     l.launch(&thorn_kernels::MATVEC, kernel, elementwise(threads), &args)
-}
-
-/// The most candidates [`topk_rows`] keeps per row.
-pub const TOPK_MAX: usize = 8;
-
-/// The `k` largest of each of `rows` rows of `vocab` logits: `idx` (i32) and `val` (f32), `rows × k`,
-/// best first, the lower index first among equals, NaN never chosen (index -1 pads a short row).
-pub fn topk_rows(
-    l: &dyn Launcher,
-    logits: DevPtr,
-    rows: usize,
-    vocab: usize,
-    k: usize,
-    idx: DevPtr,
-    val: DevPtr,
-) -> Result<(), DeviceError> {
-    if k == 0 || k > TOPK_MAX {
-        return Err(unsupported(format!(
-            "the top {k} of a row (1 to {TOPK_MAX})"
-        )));
-    }
-    if rows == 0 {
-        return Ok(());
-    }
-    let shape = Shape::line(rows, 256)?;
-    let args = [
-        Arg::Ptr(logits),
-        Arg::I32(int(vocab, "a vocabulary")?),
-        Arg::I32(k as i32),
-        Arg::Ptr(idx),
-        Arg::Ptr(val),
-    ];
-    l.launch(&thorn_kernels::LOGITS, "topk_rows", shape, &args)
 }
 
 /// `n` IEEE half values (their bits, at `h`) to f32 at `f`.

@@ -53,10 +53,12 @@ fn run(dev: &Device, g: &Arc<Gguf>, tokens: &[u32], layers: usize) -> Vec<Vec<f3
 /// The most kernel launches one SmolLM2 decode step may take on the GPU device. It only goes down: each
 /// fusion that lands lowers it to what the step then takes. Today 6 a layer (QKV with the norm in its
 /// prologue, RoPE and KV write, attention with its merge, the output projection with the residual
-/// add, gate|up with the norm, down with SwiGLU and the add) and the LM head with its norm.
-const DECODE_LAUNCH_BUDGET: usize = 181;
+/// add, gate|up with the norm, down with SwiGLU and the add), the LM head with its norm, and the logits'
+/// reduction to each row's greedy token and log-normaliser (which the step then reads back: 12 bytes,
+/// not the 196 KB row).
+const DECODE_LAUNCH_BUDGET: usize = 182;
 
-/// One forward pass of `tokens` for `seq`, its KV reserved first.
+/// One forward pass of `tokens` for `seq`, its KV reserved first, its logits read as a greedy step reads them.
 fn step(
     model: &Llama,
     dev: &Device,
@@ -69,7 +71,11 @@ fn step(
     kv.reserve(seq, want).unwrap();
     let mut batch = Batch::default();
     batch.push(seq, tokens, Logits::Last);
-    model.forward(dev, kv.pool_mut(), &batch, s).unwrap();
+    // As the engine reads a greedy step: the row's best where the device reduced it, else the row.
+    let mut rows = model.pass(dev, kv.pool_mut(), &batch, s).unwrap();
+    if rows.best(0).is_none() {
+        rows.row(0);
+    }
     seq.advance(tokens.len());
 }
 
@@ -348,7 +354,9 @@ fn check_against_cpu(
 /// Greedy generation through the engine on the GPU device (the simulator): its scheduler's decode steps,
 /// the suffix drafter's draft trees and two requests batched give the same tokens with step plans replayed
 /// as with graphs off; and with every replay checked against a recording instead (the tests' default), so
-/// a pass the engine makes whose key misses what its launches depend on fails here.
+/// a pass the engine makes whose key misses what its launches depend on fails here. Greedy picks read only
+/// each row's best, reduced on the device: the same tokens as picks from the whole rows (asked for by
+/// reporting an alternative), their log-probabilities to rounding.
 #[test]
 fn the_engine_on_the_gpu_device_generates_the_same_with_step_plans() {
     use crate::engine::{Engine, EngineConfig, Request};
@@ -390,21 +398,40 @@ fn the_engine_on_the_gpu_device_generates_the_same_with_step_plans() {
         };
         Engine::with_model(Arc::clone(&tokenizer), m, d, &cfg).unwrap()
     };
-    let request = |text: &str| {
+    let request = |text: &str, rows: bool| {
         let mut r = Request::greedy(text.bytes().map(u32::from).collect(), 32);
         r.ignore_eos = true;
+        r.sampling.top_logprobs = usize::from(rows);
         r
     };
-    let run = |e: &mut Engine| {
-        let one = e.generate(&request("abcabcabc"), &mut |_| {}).unwrap();
+    let generate = |e: &mut Engine, rows: bool| {
+        let one = e
+            .generate(&request("abcabcabc", rows), &mut |_| {})
+            .unwrap();
         e.reset();
-        let reqs = vec![(request("xyzxyz"), None), (request("hello hello"), None)];
+        let reqs = vec![
+            (request("xyzxyz", rows), None),
+            (request("hello hello", rows), None),
+        ];
         let (two, _) = e.generate_batch(reqs, Default::default());
-        let mut out = vec![one.tokens];
-        out.extend(two.into_iter().map(|(_, r)| r.unwrap().tokens));
+        let mut out = vec![one];
+        out.extend(two.into_iter().map(|(_, r)| r.unwrap()));
         out
     };
-    let want = run(&mut engine(false, false));
+    let run = |e: &mut Engine| -> Vec<Vec<u32>> {
+        generate(e, false).into_iter().map(|g| g.tokens).collect()
+    };
+    let mut off = engine(false, false);
+    let from_rows = generate(&mut off, true);
+    let want: Vec<Vec<u32>> = from_rows.iter().map(|g| g.tokens.clone()).collect();
+    off.reset();
+    let from_best = generate(&mut off, false);
+    for (b, r) in from_best.iter().zip(&from_rows) {
+        assert_eq!(b.tokens, r.tokens, "picks from the rows' best");
+        for (x, y) in b.sampled.iter().zip(&r.sampled) {
+            assert!((x.logprob - y.logprob).abs() < 1e-4, "{x:?} vs {y:?}");
+        }
+    }
     assert!(want[0].iter().any(|&t| t != want[0][0]), "{want:?}");
     let mut replayed = engine(true, false);
     assert_eq!(run(&mut replayed), want, "replayed from step plans");

@@ -521,6 +521,68 @@ fn topk_rows_match_a_sort_on(d: &dyn TestDev) {
     assert!(topk_rows(d, DevPtr(0), 1, 10, 9, DevPtr(0), DevPtr(0)).is_err());
 }
 
+/// The greedy token and log-normaliser of each row against the CPU's argmax and `logsumexp_ref`: the same
+/// token (ties to the lower index, NaN never chosen), the same logit bits, the normaliser to rounding.
+#[test]
+fn row_best_matches_the_cpu() {
+    on_every_device(row_best_matches_the_cpu_on);
+}
+
+fn row_best_matches_the_cpu_on(d: &dyn TestDev) {
+    use crate::backend::cpu::ops::{argmax, logsumexp_ref};
+    let (rows, vocab) = (5, 49_152);
+    let mut x = data(rows * vocab, 61);
+    // Row 1: a tie (the lower index wins) and a NaN; row 2: minus infinity but two numbers; row 3: all
+    // minus infinity (its normaliser too); row 4: all NaN but one number at the end.
+    x[vocab + 10] = 99.0;
+    x[vocab + 40_000] = 99.0;
+    x[vocab + 3] = f32::NAN;
+    let (r2, r3, r4) = (2 * vocab, 3 * vocab, 4 * vocab);
+    x[r2..r2 + vocab].fill(f32::NEG_INFINITY);
+    x[r2 + 5] = 1.0;
+    x[r2 + 7] = 2.0;
+    x[r3..r3 + vocab].fill(f32::NEG_INFINITY);
+    x[r4..r4 + vocab].fill(f32::NAN);
+    x[r4 + vocab - 1] = -3.0;
+    let (lm, om) = (
+        Mem::from_f32(d, &x),
+        Mem::zeroed(d, 4 * ROW_BEST_FLOATS * rows),
+    );
+    row_best(d, lm.ptr(), rows, vocab, om.ptr()).unwrap();
+    let got = om.f32s();
+    for r in 0..rows {
+        let row = &x[r * vocab..(r + 1) * vocab];
+        let g = &got[r * ROW_BEST_FLOATS..(r + 1) * ROW_BEST_FLOATS];
+        let numbers: Vec<f32> = row
+            .iter()
+            .map(|&v| if v.is_nan() { f32::NEG_INFINITY } else { v })
+            .collect();
+        let want = argmax(&numbers).unwrap();
+        assert_eq!(g[0], want as f32, "row {r}: the token");
+        assert_eq!(g[1].to_bits(), row[want].to_bits(), "row {r}: its logit");
+        // A NaN in the row makes its normaliser NaN, as on the CPU.
+        let lse = logsumexp_ref(row);
+        if lse.is_nan() {
+            assert!(g[2].is_nan(), "row {r}: {}", g[2]);
+        } else if lse == f32::NEG_INFINITY {
+            assert_eq!(g[2], lse, "row {r}");
+        } else {
+            assert!(
+                (g[2] - lse).abs() <= 1e-5 * lse.abs().max(1.0),
+                "row {r}: {} vs {lse}",
+                g[2]
+            );
+        }
+    }
+    assert_eq!(got[ROW_BEST_FLOATS], 10.0, "ties go to the lower index");
+    assert_eq!(
+        got[4 * ROW_BEST_FLOATS],
+        (vocab - 1) as f32,
+        "NaN is never chosen"
+    );
+    assert!(row_best(d, DevPtr(0), 1, 1 << 24, DevPtr(0)).is_err());
+}
+
 mod attention;
 mod gdn;
 mod matvec;
