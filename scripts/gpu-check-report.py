@@ -5,12 +5,14 @@ import sys
 
 out = sys.argv[1]
 print("\n## Decode on the GPU device\n")
+# Runs: graphs on and off with packed Q4_1 weights (the default), and graphs on with the GGUF layout.
+RUNS = (("true", "graphs-true"), ("false", "graphs-false"), ("true, GGUF-layout weights", "graphs-true-gguf"))
 print("| model | graphs | pp512 tok/s | tg128 tok/s | TPOT ms | tg128 at depth 1024 tok/s | tg128 at depth 4096 tok/s | kernels/step | in graphs |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 tpot = {}
 for name in ("qwen35", "smollm2"):
-    for graphs in ("true", "false"):
-        path = os.path.join(out, f"bench-{name}-graphs-{graphs}.json")
+    for graphs, suffix in RUNS:
+        path = os.path.join(out, f"bench-{name}-{suffix}.json")
         if not os.path.exists(path):
             continue
         try:
@@ -34,15 +36,18 @@ for name in ("qwen35", "smollm2"):
             f"\n- {name}: graphs save {100 * (1 - on / off):.0f}% of a decode step (TPOT {off:.3f} ms "
             f"without, {on:.3f} ms with), what launching kernel by kernel costs a step"
         )
-for name in ("qwen35", "smollm2"):
-    path = os.path.join(out, f"bench-{name}-graphs-true.json")
+if ("smollm2", "true") in tpot and ("smollm2", "true, GGUF-layout weights") in tpot:
+    packed, gguf = tpot[("smollm2", "true")], tpot[("smollm2", "true, GGUF-layout weights")]
+    print(f"\n- smollm2: packed Q4_1 weights take {packed / gguf:.2f}x the GGUF layout's TPOT ({packed:.3f} vs {gguf:.3f} ms)")
+for name, suffix in [(n, s) for n in ("qwen35", "smollm2") for s in ("graphs-true", "graphs-true-gguf")]:
+    path = os.path.join(out, f"bench-{name}-{suffix}.json")
     try:
         b = json.load(open(path))
     except (OSError, ValueError):
         continue
     for at in b.get("kernel_times") or []:
         print(
-            f"\n### {name}: kernel times per decode step at depth {at['depth']} "
+            f"\n### {name} ({suffix}): kernel times per decode step at depth {at['depth']} "
             f"({at['us_per_step']:.1f} us, graphs off, events around each launch)\n"
         )
         print("| kernel | launches/step | us/step | us/launch | share |")

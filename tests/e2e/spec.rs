@@ -10,6 +10,7 @@ use thorn_engine::engine::scheduler::SchedulerConfig;
 use thorn_engine::engine::{Decoder, Engine, EngineConfig, GuideSlot, Request};
 use thorn_engine::gguf::Gguf;
 use thorn_engine::kv::{Batch, KvCache, KvConfig, KvDtype, Logits, NO_PARENT};
+use thorn_engine::model::LogitRows;
 use thorn_engine::model::llama::{Llama, Scratch};
 use thorn_engine::sample::SamplingParams;
 use thorn_engine::spec::{FixedCost, PassShape, SpecConfig, SpecStats, Speculator};
@@ -380,7 +381,8 @@ fn sample_markov(
     let mut dec = Decoder::new(req, GuideSlot::None, vocab, 4096);
     let mut rows = vec![0f32; vocab];
     m.logits(dec.history(), &mut rows);
-    dec.advance(&mut rows, tok, &mut |_| {}).unwrap();
+    dec.advance(&mut LogitRows::host(&mut rows, vocab), 0, tok, &mut |_| {})
+        .unwrap();
     while !dec.is_done() {
         let shape = PassShape {
             base: dec.pending().len(),
@@ -393,7 +395,8 @@ fn sample_markov(
         dec.ran_pending();
         if tree.is_empty() {
             m.logits(dec.history(), &mut rows[..vocab]);
-            dec.advance(&mut rows[..vocab], tok, &mut |_| {}).unwrap();
+            let mut row = LogitRows::host(&mut rows[..vocab], vocab);
+            dec.advance(&mut row, 0, tok, &mut |_| {}).unwrap();
             continue;
         }
         rows.resize((tree.len() + 1) * vocab, 0.0);
@@ -412,8 +415,8 @@ fn sample_markov(
             m.logits(&h, &mut rows[(i + 1) * vocab..(i + 2) * vocab]);
             h.truncate(base);
         }
-        dec.advance_tree(&mut rows, vocab, tok, &mut |_| {}, sp)
-            .unwrap();
+        let mut all = LogitRows::host(&mut rows, vocab);
+        dec.advance_tree(&mut all, 0, tok, &mut |_| {}, sp).unwrap();
     }
     dec.finish(&mut |_| {}).tokens
 }

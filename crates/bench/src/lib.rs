@@ -62,6 +62,9 @@ pub struct EngineBench {
     /// CUDA graphs on a GPU: a decode step's launches replayed as one graph.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,
+    /// Q4_1 weights packed for the GPU kernels' aligned loads (false: as the GGUF file lays them out).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub packed_weights: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -134,6 +137,7 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
     for &dtype in &b.kv_dtypes {
         let cfg = EngineConfig {
             cuda_graphs: b.cuda_graphs,
+            packed_weights: b.packed_weights,
             context,
             kv_dtype: dtype,
             page_size: b.page_size,

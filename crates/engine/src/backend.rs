@@ -280,6 +280,14 @@ impl Device {
         }
     }
 
+    /// On a GPU, whether Q4_1 matrices loaded from now on are packed for the kernels' aligned loads (the
+    /// default) or kept as the GGUF file lays them out (to compare the two); nothing on the CPU.
+    pub fn set_packed_weights(&self, on: bool) {
+        if let Device::Cuda(g) = self {
+            g.set_packed_weights(on);
+        }
+    }
+
     /// Floats [`Device::logit_best`] writes per row.
     pub const BEST_FLOATS: usize = gpu::launch::ROW_BEST_FLOATS;
 

@@ -166,6 +166,8 @@ pub struct EngineConfig {
     pub threads: usize,
     /// CUDA graphs on a GPU device (see `backend::Device::set_graphs`).
     pub cuda_graphs: bool,
+    /// Q4_1 weights packed for aligned loads on a GPU device (see `backend::Device::set_packed_weights`).
+    pub packed_weights: bool,
     /// Where a GPU device caches its compiled kernels (`None`: compiled at every start). The default is
     /// [`default_kernel_cache`](crate::backend::default_kernel_cache), `kernels/` under thorn's cache
     /// directory from the environment; the host passes the one under its `--cache-dir`.
@@ -197,6 +199,7 @@ impl Default for EngineConfig {
             device: DeviceKind::Cpu,
             threads: 0,
             cuda_graphs: true,
+            packed_weights: true,
             kernel_cache: crate::backend::default_kernel_cache(),
             context: 4096,
             kv_dtype: KvDtype::F16,
@@ -375,6 +378,7 @@ impl Engine {
     /// Builds an engine from a parsed GGUF, on the device `cfg` names.
     pub fn from_gguf(gguf: Arc<Gguf>, cfg: &EngineConfig) -> Result<Self, EngineError> {
         let device = cfg.device.open(cfg.threads, cfg.kernel_cache.as_deref())?;
+        device.set_packed_weights(cfg.packed_weights);
         let model = Model::from_gguf(Arc::clone(&gguf), &device)?;
         Self::with_model(gguf, model, device, cfg)
     }

@@ -30,6 +30,11 @@ struct int2 {
     int x, y;
 };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+// 16-byte vector (its alignment is the launch code's to check: a GPU faults on a misaligned one).
+struct uint4 {
+    unsigned x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 
 namespace thorn_sim {
 extern thread_local dim3 thread_idx;

@@ -295,6 +295,90 @@ extern "C" __global__ void matvec_nvfp4(MATVEC_ARGS) { matvec<FMT_NVFP4>(MATVEC_
 // Float weights (f32, or f16 as bits) times float activations (nt x cols, read in `mode` as above, never
 // MV_QUANTIZED), for the matrices that are not block-quantized. Same launch shape; lanes stride over the
 // columns.
+// Q4_1 rows repacked at load for aligned loads (the engine's `repack_q4_1`): a row of nb blocks is nb x 16
+// bytes of nibbles (block b's at 16b: element j in the low nibble of byte j, element 16 + j in the high, as
+// in GGUF), then nb (d, m) f16 pairs, padded to a multiple of 16 bytes. One warp per output row, 4 rows per
+// block as above; lane l takes blocks l, l + 32, ...: a block is one 16-byte and one 4-byte load, and the
+// lane's first block of its first row is loaded before the prologue, so that the weights' round trip
+// overlaps it (a row of up to 1024 values is then one round trip). Per block the integer dot product is
+// exact and d * dx * isum + m * (dx * sum q) is added once: the algebra of the GGUF kernel, with the float
+// sums in another order.
+__device__ __forceinline__ long q4_1p_row_bytes(int cols) {
+    const int nb = cols >> 5;
+    return 16L * nb + ((4L * nb + 15) & ~15L);
+}
+
+extern "C" __global__ void matvec_q4_1p(MATVEC_ARGS) {
+    const int nb = cols >> 5;
+    const int lane = threadIdx.x;
+    const long rb = q4_1p_row_bytes(cols);
+    int r = blockIdx.x * MV_ROWS + threadIdx.y;
+    uint4 wq = make_uint4(0, 0, 0, 0);
+    unsigned wdm = 0;
+    if (r < rows && lane < nb) {
+        const unsigned char* row = w + (long)r * rb;
+        wq = *(const uint4*)(row + 16 * lane);
+        wdm = *(const unsigned*)(row + 16 * nb + 4 * lane);
+    }
+    if (mode != MV_QUANTIZED) {
+        __shared__ float scales[MV_TOKENS];
+        THORN_DYNAMIC_SHARED(float2, staged);
+        if (mode == MV_NORM) {
+            mv_norm_scales(x, cols, nt, eps, scales);
+        }
+        signed char* sq = (signed char*)(staged + nt * nb);
+        mv_prologue(x, nw, mode, nt, cols, scales, sq, staged);
+        q = sq;
+        ds = staged;
+    }
+    bool loaded = true;
+    for (; r < rows; r += gridDim.x * MV_ROWS) {
+        const unsigned char* row = w + (long)r * rb;
+        float acc[MV_TOKENS];
+#pragma unroll
+        for (int t = 0; t < MV_TOKENS; t++) {
+            acc[t] = 0.0f;
+        }
+        for (int b = lane; b < nb; b += 32) {
+            if (!loaded) {
+                wq = *(const uint4*)(row + 16 * b);
+                wdm = *(const unsigned*)(row + 16 * nb + 4 * b);
+            }
+            loaded = false;
+            const unsigned lo[4] = {wq.x & 0x0f0f0f0fu, wq.y & 0x0f0f0f0fu, wq.z & 0x0f0f0f0fu,
+                                    wq.w & 0x0f0f0f0fu};
+            const unsigned hi[4] = {(wq.x >> 4) & 0x0f0f0f0fu, (wq.y >> 4) & 0x0f0f0f0fu,
+                                    (wq.z >> 4) & 0x0f0f0f0fu, (wq.w >> 4) & 0x0f0f0f0fu};
+            const float d = f16_to_f32((unsigned short)(wdm & 0xffffu));
+            const float m = f16_to_f32((unsigned short)(wdm >> 16));
+#pragma unroll
+            for (int t = 0; t < MV_TOKENS; t++) {
+                if (t < nt) {
+                    const int* xq = (const int*)(q + (long)t * cols + 32 * b);
+                    int isum = 0;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        isum = __dp4a((int)lo[i], xq[i], isum);
+                        isum = __dp4a((int)hi[i], xq[4 + i], isum);
+                    }
+                    const float2 dx = ds[(long)t * nb + b];
+                    acc[t] += d * dx.x * (float)isum + m * dx.y;
+                }
+            }
+        }
+        loaded = false;
+#pragma unroll
+        for (int t = 0; t < MV_TOKENS; t++) {
+            if (t < nt) {
+                const float v = warp_sum(acc[t]);
+                if (lane == 0) {
+                    store_out(out + (long)t * stride + r, v * scale, add);
+                }
+            }
+        }
+    }
+}
+
 template <bool HALF>
 __device__ __forceinline__ void matvec_float(const void* __restrict__ w, const float* __restrict__ x,
                                              const float* __restrict__ nw, float* __restrict__ out, int rows,

@@ -86,6 +86,7 @@ pub const MATVEC: Module = Module {
         "matvec_q4_k",
         "matvec_q6_k",
         "matvec_nvfp4",
+        "matvec_q4_1p",
         "matvec_f32",
         "matvec_f16",
         "embed_q4_0",

@@ -1,7 +1,7 @@
 //! The GPU device ([`GpuDevice`]): every [`Device`](crate::backend::Device) op run by the CUDA kernels
 //! through [`super::launch`], on any [`GpuRuntime`], with its weights ([`GpuMatrix`]) and per-pass staging.
 
-use super::launch::{self, Acts, DevPtr, KvStore, Launcher, Prep, Weights};
+use super::launch::{self, Acts, DevPtr, KvStore, Launcher, Layout, Prep, Weights};
 use super::mem::{DevMem, DevVec, GpuBuf, SharedMem, fail};
 use super::runtime::{GpuRuntime, GraphStats, KernelTimes, Queue};
 use crate::backend::batch::Batch;
@@ -73,6 +73,9 @@ pub struct GpuDevice {
     q: Arc<Queue>,
     /// Per-op staging; ops run one at a time.
     staging: Box<Mutex<Staging>>,
+    /// Whether Q4_1 matrices uploaded from now on are packed for aligned loads
+    /// ([`Layout::Packed`]).
+    packed: std::sync::atomic::AtomicBool,
 }
 
 impl GpuDevice {
@@ -84,7 +87,14 @@ impl GpuDevice {
         GpuDevice {
             q,
             staging: Box::new(Mutex::new(Staging::default())),
+            packed: true.into(),
         }
+    }
+
+    /// Whether Q4_1 matrices uploaded from now on are packed for the kernels' aligned loads (the
+    /// default), or kept as the GGUF file lays them out (weights read in place always are).
+    pub fn set_packed_weights(&self, on: bool) {
+        self.packed.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Turns graphs on or off (see [`Queue`]); off, every kernel is launched as its op queues it.
@@ -210,6 +220,7 @@ impl GpuDevice {
             rows,
             cols,
             scale: 1.0,
+            layout: Layout::Gguf,
         };
         if w.check().is_err() {
             let rb = ty.row_bytes(cols).ok_or_else(|| DeviceError::Unsupported {
@@ -238,6 +249,7 @@ impl GpuDevice {
             rows,
             cols,
             scale: 1.0,
+            layout: Layout::Gguf,
         };
         self.upload_weights(w, bytemuck::cast_slice(f))
     }
@@ -259,6 +271,7 @@ impl GpuDevice {
             rows,
             cols,
             scale: 1.0,
+            layout: Layout::Gguf,
         };
         let Some(ptr) = self.q.rt.host_address(data).filter(|_| w.check().is_ok()) else {
             return self.matrix(ty, rows, cols, data);
@@ -288,6 +301,14 @@ impl GpuDevice {
 
     fn upload_weights(&self, mut w: Weights, data: &[u8]) -> Result<GpuMatrix, DeviceError> {
         w.check()?;
+        let packed = (w.ty == GgmlType::Q4_1
+            && self.packed.load(std::sync::atomic::Ordering::Relaxed))
+        .then(|| launch::repack_q4_1(data, w.rows, w.cols))
+        .flatten();
+        if packed.is_some() {
+            w.layout = Layout::Packed;
+        }
+        let data = packed.as_deref().unwrap_or(data);
         let mem = self.q.alloc(data.len())?;
         self.q.upload(mem.ptr(), data)?;
         w.ptr = mem.ptr();
@@ -302,10 +323,12 @@ impl GpuDevice {
     /// into one allocation, or, for weights read in place, kept where they are as the parts of one matrix.
     pub fn concat(&self, parts: Vec<GpuMatrix>) -> Option<GpuMatrix> {
         let first = parts.first()?.w;
-        if parts
-            .iter()
-            .any(|p| p.w.ty != first.ty || p.w.cols != first.cols || p.w.scale != first.scale)
-        {
+        if parts.iter().any(|p| {
+            p.w.ty != first.ty
+                || p.w.cols != first.cols
+                || p.w.scale != first.scale
+                || p.w.layout != first.layout
+        }) {
             return None;
         }
         let w = Weights {

@@ -22,6 +22,7 @@ pub use crate::backend::buf::DevPtr;
 mod attention;
 mod gdn;
 mod logits;
+mod packed;
 pub use attention::{
     ATTENTION_MAX_GROUP, ATTENTION_MAX_HEAD_DIM, ATTENTION_SPLIT, BatchMeta, DevBatch, KvStore,
     attention, attention_counters, rope_kv_write, write_kv,
@@ -31,6 +32,7 @@ pub use gdn::{
     gdn_recurrence, sigmoid_gate,
 };
 pub use logits::{ROW_BEST_FLOATS, TOPK_MAX, row_best, topk_rows};
+pub use packed::{Layout, packed_row_bytes, repack_q4_1};
 
 /// One kernel argument, as the C type the kernel declares (pointers, `int`, `float`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -475,11 +477,19 @@ pub struct Weights {
     pub cols: usize,
     /// The tensor scale.
     pub scale: f32,
+    /// How the rows are laid out.
+    pub layout: Layout,
 }
 
 impl Weights {
-    /// The matrix-vector kernel for this type, and whether it reads quantized activations.
+    /// The matrix-vector kernel for this type and layout, and whether it reads quantized activations.
     pub fn kernel(&self) -> Result<(&'static str, bool), DeviceError> {
+        if self.layout == Layout::Packed {
+            return match self.ty {
+                GgmlType::Q4_1 => Ok(("matvec_q4_1p", true)),
+                ty => Err(unsupported(format!("packed weights of type {ty}"))),
+            };
+        }
         Ok(match self.ty {
             GgmlType::Q4_0 => ("matvec_q4_0", true),
             GgmlType::Q4_1 => ("matvec_q4_1", true),
@@ -509,6 +519,11 @@ impl Weights {
         }
         int(self.rows, "rows")?;
         int(self.cols, "a width")?;
+        if self.layout == Layout::Packed && !self.ptr.0.is_multiple_of(16) {
+            return Err(unsupported(
+                "packed weights not 16-byte aligned".to_string(),
+            ));
+        }
         if self.scale != 1.0 && !quantized {
             return Err(unsupported(format!(
                 "a tensor scale on {} weights",
@@ -653,6 +668,7 @@ pub fn embed(
         rows: 1,
         cols: d,
         scale: 1.0,
+        layout: Layout::Gguf,
     };
     w.check()?;
     let (kernel, quantized) = match ty {

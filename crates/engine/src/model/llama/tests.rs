@@ -277,7 +277,7 @@ fn the_default_model_on_the_gpu_device_matches_the_cpu() {
 /// On a GPU that reads host memory in place (unified memory, as on Jetson Thor; here the counting
 /// simulator standing for one), SmolLM2's matrices stay in the file's mapping: loading uploads only
 /// the norm weights, the fused QKV and gate/up matrices keep their parts where the file has them, and
-/// the logits are the bits of the device that uploads its weights (the kernels read the same bytes).
+/// the logits are the bits of a device that uploads its weights unpacked (the same kernels read the same bytes).
 #[test]
 fn a_unified_memory_gpu_reads_the_weights_in_place() {
     let Some(path) = default_model() else {
@@ -300,7 +300,9 @@ fn a_unified_memory_gpu_reads_the_weights_in_place() {
     assert!(loaded.upload_bytes * 100 < weights, "{loaded:?}");
     drop(model);
     let tokens = [1u32, 504, 3458, 282, 4237, 314];
+    // Uploaded as the file lays them out (not packed), so the same kernels read the same bytes.
     let uploaded = Device::gpu(Arc::new(crate::backend::sim::Sim));
+    uploaded.set_packed_weights(false);
     assert_eq!(run(&dev, &g, &tokens, 2), run(&uploaded, &g, &tokens, 2));
 }
 

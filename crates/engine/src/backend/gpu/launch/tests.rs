@@ -202,6 +202,15 @@ const FORMATS: [GgmlType; 8] = [
 ];
 
 /// Weights of `ty` for the matvec tests, as GGUF bytes.
+/// GGUF `bytes` of a `ty` matrix as the kernels read them in `layout`.
+fn laid_out(bytes: &[u8], ty: GgmlType, layout: Layout, rows: usize, cols: usize) -> Vec<u8> {
+    match (layout, ty) {
+        (Layout::Gguf, _) => bytes.to_vec(),
+        (Layout::Packed, GgmlType::Q4_1) => repack_q4_1(bytes, rows, cols).expect("whole rows"),
+        (Layout::Packed, ty) => panic!("no packed layout for {ty}"),
+    }
+}
+
 fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     match ty {
         GgmlType::F16 => data(rows * cols, seed)

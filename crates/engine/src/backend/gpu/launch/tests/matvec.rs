@@ -85,9 +85,11 @@ fn activation_quantization_is_bit_exact_on(d: &dyn TestDev) {
 /// activations (the quantized ones for block formats), summed in f64; with `gap`, its outputs are one
 /// part of rows `rows + gap` apart, and the gap is left as it was. With `add` the products are added to
 /// what the output holds, with the bits of the product then a separate add.
+#[expect(clippy::too_many_arguments, reason = "a test case's shape")]
 fn check_matvec(
     d: &dyn TestDev,
     ty: GgmlType,
+    layout: Layout,
     rows: usize,
     cols: usize,
     tokens: usize,
@@ -98,7 +100,7 @@ fn check_matvec(
     let bytes = weights(ty, rows, cols, 11 + cols as u64);
     let xs = data(tokens * cols, 12);
     let (x, q, ds) = quantize_on_device(d, &xs, tokens, cols);
-    let wmem = Mem::from_bytes(d, &bytes);
+    let wmem = Mem::from_bytes(d, &laid_out(&bytes, ty, layout, rows, cols));
     let out = Mem::from_f32(d, &vec![7.0; tokens * stride]);
     let w = Weights {
         ptr: wmem.ptr(),
@@ -106,6 +108,7 @@ fn check_matvec(
         rows,
         cols,
         scale,
+        layout,
     };
     let a = Acts {
         x: x.ptr(),
@@ -183,10 +186,15 @@ fn matvec_matches_dequantized_weights_for_every_format_on(d: &dyn TestDev) {
         // Rows not a multiple of the block's 4; 1, 3 and 11 tokens (11: two launches), one of them a part
         // of a wider output.
         let cols = if ty.block_size() == 256 { 512 } else { 576 };
-        check_matvec(d, ty, 13, cols, 1, 1.0, 0);
-        check_matvec(d, ty, 6, cols, 11, 1.0, 5);
+        check_matvec(d, ty, Layout::Gguf, 13, cols, 1, 1.0, 0);
+        check_matvec(d, ty, Layout::Gguf, 6, cols, 11, 1.0, 5);
     }
-    check_matvec(d, GgmlType::NVFP4, 9, 256, 3, 0.375, 0);
+    check_matvec(d, GgmlType::NVFP4, Layout::Gguf, 9, 256, 3, 0.375, 0);
+    // Packed Q4_1: rows of fewer blocks than lanes (2, 18), of more (48: a lane takes two blocks).
+    for cols in [64, 576, 1536] {
+        check_matvec(d, GgmlType::Q4_1, Layout::Packed, 13, cols, 1, 1.0, 0);
+        check_matvec(d, GgmlType::Q4_1, Layout::Packed, 6, cols, 11, 1.0, 5);
+    }
 }
 
 #[test]
@@ -209,6 +217,7 @@ fn matvec_rejects_what_its_kernels_cannot_take_on(d: &dyn TestDev) {
         rows: 4,
         cols,
         scale,
+        layout: Layout::Gguf,
     };
     for (ty, cols, scale) in [
         (GgmlType::Q4_K, 288, 1.0), // not whole super-blocks

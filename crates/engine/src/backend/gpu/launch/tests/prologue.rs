@@ -13,8 +13,15 @@ enum Case {
 
 /// `tokens` rows of `cols` through a product of `ty` with the input prepared by the unfused kernels and by
 /// the prologue; the outputs (plain and added to a residual) must have the same bits.
-fn check(d: &dyn TestDev, case: Case, ty: GgmlType, rows: usize, cols: usize, tokens: usize) {
-    let what = format!("{case:?} {ty} {rows}x{cols}, {tokens} tokens");
+fn check(
+    d: &dyn TestDev,
+    case: Case,
+    (ty, layout): (GgmlType, Layout),
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+) {
+    let what = format!("{case:?} {ty} ({layout:?}) {rows}x{cols}, {tokens} tokens");
     let width = match case {
         Case::Swiglu => 2 * cols,
         _ => cols,
@@ -60,13 +67,14 @@ fn check(d: &dyn TestDev, case: Case, ty: GgmlType, rows: usize, cols: usize, to
         ..eager
     };
     let bytes = weights(ty, rows, cols, 33);
-    let wmem = Mem::from_bytes(d, &bytes);
+    let wmem = Mem::from_bytes(d, &laid_out(&bytes, ty, layout, rows, cols));
     let w = Weights {
         ptr: wmem.ptr(),
         ty,
         rows,
         cols,
         scale: 1.0,
+        layout,
     };
     let residual = data(tokens * rows, 34);
     let mut outs = vec![];
@@ -91,18 +99,38 @@ fn a_prologue_gives_the_bits_of_the_unfused_launches() {
 }
 
 fn a_prologue_gives_the_bits_of_the_unfused_launches_on(d: &dyn TestDev) {
-    for ty in FORMATS {
+    let layouts = FORMATS
+        .map(|ty| (ty, Layout::Gguf))
+        .into_iter()
+        .chain([(GgmlType::Q4_1, Layout::Packed)]);
+    for (ty, layout) in layouts {
         let cols = if ty.block_size() == 256 { 512 } else { 576 };
         for case in [Case::Floats, Case::Norm, Case::Swiglu] {
             // Rows not a multiple of the block's 4; one token (decode), an odd count, a full launch, two
             // launches (each with its own prologue).
             for tokens in [1, 3, 8, 11] {
-                check(d, case, ty, 13, cols, tokens);
+                check(d, case, (ty, layout), 13, cols, tokens);
             }
         }
     }
-    // More rows than the prologue's capped grid covers: blocks stride over them.
-    check(d, Case::Norm, GgmlType::Q8_0, 4 * 1024 + 9, 64, 1);
+    // More rows than the prologue's capped grid covers: blocks stride over them (a packed warp's first
+    // row was loaded before its prologue, the next ones after).
+    check(
+        d,
+        Case::Norm,
+        (GgmlType::Q8_0, Layout::Gguf),
+        4 * 1024 + 9,
+        64,
+        1,
+    );
+    check(
+        d,
+        Case::Norm,
+        (GgmlType::Q4_1, Layout::Packed),
+        4 * 1024 + 9,
+        64,
+        1,
+    );
 }
 
 #[test]
@@ -124,6 +152,7 @@ fn a_prologue_takes_only_what_fits_its_shared_memory_on(d: &dyn TestDev) {
         rows: 4,
         cols: 8192,
         scale: 1.0,
+        layout: Layout::Gguf,
     };
     let a = Acts {
         x: DevPtr(0),
