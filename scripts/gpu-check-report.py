@@ -6,7 +6,12 @@ import sys
 out = sys.argv[1]
 print("\n## Decode on the GPU device\n")
 # Runs: graphs on and off with packed Q4_1 weights (the default), and graphs on with the GGUF layout.
-RUNS = (("true", "graphs-true"), ("false", "graphs-false"), ("true, GGUF-layout weights", "graphs-true-gguf"))
+RUNS = (
+    ("true", "graphs-true"),
+    ("false", "graphs-false"),
+    ("true, GGUF-layout weights", "graphs-true-gguf"),
+    ("true, programmatic dependent launch", "graphs-true-pdl"),
+)
 print("| model | graphs | pp512 tok/s | tg128 tok/s | TPOT ms | tg128 at depth 1024 tok/s | tg128 at depth 4096 tok/s | kernels/step | in graphs |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 tpot = {}
@@ -39,6 +44,9 @@ for name in ("qwen35", "smollm2"):
 if ("smollm2", "true") in tpot and ("smollm2", "true, GGUF-layout weights") in tpot:
     packed, gguf = tpot[("smollm2", "true")], tpot[("smollm2", "true, GGUF-layout weights")]
     print(f"\n- smollm2: packed Q4_1 weights take {packed / gguf:.2f}x the GGUF layout's TPOT ({packed:.3f} vs {gguf:.3f} ms)")
+if ("smollm2", "true") in tpot and ("smollm2", "true, programmatic dependent launch") in tpot:
+    plain, pdl = tpot[("smollm2", "true")], tpot[("smollm2", "true, programmatic dependent launch")]
+    print(f"\n- smollm2: programmatic dependent launch takes {pdl / plain:.2f}x the TPOT without ({pdl:.3f} vs {plain:.3f} ms)")
 for name, suffix in [(n, s) for n in ("qwen35", "smollm2") for s in ("graphs-true", "graphs-true-gguf")]:
     path = os.path.join(out, f"bench-{name}-{suffix}.json")
     try:

@@ -65,6 +65,10 @@ pub struct EngineBench {
     /// Q4_1 weights packed for the GPU kernels' aligned loads (false: as the GGUF file lays them out).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub packed_weights: bool,
+    /// Programmatic dependent launch on a GPU of sm_90 or later: each kernel may start while the one
+    /// before it finishes.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub pdl: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -138,6 +142,7 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
         let cfg = EngineConfig {
             cuda_graphs: b.cuda_graphs,
             packed_weights: b.packed_weights,
+            pdl: b.pdl,
             context,
             kv_dtype: dtype,
             page_size: b.page_size,

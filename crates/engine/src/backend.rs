@@ -280,6 +280,16 @@ impl Device {
         }
     }
 
+    /// On a GPU of sm_90 or later, launches each kernel so that it may start while the one before it
+    /// finishes (programmatic dependent launch), or not; returns whether launches now do (never on the
+    /// CPU). Off by default until measured.
+    pub fn set_pdl(&self, on: bool) -> bool {
+        match self {
+            Device::Cpu(_) => false,
+            Device::Cuda(g) => g.set_pdl(on),
+        }
+    }
+
     /// On a GPU, whether Q4_1 matrices loaded from now on are packed for the kernels' aligned loads (the
     /// default) or kept as the GGUF file lays them out (to compare the two); nothing on the CPU.
     pub fn set_packed_weights(&self, on: bool) {

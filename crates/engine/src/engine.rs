@@ -168,6 +168,8 @@ pub struct EngineConfig {
     pub cuda_graphs: bool,
     /// Q4_1 weights packed for aligned loads on a GPU device (see `backend::Device::set_packed_weights`).
     pub packed_weights: bool,
+    /// Programmatic dependent launch on a GPU device of sm_90 or later (see `backend::Device::set_pdl`).
+    pub pdl: bool,
     /// Where a GPU device caches its compiled kernels (`None`: compiled at every start). The default is
     /// [`default_kernel_cache`](crate::backend::default_kernel_cache), `kernels/` under thorn's cache
     /// directory from the environment; the host passes the one under its `--cache-dir`.
@@ -200,6 +202,7 @@ impl Default for EngineConfig {
             threads: 0,
             cuda_graphs: true,
             packed_weights: true,
+            pdl: false,
             kernel_cache: crate::backend::default_kernel_cache(),
             context: 4096,
             kv_dtype: KvDtype::F16,
@@ -392,6 +395,12 @@ impl Engine {
         cfg: &EngineConfig,
     ) -> Result<Self, EngineError> {
         device.set_graphs(cfg.cuda_graphs);
+        if cfg.pdl && !device.set_pdl(true) {
+            tracing::info!(
+                "programmatic dependent launch asked for: {} does not have it",
+                device.name()
+            );
+        }
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
         if tokenizer.vocab_size() > model.vocab() {
             return Err(EngineError::VocabMismatch {

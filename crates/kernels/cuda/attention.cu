@@ -350,13 +350,14 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
     q, kstore, vstore, kscale, vscale, table, meta, seen, partials, n_heads, n_kv_heads, head_dim, page_size, \
         n_layers, layer, attend_from, scale, q_stride, out, counters
 
-extern "C" __global__ void attention_f32(ATTENTION_ARGS) { attention<KV_F32>(ATTENTION_CALL); }
-extern "C" __global__ void attention_f16(ATTENTION_ARGS) { attention<KV_F16>(ATTENTION_CALL); }
-extern "C" __global__ void attention_fp8(ATTENTION_ARGS) { attention<KV_FP8>(ATTENTION_CALL); }
+extern "C" __global__ void attention_f32(ATTENTION_ARGS) { GRID_WAIT(); attention<KV_F32>(ATTENTION_CALL); }
+extern "C" __global__ void attention_f16(ATTENTION_ARGS) { GRID_WAIT(); attention<KV_F16>(ATTENTION_CALL); }
+extern "C" __global__ void attention_fp8(ATTENTION_ARGS) { GRID_WAIT(); attention<KV_FP8>(ATTENTION_CALL); }
 
 // The merge as a launch of its own (an attention launch without counters): grid (tokens x kv heads),
 // head_dim threads.
 extern "C" __global__ void attention_merge(const float* __restrict__ partials, float* __restrict__ out,
                                            int splits, int n_heads, int n_kv_heads, int head_dim) {
+    GRID_WAIT();
     merge_item(partials, out, blockIdx.x, splits, n_heads, n_kv_heads, head_dim);
 }

@@ -7,6 +7,23 @@
 #define THORN_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
 #endif
 
+// Programmatic dependent launch (sm_90 and later, when the runtime launches with it): a kernel may start
+// while the kernel before it finishes. Every kernel calls GRID_WAIT() before it reads or writes memory that
+// the kernels before it write or read (at its top, or after loading only weights, which nothing writes):
+// it waits until the previous kernel has finished and its writes are visible, then lets the next kernel
+// start. Without the launch attribute (or before sm_90, or in the simulator) there is nothing to wait for.
+#if defined(THORN_SIM) || !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+#define GRID_WAIT() \
+    do {            \
+    } while (0)
+#else
+#define GRID_WAIT()                                       \
+    do {                                                  \
+        asm volatile("griddepcontrol.wait;" ::: "memory"); \
+        asm volatile("griddepcontrol.launch_dependents;");   \
+    } while (0)
+#endif
+
 // Sum over the 32 lanes of a warp; every lane gets the total.
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) {

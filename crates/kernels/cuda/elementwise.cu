@@ -6,6 +6,7 @@
 
 // x[i] += y[i] for i < n.
 extern "C" __global__ void add_f32(float* __restrict__ x, const float* __restrict__ y, int n) {
+    GRID_WAIT();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         x[i] += y[i];
     }
@@ -14,6 +15,7 @@ extern "C" __global__ void add_f32(float* __restrict__ x, const float* __restric
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)) (the CPU's formula, with expf).
 extern "C" __global__ void silu_mul_f32(const float* __restrict__ gate, const float* __restrict__ up,
                                         float* __restrict__ out, int n) {
+    GRID_WAIT();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
@@ -23,6 +25,7 @@ extern "C" __global__ void silu_mul_f32(const float* __restrict__ gate, const fl
 // The fused gate/up layout: row t of `gu` is [gate (f) | up (f)]; out row t = silu(gate) * up (f).
 extern "C" __global__ void swiglu_rows_f32(const float* __restrict__ gu, float* __restrict__ out,
                                            int rows, int f) {
+    GRID_WAIT();
     const long total = (long)rows * f;
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
         const long t = i / f;

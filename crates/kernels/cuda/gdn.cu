@@ -16,6 +16,7 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : lo
 extern "C" __global__ void gdn_conv(const float* __restrict__ taps, float* __restrict__ window,
                                     const float* __restrict__ x, float* __restrict__ y, int n, int conv_dim,
                                     int kernel, float* __restrict__ steps, int stride, int offset, int count) {
+    GRID_WAIT();
     const int w = kernel - 1;
     for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < conv_dim; ch += gridDim.x * blockDim.x) {
         float* win = window + (long)ch * w;
@@ -51,6 +52,7 @@ extern "C" __global__ void gdn_conv(const float* __restrict__ taps, float* __res
 // 1 / sqrt(dk). One warp per (token, head): grid (n, 2 kh), block 32. The sum of squares runs in lane
 // order, then across lanes, so it is not the CPU's sequential sum: agreement to rounding.
 extern "C" __global__ void gdn_normalize_qk(float* __restrict__ y, int conv_dim, int kh, int dk) {
+    GRID_WAIT();
     const int t = blockIdx.x;
     const int head = blockIdx.y;
     float* h = y + (long)t * conv_dim + (long)head * dk;
@@ -70,6 +72,7 @@ extern "C" __global__ void gdn_normalize_qk(float* __restrict__ y, int conv_dim,
 // beta = sigmoid(b). n x vh each; one thread per element, grid-stride.
 extern "C" __global__ void gdn_gates(const float* __restrict__ a, const float* __restrict__ dt_bias,
                                      float* __restrict__ alpha, float* __restrict__ b, int n, int vh) {
+    GRID_WAIT();
     const long total = (long)n * vh;
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
         const int h = (int)(i % vh);
@@ -88,6 +91,7 @@ extern "C" __global__ void gdn_recurrence(const float* __restrict__ y, const flo
                                           const float* __restrict__ beta, float* __restrict__ state,
                                           float* __restrict__ o, int n, int kh, int vh, int dk, int dv,
                                           float* __restrict__ steps, int stride, int offset, int count) {
+    GRID_WAIT();
     __shared__ float qs[512];
     __shared__ float ks[512];
     const int head = blockIdx.x;
@@ -146,6 +150,7 @@ extern "C" __global__ void gdn_chunk(const float* __restrict__ y, const float* _
                                      const float* __restrict__ beta, float* __restrict__ state,
                                      float* __restrict__ o, float* __restrict__ work, int n, int kh, int vh,
                                      int dk, int dv) {
+    GRID_WAIT();
     __shared__ float gc[GDN_CHUNK];
     __shared__ float a[GDN_CHUNK * GDN_CHUNK];
     const int head = blockIdx.x;
@@ -297,6 +302,7 @@ extern "C" __global__ void gdn_chunk(const float* __restrict__ y, const float* _
 // o, z: rows of dv (every token's every head); w: dv. One warp per row: grid (rows), block 32.
 extern "C" __global__ void gdn_gated_norm(float* __restrict__ o, const float* __restrict__ z,
                                           const float* __restrict__ w, int dv, float eps) {
+    GRID_WAIT();
     float* oh = o + (long)blockIdx.x * dv;
     const float* zh = z + (long)blockIdx.x * dv;
     float ss = 0.0f;
@@ -312,6 +318,7 @@ extern "C" __global__ void gdn_gated_norm(float* __restrict__ o, const float* __
 
 // x *= sigmoid(gate), element-wise (gated attention's output gate). Grid-stride, 256 threads a block.
 extern "C" __global__ void sigmoid_gate(float* __restrict__ x, const float* __restrict__ gate, int n) {
+    GRID_WAIT();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         x[i] *= sigmoid_f(gate[i]);
     }

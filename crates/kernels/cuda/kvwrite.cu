@@ -38,12 +38,14 @@ __device__ __forceinline__ void kv_write(const float* __restrict__ k, const floa
 extern "C" __global__ void kv_write_f32(const float* k, const float* v, float* kstore, float* vstore,
                                         const int* dst, int n_tokens, int n_kv_heads, int head_dim, int page_size,
                                         int n_layers, int layer, int src_stride) {
+    GRID_WAIT();
     kv_write<false>(k, v, kstore, vstore, dst, n_tokens, n_kv_heads, head_dim, page_size, n_layers, layer,
                     src_stride);
 }
 extern "C" __global__ void kv_write_f16(const float* k, const float* v, unsigned short* kstore,
                                         unsigned short* vstore, const int* dst, int n_tokens, int n_kv_heads,
                                         int head_dim, int page_size, int n_layers, int layer, int src_stride) {
+    GRID_WAIT();
     kv_write<true>(k, v, kstore, vstore, dst, n_tokens, n_kv_heads, head_dim, page_size, n_layers, layer,
                    src_stride);
 }
@@ -145,6 +147,7 @@ extern "C" __global__ void kv_write_fp8(const float* __restrict__ k, const float
                                         const int* __restrict__ dst, const int* __restrict__ seqs,
                                         int n_kv_heads, int head_dim, int page_size, int n_layers, int layer,
                                         int src_stride) {
+    GRID_WAIT();
     const int h = blockIdx.x;
     const int first = seqs[2 * blockIdx.y];
     const int count = seqs[2 * blockIdx.y + 1];

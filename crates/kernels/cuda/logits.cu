@@ -16,6 +16,7 @@ __device__ __forceinline__ bool before(float v, int i, float w, int j) {
 // infinity pad a row with fewer than k numbers). k <= 8.
 extern "C" __global__ void topk_rows(const float* __restrict__ logits, int vocab, int k, int* __restrict__ idx,
                                      float* __restrict__ val) {
+    GRID_WAIT();
     __shared__ float sv[TOPK_THREADS * TOPK_MAX];
     __shared__ int si[TOPK_THREADS * TOPK_MAX];
     const float* row = logits + (long)blockIdx.x * vocab;
@@ -90,6 +91,7 @@ extern "C" __global__ void topk_rows(const float* __restrict__ logits, int vocab
 // is minus infinity). One block of 256 threads per row; the sums are added in a fixed order, so a row's
 // numbers do not depend on the other rows.
 extern "C" __global__ void row_best(const float* __restrict__ logits, int vocab, float* __restrict__ out) {
+    GRID_WAIT();
     __shared__ float sv[TOPK_THREADS];
     __shared__ int si[TOPK_THREADS];
     const float* row = logits + (long)blockIdx.x * vocab;

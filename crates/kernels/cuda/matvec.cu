@@ -1,4 +1,4 @@
-// Quantized matrix-vector products over GGUF blocks as stored: decode, and batches of up to 8 tokens (draft
+// Quantized matrix-vector products over GGUF blocks as stored: decode, and batches of up to 16 tokens (draft
 // trees, small prefill chunks), out[t * stride + r] = scale * W[r] . x[t] (stride >= rows: a matrix that is
 // one part of a stacked output, such as a fused QKV whose parts stay where the model file has them). With
 // `add` set the product is added to what `out` holds (a residual, x += W . h, in one launch): rounded once,
@@ -19,7 +19,7 @@
 // order of the float sums differs, so results agree to rounding, not bit for bit.
 
 #define MV_ROWS 4
-#define MV_TOKENS 8
+#define MV_TOKENS 16
 
 #define FMT_Q4_0 0
 #define FMT_Q4_1 1
@@ -285,12 +285,12 @@ __device__ __forceinline__ void matvec(const unsigned char* __restrict__ w, cons
         float *out, int rows, int cols, int nt, int stride, float scale, int add, int mode, float eps
 #define MATVEC_CALL w, q, ds, x, nw, out, rows, cols, nt, stride, scale, add, mode, eps
 
-extern "C" __global__ void matvec_q4_0(MATVEC_ARGS) { matvec<FMT_Q4_0>(MATVEC_CALL); }
-extern "C" __global__ void matvec_q4_1(MATVEC_ARGS) { matvec<FMT_Q4_1>(MATVEC_CALL); }
-extern "C" __global__ void matvec_q8_0(MATVEC_ARGS) { matvec<FMT_Q8_0>(MATVEC_CALL); }
-extern "C" __global__ void matvec_q4_k(MATVEC_ARGS) { matvec<FMT_Q4_K>(MATVEC_CALL); }
-extern "C" __global__ void matvec_q6_k(MATVEC_ARGS) { matvec<FMT_Q6_K>(MATVEC_CALL); }
-extern "C" __global__ void matvec_nvfp4(MATVEC_ARGS) { matvec<FMT_NVFP4>(MATVEC_CALL); }
+extern "C" __global__ void matvec_q4_0(MATVEC_ARGS) { GRID_WAIT(); matvec<FMT_Q4_0>(MATVEC_CALL); }
+extern "C" __global__ void matvec_q4_1(MATVEC_ARGS) { GRID_WAIT(); matvec<FMT_Q4_1>(MATVEC_CALL); }
+extern "C" __global__ void matvec_q8_0(MATVEC_ARGS) { GRID_WAIT(); matvec<FMT_Q8_0>(MATVEC_CALL); }
+extern "C" __global__ void matvec_q4_k(MATVEC_ARGS) { GRID_WAIT(); matvec<FMT_Q4_K>(MATVEC_CALL); }
+extern "C" __global__ void matvec_q6_k(MATVEC_ARGS) { GRID_WAIT(); matvec<FMT_Q6_K>(MATVEC_CALL); }
+extern "C" __global__ void matvec_nvfp4(MATVEC_ARGS) { GRID_WAIT(); matvec<FMT_NVFP4>(MATVEC_CALL); }
 
 // Float weights (f32, or f16 as bits) times float activations (nt x cols, read in `mode` as above, never
 // MV_QUANTIZED), for the matrices that are not block-quantized. Same launch shape; lanes stride over the
@@ -320,6 +320,8 @@ extern "C" __global__ void matvec_q4_1p(MATVEC_ARGS) {
         wq = *(const uint4*)(row + 16 * lane);
         wdm = *(const unsigned*)(row + 16 * nb + 4 * lane);
     }
+    // Only weights were read: the rest depends on the kernels before this one.
+    GRID_WAIT();
     if (mode != MV_QUANTIZED) {
         __shared__ float scales[MV_TOKENS];
         THORN_DYNAMIC_SHARED(float2, staged);
@@ -417,10 +419,12 @@ __device__ __forceinline__ void matvec_float(const void* __restrict__ w, const f
 
 extern "C" __global__ void matvec_f32(const float* w, const float* x, const float* nw, float* out, int rows,
                                       int cols, int nt, int stride, int add, int mode, float eps) {
+    GRID_WAIT();
     matvec_float<false>(w, x, nw, out, rows, cols, nt, stride, add, mode, eps);
 }
 extern "C" __global__ void matvec_f16(const unsigned short* w, const float* x, const float* nw, float* out,
                                       int rows, int cols, int nt, int stride, int add, int mode, float eps) {
+    GRID_WAIT();
     matvec_float<true>(w, x, nw, out, rows, cols, nt, stride, add, mode, eps);
 }
 
@@ -469,21 +473,27 @@ __device__ __forceinline__ void embed(const unsigned char* __restrict__ table, c
 }
 
 extern "C" __global__ void embed_q4_0(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    GRID_WAIT();
     embed<FMT_Q4_0>(table, tokens, out, n, d);
 }
 extern "C" __global__ void embed_q4_1(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    GRID_WAIT();
     embed<FMT_Q4_1>(table, tokens, out, n, d);
 }
 extern "C" __global__ void embed_q8_0(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    GRID_WAIT();
     embed<FMT_Q8_0>(table, tokens, out, n, d);
 }
 extern "C" __global__ void embed_q4_k(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    GRID_WAIT();
     embed<FMT_Q4_K>(table, tokens, out, n, d);
 }
 extern "C" __global__ void embed_q6_k(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    GRID_WAIT();
     embed<FMT_Q6_K>(table, tokens, out, n, d);
 }
 extern "C" __global__ void embed_nvfp4(const unsigned char* table, const int* tokens, float* out, int n, int d) {
+    GRID_WAIT();
     embed<FMT_NVFP4>(table, tokens, out, n, d);
 }
 
@@ -499,8 +509,10 @@ __device__ __forceinline__ void embed_float(const void* __restrict__ table, cons
 }
 
 extern "C" __global__ void embed_f32(const float* table, const int* tokens, float* out, int n, int d) {
+    GRID_WAIT();
     embed_float<false>(table, tokens, out, n, d);
 }
 extern "C" __global__ void embed_f16(const unsigned short* table, const int* tokens, float* out, int n, int d) {
+    GRID_WAIT();
     embed_float<true>(table, tokens, out, n, d);
 }

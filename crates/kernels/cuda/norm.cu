@@ -9,6 +9,7 @@
 // x, out: rows x d (row-major); w: d.
 extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w,
                                        float* __restrict__ out, int d, float eps) {
+    GRID_WAIT();
     const float* xr = x + (long)blockIdx.x * d;
     float* orow = out + (long)blockIdx.x * d;
     const float scale = block_rms_scale(xr, d, eps);

@@ -9,6 +9,7 @@
 // x: n floats; q: n int8; ds: n / 32 pairs (d, s).
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, signed char* __restrict__ q,
                                          float2* __restrict__ ds, int n) {
+    GRID_WAIT();
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) {
         return;
@@ -27,6 +28,7 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, signed cha
 extern "C" __global__ void rmsnorm_quantize_q8_1(const float* __restrict__ x, const float* __restrict__ w,
                                                  signed char* __restrict__ q, float2* __restrict__ ds,
                                                  float* __restrict__ out, int d, float eps) {
+    GRID_WAIT();
     const long r = blockIdx.x;
     const float* xr = x + r * d;
     const float scale = block_rms_scale(xr, d, eps);
@@ -49,6 +51,7 @@ extern "C" __global__ void rmsnorm_quantize_q8_1(const float* __restrict__ x, co
 extern "C" __global__ void swiglu_quantize_q8_1(const float* __restrict__ gu, signed char* __restrict__ q,
                                                 float2* __restrict__ ds, float* __restrict__ out, int rows,
                                                 int f) {
+    GRID_WAIT();
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)rows * f) {
         return;

@@ -11,6 +11,7 @@
 extern "C" __global__ void rope_f32(float* __restrict__ x, const int* __restrict__ pos,
                                     const float2* __restrict__ table, int n_tokens, int heads, int head_dim,
                                     int n_angles, int neox, int stride) {
+    GRID_WAIT();
     const long pairs = (long)n_tokens * heads * n_angles;
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < pairs; i += (long)gridDim.x * blockDim.x) {
         const int a = (int)(i % n_angles);
@@ -90,5 +91,5 @@ __device__ __forceinline__ void rope_kv(float* __restrict__ rows, const int* __r
     rows, pos, table, kstore, vstore, dst, n_tokens, n_heads, n_kv_heads, head_dim, n_angles, stride, page_size, \
         n_layers, layer
 
-extern "C" __global__ void rope_kv_write_f32(ROPE_KV_ARGS) { rope_kv<false>(ROPE_KV_CALL); }
-extern "C" __global__ void rope_kv_write_f16(ROPE_KV_ARGS) { rope_kv<true>(ROPE_KV_CALL); }
+extern "C" __global__ void rope_kv_write_f32(ROPE_KV_ARGS) { GRID_WAIT(); rope_kv<false>(ROPE_KV_CALL); }
+extern "C" __global__ void rope_kv_write_f16(ROPE_KV_ARGS) { GRID_WAIT(); rope_kv<true>(ROPE_KV_CALL); }

@@ -9,7 +9,8 @@
 //!
 //! [`Gpu`] is the kernel runtime: one context and one stream, device memory ([`DevBuf`]), and a
 //! [`Launcher`] that compiles each catalog module with NVRTC on first use (through the on-disk
-//! [`KernelCache`]) and launches its kernels with `cuLaunchKernel`. The launches themselves, and every
+//! [`KernelCache`]) and launches its kernels with `cuLaunchKernel` (`cuLaunchKernelEx` with programmatic
+//! dependent launch, where asked and the GPU has it). The launches themselves, and every
 //! kernel's test, are in [`super::launch`], the same code the CPU simulator runs.
 //!
 //! [`open`] hands out a [`GpuDevice`] over it (see [`super`]): every buffer the kernels address is
@@ -129,6 +130,10 @@ pub struct Gpu {
     cache: Mutex<KernelCache>,
     /// While kernels are timed: each launch's kernel and the events recorded around it.
     timing: Mutex<Option<Vec<Timed>>>,
+    /// Whether the GPU can launch a kernel while the one before it finishes (sm_90 and later: each
+    /// kernel waits at its `GRID_WAIT()`), and whether launches ask it to.
+    pdl_capable: bool,
+    pdl: std::sync::atomic::AtomicBool,
 }
 
 /// One timed launch: its kernel and the events recorded before and after it on the stream.
@@ -221,6 +226,8 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             cache: Mutex::new(KernelCache::new(cache_dir)),
             timing: Mutex::new(None),
+            pdl_capable: probe.capability.0 >= 9,
+            pdl: false.into(),
         })
     }
 
@@ -439,7 +446,29 @@ impl GpuRuntime for Gpu {
         read.map(|()| times)
     }
 
+    fn set_pdl(&self, on: bool) -> bool {
+        let on = on && self.pdl_capable;
+        self.pdl.store(on, std::sync::atomic::Ordering::Relaxed);
+        on
+    }
+
     fn capture(&self, launches: &[Launch]) -> Result<Box<dyn Graph>, DeviceError> {
+        match self.capture_once(launches) {
+            Err(e) if self.pdl.load(std::sync::atomic::Ordering::Relaxed) => {
+                // A driver whose graphs cannot hold programmatic launches: graphs matter more.
+                tracing::warn!(
+                    "programmatic dependent launch is off: capturing a graph with it failed ({e})"
+                );
+                self.pdl.store(false, std::sync::atomic::Ordering::Relaxed);
+                self.capture_once(launches)
+            }
+            r => r,
+        }
+    }
+}
+
+impl Gpu {
+    fn capture_once(&self, launches: &[Launch]) -> Result<Box<dyn Graph>, DeviceError> {
         // Every module is loaded first, so that the capture holds launches only.
         for l in launches {
             self.function(l.module, l.kernel)?;
@@ -543,19 +572,56 @@ impl Launcher for Gpu {
             Some(_) => Some(self.record_event()?),
             None => None,
         };
-        // SAFETY: one pointer per kernel parameter, each to a slot holding that parameter's C type, built
-        // by the op in `launch` that checked the sizes; `params` outlives the call, which copies them.
-        unsafe {
-            result::launch_kernel(
-                f.cu_function(),
-                (gx, gy, gz),
-                (bx, by, bz),
-                shape.shared,
-                self.stream.cu_stream(),
-                &mut ptrs[..n],
-            )
-        }
-        .map_err(|e| DeviceError::NoGpu(format!("launching {kernel}: {e}")))?;
+        // Timed kernels run one after another: their events would time overlapping kernels otherwise.
+        let pdl = self.pdl.load(std::sync::atomic::Ordering::Relaxed) && start.is_none();
+        let launched = if pdl {
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue {
+                    programmaticStreamSerializationAllowed: 1,
+                },
+            };
+            let config = sys::CUlaunchConfig {
+                gridDimX: gx,
+                gridDimY: gy,
+                gridDimZ: gz,
+                blockDimX: bx,
+                blockDimY: by,
+                blockDimZ: bz,
+                sharedMemBytes: shape.shared,
+                hStream: self.stream.cu_stream(),
+                attrs: &raw mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below for the parameters; `config` and the attribute it points to live across
+            // the call, which copies them. Every kernel of the catalog waits at its GRID_WAIT() before it
+            // touches memory the kernels before it use, which is what the attribute asks of it.
+            unsafe {
+                sys::cuLaunchKernelEx(
+                    &config,
+                    f.cu_function(),
+                    ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()
+        } else {
+            // SAFETY: one pointer per kernel parameter, each to a slot holding that parameter's C type,
+            // built by the op in `launch` that checked the sizes; `params` outlives the call, which copies
+            // them.
+            unsafe {
+                result::launch_kernel(
+                    f.cu_function(),
+                    (gx, gy, gz),
+                    (bx, by, bz),
+                    shape.shared,
+                    self.stream.cu_stream(),
+                    &mut ptrs[..n],
+                )
+            }
+        };
+        launched.map_err(|e| DeviceError::NoGpu(format!("launching {kernel}: {e}")))?;
         if let (Some(start), Some(timed)) = (start, timing.as_mut()) {
             let end = self.record_event()?;
             timed.push(Timed { kernel, start, end });

@@ -91,6 +91,16 @@ impl GpuDevice {
         }
     }
 
+    /// Launches each kernel so that it may start while the one before it finishes (programmatic dependent
+    /// launch, sm_90 and later: each kernel waits for the previous one's results where it needs them), or
+    /// not; returns whether launches now do (a GPU without it, or the simulator, says no).
+    pub fn set_pdl(&self, on: bool) -> bool {
+        if let Err(e) = self.q.flush() {
+            fail("graph", e);
+        }
+        self.q.rt.set_pdl(on)
+    }
+
     /// Whether Q4_1 matrices uploaded from now on are packed for the kernels' aligned loads (the
     /// default), or kept as the GGUF file lays them out (weights read in place always are).
     pub fn set_packed_weights(&self, on: bool) {

@@ -179,8 +179,9 @@ impl Launch {
     }
 }
 
-/// The most tokens one matrix-vector launch takes (`MV_TOKENS` in `matvec.cu`); more are split.
-pub const MATVEC_TOKENS: usize = 8;
+/// The most tokens one matrix-vector launch takes (`MV_TOKENS` in `matvec.cu`); more are split. 16: a
+/// decode step's draft tree of up to 15 nodes reads every matrix once.
+pub const MATVEC_TOKENS: usize = 16;
 /// Output rows per matrix-vector block (`MV_ROWS`).
 const MATVEC_ROWS: usize = 4;
 /// The most blocks a matrix-vector launch with a prologue uses: each block prepares the input once and

@@ -48,6 +48,13 @@ pub trait GpuRuntime: Launcher + Send + Sync + std::fmt::Debug {
     fn kernel_times(&self) -> Result<KernelTimes, DeviceError> {
         Ok(KernelTimes::default())
     }
+    /// Launches each kernel from now on so that it may start while the one before it finishes, waiting
+    /// at its `GRID_WAIT()` (programmatic dependent launch, sm_90 and later), or not (`on` false). Returns
+    /// whether launches now do: a runtime or GPU without it says no.
+    fn set_pdl(&self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
 }
 
 /// Kernel times per kernel name (see [`GpuRuntime::time_kernels`]).

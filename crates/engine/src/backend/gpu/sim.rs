@@ -309,12 +309,20 @@ impl GpuRuntime for Counting {
 }
 
 /// The GPU devices a test runs on: the simulator always, and GPU 0 when this build has CUDA and the
-/// machine a GPU the device can use (else a line says why it is skipped).
+/// machine a GPU the device can use (else a line says why it is skipped), with programmatic dependent
+/// launch too where the GPU has it.
 pub(crate) fn gpu_devices() -> Vec<crate::backend::Device> {
     let mut v = vec![crate::backend::Device::gpu(std::sync::Arc::new(Sim))];
-    match crate::backend::Device::cuda(0, crate::backend::default_kernel_cache().as_deref()) {
+    let cache = crate::backend::default_kernel_cache();
+    match crate::backend::Device::cuda(0, cache.as_deref()) {
         Ok(d) => v.push(d),
         Err(e) => eprintln!("skip: the GPU run ({e})"),
+    }
+    // And with programmatic dependent launch, where the GPU has it: the same results.
+    if let Ok(d) = crate::backend::Device::cuda(0, cache.as_deref())
+        && d.set_pdl(true)
+    {
+        v.push(d);
     }
     v
 }

@@ -108,7 +108,7 @@ fn a_prologue_gives_the_bits_of_the_unfused_launches_on(d: &dyn TestDev) {
         for case in [Case::Floats, Case::Norm, Case::Swiglu] {
             // Rows not a multiple of the block's 4; one token (decode), an odd count, a full launch, two
             // launches (each with its own prologue).
-            for tokens in [1, 3, 8, 11] {
+            for tokens in [1, 3, MATVEC_TOKENS, MATVEC_TOKENS + 3] {
                 check(d, case, (ty, layout), 13, cols, tokens);
             }
         }
