@@ -104,3 +104,70 @@ fn metadata_and_tensor_table_golden() {
     }
     golden("gguf/smollm2_header.txt", &out);
 }
+
+/// `scripts/gguf-skeleton.py` (what `scripts/gpu-peer` gives the GPU machine instead of the model): the
+/// default model's header alone, then filled with seeded random weights, is a GGUF of the same size,
+/// metadata and tensor table whose weights are not the model's, and the engine runs it.
+#[test]
+fn a_skeleton_of_the_default_model_has_its_header_and_runs() {
+    use thorn_engine::backend::Device;
+    use thorn_engine::kv::{Batch, KvCache, KvConfig, Logits};
+    use thorn_engine::model::llama::{Llama, Scratch};
+    let dir = tempfile::tempdir().unwrap();
+    let (header, filled) = (dir.path().join("h.gguf"), dir.path().join("s.gguf"));
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gguf-skeleton.py");
+    let python = std::env::var("THORN_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    for (mode, src, dst) in [
+        ("header", default_model(), header.clone()),
+        ("fill", header.clone(), filled.clone()),
+    ] {
+        let st = std::process::Command::new(&python)
+            .arg(&script)
+            .args([std::ffi::OsStr::new(mode), src.as_os_str(), dst.as_os_str()])
+            .status()
+            .unwrap();
+        assert!(st.success(), "gguf-skeleton.py {mode}");
+    }
+    let (real, skel) = (
+        Gguf::open(default_model()).unwrap(),
+        Gguf::open(&filled).unwrap(),
+    );
+    assert_eq!(std::fs::metadata(&header).unwrap().len(), real.data_offset);
+    assert_eq!(skel.file_len(), real.file_len());
+    assert_eq!(skel.metadata().len(), real.metadata().len());
+    let names = |g: &Gguf| -> Vec<_> {
+        g.tensors()
+            .iter()
+            .map(|t| (t.name.clone(), t.ty, t.dims.clone(), t.offset))
+            .collect()
+    };
+    assert_eq!(names(&skel), names(&real));
+    let t = &real.tensors()[1];
+    assert_ne!(
+        skel.tensor_data(t),
+        real.tensor_data(t),
+        "the weights are not the model's"
+    );
+    // The engine loads and runs it (the numbers mean nothing, but none is NaN).
+    let dev = Device::cpu(1);
+    let model = Llama::load(std::sync::Arc::new(skel), &dev).unwrap();
+    let mut kv = KvCache::on(
+        &dev,
+        model.kv_shape(),
+        KvConfig {
+            memory: 1 << 24,
+            ..KvConfig::default()
+        },
+    )
+    .unwrap();
+    let mut seq = kv.acquire(&[]);
+    kv.reserve(&mut seq, 4).unwrap();
+    let mut batch = Batch::default();
+    batch.push(&seq, &[1, 2, 3, 4], Logits::Last);
+    let mut s = Scratch::default();
+    let logits = model.forward(&dev, kv.pool_mut(), &batch, &mut s).unwrap();
+    assert!(logits.iter().all(|v| v.is_finite()), "non-finite logits");
+    seq.advance(4);
+    kv.release(seq, None);
+}
