@@ -12,8 +12,8 @@ RUNS = (
     ("true, GGUF-layout weights", "graphs-true-gguf"),
     ("true, programmatic dependent launch", "graphs-true-pdl"),
 )
-print("| model | graphs | pp512 tok/s | tg128 tok/s | TPOT ms | tg128 at depth 1024 tok/s | tg128 at depth 4096 tok/s | kernels/step | in graphs |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| model | graphs | pp512 tok/s | tg128 tok/s | TPOT ms | tg128 at depth 1024 tok/s | tg128 at depth 4096 tok/s | kernels/step | in graphs | steps from a plan |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 tpot = {}
 for name in ("qwen35", "smollm2"):
     for graphs, suffix in RUNS:
@@ -23,16 +23,18 @@ for name in ("qwen35", "smollm2"):
         try:
             b = json.load(open(path))
         except ValueError:  # a failed run leaves an empty or partial file; its error is in tests.log
-            print(f"| {name} | {graphs} | failed (see tests.log) | | | | | | |")
+            print(f"| {name} | {graphs} | failed (see tests.log) | | | | | | | |")
             continue
         r = {x["test"]: x["tok_per_s"] for x in b["results"]}
         tg = r.get("tg128", 0.0)
         tpot[(name, graphs)] = 1000.0 / tg if tg else float("nan")
         share = b.get("graph_share_of_kernels") or 0.0
         kernels = b.get("kernels_per_decode_step") or 0.0
+        planned = b.get("plan_share_of_steps") or 0.0
         print(
             f"| {name} | {graphs} | {r.get('pp512', 0):.0f} | {tg:.0f} | {tpot[(name, graphs)]:.3f} | "
-            f"{r.get('tg128@d1024', 0):.0f} | {r.get('tg128@d4096', 0):.0f} | {kernels:.0f} | {100 * share:.0f}% |"
+            f"{r.get('tg128@d1024', 0):.0f} | {r.get('tg128@d4096', 0):.0f} | {kernels:.0f} | {100 * share:.0f}% | "
+            f"{100 * planned:.0f}% |"
         )
 for name in ("qwen35", "smollm2"):
     if (name, "true") in tpot and (name, "false") in tpot:

@@ -276,7 +276,8 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
     } else {
         None
     };
-    // A GPU's launches per decode step, and how many of them ran inside graphs.
+    // A GPU's launches per decode step, how many of them ran inside graphs, and the share of steps
+    // replayed whole from a step plan (their ops not run on the host).
     let launches = match e.device().graph_stats() {
         Some(b) => {
             let mut s = e.session();
@@ -287,7 +288,12 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
             let a = e.device().graph_stats().unwrap_or(b);
             let graphs = (a.graph_kernels - b.graph_kernels) as f64 / 8.0;
             let single = (a.kernels - b.kernels) as f64 / 8.0;
-            Some((graphs + single, graphs / (graphs + single).max(1.0)))
+            let planned = (a.steps - b.steps) as f64 / 8.0;
+            Some((
+                graphs + single,
+                graphs / (graphs + single).max(1.0),
+                planned,
+            ))
         }
         None => None,
     };
@@ -344,6 +350,7 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
             "results": items,
             "kernels_per_decode_step": launches.map(|l| l.0),
             "graph_share_of_kernels": launches.map(|l| l.1),
+            "plan_share_of_steps": launches.map(|l| l.2),
             "decode_profile_ms_per_token": stages.iter().map(|(n, v)| (n.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
             "kernel_times": kernels.iter().map(|(depth, (us, rows))| serde_json::json!({
                 "depth": depth,
@@ -373,10 +380,12 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
             let r: Vec<String> = runs.iter().map(|v| format!("{v:.1}")).collect();
             println!("{name:<14} {kv:>4} {med:>10.1}   {}", r.join(" "));
         }
-        if let Some((per_step, share)) = launches {
+        if let Some((per_step, share, planned)) = launches {
             println!(
-                "kernels per decode step {per_step:.0}, {:.0}% of them in CUDA graphs",
-                100.0 * share
+                "kernels per decode step {per_step:.0}, {:.0}% of them in CUDA graphs, {:.0}% of the steps \
+                 replayed from a step plan",
+                100.0 * share,
+                100.0 * planned
             );
         }
         for (depth, (us, rows)) in &kernels {
