@@ -111,6 +111,17 @@ impl HostReduce {
     pub fn logsumexp(&self, x: &[f32]) -> f32 {
         cpu::simd::logsumexp(self.isa, x)
     }
+
+    /// The largest value (`-inf` for an empty row).
+    pub fn max(&self, x: &[f32]) -> f32 {
+        cpu::simd::max(self.isa, x)
+    }
+
+    /// `x[i] = exp(x[i] - m)` in place, returning the sum (softmax's unnormalised weights; values far
+    /// below `m`, minus infinity and NaN may weigh 0).
+    pub fn exp_sub(&self, x: &mut [f32], m: f32) -> f32 {
+        cpu::simd::exp_sub(self.isa, x, m)
+    }
 }
 
 /// A rotary-embedding layout.

@@ -115,10 +115,16 @@ pub struct Sampler {
     cand: Vec<(TokenId, f32)>,
     counts: Vec<u32>,
     reduce: HostReduce,
+    /// Plain temperature sampling's weights of one chunk of the row, and every chunk's sum.
+    weights: Vec<f32>,
+    chunk_sums: Vec<f32>,
 }
 
 /// How many candidates are sorted before falling back to sorting everything (top-p without top-k).
 const PARTIAL_SORT: usize = 1024;
+
+/// Logits per chunk of plain temperature sampling (its weights are computed a chunk at a time).
+const DRAW_CHUNK: usize = 512;
 
 impl Sampler {
     /// A sampler for a vocabulary of `vocab` tokens.
@@ -140,6 +146,8 @@ impl Sampler {
             cand: Vec::with_capacity(vocab),
             counts: vec![0; vocab],
             reduce: HostReduce::detect(),
+            weights: vec![0.0; DRAW_CHUNK],
+            chunk_sums: Vec::with_capacity(vocab.div_ceil(DRAW_CHUNK)),
         }
     }
 
@@ -238,6 +246,65 @@ impl Sampler {
         }
     }
 
+    /// Plain temperature sampling (no truncation; the API's default), without building or sorting a
+    /// candidate list: the softmax weights `exp((x - max) / t)` are computed a chunk of [`DRAW_CHUNK`] at a
+    /// time with the vector exp (each chunk's sum kept), the draw picks the chunk its point falls in and
+    /// walks that chunk's weights, computed again the same way. The same distribution as the general path
+    /// (to float rounding); a row whose largest value is not finite, or that has no weight, goes there
+    /// (`None`).
+    fn draw_plain(&mut self, logits: &[f32]) -> Option<TokenId> {
+        let inv_t = 1.0 / self.params.temperature;
+        let m = self.reduce.max(logits);
+        if !m.is_finite() {
+            return None;
+        }
+        let ms = m * inv_t;
+        let (reduce, w) = (self.reduce, &mut self.weights);
+        let weigh = |c: &[f32], w: &mut [f32]| {
+            for (o, &v) in w.iter_mut().zip(c) {
+                *o = v * inv_t;
+            }
+            reduce.exp_sub(&mut w[..c.len()], ms)
+        };
+        self.chunk_sums.clear();
+        let mut total = 0f64;
+        for c in logits.chunks(DRAW_CHUNK) {
+            let s = weigh(c, w);
+            if !s.is_finite() {
+                return None;
+            }
+            self.chunk_sums.push(s);
+            total += f64::from(s);
+        }
+        if total <= 0.0 {
+            return None;
+        }
+        let mut r = self.rng.next_f64() * total;
+        // The chunk the point falls in (the last with weight if rounding carries it past the end).
+        let last = self.chunk_sums.iter().rposition(|&s| s > 0.0)?;
+        let mut at = last;
+        for (i, &s) in self.chunk_sums.iter().enumerate() {
+            if r < f64::from(s) {
+                at = i;
+                break;
+            }
+            r -= f64::from(s);
+        }
+        let c = &logits[at * DRAW_CHUNK..logits.len().min((at + 1) * DRAW_CHUNK)];
+        weigh(c, w);
+        let mut pick = None;
+        for (j, &wj) in w[..c.len()].iter().enumerate() {
+            if wj > 0.0 {
+                pick = Some(j);
+                r -= f64::from(wj);
+                if r < 0.0 {
+                    break;
+                }
+            }
+        }
+        pick.map(|j| (at * DRAW_CHUNK + j) as TokenId)
+    }
+
     fn top_n(&mut self, logits: &[f32], n: usize, lse: f32) -> Vec<(TokenId, f32)> {
         self.cand.clear();
         self.cand
@@ -252,6 +319,14 @@ impl Sampler {
     }
 
     fn draw(&mut self, logits: &[f32]) -> TokenId {
+        let p = &self.params;
+        if p.top_k == 0
+            && p.top_p >= 1.0
+            && p.min_p <= 0.0
+            && let Some(t) = self.draw_plain(logits)
+        {
+            return t;
+        }
         let p = &self.params;
         self.cand.clear();
         self.cand.extend(
@@ -442,6 +517,62 @@ mod tests {
             ..params
         });
         assert!(!banned.contains(&1));
+    }
+
+    /// Plain temperature sampling over a row of several chunks (the vector-exp path): the softmax's
+    /// distribution at temperature 0.8, never a banned (minus infinity) or NaN logit, the same tokens for
+    /// the same seed.
+    #[test]
+    fn plain_temperature_sampling_over_many_chunks_follows_the_distribution() {
+        let vocab = 3000;
+        let mut row = vec![-12.0f32; vocab];
+        for (t, v) in [
+            (5, 2.0f32),
+            (1500, 2.0 + std::f32::consts::LN_2),
+            (2999, 1.0),
+            (600, 0.5),
+        ] {
+            row[t] = v;
+        }
+        row[7] = f32::NEG_INFINITY;
+        row[8] = f32::NAN;
+        let params = SamplingParams {
+            temperature: 0.8,
+            seed: Some(11),
+            ..Default::default()
+        };
+        let run = |n: usize| {
+            let mut s = Sampler::new(params.clone(), vocab);
+            (0..n)
+                .map(|_| s.sample(&mut row.clone(), &[]).token)
+                .collect::<Vec<_>>()
+        };
+        let n = 20_000;
+        let drawn = run(n);
+        assert_eq!(drawn[..50], run(50)[..], "the same seed, the same tokens");
+        assert!(
+            !drawn.contains(&7) && !drawn.contains(&8),
+            "a banned or NaN logit drawn"
+        );
+        let w: Vec<f64> = row
+            .iter()
+            .map(|&v| {
+                if v.is_finite() {
+                    (f64::from(v) / 0.8).exp()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let z: f64 = w.iter().sum();
+        for t in [5, 1500, 2999, 600] {
+            let got = drawn.iter().filter(|&&d| d as usize == t).count() as f64 / n as f64;
+            assert!(
+                (got - w[t] / z).abs() < 0.015,
+                "token {t}: {got} vs {}",
+                w[t] / z
+            );
+        }
     }
 
     #[test]

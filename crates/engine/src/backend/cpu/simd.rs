@@ -37,7 +37,7 @@ pub use attention::{
     prefetch,
 };
 pub use matmul::{dot_f32, dot4_f32, matmul, quantize};
-pub use vector::{add, argmax, logsumexp, max, rmsnorm, silu_mul};
+pub use vector::{add, argmax, exp_sub, logsumexp, max, rmsnorm, silu_mul};
 
 /// The instruction set the kernels use on this machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -208,8 +208,9 @@ unsafe fn sum_exp_sub_avx2(x: &[f32], m: f32) -> f32 {
     }
 }
 
-/// `x[i] = exp(x[i] - m)` in place; returns the sum.
-pub(super) fn exp_sub(isa: Isa, x: &mut [f32], m: f32) -> f32 {
+/// `x[i] = exp(x[i] - m)` in place (the polynomial exp of the reductions: values more than 87 below `m`,
+/// minus infinity and NaN weigh 0 on x86 and aarch64); returns the sum.
+pub fn exp_sub(isa: Isa, x: &mut [f32], m: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar {
         // SAFETY: AVX2+FMA were detected.
