@@ -575,6 +575,41 @@ mod tests {
         }
     }
 
+    /// The host's cost of a sampled token on a 49,152-logit row (SmolLM2's vocabulary), greedy, at
+    /// temperature 1 and with top-p 0.9: printed, not asserted (`cargo test -p thorn-engine --lib
+    /// sampling_cost -- --nocapture`); what is asserted is that each draw is a token of the row.
+    #[test]
+    fn sampling_cost_per_token() {
+        let vocab = 49_152;
+        let row: Vec<f32> = crate::testutil::data(vocab, 3)
+            .iter()
+            .map(|x| x * 4.0)
+            .collect();
+        for (name, temperature, top_p) in [
+            ("greedy", 0.0, 1.0),
+            ("temperature 1", 1.0, 1.0),
+            ("top-p 0.9", 1.0, 0.9),
+        ] {
+            let params = SamplingParams {
+                temperature,
+                top_p,
+                seed: Some(1),
+                ..Default::default()
+            };
+            let mut s = Sampler::new(params, vocab);
+            let mut l = row.clone();
+            let n = 200;
+            let t0 = std::time::Instant::now();
+            for _ in 0..n {
+                l.copy_from_slice(&row);
+                let t = s.sample(&mut l, &[]).token;
+                assert!((t as usize) < vocab);
+            }
+            let us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(n);
+            println!("sampling, {name}: {us:.1} us a token");
+        }
+    }
+
     #[test]
     fn temperature_sampling_follows_the_distribution() {
         let mut s = Sampler::new(
