@@ -259,6 +259,9 @@ impl Sampler {
             return None;
         }
         let ms = m * inv_t;
+        if self.weights.len() < DRAW_CHUNK {
+            self.weights.resize(DRAW_CHUNK, 0.0);
+        }
         let (reduce, w) = (self.reduce, &mut self.weights);
         let weigh = |c: &[f32], w: &mut [f32]| {
             for (o, &v) in w.iter_mut().zip(c) {
@@ -305,6 +308,72 @@ impl Sampler {
         pick.map(|j| (at * DRAW_CHUNK + j) as TokenId)
     }
 
+    /// Top-p sampling without sorting the row: every softmax weight `exp((x - max) / t)` (at most 1) from
+    /// the vector exp, their sums per binary exponent, and from the largest exponent down the first one at
+    /// which the mass reaches `top_p` of the total: the nucleus (the smallest set of the most likely tokens
+    /// that reaches it) is among the tokens of that exponent or larger, which alone are sorted (by weight,
+    /// then id) and cut as the general path cuts its sorted list. `None` (the general path) as
+    /// [`Sampler::draw_plain`].
+    fn draw_nucleus(&mut self, logits: &[f32]) -> Option<TokenId> {
+        let inv_t = 1.0 / self.params.temperature;
+        let m = self.reduce.max(logits);
+        if !m.is_finite() {
+            return None;
+        }
+        let ms = m * inv_t;
+        let w = &mut self.weights;
+        w.clear();
+        w.extend(logits.iter().map(|&v| v * inv_t));
+        let total = self.reduce.exp_sub(w, ms);
+        if !(total.is_finite() && total > 0.0) {
+            return None;
+        }
+        // Mass per binary exponent (weights are in [0, 1]: exponents 0..=127), four interleaved
+        // histograms so that the adds do not wait on each other.
+        let mut hist = [[0f64; 128]; 4];
+        for (k, &x) in w.iter().enumerate() {
+            hist[k & 3][((x.to_bits() >> 23) & 127) as usize] += f64::from(x);
+        }
+        let need = f64::from(self.params.top_p) * f64::from(total);
+        let mut acc = 0.0;
+        let mut floor = 0u32;
+        for e in (0..128).rev() {
+            acc += hist.iter().map(|h| h[e]).sum::<f64>();
+            if acc >= need {
+                floor = e as u32;
+                break;
+            }
+        }
+        self.cand.clear();
+        self.cand.extend(
+            w.iter()
+                .enumerate()
+                .filter(|(_, x)| ((x.to_bits() >> 23) & 127) >= floor && **x > 0.0)
+                .map(|(i, &x)| (i as TokenId, x)),
+        );
+        self.cand
+            .sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut acc = 0f64;
+        let keep = self
+            .cand
+            .iter()
+            .position(|c| {
+                acc += f64::from(c.1);
+                acc >= need
+            })
+            .map_or(self.cand.len(), |i| i + 1);
+        self.cand.truncate(keep);
+        let kept: f64 = self.cand.iter().map(|c| f64::from(c.1)).sum();
+        let mut r = self.rng.next_f64() * kept;
+        for c in &self.cand {
+            r -= f64::from(c.1);
+            if r < 0.0 {
+                return Some(c.0);
+            }
+        }
+        self.cand.last().map(|c| c.0)
+    }
+
     fn top_n(&mut self, logits: &[f32], n: usize, lse: f32) -> Vec<(TokenId, f32)> {
         self.cand.clear();
         self.cand
@@ -319,13 +388,15 @@ impl Sampler {
     }
 
     fn draw(&mut self, logits: &[f32]) -> TokenId {
-        let p = &self.params;
-        if p.top_k == 0
-            && p.top_p >= 1.0
-            && p.min_p <= 0.0
-            && let Some(t) = self.draw_plain(logits)
-        {
-            return t;
+        if self.params.top_k == 0 && self.params.min_p <= 0.0 {
+            let fast = if self.params.top_p >= 1.0 {
+                self.draw_plain(logits)
+            } else {
+                self.draw_nucleus(logits)
+            };
+            if let Some(t) = fast {
+                return t;
+            }
         }
         let p = &self.params;
         self.cand.clear();
@@ -572,6 +643,74 @@ mod tests {
                 "token {t}: {got} vs {}",
                 w[t] / z
             );
+        }
+    }
+
+    /// Top-p over a row of 3,000 tokens (the exponent-histogram path): exactly the nucleus, drawn in
+    /// proportion, never a token outside it (nor a banned or NaN one); the general path (the same
+    /// semantics, asked for through a top-k of the whole vocabulary) draws the same distribution.
+    #[test]
+    fn top_p_draws_exactly_the_nucleus() {
+        let vocab = 3000;
+        let mut row: Vec<f32> = crate::testutil::data(vocab, 21)
+            .iter()
+            .map(|x| x.clamp(-1.0, 1.0) - 4.0)
+            .collect();
+        for (t, v) in [(10, 3.0f32), (20, 2.5), (30, 2.0), (2500, 1.5)] {
+            row[t] = v;
+        }
+        row[7] = f32::NEG_INFINITY;
+        row[8] = f32::NAN;
+        let top_p = 0.6;
+        // The nucleus in f64: the most likely tokens until their mass reaches top_p.
+        let w: Vec<f64> = row
+            .iter()
+            .map(|&v| {
+                if v.is_finite() {
+                    f64::from(v - 3.0).exp()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let z: f64 = w.iter().sum();
+        let mut order: Vec<usize> = (0..vocab).collect();
+        order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(a.cmp(&b)));
+        let mut acc = 0.0;
+        let cut = order.iter().position(|&t| {
+            acc += w[t];
+            acc >= top_p * z
+        });
+        let nucleus = &order[..=cut.unwrap()];
+        let mass: f64 = nucleus.iter().map(|&t| w[t]).sum();
+        let draw = |top_k: usize| {
+            let mut s = Sampler::new(
+                SamplingParams {
+                    temperature: 1.0,
+                    top_p: top_p as f32,
+                    top_k,
+                    seed: Some(5),
+                    ..Default::default()
+                },
+                vocab,
+            );
+            (0..20_000)
+                .map(|_| s.sample(&mut row.clone(), &[]).token as usize)
+                .collect::<Vec<_>>()
+        };
+        for (path, drawn) in [("histogram", draw(0)), ("general", draw(vocab))] {
+            assert!(
+                drawn.iter().all(|t| nucleus.contains(t)),
+                "{path}: outside the nucleus"
+            );
+            for &t in nucleus {
+                let got = drawn.iter().filter(|&&d| d == t).count() as f64 / drawn.len() as f64;
+                assert!(
+                    (got - w[t] / mass).abs() < 0.015,
+                    "{path}, token {t}: {got} vs {}",
+                    w[t] / mass
+                );
+            }
         }
     }
 
