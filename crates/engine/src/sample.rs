@@ -115,7 +115,8 @@ pub struct Sampler {
     cand: Vec<(TokenId, f32)>,
     counts: Vec<u32>,
     reduce: HostReduce,
-    /// Plain temperature sampling's weights of one chunk of the row, and every chunk's sum.
+    /// The fast paths' softmax weights (plain temperature sampling: one chunk of the row at a time, and
+    /// every chunk's sum; top-p: the whole row).
     weights: Vec<f32>,
     chunk_sums: Vec<f32>,
 }
