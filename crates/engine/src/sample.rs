@@ -124,6 +124,9 @@ pub struct Sampler {
 /// How many candidates are sorted before falling back to sorting everything (top-p without top-k).
 const PARTIAL_SORT: usize = 1024;
 
+/// The largest top-k found in one pass over the row (larger ones list and partly sort the row).
+const SMALL_TOP_K: usize = 64;
+
 /// Logits per chunk of plain temperature sampling (its weights are computed a chunk at a time).
 const DRAW_CHUNK: usize = 512;
 
@@ -375,6 +378,35 @@ impl Sampler {
         self.cand.last().map(|c| c.0)
     }
 
+    /// The `k` largest finite logits of the row into `cand`, sorted as the general path sorts (by logit,
+    /// the lower id first among equals), in one pass: once `k` are held, a chunk none of whose values beats
+    /// the k-th is skipped with one vectorizable comparison per value.
+    fn top_k_into_cand(&mut self, logits: &[f32], k: usize) {
+        const CHUNK: usize = 256;
+        self.cand.clear();
+        let mut kth = f32::NEG_INFINITY;
+        for (ci, chunk) in logits.chunks(CHUNK).enumerate() {
+            // NaN beats nothing; minus infinity and equals of the k-th never enter once k are held.
+            if self.cand.len() == k && !chunk.iter().fold(false, |any, &v| any | (v > kth)) {
+                continue;
+            }
+            for (j, &v) in chunk.iter().enumerate() {
+                if !v.is_finite() || (self.cand.len() == k && v <= kth) {
+                    continue;
+                }
+                // After every value at least as large: an equal held one has the lower id.
+                let at = self.cand.partition_point(|c| c.1 >= v);
+                self.cand.insert(at, ((ci * CHUNK + j) as TokenId, v));
+                if self.cand.len() > k {
+                    self.cand.pop();
+                }
+                if self.cand.len() == k {
+                    kth = self.cand[k - 1].1;
+                }
+            }
+        }
+    }
+
     fn top_n(&mut self, logits: &[f32], n: usize, lse: f32) -> Vec<(TokenId, f32)> {
         self.cand.clear();
         self.cand
@@ -400,36 +432,44 @@ impl Sampler {
             }
         }
         let p = &self.params;
-        self.cand.clear();
-        self.cand.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.is_finite())
-                .map(|(i, &l)| (i as TokenId, l)),
-        );
+        let (k, sorted) = if (1..=SMALL_TOP_K).contains(&p.top_k) {
+            // A small top-k: the k best found in one pass, without listing the row.
+            self.top_k_into_cand(logits, p.top_k);
+            (self.cand.len(), self.cand.len())
+        } else {
+            self.cand.clear();
+            self.cand.extend(
+                logits
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| l.is_finite())
+                    .map(|(i, &l)| (i as TokenId, l)),
+            );
+            let by_logit =
+                |a: &(TokenId, f32), b: &(TokenId, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+            // Keep a sorted prefix: top-k, or enough candidates for top-p / min-p.
+            let k = if p.top_k > 0 {
+                p.top_k.min(self.cand.len())
+            } else {
+                self.cand.len()
+            };
+            let sorted = if p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0 {
+                k.min(PARTIAL_SORT.max(p.top_k))
+            } else {
+                0
+            };
+            if sorted > 0 {
+                if sorted < self.cand.len() {
+                    self.cand.select_nth_unstable_by(sorted - 1, by_logit);
+                }
+                self.cand[..sorted].sort_unstable_by(by_logit);
+            }
+            (k, sorted)
+        };
         if self.cand.is_empty() {
             return 0;
         }
-        let by_logit =
-            |a: &(TokenId, f32), b: &(TokenId, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        // Keep a sorted prefix: top-k, or enough candidates for top-p / min-p.
-        let k = if p.top_k > 0 {
-            p.top_k.min(self.cand.len())
-        } else {
-            self.cand.len()
-        };
-        let sorted = if p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0 {
-            k.min(PARTIAL_SORT.max(p.top_k))
-        } else {
-            0
-        };
-        if sorted > 0 {
-            if sorted < self.cand.len() {
-                self.cand.select_nth_unstable_by(sorted - 1, by_logit);
-            }
-            self.cand[..sorted].sort_unstable_by(by_logit);
-        }
+        let p = &self.params;
         self.cand.truncate(k);
         // Temperature softmax, in place (probabilities, unnormalised).
         let t = p.temperature;
@@ -715,9 +755,44 @@ mod tests {
         }
     }
 
+    /// A small top-k found in one pass holds exactly what sorting the finite logits (ties to the lower
+    /// id) and keeping k gives: with ties at the cut, NaN and infinities, rows shorter than k.
+    #[test]
+    fn a_small_top_k_is_the_sorted_rows_prefix() {
+        let mut row: Vec<f32> = crate::testutil::data(2000, 9)
+            .iter()
+            .map(|x| (x * 8.0).round())
+            .collect();
+        row[3] = f32::NAN;
+        row[700] = f32::INFINITY;
+        row[701] = f32::NEG_INFINITY;
+        for (len, k) in [
+            (2000, 1),
+            (2000, 5),
+            (2000, 20),
+            (2000, 64),
+            (10, 20),
+            (300, 64),
+        ] {
+            let row = &row[..len];
+            let mut s = Sampler::new(SamplingParams::default(), len);
+            s.top_k_into_cand(row, k);
+            let mut want: Vec<(TokenId, f32)> = row
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(i, &v)| (i as TokenId, v))
+                .collect();
+            want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            want.truncate(k);
+            assert_eq!(s.cand, want, "{len} logits, top {k}");
+        }
+    }
+
     /// The host's cost of a sampled token on a 49,152-logit row (SmolLM2's vocabulary), greedy, at
-    /// temperature 1 and with top-p 0.9: printed, not asserted (`cargo test -p thorn-engine --lib
-    /// sampling_cost -- --nocapture`); what is asserted is that each draw is a token of the row.
+    /// temperature 1, with top-p 0.9, and with Qwen's recommended top-k 20: printed, not asserted
+    /// (`cargo test -p thorn-engine --lib sampling_cost -- --nocapture`); what is asserted is that each
+    /// draw is a token of the row.
     #[test]
     fn sampling_cost_per_token() {
         let vocab = 49_152;
@@ -725,14 +800,16 @@ mod tests {
             .iter()
             .map(|x| x * 4.0)
             .collect();
-        for (name, temperature, top_p) in [
-            ("greedy", 0.0, 1.0),
-            ("temperature 1", 1.0, 1.0),
-            ("top-p 0.9", 1.0, 0.9),
+        for (name, temperature, top_p, top_k) in [
+            ("greedy", 0.0, 1.0, 0),
+            ("temperature 1", 1.0, 1.0, 0),
+            ("top-p 0.9", 1.0, 0.9, 0),
+            ("top-k 20, top-p 0.8, temperature 0.7", 0.7, 0.8, 20),
         ] {
             let params = SamplingParams {
                 temperature,
                 top_p,
+                top_k,
                 seed: Some(1),
                 ..Default::default()
             };
