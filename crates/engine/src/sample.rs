@@ -257,12 +257,7 @@ impl Sampler {
     /// (to float rounding); a row whose largest value is not finite, or that has no weight, goes there
     /// (`None`).
     fn draw_plain(&mut self, logits: &[f32]) -> Option<TokenId> {
-        let inv_t = 1.0 / self.params.temperature;
-        let m = self.reduce.max(logits);
-        if !m.is_finite() {
-            return None;
-        }
-        let ms = m * inv_t;
+        let (inv_t, ms) = self.scaled_max(logits)?;
         if self.weights.len() < DRAW_CHUNK {
             self.weights.resize(DRAW_CHUNK, 0.0);
         }
@@ -319,12 +314,7 @@ impl Sampler {
     /// then id) and cut as the general path cuts its sorted list. `None` (the general path) as
     /// [`Sampler::draw_plain`].
     fn draw_nucleus(&mut self, logits: &[f32]) -> Option<TokenId> {
-        let inv_t = 1.0 / self.params.temperature;
-        let m = self.reduce.max(logits);
-        if !m.is_finite() {
-            return None;
-        }
-        let ms = m * inv_t;
+        let (inv_t, ms) = self.scaled_max(logits)?;
         let w = &mut self.weights;
         w.clear();
         w.extend(logits.iter().map(|&v| v * inv_t));
@@ -367,15 +357,28 @@ impl Sampler {
             })
             .map_or(self.cand.len(), |i| i + 1);
         self.cand.truncate(keep);
-        let kept: f64 = self.cand.iter().map(|c| f64::from(c.1)).sum();
-        let mut r = self.rng.next_f64() * kept;
+        Some(self.draw_from_cand())
+    }
+
+    /// The inverse temperature and the largest logit times it (what the fast paths' weights subtract);
+    /// `None` when the largest logit is not finite.
+    fn scaled_max(&self, logits: &[f32]) -> Option<(f32, f32)> {
+        let inv_t = 1.0 / self.params.temperature;
+        let m = self.reduce.max(logits);
+        m.is_finite().then_some((inv_t, m * inv_t))
+    }
+
+    /// A draw from `cand` in proportion to its weights (the last candidate if rounding runs past them).
+    fn draw_from_cand(&mut self) -> TokenId {
+        let total: f64 = self.cand.iter().map(|c| f64::from(c.1)).sum();
+        let mut r = self.rng.next_f64() * total;
         for c in &self.cand {
             r -= f64::from(c.1);
             if r < 0.0 {
-                return Some(c.0);
+                return c.0;
             }
         }
-        self.cand.last().map(|c| c.0)
+        self.cand.last().map_or(0, |c| c.0)
     }
 
     /// The `k` largest finite logits of the row into `cand`, sorted as the general path sorts (by logit,
@@ -504,15 +507,7 @@ impl Sampler {
             let keep = self.cand.iter().take_while(|c| c.1 >= floor).count().max(1);
             self.cand.truncate(keep);
         }
-        let total: f64 = self.cand.iter().map(|c| f64::from(c.1)).sum();
-        let mut r = self.rng.next_f64() * total;
-        for c in &self.cand {
-            r -= f64::from(c.1);
-            if r < 0.0 {
-                return c.0;
-            }
-        }
-        self.cand.last().map_or(0, |c| c.0)
+        self.draw_from_cand()
     }
 }
 

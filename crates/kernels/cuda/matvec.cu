@@ -220,23 +220,31 @@ __device__ __forceinline__ void mv_prologue(const float* __restrict__ x, const f
 // A prologue's dynamic shared memory: ds (nt x cols / 32 pairs), then q (nt x cols int8); the host sizes it
 // the same way (launch.rs, matvec).
 
+// The product's input: as given (MV_QUANTIZED), or made by the prologue into the block's shared memory (the
+// norm scales, then the quantized copy), `q` and `ds` pointed at it.
+__device__ __forceinline__ void mv_input(const float* __restrict__ x, const float* __restrict__ nw, int mode,
+                                         int nt, int cols, float eps, const signed char*& q, const float2*& ds) {
+    if (mode == MV_QUANTIZED) {
+        return;
+    }
+    __shared__ float scales[MV_TOKENS];
+    THORN_DYNAMIC_SHARED(float2, staged);
+    if (mode == MV_NORM) {
+        mv_norm_scales(x, cols, nt, eps, scales);
+    }
+    signed char* sq = (signed char*)(staged + nt * (cols >> 5));
+    mv_prologue(x, nw, mode, nt, cols, scales, sq, staged);
+    q = sq;
+    ds = staged;
+}
+
 template <int F>
 __device__ __forceinline__ void matvec(const unsigned char* __restrict__ w, const signed char* q,
                                        const float2* ds, const float* __restrict__ x,
                                        const float* __restrict__ nw, float* __restrict__ out, int rows, int cols,
                                        int nt, int stride, float scale, int add, int mode, float eps) {
     const int nb = cols >> 5;
-    if (mode != MV_QUANTIZED) {
-        __shared__ float scales[MV_TOKENS];
-        THORN_DYNAMIC_SHARED(float2, staged);
-        if (mode == MV_NORM) {
-            mv_norm_scales(x, cols, nt, eps, scales);
-        }
-        signed char* sq = (signed char*)(staged + nt * nb);
-        mv_prologue(x, nw, mode, nt, cols, scales, sq, staged);
-        q = sq;
-        ds = staged;
-    }
+    mv_input(x, nw, mode, nt, cols, eps, q, ds);
     const int lane = threadIdx.x;
     const int k = lane & 3;
     // Rows a warp at a time, the grid striding over them (a prologue's grid is capped, so each block's
@@ -322,17 +330,7 @@ extern "C" __global__ void matvec_q4_1p(MATVEC_ARGS) {
     }
     // Only weights were read: the rest depends on the kernels before this one.
     GRID_WAIT();
-    if (mode != MV_QUANTIZED) {
-        __shared__ float scales[MV_TOKENS];
-        THORN_DYNAMIC_SHARED(float2, staged);
-        if (mode == MV_NORM) {
-            mv_norm_scales(x, cols, nt, eps, scales);
-        }
-        signed char* sq = (signed char*)(staged + nt * nb);
-        mv_prologue(x, nw, mode, nt, cols, scales, sq, staged);
-        q = sq;
-        ds = staged;
-    }
+    mv_input(x, nw, mode, nt, cols, eps, q, ds);
     bool loaded = true;
     for (; r < rows; r += gridDim.x * MV_ROWS) {
         const unsigned char* row = w + (long)r * rb;
