@@ -192,15 +192,12 @@ impl Device {
         }
     }
 
-    /// `bytes` of zeroed memory this device and the host both address (a GPU's KV page pool); `None` on
-    /// the CPU, whose pages are host memory.
-    pub(crate) fn shared(
-        &self,
-        bytes: usize,
-    ) -> Result<Option<Box<dyn pages::SharedMemory>>, DeviceError> {
+    /// Where a KV page pool's stores live when not in host memory (a GPU's device memory), and what runs
+    /// the pool's copies there; `None` on the CPU, whose pages are host memory.
+    pub(crate) fn pages(&self) -> Option<std::sync::Arc<dyn pages::PageDevice>> {
         match self {
-            Device::Cpu(_) => Ok(None),
-            Device::Cuda(g) => Ok(Some(Box::new(g.shared(bytes.next_multiple_of(8))?))),
+            Device::Cpu(_) => None,
+            Device::Cuda(g) => Some(g.pages()),
         }
     }
 

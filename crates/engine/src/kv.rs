@@ -24,7 +24,7 @@ pub mod state;
 
 pub use crate::backend::batch::{Batch, Logits, NO_PARENT, SeqSpan};
 pub use crate::backend::fp8;
-pub use crate::backend::pages::{Gathered, KvDtype, KvShape, KvSlice, PageId, PagePool};
+pub use crate::backend::pages::{Gathered, KvDtype, KvShape, KvSlice, PageId, PagePool, RowMove};
 pub use radix::{PrefixMatch, RadixTree};
 pub use state::{PrefixHash, Recurrent, SnapshotStats, Snapshots};
 
@@ -237,6 +237,8 @@ pub struct KvCache {
     cfg: KvConfig,
     stats: KvStats,
     snaps: Snapshots,
+    /// The row moves of [`KvCache::keep_path`], reused.
+    moves: Vec<RowMove>,
 }
 
 impl KvCache {
@@ -282,6 +284,7 @@ impl KvCache {
                 ..KvStats::default()
             },
             snaps: Snapshots::new(shape.recurrent, state_memory),
+            moves: Vec::new(),
         })
     }
 
@@ -460,14 +463,19 @@ impl KvCache {
             !self.is_hybrid() || path.iter().enumerate().all(|(i, &k)| i == k),
             "hybrid models verify chains"
         );
+        self.moves.clear();
         for (i, &k) in path.iter().enumerate() {
             let (s, d) = (start + k, start + i);
             assert!(s >= d && s < seq.len, "path slots out of order");
             if s != d {
-                self.pool
-                    .copy_row(seq.pages[s / ps], s % ps, seq.pages[d / ps], d % ps);
+                let slot = |p: usize| (p % ps) as u32;
+                self.moves
+                    .push([seq.pages[s / ps], slot(s), seq.pages[d / ps], slot(d)]);
             }
         }
+        // One batch (one kernel on a GPU): no move reads a row an earlier one wrote, as each reads a
+        // slot at or past its own destination, and the destinations before it are below that.
+        self.pool.move_rows(&self.moves);
         self.truncate(seq, start + path.len());
     }
 

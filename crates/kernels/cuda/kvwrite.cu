@@ -161,3 +161,83 @@ extern "C" __global__ void kv_write_fp8(const float* __restrict__ k, const float
         fp8_row(v + src, vstore, vscale, head, row, page_size, head_dim);
     }
 }
+
+// Copies inside the pool, as the CPU's PagePool::copy and move_rows: one block per (layer, kv head), 128
+// threads. `heads` below is n_layers x n_kv_heads; an element is `elem` bytes (4, 2 or 1).
+
+// Positions 0..n of page `src` into page `dst` (copy-on-write of a shared partial page): the bytes, and on
+// FP8 pages (kscale not null) src's scales.
+extern "C" __global__ void kv_copy_page(unsigned char* __restrict__ kstore, unsigned char* __restrict__ vstore,
+                                        float* __restrict__ kscale, float* __restrict__ vscale, int src, int dst,
+                                        int n, int elem, int heads, int head_dim, int page_size) {
+    GRID_WAIT();
+    const long s = (long)src * heads + blockIdx.x;
+    const long d = (long)dst * heads + blockIdx.x;
+    const long span = (long)page_size * head_dim * elem;
+    const long bytes = (long)n * head_dim * elem;
+    if (((span | bytes) & 3) == 0) {
+        const unsigned* ks = (const unsigned*)(kstore + s * span);
+        const unsigned* vs = (const unsigned*)(vstore + s * span);
+        unsigned* kd = (unsigned*)(kstore + d * span);
+        unsigned* vd = (unsigned*)(vstore + d * span);
+        for (long i = threadIdx.x; i < bytes / 4; i += blockDim.x) {
+            kd[i] = ks[i];
+            vd[i] = vs[i];
+        }
+    } else {
+        for (long i = threadIdx.x; i < bytes; i += blockDim.x) {
+            kstore[d * span + i] = kstore[s * span + i];
+            vstore[d * span + i] = vstore[s * span + i];
+        }
+    }
+    if (kscale != nullptr && threadIdx.x == 0) {
+        kscale[d] = kscale[s];
+        vscale[d] = vscale[s];
+    }
+}
+
+// Row moves in order (a draft tree's accepted path into place), each [src page, src slot, dst page, dst
+// slot]: f32 and f16 rows are copied as they are. No move reads a row an earlier one wrote.
+extern "C" __global__ void kv_move_rows(unsigned char* __restrict__ kstore, unsigned char* __restrict__ vstore,
+                                        const int* __restrict__ moves, int n_moves, int elem, int heads,
+                                        int head_dim, int page_size) {
+    GRID_WAIT();
+    const long row = (long)head_dim * elem;
+    for (int m = 0; m < n_moves; m++) {
+        const int* mv = moves + 4 * m;
+        const long s = (((long)mv[0] * heads + blockIdx.x) * page_size + mv[1]) * row;
+        const long d = (((long)mv[2] * heads + blockIdx.x) * page_size + mv[3]) * row;
+        for (long i = threadIdx.x; i < row; i += blockDim.x) {
+            kstore[d + i] = kstore[s + i];
+            vstore[d + i] = vstore[s + i];
+        }
+        __syncthreads();
+    }
+}
+
+// kv_move_rows for FP8 pages: each row is decoded at its page's scale and written at the destination's as
+// a new row (fp8_row: raising that page's scale when it does not fit), like the CPU's copy_row.
+extern "C" __global__ void kv_move_rows_fp8(unsigned char* __restrict__ kstore, unsigned char* __restrict__ vstore,
+                                            float* __restrict__ kscale, float* __restrict__ vscale,
+                                            const int* __restrict__ moves, int n_moves, int heads, int head_dim,
+                                            int page_size) {
+    GRID_WAIT();
+    __shared__ float k[256];
+    __shared__ float v[256];
+    for (int m = 0; m < n_moves; m++) {
+        const int* mv = moves + 4 * m;
+        const long sh = (long)mv[0] * heads + blockIdx.x;
+        const long dh = (long)mv[2] * heads + blockIdx.x;
+        const long s = (sh * page_size + mv[1]) * head_dim;
+        const float ks = kscale[sh];
+        const float vs = vscale[sh];
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+            k[i] = e4m3_to_f32(kstore[s + i]) * ks;
+            v[i] = e4m3_to_f32(vstore[s + i]) * vs;
+        }
+        __syncthreads();
+        const long row = (dh * page_size + mv[3]) * head_dim;
+        fp8_row(k, kstore, kscale, dh, row, page_size, head_dim);
+        fp8_row(v, vstore, vscale, dh, row, page_size, head_dim);
+    }
+}

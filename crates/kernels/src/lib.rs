@@ -125,14 +125,21 @@ pub const ATTENTION: Module = Module {
     ],
 };
 
-/// New KV rows into their pages, converted to the cache's type.
+/// New KV rows into their pages, converted to the cache's type; copies between pages.
 pub const KV_WRITE: Module = Module {
     name: "kvwrite",
     source: concat!(
         include_str!("../cuda/common.cuh"),
         include_str!("../cuda/kvwrite.cu")
     ),
-    kernels: &["kv_write_f32", "kv_write_f16", "kv_write_fp8"],
+    kernels: &[
+        "kv_write_f32",
+        "kv_write_f16",
+        "kv_write_fp8",
+        "kv_copy_page",
+        "kv_move_rows",
+        "kv_move_rows_fp8",
+    ],
 };
 
 /// Gated DeltaNet: convolution, q/k norm, gates, the delta-rule recurrence (token by token, and in chunked

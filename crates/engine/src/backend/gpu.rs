@@ -17,9 +17,9 @@
 //! reading back each logits row's greedy token and log-normaliser, reduced on the device:
 //! [`Device::logit_best`](super::Device::logit_best)).
 //!
-//! The KV page pool is memory the GPU and the host both address ([`SharedMem`]: CUDA managed memory, which
-//! stays in device memory while the GPU uses it), so that the prefix cache's page copies run on the host
-//! between passes as they do on the CPU. A hybrid model's recurrent states are host memory too (the prefix
+//! The KV page pool is plain device memory ([`PoolMem`]) that the host never touches: the prefix cache's
+//! copy-on-write and a draft's accepted rows are copied by kernels (`kv_copy_page`, `kv_move_rows`) queued
+//! in order with the passes, through the pool's [`PageDevice`](super::pages::PageDevice). A hybrid model's recurrent states are host memory too (the prefix
 //! cache snapshots them); a pass works on a copy in a [`Buf`](super::Buf), uploaded at its start and read back
 //! at its end, so its Gated DeltaNet layers run as kernels between the others. On the host still:
 //! embedding rows (a few rows of exact dequantization from the mapped file, then uploaded) and the f64
@@ -34,7 +34,7 @@
 //! | [`GpuDevice`] ([`device`]) | the GPU device: every op as kernel launches on a [`Queue`], its weights ([`GpuMatrix`]) and staging |
 //! | [`GpuRuntime`] ([`runtime`]) | where the kernels run and the memory lives: a CUDA GPU or the simulator; [`Queue`] records and replays its launches as graphs |
 //! | [`StepKey`] ([`plan`]) | a forward pass's step plan: what its launches depend on; a pass seen before replays whole |
-//! | [`DevMem`], [`GpuBuf`], [`SharedMem`], [`DevVec`] ([`mem`]) | device memory: an allocation, a `Buf`'s storage, the KV pool's host-shared memory, staging |
+//! | [`DevMem`], [`GpuBuf`], [`PoolMem`], [`DevVec`] ([`mem`]) | device memory: an allocation, a `Buf`'s storage, a KV pool's store, staging |
 //! | [`launch`] | each kernel's launch (its arguments and checks), shared by every runtime; its tests run on the simulator |
 //! | `cuda::Gpu` ([`cuda`]) | the CUDA runtime (built with the `cuda` feature): one context and stream, kernels compiled by `nvrtc` into the kernel cache; `cuda::Cuda` is the driver's probes. Without the feature [`cuda`] is a stub whose `open` says so |
 //! | `nvrtc::KernelCache` | NVRTC's compiled PTX on disk, by module, architecture and source hash |
@@ -60,6 +60,6 @@ pub(crate) mod sim;
 mod tests;
 
 pub use device::{GpuDevice, GpuMatrix, Quantized};
-pub use mem::{DevMem, DevVec, GpuBuf, SharedMem};
+pub use mem::{DevMem, DevVec, GpuBuf, PoolMem};
 pub use plan::{PlanId, StepKey};
 pub use runtime::{GpuRuntime, Graph, GraphStats, KernelTimes, Queue};

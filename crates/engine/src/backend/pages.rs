@@ -9,14 +9,16 @@
 //! whose largest magnitude does not fit the current scale doubles it (as often as needed) and shifts the
 //! page's stored bytes down to match, which is exact for normal numbers.
 //!
-//! The stores are host memory, or on a GPU device memory that both the GPU and the host address
-//! ([`PagePool::on`]: CUDA managed memory, resident where it is used). The host reaches the latter only
-//! after the device's queued work is done: the pool's host methods wait for it, and the kernels take the
-//! pool by reference ([`PagePool::raw_parts`]), so none can be handed it while host code holds a view.
+//! The stores are host memory, or on a GPU plain device memory ([`PagePool::on`]) that the host never
+//! addresses: the pool's copies (copy-on-write, a draft's accepted rows) run as the GPU's kernels in order
+//! with its other work ([`PageDevice`]), and the host reads such a pool only as a whole copy
+//! ([`PagePool::to_host`]: tests, inspection). The kernels take the pool by reference
+//! ([`PagePool::raw_parts`]).
 
 use super::fp8::{self, e4m3_decode, e4m3_encode, e4m3_scale};
 use super::{Device, DeviceError};
 use half::f16;
+use std::sync::Arc;
 
 /// Element type of the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -163,31 +165,59 @@ impl Gathered {
 /// Index of a page in the pool.
 pub type PageId = u32;
 
-/// Memory a device and the host both address, at the same address (the GPU wing's `SharedMem`: CUDA
-/// managed memory): a GPU's KV stores. The host's views wait for the device's queued work first.
-pub(crate) trait SharedMemory: std::fmt::Debug + Send + Sync {
-    /// Its device address.
-    fn addr(&self) -> u64;
-    /// Its bytes, once the queued work is done.
-    fn host(&self) -> &[u8];
-    /// Its bytes to change, once the queued work is done.
-    fn host_mut(&mut self) -> &mut [u8];
+/// A device whose memory holds a pool's stores where the host does not address them (a GPU's): it
+/// allocates them, runs the pool's copies as its own work (queued in order with the kernels that read and
+/// write the pages), and transfers bytes for the host's rare whole-pool reads and single-row writes. A
+/// runtime failure inside these is a lost device: it panics, as the device's other ops do.
+pub(crate) trait PageDevice: std::fmt::Debug + Send + Sync {
+    /// `bytes` of zeroed device memory.
+    fn alloc(&self, bytes: usize) -> Result<DeviceRegion, DeviceError>;
+    /// [`PagePool::copy`] on the device.
+    fn copy_page(&self, pool: &PagePool, src: PageId, dst: PageId, n: usize);
+    /// [`PagePool::move_rows`] on the device.
+    fn move_rows(&self, pool: &PagePool, moves: &[RowMove]);
+    /// Copies `out.len()` bytes from device address `addr`, after the queued work.
+    fn read(&self, addr: u64, out: &mut [u8]);
+    /// Queues a copy of `data` to device address `addr`, after the queued work.
+    fn write(&self, addr: u64, data: &[u8]);
 }
+
+/// Device memory a [`PageDevice`] allocated: its address, kept alive (and freed) by its owner.
+pub(crate) struct DeviceRegion {
+    /// Its device address.
+    pub addr: u64,
+    /// Its size.
+    pub bytes: usize,
+    /// What frees it when dropped.
+    pub _owner: Box<dyn Send + Sync>,
+}
+
+impl std::fmt::Debug for DeviceRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceRegion")
+            .field("addr", &self.addr)
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+/// A row to move: `[src page, src slot, dst page, dst slot]` (see [`PagePool::move_rows`]).
+pub type RowMove = [u32; 4];
 
 /// Memory a store lives in.
 #[derive(Debug)]
 enum Region {
     /// Host memory (a zeroed `Vec` is a lazy calloc: pages the cache never uses cost nothing).
     Host(Vec<u64>),
-    /// A GPU's memory that the host addresses too.
-    Shared(Box<dyn SharedMemory>),
+    /// A device's memory, which the host does not address.
+    Device(DeviceRegion),
 }
 
 impl Region {
-    /// `bytes` of zeroed memory: the host's, or `dev`'s when it is a GPU.
-    fn zeroed(dev: Option<&Device>, bytes: usize) -> Result<Region, DeviceError> {
-        Ok(match dev.map(|d| d.shared(bytes)).transpose()?.flatten() {
-            Some(m) => Region::Shared(m),
+    /// `bytes` of zeroed memory: the host's, or `dev`'s.
+    fn zeroed(dev: Option<&dyn PageDevice>, bytes: usize) -> Result<Region, DeviceError> {
+        Ok(match dev {
+            Some(d) => Region::Device(d.alloc(bytes.next_multiple_of(8))?),
             None => Region::Host(vec![0; bytes.div_ceil(8)]),
         })
     }
@@ -195,24 +225,41 @@ impl Region {
     fn get<T: bytemuck::Pod>(&self) -> &[T] {
         match self {
             Region::Host(v) => bytemuck::cast_slice(v),
-            Region::Shared(m) => bytemuck::cast_slice(m.host()),
+            Region::Device(_) => panic!("{DEVICE_VIEW}"),
         }
     }
 
     fn get_mut<T: bytemuck::Pod>(&mut self) -> &mut [T] {
         match self {
             Region::Host(v) => bytemuck::cast_slice_mut(v),
-            Region::Shared(m) => bytemuck::cast_slice_mut(m.host_mut()),
+            Region::Device(_) => panic!("{DEVICE_VIEW}"),
         }
     }
 
     fn addr(&self) -> u64 {
         match self {
             Region::Host(v) => v.as_ptr() as u64,
-            Region::Shared(m) => m.addr(),
+            Region::Device(m) => m.addr,
+        }
+    }
+
+    /// A host copy (the region itself when it is host memory).
+    fn to_host(&self, dev: Option<&dyn PageDevice>) -> Region {
+        match (self, dev) {
+            (Region::Host(v), _) => Region::Host(v.clone()),
+            (Region::Device(m), Some(d)) => {
+                let mut v = vec![0u64; m.bytes.div_ceil(8)];
+                d.read(m.addr, &mut bytemuck::cast_slice_mut(&mut v)[..m.bytes]);
+                Region::Host(v)
+            }
+            (Region::Device(_), None) => unreachable!("a device pool keeps its device"),
         }
     }
 }
+
+/// Why a device pool's pages have no host view.
+const DEVICE_VIEW: &str =
+    "a GPU pool's pages are device memory: read them through PagePool::to_host";
 
 /// Keys or values: elements (f32, f16 bit patterns, or E4M3 bytes with one f32 scale per page, layer and
 /// head).
@@ -225,7 +272,7 @@ enum Store {
 
 impl Store {
     fn new(
-        dev: Option<&Device>,
+        dev: Option<&dyn PageDevice>,
         dtype: KvDtype,
         elements: usize,
         scales: usize,
@@ -250,6 +297,8 @@ pub struct PagePool {
     v: Store,
     refs: Vec<u32>,
     free: Vec<PageId>,
+    /// The device whose memory the stores are (none: host memory).
+    dev: Option<Arc<dyn PageDevice>>,
 }
 
 impl PagePool {
@@ -261,8 +310,8 @@ impl PagePool {
         }
     }
 
-    /// The pool in `dev`'s memory (host memory for the CPU; memory the GPU and the host both address on a
-    /// GPU).
+    /// The pool in `dev`'s memory (host memory for the CPU; plain device memory on a GPU, which the host
+    /// reads only through [`PagePool::to_host`]).
     pub fn on(
         dev: &Device,
         shape: KvShape,
@@ -270,11 +319,11 @@ impl PagePool {
         dtype: KvDtype,
         n_pages: usize,
     ) -> Result<Self, DeviceError> {
-        Self::build(Some(dev), shape, page_size, dtype, n_pages)
+        Self::build(dev.pages(), shape, page_size, dtype, n_pages)
     }
 
     fn build(
-        dev: Option<&Device>,
+        dev: Option<Arc<dyn PageDevice>>,
         shape: KvShape,
         page_size: usize,
         dtype: KvDtype,
@@ -288,12 +337,35 @@ impl PagePool {
             page_size,
             dtype,
             n_pages,
-            k: Store::new(dev, dtype, per_page * n_pages, scales)?,
-            v: Store::new(dev, dtype, per_page * n_pages, scales)?,
+            k: Store::new(dev.as_deref(), dtype, per_page * n_pages, scales)?,
+            v: Store::new(dev.as_deref(), dtype, per_page * n_pages, scales)?,
             refs: vec![0; n_pages],
             // Popped from the end: low page ids first.
             free: (0..n_pages as PageId).rev().collect(),
+            dev,
         })
+    }
+
+    /// A copy of the pool in host memory, pages, scales and refcounts alike (a device pool's pages read
+    /// back after its queued work): for tests and inspection.
+    pub fn to_host(&self) -> PagePool {
+        let dev = self.dev.as_deref();
+        let store = |s: &Store| match s {
+            Store::F32(d) => Store::F32(d.to_host(dev)),
+            Store::F16(d) => Store::F16(d.to_host(dev)),
+            Store::Fp8(d, sc) => Store::Fp8(d.to_host(dev), sc.to_host(dev)),
+        };
+        PagePool {
+            shape: self.shape,
+            page_size: self.page_size,
+            dtype: self.dtype,
+            n_pages: self.n_pages,
+            k: store(&self.k),
+            v: store(&self.v),
+            refs: self.refs.clone(),
+            free: self.free.clone(),
+            dev: None,
+        }
     }
 
     /// Bytes one page takes (keys, values and FP8 scales).
@@ -364,8 +436,14 @@ impl PagePool {
             // A fresh page starts unscaled; its first row sets the scale.
             let heads = self.shape.n_layers * self.shape.n_kv_heads;
             let r = p as usize * heads..(p as usize + 1) * heads;
-            ks.get_mut::<f32>()[r.clone()].fill(0.0);
-            vs.get_mut::<f32>()[r].fill(0.0);
+            for sc in [ks, vs] {
+                match (&self.dev, sc) {
+                    (Some(d), Region::Device(m)) => {
+                        d.write(m.addr + 4 * r.start as u64, &vec![0; 4 * heads]);
+                    }
+                    (_, sc) => sc.get_mut::<f32>()[r.clone()].fill(0.0),
+                }
+            }
         }
         Some(p)
     }
@@ -402,6 +480,10 @@ impl PagePool {
     /// Copies the first `n` positions of `src` into `dst` (copy-on-write of a shared partial page).
     pub fn copy(&mut self, src: PageId, dst: PageId, n: usize) {
         assert!(n <= self.page_size && src != dst);
+        if let Some(d) = &self.dev {
+            d.copy_page(self, src, dst, n);
+            return;
+        }
         let (hd, heads) = (
             self.shape.head_dim,
             self.shape.n_layers * self.shape.n_kv_heads,
@@ -425,34 +507,53 @@ impl PagePool {
         }
     }
 
-    /// Copies position `src_slot` of `src` to `dst_slot` of `dst`, every layer and head (keeping a draft's
-    /// accepted path). FP8 rows whose pages have different scales are re-encoded at the destination's.
+    /// Copies position `src_slot` of `src` to `dst_slot` of `dst`, every layer and head: one
+    /// [`PagePool::move_rows`].
     pub fn copy_row(&mut self, src: PageId, src_slot: usize, dst: PageId, dst_slot: usize) {
-        assert!(src_slot < self.page_size && dst_slot < self.page_size);
-        let hd = self.shape.head_dim;
-        let (layers, heads) = (self.shape.n_layers, self.shape.n_kv_heads);
-        if let (Store::Fp8(..), Store::Fp8(..)) = (&self.k, &self.v) {
-            let (mut k, mut v) = (vec![0.0; heads * hd], vec![0.0; heads * hd]);
-            for layer in 0..layers {
-                for h in 0..heads {
-                    let r = h * hd..(h + 1) * hd;
-                    self.keys(src, layer, h)
-                        .row_into(src_slot, &mut k[r.clone()]);
-                    self.values(src, layer, h).row_into(src_slot, &mut v[r]);
-                }
-                self.write(dst, dst_slot, layer, &k, &v);
-            }
+        self.move_rows(&[[src, src_slot as u32, dst, dst_slot as u32]]);
+    }
+
+    /// Copies rows in order, each `[src page, src slot, dst page, dst slot]`, every layer and head (keeping
+    /// a draft's accepted path; no move may read a row an earlier one wrote). FP8 rows are re-encoded at
+    /// the destination page's scale. On a GPU, one kernel for all of them.
+    pub fn move_rows(&mut self, moves: &[RowMove]) {
+        for &[_, s, _, d] in moves {
+            assert!(
+                (s as usize) < self.page_size && (d as usize) < self.page_size,
+                "a row move outside a page"
+            );
+        }
+        if let Some(dev) = &self.dev {
+            dev.move_rows(self, moves);
             return;
         }
-        for layer in 0..layers {
-            for h in 0..heads {
-                let s = self.block(src, layer, h) + src_slot * hd;
-                let d = self.block(dst, layer, h) + dst_slot * hd;
-                for store in [&mut self.k, &mut self.v] {
-                    match store {
-                        Store::F32(x) => x.get_mut::<f32>().copy_within(s..s + hd, d),
-                        Store::F16(x) => x.get_mut::<u16>().copy_within(s..s + hd, d),
-                        Store::Fp8(..) => unreachable!("handled above"),
+        let hd = self.shape.head_dim;
+        let (layers, heads) = (self.shape.n_layers, self.shape.n_kv_heads);
+        for &[src, src_slot, dst, dst_slot] in moves {
+            let (src_slot, dst_slot) = (src_slot as usize, dst_slot as usize);
+            if let (Store::Fp8(..), Store::Fp8(..)) = (&self.k, &self.v) {
+                let (mut k, mut v) = (vec![0.0; heads * hd], vec![0.0; heads * hd]);
+                for layer in 0..layers {
+                    for h in 0..heads {
+                        let r = h * hd..(h + 1) * hd;
+                        self.keys(src, layer, h)
+                            .row_into(src_slot, &mut k[r.clone()]);
+                        self.values(src, layer, h).row_into(src_slot, &mut v[r]);
+                    }
+                    self.write(dst, dst_slot, layer, &k, &v);
+                }
+                continue;
+            }
+            for layer in 0..layers {
+                for h in 0..heads {
+                    let s = self.block(src, layer, h) + src_slot * hd;
+                    let d = self.block(dst, layer, h) + dst_slot * hd;
+                    for store in [&mut self.k, &mut self.v] {
+                        match store {
+                            Store::F32(x) => x.get_mut::<f32>().copy_within(s..s + hd, d),
+                            Store::F16(x) => x.get_mut::<u16>().copy_within(s..s + hd, d),
+                            Store::Fp8(..) => unreachable!("handled above"),
+                        }
                     }
                 }
             }
@@ -460,47 +561,58 @@ impl PagePool {
     }
 
     /// Stores position `slot` of `page` for `layer`: `k` and `v` hold every KV head (`n_kv_heads * head_dim`).
+    /// On a device pool each row is a transfer (FP8: its page's rows and scale, read back, changed, and
+    /// written): for tests and rare host writes; the device's own kernels write its rows in a pass.
     pub fn write(&mut self, page: PageId, slot: usize, layer: usize, k: &[f32], v: &[f32]) {
         assert!(slot < self.page_size, "slot {slot} outside a page");
         debug_assert!(self.refs[page as usize] > 0, "write to a free page");
         let hd = self.shape.head_dim;
+        let span = self.page_size * hd;
         for h in 0..self.shape.n_kv_heads {
             let o = self.block(page, layer, h);
             let si = self.scale_index(page, layer, h);
-            let ps = self.page_size;
             for (store, src) in [
                 (&mut self.k, &k[h * hd..(h + 1) * hd]),
                 (&mut self.v, &v[h * hd..(h + 1) * hd]),
             ] {
                 let row = o + slot * hd;
-                match store {
-                    Store::F32(d) => d.get_mut::<f32>()[row..row + hd].copy_from_slice(src),
-                    Store::F16(d) => {
-                        for (x, &s) in d.get_mut::<u16>()[row..row + hd].iter_mut().zip(src) {
-                            *x = f16::from_f32(s).to_bits();
-                        }
+                match (store, self.dev.as_deref()) {
+                    (Store::F32(d), Some(dev)) => {
+                        dev.write(d.addr() + 4 * row as u64, bytemuck::cast_slice(src));
                     }
-                    Store::Fp8(d, scales) => {
-                        let (d, scales) = (d.get_mut::<u8>(), scales.get_mut::<f32>());
-                        let amax = src.iter().fold(0f32, |m, x| m.max(x.abs()));
-                        let mut scale = scales[si];
-                        let need = e4m3_scale(amax);
-                        if need > scale {
-                            if scale > 0.0 {
-                                // Shift the page's rows to the larger scale (exact for normal numbers).
-                                let f = scale / need;
-                                for b in &mut d[o..o + ps * hd] {
-                                    *b = e4m3_encode(e4m3_decode(*b) * f);
+                    (Store::F32(d), None) => d.get_mut::<f32>()[row..row + hd].copy_from_slice(src),
+                    (Store::F16(d), dev) => {
+                        let bits = src.iter().map(|&s| f16::from_f32(s).to_bits());
+                        match dev {
+                            Some(dev) => {
+                                let bits: Vec<u16> = bits.collect();
+                                dev.write(d.addr() + 2 * row as u64, bytemuck::cast_slice(&bits));
+                            }
+                            None => {
+                                for (x, b) in d.get_mut::<u16>()[row..row + hd].iter_mut().zip(bits)
+                                {
+                                    *x = b;
                                 }
                             }
-                            scale = need;
-                            scales[si] = scale;
-                        }
-                        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-                        for (x, &s) in d[row..row + hd].iter_mut().zip(src) {
-                            *x = e4m3_encode(s * inv);
                         }
                     }
+                    (Store::Fp8(d, scales), Some(dev)) => {
+                        let (mut blk, mut scale) = (vec![0u8; span], [0f32]);
+                        dev.read(d.addr() + o as u64, &mut blk);
+                        dev.read(
+                            scales.addr() + 4 * si as u64,
+                            bytemuck::cast_slice_mut(&mut scale),
+                        );
+                        fp8_row(&mut blk, &mut scale[0], slot, src);
+                        dev.write(d.addr() + o as u64, &blk);
+                        dev.write(scales.addr() + 4 * si as u64, bytemuck::cast_slice(&scale));
+                    }
+                    (Store::Fp8(d, scales), None) => fp8_row(
+                        &mut d.get_mut::<u8>()[o..o + span],
+                        &mut scales.get_mut::<f32>()[si],
+                        slot,
+                        src,
+                    ),
                 }
             }
         }
@@ -529,6 +641,28 @@ impl PagePool {
                 scale: scales.get::<f32>()[self.scale_index(page, layer, head)],
             },
         }
+    }
+}
+
+/// Writes `src` as row `slot` of an FP8 block (one page's rows of one layer and head, `src.len()` wide)
+/// whose scale is `scale`: a row that does not fit raises the scale and shifts the block's rows to it
+/// (exact for normal numbers).
+fn fp8_row(block: &mut [u8], scale: &mut f32, slot: usize, src: &[f32]) {
+    let hd = src.len();
+    let amax = src.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let need = e4m3_scale(amax);
+    if need > *scale {
+        if *scale > 0.0 {
+            let f = *scale / need;
+            for b in block.iter_mut() {
+                *b = e4m3_encode(e4m3_decode(*b) * f);
+            }
+        }
+        *scale = need;
+    }
+    let inv = if *scale > 0.0 { 1.0 / *scale } else { 0.0 };
+    for (x, &s) in block[slot * hd..(slot + 1) * hd].iter_mut().zip(src) {
+        *x = e4m3_encode(s * inv);
     }
 }
 

@@ -14,8 +14,7 @@
 //! kernel's test, are in [`super::launch`], the same code the CPU simulator runs.
 //!
 //! [`open`] hands out a [`GpuDevice`] over it (see [`super`]): every buffer the kernels address is
-//! device memory, or managed memory for the KV page pool, so the GPU needs no access to pageable host
-//! memory.
+//! device memory (the KV page pool's too), so the GPU needs no access to pageable host memory.
 
 use super::Graph;
 use super::launch::{DevPtr, Launch, Launcher, Params, Shape};
@@ -364,27 +363,6 @@ impl GpuRuntime for Gpu {
 
     fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError> {
         let buf = Gpu::alloc(self, bytes)?;
-        Ok(DevMem::new(buf.ptr(), bytes, Box::new(buf)))
-    }
-
-    #[expect(unsafe_code, reason = "a raw managed allocation")]
-    fn alloc_shared(&self, bytes: usize) -> Result<DevMem, DeviceError> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver("binding the context"))?;
-        let n = bytes.max(1);
-        // SAFETY: a fresh managed allocation of n bytes (host- and device-addressable at one address),
-        // zeroed before anything reads it; freed by DevBuf after the stream is idle.
-        let ptr =
-            unsafe { result::malloc_managed(n, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
-                .map_err(driver("allocating managed memory"))?;
-        let buf = DevBuf {
-            ptr: DevPtr(ptr),
-            bytes,
-            stream: Arc::clone(&self.stream),
-        };
-        // SAFETY: the range is the allocation just made.
-        unsafe { result::memset_d8_sync(ptr, 0, n) }.map_err(driver("zeroing managed memory"))?;
         Ok(DevMem::new(buf.ptr(), bytes, Box::new(buf)))
     }
 

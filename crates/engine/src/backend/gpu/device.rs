@@ -2,17 +2,18 @@
 //! through [`super::launch`], on any [`GpuRuntime`], with its weights ([`GpuMatrix`]) and per-pass staging.
 
 use super::launch::{self, Acts, DevPtr, KvStore, Launcher, Prep};
-use super::mem::{DevVec, GpuBuf, SharedMem, fail};
+use super::mem::{DevVec, GpuBuf, fail};
 use super::runtime::{GpuRuntime, GraphStats, KernelTimes, Queue};
 use crate::backend::batch::Batch;
 use crate::backend::buf::{Buf, Mem, View, ViewMut};
 use crate::backend::gdn::Shape as GdnShape;
-use crate::backend::pages::PagePool;
+use crate::backend::pages::{PageDevice, PagePool};
 use crate::backend::{DeviceError, GdnRun, GdnSteps, Rope};
 use std::sync::{Arc, Mutex};
 
 mod fused;
 mod logits;
+mod pages;
 mod staging;
 mod step;
 mod weights;
@@ -149,12 +150,9 @@ impl GpuDevice {
         Ok(())
     }
 
-    /// `bytes` of zeroed memory the device and the host both address (the KV page pool).
-    pub fn shared(&self, bytes: usize) -> Result<SharedMem, DeviceError> {
-        Ok(SharedMem {
-            mem: self.q.alloc_shared(bytes)?,
-            q: Arc::clone(&self.q),
-        })
+    /// Where a KV page pool's stores live on this device, and what runs its copies.
+    pub(crate) fn pages(&self) -> Arc<dyn PageDevice> {
+        Arc::new(pages::GpuPages::new(Arc::clone(&self.q)))
     }
 
     /// `v` as a buffer in device memory.

@@ -1,12 +1,11 @@
 //! A GPU device's memory: allocations ([`DevMem`]), a [`Buf`](crate::backend::Buf)'s storage
-//! ([`GpuBuf`], the [`DeviceMem`] a buffer holds on a GPU), the KV page pool's memory the host addresses too
-//! ([`SharedMem`], the pool's [`SharedMemory`]), and the device's own staging ([`DevVec`]).
+//! ([`GpuBuf`], the [`DeviceMem`] a buffer holds on a GPU), the KV page pool's stores ([`PoolMem`]), and
+//! the device's own staging ([`DevVec`]).
 
 use super::launch::DevPtr;
 use super::runtime::Queue;
 use crate::backend::DeviceError;
 use crate::backend::buf::DeviceMem;
-use crate::backend::pages::SharedMemory;
 use std::sync::Arc;
 
 /// Device memory from a [`GpuRuntime`](super::GpuRuntime), released when dropped.
@@ -111,54 +110,16 @@ impl Drop for GpuBuf {
     }
 }
 
-/// Device memory the host addresses too ([`GpuRuntime::alloc_shared`](super::GpuRuntime::alloc_shared)):
-/// the KV page pool's stores. The host's views of it wait for the device's queued work first, and borrow
-/// it, so no op can be handed it to write while one is held.
+/// A KV page pool's store in device memory (see [`PageDevice`](crate::backend::pages::PageDevice)):
+/// released once the work queued before its release is done.
 #[derive(Debug)]
-pub struct SharedMem {
-    pub(super) mem: DevMem,
+pub struct PoolMem {
+    /// Freed after the wait below.
+    pub(super) _mem: DevMem,
     pub(super) q: Arc<Queue>,
 }
 
-impl SharedMemory for SharedMem {
-    fn addr(&self) -> u64 {
-        self.mem.ptr().0
-    }
-
-    /// Its bytes, once the queued work is done.
-    fn host(&self) -> &[u8] {
-        if let Err(e) = self.q.wait() {
-            fail("KV pages", e);
-        }
-        #[expect(
-            unsafe_code,
-            reason = "a host view of memory the device shares with it"
-        )]
-        // SAFETY: the allocation is host-addressable at its device address for `bytes` bytes
-        // (alloc_shared's contract) and lives as long as `self`; no queued work uses it (waited above), and
-        // none can be queued to write it while this view borrows `self` (writers borrow the pool mutably).
-        unsafe {
-            std::slice::from_raw_parts(self.mem.ptr().0 as *const u8, self.mem.bytes)
-        }
-    }
-
-    /// Its bytes to change, once the queued work is done.
-    fn host_mut(&mut self) -> &mut [u8] {
-        if let Err(e) = self.q.wait() {
-            fail("KV pages", e);
-        }
-        #[expect(
-            unsafe_code,
-            reason = "a host view of memory the device shares with it"
-        )]
-        // SAFETY: as `host`; the view is exclusive because it borrows `self` mutably.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.mem.ptr().0 as *mut u8, self.mem.bytes)
-        }
-    }
-}
-
-impl Drop for SharedMem {
+impl Drop for PoolMem {
     fn drop(&mut self) {
         // A queued kernel may still use the memory.
         let _ = self.q.wait();

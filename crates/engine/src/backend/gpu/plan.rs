@@ -221,14 +221,6 @@ impl Queue {
         self.rec().plans.generation += 1;
         self.rt.alloc(bytes)
     }
-
-    /// Host-shared memory of `bytes` (see
-    /// [`GpuRuntime::alloc_shared`](super::GpuRuntime::alloc_shared)); plans retire as for
-    /// [`Queue::alloc`].
-    pub(super) fn alloc_shared(&self, bytes: usize) -> Result<DevMem, DeviceError> {
-        self.rec().plans.generation += 1;
-        self.rt.alloc_shared(bytes)
-    }
 }
 
 /// The first index where two launch lists differ (in a launch or in length).

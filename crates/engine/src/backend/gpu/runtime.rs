@@ -15,9 +15,6 @@ pub trait GpuRuntime: Launcher + Send + Sync + std::fmt::Debug {
     fn describe(&self) -> String;
     /// `bytes` of zeroed device memory.
     fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError>;
-    /// `bytes` of zeroed device memory that the host addresses too, at the same address (CUDA managed
-    /// memory), for the host to reach only while no queued work uses it.
-    fn alloc_shared(&self, bytes: usize) -> Result<DevMem, DeviceError>;
     /// Queues a copy of `src` to device address `dst`; `src` may be reused when this returns.
     fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError>;
     /// Waits for the queued work, then copies `dst.len()` bytes from device address `src`.

@@ -56,11 +56,6 @@ impl GpuRuntime for Sim {
         Ok(DevMem::new(ptr, bytes, Box::new(words)))
     }
 
-    fn alloc_shared(&self, bytes: usize) -> Result<DevMem, DeviceError> {
-        // Simulated device memory is host memory already.
-        self.alloc(bytes)
-    }
-
     #[expect(unsafe_code, reason = "a copy to a simulated device address")]
     fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         // SAFETY: `dst` is an address inside a live DevMem allocation (a host Vec) with at least
@@ -260,10 +255,6 @@ impl GpuRuntime for Counting {
 
     fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError> {
         Sim.alloc(bytes)
-    }
-
-    fn alloc_shared(&self, bytes: usize) -> Result<DevMem, DeviceError> {
-        Sim.alloc_shared(bytes)
     }
 
     fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {

@@ -202,3 +202,81 @@ fn kernels_are_timed_one_by_one_while_timing_is_on() {
     assert!(dev.kernel_times().unwrap().kernels.is_empty());
     assert!(Device::cpu(1).time_kernels(true).is_err());
 }
+
+/// A GPU's page pool is device memory the host never addresses: written rows, copy-on-write and row moves
+/// (one kernel for a whole path, no wait) leave it equal to a host pool given the same calls, FP8 scales
+/// and a reused page's reset scale included, as read back whole.
+#[test]
+fn a_gpu_page_pool_is_copied_by_kernels_and_equals_the_host_pool() {
+    use crate::backend::pages::{KvSlice, PagePool};
+    let rt = Counting::new();
+    let dev = Device::gpu(Arc::clone(&rt) as _);
+    dev.set_graphs(false);
+    let shape = KvShape {
+        n_layers: 2,
+        n_kv_heads: 2,
+        head_dim: 32,
+        recurrent: 0,
+    };
+    let (ps, w) = (4, 64);
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Fp8] {
+        let mut host = PagePool::new(shape, ps, dtype, 6);
+        let mut gpu = PagePool::on(&dev, shape, ps, dtype, 6).unwrap();
+        for (on_gpu, pool) in [(false, &mut host), (true, &mut gpu)] {
+            let pages: Vec<u32> = (0..4).map(|_| pool.alloc().unwrap()).collect();
+            for (i, &page) in pages.iter().enumerate() {
+                for slot in 0..ps {
+                    for layer in 0..2 {
+                        let seed = (50 * i + 5 * slot + layer) as u64;
+                        let f = (1 + 2 * i) as f32;
+                        let k: Vec<f32> = data(w, seed).iter().map(|x| x * f).collect();
+                        pool.write(page, slot, layer, &k, &k);
+                    }
+                }
+            }
+            // A page freed and taken again starts unscaled.
+            pool.release(pages[3]);
+            assert_eq!(pool.alloc(), Some(pages[3]));
+            pool.write(pages[3], 0, 1, &data(w, 9), &data(w, 10));
+            rt.take();
+            pool.copy(pages[1], pages[0], 3);
+            pool.move_rows(&[[pages[0], 3, pages[0], 1], [pages[2], 2, pages[0], 2]]);
+            pool.copy_row(pages[2], 3, pages[1], 0);
+            let c = rt.take();
+            if on_gpu {
+                assert_eq!((c.launches, c.downloads), (3, 0), "{c:?}");
+            }
+            // Its staging in place, a path's moves are an upload and a launch, no wait.
+            pool.move_rows(&[[pages[1], 3, pages[1], 2]]);
+            let c = rt.take();
+            if on_gpu {
+                assert_eq!((c.launches, c.uploads, c.waits), (1, 1, 0), "{c:?}");
+            }
+        }
+        let got = gpu.to_host();
+        for page in 0..4 {
+            for layer in 0..2 {
+                for h in 0..2 {
+                    for (a, b) in [
+                        (got.keys(page, layer, h), host.keys(page, layer, h)),
+                        (got.values(page, layer, h), host.values(page, layer, h)),
+                    ] {
+                        let same = match (a, b) {
+                            (KvSlice::F32(a), KvSlice::F32(b)) => a == b,
+                            (KvSlice::F16(a), KvSlice::F16(b)) => a
+                                .iter()
+                                .map(|x| x.to_bits())
+                                .eq(b.iter().map(|x| x.to_bits())),
+                            (
+                                KvSlice::Fp8 { data: a, scale: x },
+                                KvSlice::Fp8 { data: b, scale: y },
+                            ) => a == b && x == y,
+                            _ => false,
+                        };
+                        assert!(same, "{dtype:?}: page {page} layer {layer} head {h}");
+                    }
+                }
+            }
+        }
+    }
+}

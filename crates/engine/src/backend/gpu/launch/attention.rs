@@ -304,6 +304,90 @@ pub fn attention(
     l.launch(m, "attention_merge", merge, &args)
 }
 
+/// One block per (layer, KV head) of the pool, for the copies between pages.
+fn per_head(kv: &KvStore) -> Result<Shape, DeviceError> {
+    Ok(Shape {
+        grid: [
+            int(kv.shape.n_layers * kv.shape.n_kv_heads, "KV heads")? as u32,
+            1,
+            1,
+        ],
+        block: [128, 1, 1],
+        shared: 0,
+    })
+}
+
+/// Copies positions `0..n` of page `src` into page `dst`, every layer and KV head, with `src`'s FP8
+/// scales (the CPU pool's [`PagePool::copy`](crate::backend::pages::PagePool::copy): copy-on-write).
+pub fn copy_page(
+    l: &dyn Launcher,
+    kv: &KvStore,
+    src: u32,
+    dst: u32,
+    n: usize,
+) -> Result<(), DeviceError> {
+    if n > kv.page_size || src == dst {
+        return Err(unsupported(format!(
+            "a copy of {n} positions from page {src} to page {dst}"
+        )));
+    }
+    let fp8 = kv.dtype == KvDtype::Fp8;
+    let args = [
+        Arg::Ptr(kv.k),
+        Arg::Ptr(kv.v),
+        Arg::Ptr(if fp8 { kv.kscale } else { DevPtr(0) }),
+        Arg::Ptr(if fp8 { kv.vscale } else { DevPtr(0) }),
+        Arg::I32(int(src as usize, "a page")?),
+        Arg::I32(int(dst as usize, "a page")?),
+        Arg::I32(int(n, "positions")?),
+        Arg::I32(kv.dtype.element_bytes() as i32),
+        Arg::I32(int(kv.shape.n_layers * kv.shape.n_kv_heads, "KV heads")?),
+        Arg::I32(int(kv.shape.head_dim, "a head width")?),
+        Arg::I32(int(kv.page_size, "a page size")?),
+    ];
+    l.launch(
+        &thorn_kernels::KV_WRITE,
+        "kv_copy_page",
+        per_head(kv)?,
+        &args,
+    )
+}
+
+/// Moves `n_moves` rows, in order, each `[src page, src slot, dst page, dst slot]` (four `i32` at `moves`),
+/// every layer and KV head (the CPU pool's
+/// [`PagePool::move_rows`](crate::backend::pages::PagePool::move_rows)): f32 and f16 rows as they are, FP8
+/// rows re-encoded at the destination page's scale. No move may read a row an earlier one wrote.
+pub fn move_rows(
+    l: &dyn Launcher,
+    kv: &KvStore,
+    moves: DevPtr,
+    n_moves: usize,
+) -> Result<(), DeviceError> {
+    if n_moves == 0 {
+        return Ok(());
+    }
+    let hd = kv.shape.head_dim;
+    let (k, v) = (Arg::Ptr(kv.k), Arg::Ptr(kv.v));
+    let (moves, n) = (Arg::Ptr(moves), Arg::I32(int(n_moves, "row moves")?));
+    let heads = Arg::I32(int(kv.shape.n_layers * kv.shape.n_kv_heads, "KV heads")?);
+    let (width, ps) = (
+        Arg::I32(int(hd, "a head width")?),
+        Arg::I32(int(kv.page_size, "a page size")?),
+    );
+    let m = &thorn_kernels::KV_WRITE;
+    if kv.dtype == KvDtype::Fp8 {
+        if hd > ATTENTION_MAX_HEAD_DIM {
+            return Err(unsupported(format!("FP8 row moves of width {hd}")));
+        }
+        let (ks, vs) = (Arg::Ptr(kv.kscale), Arg::Ptr(kv.vscale));
+        let args = [k, v, ks, vs, moves, n, heads, width, ps];
+        return l.launch(m, "kv_move_rows_fp8", per_head(kv)?, &args);
+    }
+    let elem = Arg::I32(kv.dtype.element_bytes() as i32);
+    let args = [k, v, moves, n, elem, heads, width, ps];
+    l.launch(m, "kv_move_rows", per_head(kv)?, &args)
+}
+
 /// Bytes of the merge counters [`attention`] takes for a batch of `tokens` over `n_kv_heads`.
 pub fn attention_counters(tokens: usize, n_kv_heads: usize) -> usize {
     4 * tokens * n_kv_heads

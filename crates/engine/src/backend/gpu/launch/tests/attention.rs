@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::backend::batch::NO_PARENT;
-use crate::backend::pages::{KvSlice, PagePool};
+use crate::backend::pages::{KvSlice, PageId, PagePool, RowMove};
 use crate::kv::{Batch, KvCache, KvConfig, Logits, SeqKv};
 use crate::testutil::fill_seq;
 
@@ -189,6 +189,59 @@ fn kv_rows_are_written_like_the_page_pool_writes_them_on(d: &dyn TestDev) {
         for s in seqs {
             kv.release(s, None);
         }
+    }
+}
+
+/// The pool's copies as kernels: copy-on-write of a partial page, and row moves within a page, across
+/// pages (FP8: into a page whose scale the row does not fit) and several in a row; the bytes and scales
+/// equal the CPU pool's after the same copies.
+#[test]
+fn page_copies_and_row_moves_are_the_page_pools() {
+    on_every_device(page_copies_and_row_moves_are_the_page_pools_on);
+}
+
+fn page_copies_and_row_moves_are_the_page_pools_on(d: &dyn TestDev) {
+    let shape = KvShape {
+        n_layers: 3,
+        n_kv_heads: 2,
+        head_dim: 64,
+        recurrent: 0,
+    };
+    let (ps, w) = (7, shape.n_kv_heads * shape.head_dim);
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Fp8] {
+        let mut kv = cache(shape, dtype, ps);
+        let pool = kv.pool_mut();
+        let pages: Vec<PageId> = (0..4).map(|_| pool.alloc().unwrap()).collect();
+        // Rows grow with their page, so a row moved to an earlier page raises its FP8 scale.
+        for (i, &page) in pages.iter().enumerate() {
+            for slot in 0..ps {
+                for layer in 0..shape.n_layers {
+                    let seed = (100 * i + 10 * slot + layer) as u64;
+                    let f = (1 + 3 * i) as f32;
+                    let k: Vec<f32> = data(w, seed).iter().map(|x| x * f).collect();
+                    let v: Vec<f32> = data(w, seed + 7).iter().map(|x| x * f).collect();
+                    pool.write(page, slot, layer, &k, &v);
+                }
+            }
+        }
+        let dev = DevPool::upload(d, pool);
+        let store = dev.store(pool);
+        copy_page(d, &store, pages[1], pages[0], 5).unwrap();
+        pool.copy(pages[1], pages[0], 5);
+        let moves: [RowMove; 4] = [
+            [pages[0], 6, pages[0], 5],
+            [pages[3], 2, pages[0], 6],
+            [pages[3], 4, pages[2], 0],
+            [pages[2], 3, pages[2], 1],
+        ];
+        let staged = Mem::from_bytes(d, bytemuck::cast_slice(&moves));
+        move_rows(d, &store, staged.ptr(), moves.len()).unwrap();
+        pool.move_rows(&moves);
+        let want = DevPool::upload(d, pool);
+        assert!(dev.k.bytes() == want.k.bytes(), "{dtype:?}: keys differ");
+        assert!(dev.v.bytes() == want.v.bytes(), "{dtype:?}: values differ");
+        assert_eq!(dev.ks.f32s(), want.ks.f32s(), "{dtype:?}: key scales");
+        assert_eq!(dev.vs.f32s(), want.vs.f32s(), "{dtype:?}: value scales");
     }
 }
 
