@@ -5,24 +5,28 @@
 //
 // q: each token's n_heads x head_dim query, token rows `q_stride` floats apart (a fused QKV row's Q part).
 //
-// Work is split like the CPU's: an item is (token, kv head) with its `group` query heads (GQA), and its
-// positions are cut into splits of ATTN_SPLIT (64; smaller than the CPU's, for more blocks at depth) at
-// fixed offsets, so a token's result never depends on what it was batched with. The grid may have more
-// splits than a token's positions fill (a power of two): those see nothing and the merge skips them. attention_* writes one partial per (item, split): per query head the running
-// max m, the sum l of exp(score - m), and the unnormalised output o, laid out [m (group) | l (group) |
-// o (group x head_dim)] like the CPU's partials, and the splits are combined (merge_item): by the last of
-// an item's blocks to finish, when the launch gives `counters` (one int per item, zero before the launch and
-// zero again after it), else by attention_merge in a launch of its own. The merge reads the splits in a fixed
-// order, so whichever block runs it, and in whichever launch, the bits are the same. Launch attention_* with
-// grid (tokens x kv heads, splits) and 128 threads; attention_merge with grid (tokens x kv heads) and
-// head_dim threads.
+// An item is (token, kv head) with its `group` query heads (GQA). A token's positions [attend_from, its
+// position] are cut into tiles of ATTN_TILE, and the tiles into at most `cap` splits of equally many
+// consecutive tiles (split_plan): from the token's length and `cap` alone (the device's choice, from its SM
+// count and the model's KV heads), never from the batch, so a token's result is the same bits in any
+// batch and any grid. A split is one block's work: tile by tile with an online softmax (running max m, sum
+// l of exp(score - m), unnormalised output o per query head). The splits are then folded in split order,
+// (M, L, O) + (m, l, o) -> (max, L a + l b, O a + o b) with a = exp(M - max), b = exp(m - max), and the output
+// is O / L. The grid is (tokens x kv heads, G) with 128 threads, and G is 1 or `cap`:
+// - G == cap: block y runs split y (blocks past the token's splits return at once, so one grid serves any
+//   depth: a decode step's launch, and its graph, never change as the context grows) and writes its
+//   partial, laid out [m (group) | l (group) | o (group x head_dim)]; with `counters` (one int per item,
+//   zero before the launch and again after it) the last of an item's splits to finish folds them all, else
+//   attention_merge does in a launch of its own;
+// - G == 1 (large batches: enough items to fill the GPU): the block runs the token's splits in order and
+//   folds each as it ends, with the same arithmetic, then writes the output.
 //
 // Token metadata, 4 ints per token: [page table offset, positions seen (its position + 1), first position
 // not in place (`direct`: a draft-tree node's ancestors from there on sit at other slots), offset of those
 // ancestors' slots in `seen`]. A position p < direct is at slot p; slot_of(p) = seen[off + p - direct]
 // otherwise. Positions before `attend_from` are not seen.
 
-#define ATTN_SPLIT 64
+#define ATTN_TILE 64
 #define ATTN_THREADS 128
 #define ATTN_MAX_GROUP 16
 #define ATTN_MAX_HEAD_DIM 256
@@ -54,34 +58,59 @@ __device__ __forceinline__ float ld_cg(const float* p) {
 #endif
 }
 
-// Combines an item's splits (as the CPU's merge_partials): per query head, the outputs weighted by
-// exp(m_split - max m), over the total of l weighted the same way; splits with nothing seen are skipped.
-// out: n_tokens x n_heads x head_dim; the block's threads stride over head_dim.
-__device__ void merge_item(const float* partials, float* __restrict__ out, int item, int splits, int n_heads,
-                           int n_kv_heads, int head_dim) {
+// How a token's positions [from, npos) are cut: `splits` splits of `span` positions (the last one
+// shorter), each a whole number of ATTN_TILE tiles, at most `cap` of them.
+struct SplitPlan {
+    int from;
+    int span;
+    int splits;
+};
+
+__device__ __forceinline__ SplitPlan split_plan(int npos, int attend_from, int cap) {
+    const int n = max(npos - attend_from, 0);
+    const int tiles = (n + ATTN_TILE - 1) / ATTN_TILE;
+    const int s = min(cap, tiles);
+    const int chunk = s > 0 ? (tiles + s - 1) / s : 0;
+    return SplitPlan{attend_from, chunk * ATTN_TILE, chunk > 0 ? (tiles + chunk - 1) / chunk : 0};
+}
+
+// One step of the fold of splits, (M, L, O) + (m, l, o): the new max, and the weights a of the fold so far
+// and b of the split. Rounded as written wherever it is inlined (no contraction into fused multiply-adds),
+// so that the two places that fold give the same bits.
+__device__ __forceinline__ float fold_max(float M, float m, float* a, float* b) {
+    const float mx = fmaxf(M, m);
+    *a = expf(M - mx);
+    *b = expf(m - mx);
+    return mx;
+}
+
+__device__ __forceinline__ float fold_add(float X, float x, float a, float b) {
+    return __fadd_rn(__fmul_rn(X, a), __fmul_rn(x, b));
+}
+
+// Folds an item's `splits` partials in split order and writes its output: out is n_tokens x n_heads x
+// head_dim; the block's threads stride over head_dim.
+__device__ void merge_item(const float* partials, float* __restrict__ out, int item, int slots, int splits,
+                           int n_heads, int n_kv_heads, int head_dim) {
     const int t = item / n_kv_heads;
     const int kvh = item % n_kv_heads;
     const int group = n_heads / n_kv_heads;
     const int stride = group * (head_dim + 2);
-    const float* parts = partials + (long)item * splits * stride;
+    const float* parts = partials + (long)item * slots * stride;
     for (int h = 0; h < group; h++) {
-        float mx = NEG_INF;
-        for (int p = 0; p < splits; p++) {
-            mx = fmaxf(mx, ld_cg(parts + p * stride + h));
-        }
         for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-            float total = 0.0f;
-            float o = 0.0f;
+            float M = NEG_INF;
+            float L = 0.0f;
+            float O = 0.0f;
             for (int p = 0; p < splits; p++) {
-                const float l = ld_cg(parts + p * stride + group + h);
-                if (l == 0.0f) {
-                    continue;
-                }
-                const float w = expf(ld_cg(parts + p * stride + h) - mx);
-                total += l * w;
-                o += w * ld_cg(parts + p * stride + 2 * group + h * head_dim + d);
+                const float* part = parts + p * stride;
+                float a;
+                float b;
+                M = fold_max(M, ld_cg(part + h), &a, &b);
+                L = fold_add(L, ld_cg(part + group + h), a, b);
+                O = fold_add(O, ld_cg(part + 2 * group + h * head_dim + d), a, b);
             }
-            out[((long)t * n_heads + kvh * group + h) * head_dim + d] = total > 0.0f ? o * (1.0f / total) : 0.0f;
+            out[((long)t * n_heads + kvh * group + h) * head_dim + d] = L > 0.0f ? O * (1.0f / L) : 0.0f;
         }
     }
 }
@@ -126,17 +155,13 @@ __device__ __forceinline__ void kv_load8(const void* store, long i, float* out) 
 #endif
 }
 
-// acc[h] = sum over positions j in [from, to) of es[h][j] * value j's element d, for each of the group's
-// query heads, added in position order; the values of ATTN_ROWS positions are loaded before any is used
-// (their loads in flight together).
+// acc[h] += es[h][j] * value j's element d over positions j in [from, to), for each of the group's query
+// heads, added in position order; the values of ATTN_ROWS positions are loaded before any is used (their
+// loads in flight together).
 template <int KV>
 __device__ __forceinline__ void weigh_values(const void* __restrict__ vstore, const long* rows, const float* vsc,
                                              const float* es, int group, int d, int from, int to,
                                              float* acc) {
-#pragma unroll
-    for (int h = 0; h < ATTN_MAX_GROUP; h++) {
-        acc[h] = 0.0f;
-    }
     for (int j0 = from; j0 < to; j0 += ATTN_ROWS) {
         float v[ATTN_ROWS];
 #pragma unroll
@@ -150,7 +175,7 @@ __device__ __forceinline__ void weigh_values(const void* __restrict__ vstore, co
 #pragma unroll
                 for (int h = 0; h < ATTN_MAX_GROUP; h++) {
                     if (h < group) {
-                        acc[h] += es[h * ATTN_SPLIT + j0 + u] * v[u];
+                        acc[h] += es[h * ATTN_TILE + j0 + u] * v[u];
                     }
                 }
             }
@@ -166,15 +191,24 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
                                           float* __restrict__ partials, int n_heads, int n_kv_heads,
                                           int head_dim, int page_size, int n_layers, int layer,
                                           int attend_from, float scale, int q_stride, float* __restrict__ out,
-                                          int* __restrict__ counters) {
+                                          int* __restrict__ counters, int cap) {
     __shared__ float qs[ATTN_MAX_GROUP * ATTN_MAX_HEAD_DIM];
-    __shared__ float es[ATTN_MAX_GROUP * ATTN_SPLIT];
-    __shared__ long rows[ATTN_SPLIT];
-    __shared__ float ksc[ATTN_SPLIT];
-    __shared__ float vsc[ATTN_SPLIT];
+    __shared__ float es[ATTN_MAX_GROUP * ATTN_TILE];
+    __shared__ long rows[ATTN_TILE];
+    __shared__ float ksc[ATTN_TILE];
+    __shared__ float vsc[ATTN_TILE];
+    // The value shares of the block's parts other than the first, added by the first at a split's end.
+    __shared__ float xs[ATTN_THREADS * ATTN_MAX_GROUP];
+    // Per query head: the split's running max and sum and the rescale of its last tile; the fold's max
+    // and sum (G == 1). The same for every thread: written by thread 0 between barriers.
+    __shared__ float sm[ATTN_MAX_GROUP];
+    __shared__ float sl[ATTN_MAX_GROUP];
+    __shared__ float salpha[ATTN_MAX_GROUP];
+    __shared__ float sM[ATTN_MAX_GROUP];
+    __shared__ float sL[ATTN_MAX_GROUP];
     const int item = blockIdx.x;
-    const int split = blockIdx.y;
-    const int splits = gridDim.y;
+    const int y = blockIdx.y;
+    const int grid = gridDim.y;
     const int t = item / n_kv_heads;
     const int kvh = item % n_kv_heads;
     const int group = n_heads / n_kv_heads;
@@ -182,159 +216,242 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
     const int* m4 = meta + 4 * t;
     const int npos = m4[1];
     const int direct = m4[2];
-    const int start = max(split * ATTN_SPLIT, attend_from);
-    const int end = min((split + 1) * ATTN_SPLIT, npos);
-    const int len = max(end - start, 0);
-    float* part = partials + ((long)item * splits + split) * group * (hd + 2);
-
+    const SplitPlan plan = split_plan(npos, attend_from, cap);
+    float* o_item = out + ((long)t * n_heads + kvh * group) * hd;
+    if (plan.splits == 0) {
+        // Nothing seen: zeros (from the first block).
+        for (int i = threadIdx.x; y == 0 && i < group * hd; i += blockDim.x) {
+            o_item[i] = 0.0f;
+        }
+        return;
+    }
+    if (y >= plan.splits) {
+        return;
+    }
     for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
         qs[i] = q[(long)t * q_stride + (long)kvh * group * hd + i];
     }
-    // Where each position's row starts (the same offset in the key and the value store).
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
-        const int p = start + j;
-        const int slot = p < direct ? p : seen[m4[3] + p - direct];
-        const long page = table[m4[0] + slot / page_size];
-        const long head = (page * n_layers + layer) * n_kv_heads + kvh;
-        rows[j] = (head * page_size + slot % page_size) * hd;
-        if constexpr (KV == KV_FP8) {
-            ksc[j] = kscale[head];
-            vsc[j] = vscale[head];
-        }
+    if (threadIdx.x < ATTN_MAX_GROUP) {
+        sM[threadIdx.x] = NEG_INF;
+        sL[threadIdx.x] = 0.0f;
     }
-    __syncthreads();
 
-    // Scores: a thread per position, each query head's dot product summed in order over the dimensions:
-    // no shuffles, and a row's loads are its thread's own, 8 elements at a time where head_dim allows (the
-    // same sums either way). The query heads are read from shared memory, the same word by every thread.
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
-        const long r = rows[j];
-        const float ks = KV == KV_FP8 ? ksc[j] : 1.0f;
-        float s[ATTN_MAX_GROUP];
+    // Outputs: a thread per dimension d (the block is at least head_dim wide), accumulating every query
+    // head of the group. Where the head is at most half the block wide, the block's `parts` groups of
+    // head_dim threads take one contiguous share of each tile's positions, added into the first part's
+    // at a split's end (xs); `mine`: whether this thread holds a dimension's whole output.
+    const int parts = hd <= (int)blockDim.x / 2 ? (int)blockDim.x / hd : 1;
+    const int part = (int)threadIdx.x / hd;
+    const int d = (int)threadIdx.x % hd;
+    const bool mine = part == 0;
+    for (int split = y; split < plan.splits; split += grid) {
+        const int p0 = plan.from + split * plan.span;
+        const int p1 = min(p0 + plan.span, npos);
+        float acc[ATTN_MAX_GROUP];
 #pragma unroll
         for (int h = 0; h < ATTN_MAX_GROUP; h++) {
-            s[h] = 0.0f;
+            acc[h] = 0.0f;
         }
-        if ((hd & 7) == 0) {
-            for (int d0 = 0; d0 < hd; d0 += 8) {
-                float k[8];
-                kv_load8<KV>(kstore, r + d0, k);
+        for (int start = p0; start < p1; start += ATTN_TILE) {
+            const int len = min(ATTN_TILE, p1 - start);
+            // The tile before is done with rows, es and the softmax state (and the queries and the fold's
+            // state are in place, the first time).
+            __syncthreads();
+            if (start == p0 && threadIdx.x < ATTN_MAX_GROUP) {
+                sm[threadIdx.x] = NEG_INF;
+                sl[threadIdx.x] = 0.0f;
+            }
+            // Where each position's row starts (the same offset in the key and the value store).
+            for (int j = threadIdx.x; j < len; j += blockDim.x) {
+                const int p = start + j;
+                const int slot = p < direct ? p : seen[m4[3] + p - direct];
+                const long page = table[m4[0] + slot / page_size];
+                const long head = (page * n_layers + layer) * n_kv_heads + kvh;
+                rows[j] = (head * page_size + slot % page_size) * hd;
+                if constexpr (KV == KV_FP8) {
+                    ksc[j] = kscale[head];
+                    vsc[j] = vscale[head];
+                }
+            }
+            __syncthreads();
+
+            // Scores: a thread per position, each query head's dot product summed in order over the
+            // dimensions: no shuffles, and a row's loads are its thread's own, 8 elements at a time where
+            // head_dim allows (the same sums either way). The query heads are read from shared memory,
+            // the same word by every thread.
+            for (int j = threadIdx.x; j < len; j += blockDim.x) {
+                const long r = rows[j];
+                const float ks = KV == KV_FP8 ? ksc[j] : 1.0f;
+                float s[ATTN_MAX_GROUP];
 #pragma unroll
-                for (int u = 0; u < 8; u++) {
+                for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                    s[h] = 0.0f;
+                }
+                if ((hd & 7) == 0) {
+                    for (int d0 = 0; d0 < hd; d0 += 8) {
+                        float k[8];
+                        kv_load8<KV>(kstore, r + d0, k);
+#pragma unroll
+                        for (int u = 0; u < 8; u++) {
+#pragma unroll
+                            for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                                if (h < group) {
+                                    s[h] += qs[h * hd + d0 + u] * (k[u] * ks);
+                                }
+                            }
+                        }
+                    }
+                } else {
+                    for (int e = 0; e < hd; e++) {
+                        const float k = kv_load<KV>(kstore, r + e);
+#pragma unroll
+                        for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                            if (h < group) {
+                                s[h] += qs[h * hd + e] * (k * ks);
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                    if (h < group) {
+                        es[h * ATTN_TILE + j] = s[h] * scale;
+                    }
+                }
+            }
+            __syncthreads();
+
+            // The online softmax: each head's running max takes the tile's, the running sum and the
+            // outputs so far are rescaled to it, and the scores become exp(score - m).
+            for (int h = 0; h < group; h++) {
+                float mx = NEG_INF;
+                for (int j = threadIdx.x; j < len; j += blockDim.x) {
+                    mx = fmaxf(mx, es[h * ATTN_TILE + j]);
+                }
+                const float m = sm[h];
+                mx = fmaxf(m, block_max(mx));
+                float e_sum = 0.0f;
+                for (int j = threadIdx.x; j < len; j += blockDim.x) {
+                    const float e = expf(es[h * ATTN_TILE + j] - mx);
+                    es[h * ATTN_TILE + j] = e;
+                    e_sum += e;
+                }
+                e_sum = block_sum(e_sum);
+                if (threadIdx.x == 0) {
+                    const float alpha = expf(m - mx);
+                    salpha[h] = alpha;
+                    sl[h] = sl[h] * alpha + e_sum;
+                    sm[h] = mx;
+                }
+            }
+            __syncthreads();
+
+            if (part < parts && d < hd) {
+                const int share = parts > 1 ? (len + parts - 1) / parts : len;
+                // The outputs so far rescaled to the new max, then the tile's weighted values added.
+#pragma unroll
+                for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                    if (h < group) {
+                        acc[h] *= salpha[h];
+                    }
+                }
+                weigh_values<KV>(vstore, rows, vsc, es, group, d, min(part * share, len),
+                                 min((part + 1) * share, len), acc);
+            }
+        }
+
+        // The split's outputs whole: the parts' shares added into the first part's, in part order.
+        if (parts > 1) {
+            if (part > 0 && part < parts) {
+#pragma unroll
+                for (int h = 0; h < ATTN_MAX_GROUP; h++) {
+                    if (h < group) {
+                        xs[((part - 1) * group + h) * hd + d] = acc[h];
+                    }
+                }
+            }
+            __syncthreads();
+            if (mine) {
+                for (int o = 1; o < parts; o++) {
 #pragma unroll
                     for (int h = 0; h < ATTN_MAX_GROUP; h++) {
                         if (h < group) {
-                            s[h] += qs[h * hd + d0 + u] * (k[u] * ks);
+                            acc[h] += xs[((o - 1) * group + h) * hd + d];
                         }
                     }
                 }
             }
-        } else {
-            for (int d = 0; d < hd; d++) {
-                const float k = kv_load<KV>(kstore, r + d);
+        }
+        if (grid > 1) {
+            // One split per block: its partial.
+            float* pp = partials + ((long)item * grid + split) * group * (hd + 2);
+            if (threadIdx.x == 0) {
+                for (int h = 0; h < group; h++) {
+                    pp[h] = sm[h];
+                    pp[group + h] = sl[h];
+                }
+            }
+            if (mine) {
 #pragma unroll
                 for (int h = 0; h < ATTN_MAX_GROUP; h++) {
                     if (h < group) {
-                        s[h] += qs[h * hd + d] * (k * ks);
+                        pp[2 * group + h * hd + d] = acc[h];
                     }
                 }
             }
+            continue;
         }
+        // G == 1: the split into the fold, whose outputs O wait in `out` (each its owner thread's). Every
+        // thread reads the fold's state before thread 0 moves it.
 #pragma unroll
         for (int h = 0; h < ATTN_MAX_GROUP; h++) {
-            if (h < group) {
-                es[h * ATTN_SPLIT + j] = s[h] * scale;
-            }
-        }
-    }
-    __syncthreads();
-
-    // Softmax statistics per query head; the scores become exp(score - m).
-    for (int h = 0; h < group; h++) {
-        float mx = NEG_INF;
-        for (int j = threadIdx.x; j < len; j += blockDim.x) {
-            mx = fmaxf(mx, es[h * ATTN_SPLIT + j]);
-        }
-        mx = block_max(mx);
-        float l = 0.0f;
-        for (int j = threadIdx.x; j < len; j += blockDim.x) {
-            const float e = expf(es[h * ATTN_SPLIT + j] - mx);
-            es[h * ATTN_SPLIT + j] = e;
-            l += e;
-        }
-        l = block_sum(l);
-        if (threadIdx.x == 0) {
-            part[h] = len > 0 ? mx : NEG_INF;
-            part[group + h] = len > 0 ? l : 0.0f;
-        }
-    }
-    __syncthreads();
-
-    // Outputs: threads across the dimensions, each accumulating every query head of the group. Where the
-    // head is at most half the block wide, the block's `parts` groups of head_dim threads take one
-    // contiguous share of the positions each, and share 0's threads add the others' in order at the end
-    // (qs, no longer read, holds them).
-    const int parts = hd <= (int)blockDim.x / 2 ? (int)blockDim.x / hd : 1;
-    if (parts > 1) {
-        const int p = (int)threadIdx.x / hd;
-        const int d = (int)threadIdx.x % hd;
-        const int share = (len + parts - 1) / parts;
-        float acc[ATTN_MAX_GROUP];
-        if (p < parts) {
-            weigh_values<KV>(vstore, rows, vsc, es, group, d, min(p * share, len), min((p + 1) * share, len),
-                             acc);
-            if (p > 0) {
-#pragma unroll
-                for (int h = 0; h < ATTN_MAX_GROUP; h++) {
-                    if (h < group) {
-                        qs[((p - 1) * group + h) * hd + d] = acc[h];
-                    }
-                }
+            if (h < group && mine) {
+                float a;
+                float b;
+                fold_max(sM[h], sm[h], &a, &b);
+                float* o = o_item + h * hd + d;
+                *o = fold_add(split == y ? 0.0f : *o, acc[h], a, b);
             }
         }
         __syncthreads();
-        if (p == 0) {
-            for (int o = 1; o < parts; o++) {
-#pragma unroll
-                for (int h = 0; h < ATTN_MAX_GROUP; h++) {
-                    if (h < group) {
-                        acc[h] += qs[((o - 1) * group + h) * hd + d];
-                    }
-                }
+        if (threadIdx.x == 0) {
+            for (int h = 0; h < group; h++) {
+                float a;
+                float b;
+                const float mx = fold_max(sM[h], sm[h], &a, &b);
+                sL[h] = fold_add(sL[h], sl[h], a, b);
+                sM[h] = mx;
             }
+        }
+    }
+    if (grid == 1) {
+        __syncthreads();
+        if (mine) {
 #pragma unroll
             for (int h = 0; h < ATTN_MAX_GROUP; h++) {
                 if (h < group) {
-                    part[2 * group + h * hd + d] = acc[h];
+                    const float L = sL[h];
+                    float* o = o_item + h * hd + d;
+                    *o = L > 0.0f ? *o * (1.0f / L) : 0.0f;
                 }
             }
         }
-    } else {
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            float acc[ATTN_MAX_GROUP];
-            weigh_values<KV>(vstore, rows, vsc, es, group, d, 0, len, acc);
-#pragma unroll
-            for (int h = 0; h < ATTN_MAX_GROUP; h++) {
-                if (h < group) {
-                    part[2 * group + h * hd + d] = acc[h];
-                }
-            }
-        }
+        return;
     }
     if (counters == nullptr) {
         return;  // attention_merge runs next
     }
-    // Every thread's partial is visible before the count says so; the last block then merges.
+    // Every thread's partial is visible before the count says so; the last block then folds.
     __shared__ int last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        last = atomicAdd(&counters[item], 1) == splits - 1;
+        last = atomicAdd(&counters[item], 1) == plan.splits - 1;
     }
     __syncthreads();
     if (last) {
         __threadfence();
-        merge_item(partials, out, item, splits, n_heads, n_kv_heads, hd);
+        merge_item(partials, out, item, grid, plan.splits, n_heads, n_kv_heads, hd);
         if (threadIdx.x == 0) {
             counters[item] = 0;
         }
@@ -345,19 +462,23 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
     const float *q, const void *kstore, const void *vstore, const float *kscale, const float *vscale,      \
         const int *table, const int *meta, const int *seen, float *partials, int n_heads, int n_kv_heads, \
         int head_dim, int page_size, int n_layers, int layer, int attend_from, float scale, int q_stride,    \
-        float *out, int *counters
+        float *out, int *counters, int cap
 #define ATTENTION_CALL                                                                                     \
     q, kstore, vstore, kscale, vscale, table, meta, seen, partials, n_heads, n_kv_heads, head_dim, page_size, \
-        n_layers, layer, attend_from, scale, q_stride, out, counters
+        n_layers, layer, attend_from, scale, q_stride, out, counters, cap
 
 extern "C" __global__ void attention_f32(ATTENTION_ARGS) { GRID_WAIT(); attention<KV_F32>(ATTENTION_CALL); }
 extern "C" __global__ void attention_f16(ATTENTION_ARGS) { GRID_WAIT(); attention<KV_F16>(ATTENTION_CALL); }
 extern "C" __global__ void attention_fp8(ATTENTION_ARGS) { GRID_WAIT(); attention<KV_FP8>(ATTENTION_CALL); }
 
-// The merge as a launch of its own (an attention launch without counters): grid (tokens x kv heads),
-// head_dim threads.
+// The fold as a launch of its own (an attention launch of G > 1 without counters): grid (tokens x kv heads),
+// head_dim threads; `slots` is the attention launch's G.
 extern "C" __global__ void attention_merge(const float* __restrict__ partials, float* __restrict__ out,
-                                           int splits, int n_heads, int n_kv_heads, int head_dim) {
+                                           const int* __restrict__ meta, int slots, int n_heads, int n_kv_heads,
+                                           int head_dim, int attend_from, int cap) {
     GRID_WAIT();
-    merge_item(partials, out, blockIdx.x, splits, n_heads, n_kv_heads, head_dim);
+    const SplitPlan plan = split_plan(meta[4 * (blockIdx.x / n_kv_heads) + 1], attend_from, cap);
+    if (plan.splits > 0) {
+        merge_item(partials, out, blockIdx.x, slots, plan.splits, n_heads, n_kv_heads, head_dim);
+    }
 }

@@ -125,6 +125,8 @@ pub struct Gpu {
     /// Whether the kernels read host memory where it is: an integrated GPU that walks the host's page
     /// tables (Jetson Thor's unified memory), where the model file's mapped weights need no copy.
     reads_host: bool,
+    /// Its streaming multiprocessors.
+    multiprocessors: usize,
     modules: Mutex<HashMap<&'static str, Loaded>>,
     cache: Mutex<KernelCache>,
     /// While kernels are timed: each launch's kernel and the events recorded around it.
@@ -211,9 +213,10 @@ impl Gpu {
             };
             let reads_host = attr(A::CU_DEVICE_ATTRIBUTE_INTEGRATED)? != 0
                 && attr(A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)? != 0;
-            Ok::<_, DeviceError>((ctx, stream, reads_host))
+            let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
+            Ok::<_, DeviceError>((ctx, stream, reads_host, sms))
         }));
-        let (ctx, stream, reads_host) = opened.map_err(|_| {
+        let (ctx, stream, reads_host, multiprocessors) = opened.map_err(|_| {
             DeviceError::NoGpu("the CUDA driver failed while opening the device".into())
         })??;
         Ok(Gpu {
@@ -222,6 +225,7 @@ impl Gpu {
             arch: arch(probe.capability),
             name: probe.name,
             reads_host,
+            multiprocessors,
             modules: Mutex::new(HashMap::new()),
             cache: Mutex::new(KernelCache::new(cache_dir)),
             timing: Mutex::new(None),
@@ -354,6 +358,10 @@ impl Gpu {
 impl GpuRuntime for Gpu {
     fn describe(&self) -> String {
         Gpu::describe(self)
+    }
+
+    fn multiprocessors(&self) -> usize {
+        self.multiprocessors
     }
 
     fn host_address(&self, host: &[u8]) -> Option<DevPtr> {

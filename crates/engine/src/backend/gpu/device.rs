@@ -150,6 +150,11 @@ impl GpuDevice {
         Ok(())
     }
 
+    /// The most attention splits a token's positions are cut into on this GPU for `pool`'s model.
+    fn split_cap(&self, pool: &PagePool) -> usize {
+        launch::split_cap(self.q.rt.multiprocessors(), pool.shape().n_kv_heads)
+    }
+
     /// Where a KV page pool's stores live on this device, and what runs its copies.
     pub(crate) fn pages(&self) -> Arc<dyn PageDevice> {
         Arc::new(pages::GpuPages::new(Arc::clone(&self.q)))
@@ -376,7 +381,7 @@ impl GpuDevice {
         );
         let s = &mut *self.staging();
         let b = s
-            .batch(&self.q, batch, pool.page_size())
+            .batch(&self.q, batch, pool.page_size(), self.split_cap(pool))
             .unwrap_or_else(|e| fail("KV write", e));
         let store = Self::store_mut(pool);
         let (k, v) = (k.ptr(), v.ptr());
@@ -413,7 +418,7 @@ impl GpuDevice {
         let s = &mut *self.staging();
         let rt = &*self.q;
         let b = s
-            .batch(rt, batch, pool.page_size())
+            .batch(rt, batch, pool.page_size(), self.split_cap(pool))
             .unwrap_or_else(|e| fail("attention", e));
         let group = n_heads / shape.n_kv_heads.max(1);
         let floats = b.partial_floats(shape.n_kv_heads, group, shape.head_dim);

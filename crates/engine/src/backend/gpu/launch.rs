@@ -24,8 +24,9 @@ mod gdn;
 mod logits;
 mod packed;
 pub use attention::{
-    ATTENTION_MAX_GROUP, ATTENTION_MAX_HEAD_DIM, ATTENTION_SPLIT, BatchMeta, DevBatch, KvStore,
-    attention, attention_counters, copy_page, move_rows, rope_kv_write, write_kv,
+    ATTENTION_MAX_GROUP, ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE, BatchMeta, DevBatch, KvStore,
+    SPLIT_TOKENS, attention, attention_counters, copy_page, move_rows, rope_kv_write, split_cap,
+    write_kv,
 };
 pub use gdn::{
     DevSteps, gdn_chunk, gdn_chunk_work, gdn_conv, gdn_gated_norm, gdn_gates, gdn_normalize_qk,

@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 pub trait GpuRuntime: Launcher + Send + Sync + std::fmt::Debug {
     /// The GPU, for reports.
     fn describe(&self) -> String;
+    /// Its streaming multiprocessors (what attention's splits are sized for).
+    fn multiprocessors(&self) -> usize;
     /// `bytes` of zeroed device memory.
     fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError>;
     /// Queues a copy of `src` to device address `dst`; `src` may be reused when this returns.

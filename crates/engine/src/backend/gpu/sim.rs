@@ -45,9 +45,17 @@ impl Launcher for Sim {
     }
 }
 
+/// The multiprocessors the simulator reports.
+const SIM_MULTIPROCESSORS: usize = 4;
+
 impl GpuRuntime for Sim {
     fn describe(&self) -> String {
         "the kernel simulator".into()
+    }
+
+    /// Few, so that the tests' contexts are cut into several splits of several tiles.
+    fn multiprocessors(&self) -> usize {
+        SIM_MULTIPROCESSORS
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevMem, DeviceError> {
@@ -231,6 +239,10 @@ impl Launcher for Counting {
 impl GpuRuntime for Counting {
     fn describe(&self) -> String {
         "the kernel simulator (counting)".into()
+    }
+
+    fn multiprocessors(&self) -> usize {
+        SIM_MULTIPROCESSORS
     }
 
     fn time_kernels(&self, on: bool) -> Result<(), DeviceError> {

@@ -108,7 +108,7 @@ impl GpuDevice {
             .rope_rows(&self.q, &batch.pos[..n], table, n_angles)
             .unwrap_or_else(|e| fail("RoPE and KV write", e));
         let b = s
-            .batch(&self.q, batch, pool.page_size())
+            .batch(&self.q, batch, pool.page_size(), self.split_cap(pool))
             .unwrap_or_else(|e| fail("RoPE and KV write", e));
         let store = Self::store_mut(pool);
         let xp = rows.ptr();

@@ -31,11 +31,13 @@ struct BatchKey {
     direct: Vec<u32>,
     attend_from: usize,
     page_size: usize,
+    split_cap: usize,
 }
 
 impl BatchKey {
-    fn matches(&self, b: &Batch, page_size: usize) -> bool {
+    fn matches(&self, b: &Batch, page_size: usize, split_cap: usize) -> bool {
         self.page_size == page_size
+            && self.split_cap == split_cap
             && self.attend_from == b.attend_from
             && self.pos == b.pos
             && self.table == b.table
@@ -45,7 +47,8 @@ impl BatchKey {
             && self.parent == b.parent
     }
 
-    fn set(&mut self, b: &Batch, page_size: usize) {
+    fn set(&mut self, b: &Batch, page_size: usize, split_cap: usize) {
+        self.split_cap = split_cap;
         self.table.clone_from(&b.table);
         self.seqs.clone_from(&b.seqs);
         self.owner.clone_from(&b.owner);
@@ -81,17 +84,18 @@ pub(super) struct Staging {
 }
 
 impl Staging {
-    /// `batch`'s metadata in device memory: built and uploaded when the batch differs from the last one
-    /// asked for (in what the metadata is built from), else the staged copy, handed to the current
-    /// segment.
+    /// `batch`'s metadata in device memory (over pages of `page_size`, at most `split_cap` attention
+    /// splits a token): built and uploaded when the batch differs from the last one asked for (in what the
+    /// metadata is built from), else the staged copy, handed to the current segment.
     pub(super) fn batch(
         &mut self,
         rt: &Queue,
         batch: &Batch,
         page_size: usize,
+        split_cap: usize,
     ) -> Result<DevBatch, DeviceError> {
         if let Some(b) = self.staged
-            && self.key.matches(batch, page_size)
+            && self.key.matches(batch, page_size, split_cap)
         {
             let d = &mut self.dev_meta;
             DevVec::put_all(
@@ -107,7 +111,7 @@ impl Staging {
             return Ok(b);
         }
         self.staged = None;
-        self.meta.build(batch, page_size)?;
+        self.meta.build(batch, page_size, split_cap)?;
         let (m, d) = (&self.meta, &mut self.dev_meta);
         let [table, meta, seen, dst, seqs] = DevVec::put_all(
             rt,
@@ -128,9 +132,10 @@ impl Staging {
             tokens: batch.len(),
             n_seqs: batch.seqs.len(),
             splits: m.splits,
+            split_cap: m.split_cap,
             attend_from: m.attend_from,
         };
-        self.key.set(batch, page_size);
+        self.key.set(batch, page_size, split_cap);
         self.staged = Some(b);
         Ok(b)
     }
@@ -214,25 +219,25 @@ mod tests {
         let q = Queue::new(Arc::clone(&rt) as Arc<dyn GpuRuntime>);
         let (mut s, mut b) = (Staging::default(), Batch::default());
         decode(&mut b, &[3, 7], 20);
-        let first = s.batch(&q, &b, 16).unwrap();
+        let first = s.batch(&q, &b, 16, 4).unwrap();
         assert_eq!(table(&rt, &first, 2), [3, 7]);
         rt.take();
         // The same batch again (every layer of a step): the staged copy, nothing uploaded.
         for _ in 0..30 {
-            assert_eq!(s.batch(&q, &b, 16).unwrap(), first);
+            assert_eq!(s.batch(&q, &b, 16, 4).unwrap(), first);
         }
         assert_eq!(rt.take().uploads, 0);
         // The same Batch value refilled with a page moved: built and uploaded again.
         decode(&mut b, &[3, 9], 20);
-        let moved = s.batch(&q, &b, 16).unwrap();
+        let moved = s.batch(&q, &b, 16, 4).unwrap();
         assert_eq!(table(&rt, &moved, 2), [3, 9]);
         assert!(rt.take().uploads > 0);
         // The next position, or another page size: new metadata too.
         decode(&mut b, &[3, 9], 21);
-        let next = s.batch(&q, &b, 16).unwrap();
+        let next = s.batch(&q, &b, 16, 4).unwrap();
         assert!(rt.take().uploads > 0, "the next position");
         assert_eq!(next.splits, moved.splits);
-        s.batch(&q, &b, 32).unwrap();
+        s.batch(&q, &b, 32, 4).unwrap();
         assert!(rt.take().uploads > 0, "another page size");
     }
 }

@@ -27,7 +27,7 @@ impl GpuDevice {
         }
         {
             let s = &mut *self.staging();
-            let b = s.batch(&self.q, batch, pool.page_size())?;
+            let b = s.batch(&self.q, batch, pool.page_size(), self.split_cap(pool))?;
             if let Some((table, n_angles)) = rope {
                 s.rope_rows(&self.q, &batch.pos[..batch.len()], table, n_angles)?;
                 key.push(n_angles as u64);
@@ -37,6 +37,7 @@ impl GpuDevice {
                 b.tokens,
                 b.n_seqs,
                 b.splits,
+                b.split_cap,
                 b.attend_from,
                 store.page_size,
                 store.dtype as usize,

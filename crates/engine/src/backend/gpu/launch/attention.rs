@@ -24,10 +24,21 @@ pub struct KvStore {
     pub page_size: usize,
 }
 
-/// Positions per attention split (`ATTN_SPLIT` in attention.cu): fixed offsets, so a token's result does
-/// not depend on its batch. Small, so that a decode step at depth has many blocks: the positions of one
-/// split are one block's sequential work.
-pub const ATTENTION_SPLIT: usize = 64;
+/// Positions per attention tile (`ATTN_TILE` in attention.cu): a block's splits are whole tiles, each
+/// scored and weighed at once with an online softmax across them.
+pub const ATTENTION_TILE: usize = 64;
+
+/// Batches of at most this many tokens run attention on a grid of [`split_cap`] splits per item (a decode
+/// step, a draft tree: too few items to fill the GPU otherwise); larger ones one block per item, which runs
+/// the token's splits in order. Either gives the same bits.
+pub const SPLIT_TOKENS: usize = 64;
+
+/// The most splits a token's positions are cut into on a GPU of `sms` multiprocessors for a model of
+/// `n_kv_heads`: about two blocks per multiprocessor for one token. From the device and the model only,
+/// never the batch, so that a token's attention is the same bits in any batch.
+pub fn split_cap(sms: usize, n_kv_heads: usize) -> usize {
+    (2 * sms).div_ceil(n_kv_heads.max(1)).clamp(1, 256)
+}
 /// The largest query group and head width the attention kernels take.
 pub const ATTENTION_MAX_GROUP: usize = 16;
 /// See [`ATTENTION_MAX_GROUP`].
@@ -49,17 +60,25 @@ pub struct BatchMeta {
     pub seqs: Vec<i32>,
     /// Per token: its position (RoPE).
     pub pos: Vec<i32>,
-    /// Attention splits: those the longest sequence needs, rounded up to a power of two (the splits past a
-    /// sequence's end see nothing and are skipped by the merge), so that the launch, and the CUDA graph
-    /// of a decode step, changes only when the depth doubles.
+    /// The attention grid's rows: [`BatchMeta::split_cap`] for a batch of at most [`SPLIT_TOKENS`] (a
+    /// block per split; those past a token's splits return at once, so the launch, and a decode step's
+    /// CUDA graph, is the same at any depth), else 1 (a block per item runs its splits in order).
     pub splits: usize,
+    /// The most splits a token's positions are cut into ([`split_cap`]).
+    pub split_cap: usize,
     /// Positions before this are not attended to.
     pub attend_from: usize,
 }
 
 impl BatchMeta {
-    /// Fills the buffers for `batch` over pages of `page_size` positions.
-    pub fn build(&mut self, batch: &Batch, page_size: usize) -> Result<(), DeviceError> {
+    /// Fills the buffers for `batch` over pages of `page_size` positions, cutting each token's positions
+    /// into at most `split_cap` attention splits.
+    pub fn build(
+        &mut self,
+        batch: &Batch,
+        page_size: usize,
+        split_cap: usize,
+    ) -> Result<(), DeviceError> {
         let i = |v: usize| int(v, "a batch index");
         self.table.clear();
         for &p in &batch.table {
@@ -86,13 +105,12 @@ impl BatchMeta {
         for s in &batch.seqs {
             self.seqs.extend([i(s.first)?, i(s.len)?]);
         }
-        let longest = batch
-            .seqs
-            .iter()
-            .map(|s| s.start + s.len)
-            .max()
-            .unwrap_or(0);
-        self.splits = longest.div_ceil(ATTENTION_SPLIT).max(1).next_power_of_two();
+        self.split_cap = split_cap.max(1);
+        self.splits = if batch.len() <= SPLIT_TOKENS {
+            self.split_cap
+        } else {
+            1
+        };
         self.attend_from = batch.attend_from;
         Ok(())
     }
@@ -117,13 +135,19 @@ pub struct DevBatch {
     pub n_seqs: usize,
     /// [`BatchMeta::splits`].
     pub splits: usize,
+    /// [`BatchMeta::split_cap`].
+    pub split_cap: usize,
     /// [`BatchMeta::attend_from`].
     pub attend_from: usize,
 }
 
 impl DevBatch {
-    /// Floats of attention partials for `n_kv_heads` heads of `group` queries of `head_dim`.
+    /// Floats of attention partials for `n_kv_heads` heads of `group` queries of `head_dim` (none for a
+    /// grid of one row: its blocks write the outputs).
     pub fn partial_floats(&self, n_kv_heads: usize, group: usize, head_dim: usize) -> usize {
+        if self.splits == 1 {
+            return 0;
+        }
         self.tokens * n_kv_heads * self.splits * group * (head_dim + 2)
     }
 }
@@ -214,10 +238,10 @@ pub fn write_kv(
 
 /// Attention of the batch's queries (token `t`'s `n_heads` × head_dim at `q + 4 · t · q_stride`) over
 /// `layer` of the pool into `out` (tokens × `n_heads` × head_dim), with `partials`
-/// ([`DevBatch::partial_floats`] floats) as the splits' scratch. With `counters` (one `i32` per token and
-/// KV head, zero, and zero again when the launch ends; see [`attention_counters`]) the last block of each
-/// item merges its splits, in one launch; without, `attention_merge` runs as a second launch. Both give
-/// the same bits.
+/// ([`DevBatch::partial_floats`] floats) as the splits' scratch. On a grid of several rows, with
+/// `counters` (one `i32` per token and KV head, zero, and zero again when the launch ends; see
+/// [`attention_counters`]) the last block of each item folds its splits, in one launch; without,
+/// `attention_merge` runs as a second launch. Every grid and both ways give the same bits.
 #[expect(clippy::too_many_arguments, reason = "a kernel's shape")]
 pub fn attention(
     l: &dyn Launcher,
@@ -249,12 +273,22 @@ pub fn attention(
     if b.tokens == 0 {
         return Ok(());
     }
+    if b.splits != 1 && b.splits != b.split_cap {
+        return Err(unsupported(format!(
+            "an attention grid of {} rows for {} splits",
+            b.splits, b.split_cap
+        )));
+    }
     let items = int(b.tokens * kvh, "attention items")? as u32;
+    // A thread per dimension at least.
+    let threads = if hd > 128 { 256 } else { 128 };
     let shape = Shape {
         grid: [items, int(b.splits, "splits")? as u32, 1],
-        block: [128, 1, 1],
+        block: [threads, 1, 1],
         shared: 0,
     };
+    let cap = Arg::I32(int(b.split_cap, "splits")?);
+    let attend_from = Arg::I32(int(b.attend_from, "a position")?);
     let [heads, hd_arg, ps, layers] = kv_args(kv)?;
     let args = [
         Arg::Ptr(q),
@@ -272,11 +306,12 @@ pub fn attention(
         ps,
         layers,
         Arg::I32(int(layer, "a layer")?),
-        Arg::I32(int(b.attend_from, "a position")?),
+        attend_from,
         Arg::F32(1.0 / (hd as f32).sqrt()),
         Arg::I32(int(q_stride, "a row stride")?),
         Arg::Ptr(out),
         Arg::Ptr(counters.unwrap_or(DevPtr(0))),
+        cap,
     ];
     let kernel = match kv.dtype {
         KvDtype::F32 => "attention_f32",
@@ -285,7 +320,7 @@ pub fn attention(
     };
     let m = &thorn_kernels::ATTENTION;
     l.launch(m, kernel, shape, &args)?;
-    if counters.is_some() {
+    if counters.is_some() || b.splits == 1 {
         return Ok(());
     }
     let merge = Shape {
@@ -296,10 +331,13 @@ pub fn attention(
     let args = [
         Arg::Ptr(partials),
         Arg::Ptr(out),
+        Arg::Ptr(b.meta),
         Arg::I32(int(b.splits, "splits")?),
         Arg::I32(int(n_heads, "heads")?),
         heads,
         hd_arg,
+        attend_from,
+        cap,
     ];
     l.launch(m, "attention_merge", merge, &args)
 }

@@ -66,8 +66,18 @@ struct DevMeta<'d> {
 }
 
 fn upload_batch<'d>(d: &'d dyn TestDev, batch: &Batch, page_size: usize) -> DevMeta<'d> {
+    upload_batch_cut(d, batch, page_size, 4)
+}
+
+/// [`upload_batch`] with at most `split_cap` attention splits a token.
+fn upload_batch_cut<'d>(
+    d: &'d dyn TestDev,
+    batch: &Batch,
+    page_size: usize,
+    split_cap: usize,
+) -> DevMeta<'d> {
     let mut m = BatchMeta::default();
-    m.build(batch, page_size).unwrap();
+    m.build(batch, page_size, split_cap).unwrap();
     let ints = |v: &[i32]| {
         let v = if v.is_empty() { &[0][..] } else { v };
         Mem::from_bytes(
@@ -91,6 +101,7 @@ fn upload_batch<'d>(d: &'d dyn TestDev, batch: &Batch, page_size: usize) -> DevM
         tokens: batch.len(),
         n_seqs: batch.seqs.len(),
         splits: m.splits,
+        split_cap: m.split_cap,
         attend_from: m.attend_from,
     };
     DevMeta { _bufs: bufs, b }
@@ -369,7 +380,6 @@ fn attention_case(d: &dyn TestDev, heads: usize, kv_heads: usize, hd: usize) {
                 })
                 .collect();
             let dev = DevPool::upload(d, kv.pool());
-            let meta = upload_batch(d, &batch, page_size);
             // The queries inside wider rows (a fused QKV row's Q part).
             let q_stride = heads * hd + 2 * kv_heads * hd;
             let qrows: Vec<f32> = (0..n)
@@ -379,37 +389,77 @@ fn attention_case(d: &dyn TestDev, heads: usize, kv_heads: usize, hd: usize) {
                     r
                 })
                 .collect();
-            let (qm, out) = (Mem::from_f32(d, &qrows), Mem::zeroed(d, 4 * n * heads * hd));
-            let parts = Mem::zeroed(d, 4 * meta.b.partial_floats(kv_heads, heads / kv_heads, hd));
+            let qm = Mem::from_f32(d, &qrows);
             let store = dev.store(kv.pool());
-            let (qp, o, pp) = (qm.ptr(), out.ptr(), parts.ptr());
-            attention(d, &store, &meta.b, 0, qp, q_stride, heads, o, pp, None).unwrap();
-            // Merged by each item's last block in the same launch: the same bits, and the counters
-            // left at zero for the next launch.
+            let qp = qm.ptr();
             let items = n * kv_heads;
-            let (fused, counters) = (
-                Mem::zeroed(d, 4 * n * heads * hd),
-                Mem::zeroed(d, attention_counters(n, kv_heads)),
-            );
-            let (fo, cp) = (fused.ptr(), counters.ptr());
-            for _ in 0..2 {
-                attention(d, &store, &meta.b, 0, qp, q_stride, heads, fo, pp, Some(cp)).unwrap();
-                assert_eq!(fused.bytes(), out.bytes(), "merged in the attention launch");
-                assert_eq!(
-                    counters.bytes(),
-                    vec![0; 4 * items],
-                    "counters left at zero"
-                );
-            }
             let (exact, bound) = attention_f64(kv.pool(), &batch, &q, heads, kv_heads, hd);
+            // Up to 300 positions: one split of up to 5 tiles, 2 or 3 splits of several tiles, a split a
+            // tile.
+            for cap in [1, 2, 3, 64] {
+                let meta = upload_batch_cut(d, &batch, page_size, cap);
+                let out = Mem::zeroed(d, 4 * n * heads * hd);
+                let parts = Mem::zeroed(
+                    d,
+                    4 * meta.b.partial_floats(kv_heads, heads / kv_heads, hd).max(1),
+                );
+                let (o, pp) = (out.ptr(), parts.ptr());
+                attention(d, &store, &meta.b, 0, qp, q_stride, heads, o, pp, None).unwrap();
+                // Folded by each item's last block in the same launch: the same bits, and the counters
+                // left at zero for the next launch.
+                let (fused, counters) = (
+                    Mem::zeroed(d, 4 * n * heads * hd),
+                    Mem::zeroed(d, attention_counters(n, kv_heads)),
+                );
+                let (fo, cp) = (fused.ptr(), counters.ptr());
+                for _ in 0..2 {
+                    attention(d, &store, &meta.b, 0, qp, q_stride, heads, fo, pp, Some(cp))
+                        .unwrap();
+                    assert_eq!(fused.bytes(), out.bytes(), "folded in the attention launch");
+                    assert_eq!(
+                        counters.bytes(),
+                        vec![0; 4 * items],
+                        "counters left at zero"
+                    );
+                }
+                // A grid of one row (a large batch's): each block runs its token's splits in order, the
+                // same bits.
+                let one = DevBatch {
+                    splits: 1,
+                    ..meta.b
+                };
+                let serial = Mem::zeroed(d, 4 * n * heads * hd);
+                attention(
+                    d,
+                    &store,
+                    &one,
+                    0,
+                    qp,
+                    q_stride,
+                    heads,
+                    serial.ptr(),
+                    pp,
+                    None,
+                )
+                .unwrap();
+                assert_eq!(
+                    serial.bytes(),
+                    out.bytes(),
+                    "split cap {cap}: one block per item"
+                );
+                let what = format!(
+                    "{dtype:?}, pages of {page_size}, {heads}/{kv_heads} heads of {hd}, {cap} splits"
+                );
+                // Within each element's rounding-error bound (see below).
+                close(&out.f32s(), &exact, &bound, 1.0, &format!("device, {what}"));
+            }
             let what = format!("{dtype:?}, pages of {page_size}, {heads}/{kv_heads} heads of {hd}");
-            // Both f32 attentions against the exact one, each element within its rounding-error bound (an
+            // The device's and the CPU's f32 attentions against the exact one, each element within its rounding-error bound (an
             // f32 result is no oracle for another: the device and the CPU kernels sum in different orders).
             // Measured here: at most 0.04 of the bound (the scalar path; the simulator and the SIMD
             // kernels 0.01), while a position left out moves a typical row's worst element ~1000 times past it
             // (over 120 times on 90% of rows).
             let eps = 1.0;
-            close(&out.f32s(), &exact, &bound, eps, &format!("device, {what}"));
             for (isa, want) in &cpu {
                 close(
                     want,
@@ -469,6 +519,7 @@ fn attention_rejects_shapes_outside_its_kernels_on(d: &dyn TestDev) {
         tokens: 1,
         n_seqs: 1,
         splits: 1,
+        split_cap: 1,
         attend_from: 0,
     };
     for heads in [3, 34] {
@@ -524,7 +575,7 @@ fn fused_rope_kv_on(d: &dyn TestDev) {
         let flat: Vec<f32> = table.iter().flat_map(|&(c, s)| [c, s]).collect();
         let meta = upload_batch(d, &batch, 7);
         let mut bm = BatchMeta::default();
-        bm.build(&batch, 7).unwrap();
+        bm.build(&batch, 7, 4).unwrap();
         let pos = Mem::from_bytes(
             d,
             &bm.pos
