@@ -45,9 +45,9 @@
 //! ends with [`Device::finish`]. Per-forward device state (quantized activations, attention partials)
 //! lives in a [`Workspace`] the caller keeps, so a pass allocates nothing once it has grown.
 //!
-//! State the host owns between passes (a hybrid model's recurrent states, which the prefix cache snapshots)
-//! reaches the ops in place on the CPU ([`Device::addresses_host`]); a GPU's ops get a copy in a [`Buf`],
-//! written once per pass ([`Device::write`]) and read back once at its end.
+//! State kept between passes (a hybrid model's recurrent states, which the prefix cache snapshots) is
+//! [`Buf`]s too, moved to a GPU by [`Device::grow`] at their first pass and kept there; the host copies
+//! them where they live ([`Buf::copy_from`], [`Buf::duplicate`]) without reading them back.
 
 pub mod batch;
 pub mod buf;
@@ -521,13 +521,6 @@ impl Device {
             Device::Cpu(_) => cpu::rows::sigmoid_gate(x.host(), gate.host()),
             Device::Cuda(g) => g.sigmoid_gate(x, gate),
         }
-    }
-
-    /// Whether the device's ops address host memory (the CPU): state the host keeps (a hybrid model's
-    /// recurrent states) can be handed to them where it is. A GPU's ops need a copy in a [`Buf`] instead
-    /// ([`Device::write`] there, [`Buf::read_back`] after).
-    pub fn addresses_host(&self) -> bool {
-        matches!(self, Device::Cpu(_))
     }
 
     /// Writes host values into `out` (a GPU queues the upload; `v` can be reused at once).

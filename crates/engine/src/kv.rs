@@ -370,7 +370,10 @@ impl KvCache {
             seq.branch = seq.len;
             seq.rec = Recurrent::zeros(self.pool.shape().recurrent);
             let (p, key) = self.snaps.deepest(prompt, seq.len);
-            if p > 0 && self.snaps.restore(&key, &mut seq.rec.state) {
+            if p > 0
+                && let Some(state) = self.snaps.restore(&key)
+            {
+                seq.rec.state = state;
                 seq.rec.len = p;
             }
             let p = seq.rec.len;

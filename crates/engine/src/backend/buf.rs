@@ -49,6 +49,18 @@ pub(crate) trait DeviceMem: std::fmt::Debug + Send + Sync {
 
     /// Queues the upload of the host copy (the whole buffer): an [`Edit`]'s changes.
     fn write_back(&mut self);
+
+    /// Queues an upload of `data` to values `at..`.
+    fn upload(&mut self, at: usize, data: &[f32]);
+
+    /// Copies values `at..at + out.len()` into `out`, after the queued work.
+    fn download(&self, at: usize, out: &mut [f32]);
+
+    /// Queues a copy of `n` values from device address `src` to values `at..` (on the device).
+    fn copy_in(&mut self, at: usize, src: DevPtr, n: usize);
+
+    /// A new buffer of the same device holding a copy of its values (copied on the device).
+    fn duplicate(&self) -> Box<dyn DeviceMem>;
 }
 
 /// `f32` storage in a device's memory (see the module docs). The default is an empty host buffer; the
@@ -144,6 +156,55 @@ impl Buf {
         match &mut self.mem {
             Mem::Host(v) => &mut v[..n],
             Mem::Gpu(g) => g.read_back(n),
+        }
+    }
+
+    /// Copies `src`'s values in `range` to values `at..` of this buffer, where they are: on the device
+    /// when both are a GPU's (queued after its work), else through the host.
+    pub fn copy_from(&mut self, at: usize, src: &Buf, range: std::ops::Range<usize>) {
+        let n = range.len();
+        assert!(
+            at + n <= self.len() && range.end <= src.len(),
+            "a copy of {range:?} of {} values to {at}.. of {}",
+            src.len(),
+            self.len()
+        );
+        match (&mut self.mem, &src.mem) {
+            (Mem::Host(d), Mem::Host(s)) => d[at..at + n].copy_from_slice(&s[range]),
+            (Mem::Gpu(d), Mem::Gpu(s)) => d.copy_in(at, s.ptr().offset(4 * range.start), n),
+            (Mem::Gpu(d), Mem::Host(s)) => d.upload(at, &s[range]),
+            (Mem::Host(d), Mem::Gpu(s)) => s.download(range.start, &mut d[at..at + n]),
+        }
+    }
+
+    /// Writes `data` to values `at..` (an upload on a GPU, queued after its work).
+    pub fn write(&mut self, at: usize, data: &[f32]) {
+        assert!(at + data.len() <= self.len(), "a write past the end");
+        match &mut self.mem {
+            Mem::Host(v) => v[at..at + data.len()].copy_from_slice(data),
+            Mem::Gpu(g) => g.upload(at, data),
+        }
+    }
+
+    /// Its values, copied to the host (after the queued work on a GPU).
+    pub fn to_vec(&self) -> Vec<f32> {
+        match &self.mem {
+            Mem::Host(v) => v.clone(),
+            Mem::Gpu(g) => {
+                let mut v = vec![0.0; g.len()];
+                g.download(0, &mut v);
+                v
+            }
+        }
+    }
+
+    /// A copy in the same memory (a GPU's: allocated there and copied on the device).
+    pub fn duplicate(&self) -> Buf {
+        Buf {
+            mem: match &self.mem {
+                Mem::Host(v) => Mem::Host(v.clone()),
+                Mem::Gpu(g) => Mem::Gpu(g.duplicate()),
+            },
         }
     }
 

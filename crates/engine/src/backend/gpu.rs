@@ -19,9 +19,10 @@
 //!
 //! The KV page pool is plain device memory ([`PoolMem`]) that the host never touches: the prefix cache's
 //! copy-on-write and a draft's accepted rows are copied by kernels (`kv_copy_page`, `kv_move_rows`) queued
-//! in order with the passes, through the pool's [`PageDevice`](super::pages::PageDevice). A hybrid model's recurrent states are host memory too (the prefix
-//! cache snapshots them); a pass works on a copy in a [`Buf`](super::Buf), uploaded at its start and read back
-//! at its end, so its Gated DeltaNet layers run as kernels between the others. On the host still:
+//! in order with the passes, through the pool's [`PageDevice`](super::pages::PageDevice). A hybrid model's
+//! recurrent states are device [`Buf`](super::Buf)s too: a sequence's moves to the device at its first
+//! pass and stays, its kept steps, roll-backs and prefix-cache snapshots copied on the device, so a
+//! decode step uploads its inputs and reads back its logits only. On the host still:
 //! embedding rows (a few rows of exact dequantization from the mapped file, then uploaded) and the f64
 //! reference matmul.
 

@@ -6,7 +6,10 @@
 //! attention KV match where a **snapshot** exists; the KV is cut back to `p`, the state restored, and
 //! prefill resumes from `p`.
 //!
-//! * Each running sequence carries its live state in a [`Recurrent`], with the position it is valid for.
+//! * Each running sequence carries its live state in a [`Recurrent`], with the position it is valid for,
+//!   in the device's memory (a [`Buf`]: the host's on the CPU; on a GPU it moves there at the sequence's
+//!   first pass and stays, so a pass neither uploads nor reads back states). Rolling back to a kept step,
+//!   and taking or restoring a snapshot, are copies where the state lives (on a GPU, device to device).
 //! * [`Snapshots`] keeps copies keyed by a 128-bit hash chain over the token prefix (vLLM's block hashes at
 //!   token granularity), so finding the deepest usable snapshot is one hash lookup per matched position.
 //!   Snapshots are charged to a byte budget carved out of the KV memory and evicted least recently used,
@@ -19,20 +22,21 @@
 //!   its tokens ([`Recurrent::steps`]), so accepting `j` of them restores step `j`: rejected tokens never
 //!   touch the state that carries on.
 
+use crate::backend::Buf;
 use crate::tokenizer::TokenId;
 use std::collections::HashMap;
 
 /// One sequence's recurrent state: every DeltaNet layer's state concatenated (empty for attention-only
-/// models).
-#[derive(Debug, Default, Clone, PartialEq)]
+/// models), where the device's ops reach it.
+#[derive(Debug, Default)]
 pub struct Recurrent {
     /// The state after positions `0..len`.
-    pub state: Vec<f32>,
+    pub state: Buf,
     /// The position `state` is valid for; [`Recurrent::INVALID`] while a forward pass is changing it.
     pub len: usize,
     /// States after each of the last tokens of the latest speculative pass (`steps_len` states of
     /// `state.len()` floats), for rolling back to the accepted prefix.
-    pub steps: Vec<f32>,
+    pub steps: Buf,
     /// Position the first kept step is valid for.
     pub steps_from: usize,
     /// States kept in `steps`.
@@ -43,10 +47,10 @@ impl Recurrent {
     /// [`Recurrent::len`] of a state a pass left half updated.
     pub const INVALID: usize = usize::MAX;
 
-    /// A zero state of `floats` (no positions).
+    /// A zero state of `floats` (no positions), in host memory until a pass moves it.
     pub fn zeros(floats: usize) -> Self {
         Recurrent {
-            state: vec![0.0; floats],
+            state: vec![0.0; floats].into(),
             ..Recurrent::default()
         }
     }
@@ -62,9 +66,22 @@ impl Recurrent {
             return false;
         }
         let i = len - self.steps_from;
-        self.state.copy_from_slice(&self.steps[i * n..(i + 1) * n]);
+        self.state.copy_from(0, &self.steps, i * n..(i + 1) * n);
         self.len = len;
         true
+    }
+}
+
+impl Clone for Recurrent {
+    /// A copy where the state lives (on a GPU, allocated there and copied on the device).
+    fn clone(&self) -> Self {
+        Recurrent {
+            state: self.state.duplicate(),
+            len: self.len,
+            steps: self.steps.duplicate(),
+            steps_from: self.steps_from,
+            steps_len: self.steps_len,
+        }
     }
 }
 
@@ -99,7 +116,8 @@ impl PrefixHash {
 
 #[derive(Debug)]
 struct Snapshot {
-    data: Box<[f32]>,
+    /// A copy of the state, where the state was.
+    data: Buf,
     used: u64,
 }
 
@@ -157,9 +175,10 @@ impl Snapshots {
         self.map.contains_key(key)
     }
 
-    /// Stores `state` as the state after the prefix `key` (refreshing it if already held). Evicts the least
-    /// recently used snapshots for room; a state that does not fit the budget at all is not kept.
-    pub fn put(&mut self, key: PrefixHash, state: &[f32]) {
+    /// Stores a copy of `state` (where it lives) as the state after the prefix `key` (refreshing it if
+    /// already held). Evicts the least recently used snapshots for room; a state that does not fit the
+    /// budget at all is not kept.
+    pub fn put(&mut self, key: PrefixHash, state: &Buf) {
         debug_assert_eq!(state.len(), self.floats);
         self.tick += 1;
         if let Some(s) = self.map.get_mut(&key) {
@@ -181,7 +200,7 @@ impl Snapshots {
         self.map.insert(
             key,
             Snapshot {
-                data: state.into(),
+                data: state.duplicate(),
                 used: self.tick,
             },
         );
@@ -190,18 +209,14 @@ impl Snapshots {
         self.stats.held = self.map.len();
     }
 
-    /// Copies the snapshot of `key` into `out`, marking it used. Returns whether one was held.
-    pub fn restore(&mut self, key: &PrefixHash, out: &mut [f32]) -> bool {
+    /// A copy of the snapshot of `key`, where it lives (on a GPU, copied on the device), marking it used;
+    /// `None` when none is held.
+    pub fn restore(&mut self, key: &PrefixHash) -> Option<Buf> {
         self.tick += 1;
-        match self.map.get_mut(key) {
-            Some(s) => {
-                s.used = self.tick;
-                out.copy_from_slice(&s.data);
-                self.stats.restored += 1;
-                true
-            }
-            None => false,
-        }
+        let s = self.map.get_mut(key)?;
+        s.used = self.tick;
+        self.stats.restored += 1;
+        Some(s.data.duplicate())
     }
 
     /// Drops every snapshot.
@@ -245,16 +260,16 @@ mod tests {
         // Room for two snapshots of 4 floats.
         let mut s = Snapshots::new(4, 32);
         let toks = [5, 6, 7, 8, 9];
-        s.put(PrefixHash::of(&toks[..2]), &[2.0; 4]);
-        s.put(PrefixHash::of(&toks[..4]), &[4.0; 4]);
+        let state = |v: f32| Buf::from(vec![v; 4]);
+        s.put(PrefixHash::of(&toks[..2]), &state(2.0));
+        s.put(PrefixHash::of(&toks[..4]), &state(4.0));
         assert_eq!(s.deepest(&toks, 5).0, 4);
         assert_eq!(s.deepest(&toks, 3).0, 2);
         assert_eq!(s.deepest(&[5, 7, 7, 8], 4).0, 0);
-        let mut out = [0.0; 4];
         // Using the shallow one makes the deep one the least recently used.
-        assert!(s.restore(&PrefixHash::of(&toks[..2]), &mut out));
-        assert_eq!(out, [2.0; 4]);
-        s.put(PrefixHash::of(&toks[..5]), &[5.0; 4]);
+        let out = s.restore(&PrefixHash::of(&toks[..2])).unwrap();
+        assert_eq!(out.to_vec(), [2.0; 4]);
+        s.put(PrefixHash::of(&toks[..5]), &state(5.0));
         assert_eq!(s.stats().held, 2);
         assert_eq!(s.stats().evicted, 1);
         assert!(!s.contains(&PrefixHash::of(&toks[..4])));
@@ -262,7 +277,7 @@ mod tests {
         assert_eq!(s.stats().bytes, 32);
         // A state larger than the whole budget is not kept.
         let mut tiny = Snapshots::new(16, 32);
-        tiny.put(PrefixHash::EMPTY, &[0.0; 16]);
+        tiny.put(PrefixHash::EMPTY, &Buf::from(vec![0.0; 16]));
         assert_eq!(tiny.stats().held, 0);
     }
 
@@ -270,14 +285,14 @@ mod tests {
     fn steps_roll_back_only_where_kept() {
         let mut r = Recurrent::zeros(2);
         r.len = 12;
-        r.steps = vec![10.0, 10.0, 11.0, 11.0, 12.0, 12.0];
+        r.steps = vec![10.0, 10.0, 11.0, 11.0, 12.0, 12.0].into();
         r.steps_from = 10;
         r.steps_len = 3;
         assert!(r.roll_back_to(12));
         assert!(r.roll_back_to(11));
-        assert_eq!((r.state.as_slice(), r.len), (&[11.0, 11.0][..], 11));
+        assert_eq!((r.state.to_vec(), r.len), (vec![11.0, 11.0], 11));
         assert!(!r.roll_back_to(9));
         assert!(r.roll_back_to(10));
-        assert_eq!(r.state, vec![10.0, 10.0]);
+        assert_eq!(r.state.to_vec(), vec![10.0, 10.0]);
     }
 }

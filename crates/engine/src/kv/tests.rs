@@ -333,10 +333,10 @@ fn hybrid_snapshot_points_cut_prefill_chunks() {
     kv.reserve(&mut seq, 20).unwrap();
     seq.advance(20);
     seq.rec.len = 20;
-    seq.rec.state = vec![1.0, 2.0, 3.0, 4.0];
+    seq.rec.state = vec![1.0, 2.0, 3.0, 4.0].into();
     kv.release(seq, Some(&toks[..20]));
     let again = kv.acquire(&toks);
     assert_eq!((again.len(), again.rec.len), (20, 20));
-    assert_eq!(again.rec.state, vec![1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(again.rec.state.to_vec(), vec![1.0, 2.0, 3.0, 4.0]);
     assert_eq!(kv.stats().snapshots.restored, 1);
 }

@@ -132,12 +132,6 @@ pub struct Scratch {
     raw: Buf,
     cat: Buf,
     ws: Workspace,
-    /// The pass's recurrent states on a device whose ops do not address host memory (see [`States`]).
-    rec: Buf,
-    /// Their kept steps there.
-    rec_steps: Buf,
-    /// Where each sequence's kept steps start in `rec_steps`, floats (and the end).
-    steps_at: Vec<usize>,
     /// `(cos, sin)` per position and rotated pair, grown on demand.
     rope: Vec<(f32, f32)>,
 }
@@ -309,9 +303,6 @@ impl Qwen35 {
             match batch.logits[i] {
                 Logits::Tail(k) => {
                     let k = k.min(span.len);
-                    if st.steps.len() < k * floats {
-                        st.steps.resize(k * floats, 0.0);
-                    }
                     st.steps_len = k;
                     st.steps_from = span.start + span.len - k + 1;
                 }
@@ -330,10 +321,8 @@ impl Qwen35 {
         dev.grow(&mut s.att, n * nh * hd)?;
         self.grow_rope(batch, s);
         self.embed(dev, &batch.tokens, &mut s.x)?;
-        let mut rec = States::stage(dev, states, floats, s)?;
-        let layers = self.layers_pass(dev, pool, batch, &mut rec, s);
-        rec.finish(s, c.hidden_offset());
-        layers?;
+        let mut rec = States::stage(dev, states, floats)?;
+        self.layers_pass(dev, pool, batch, &mut rec, s)?;
         // The rows whose logits were asked for, in batch order.
         let run = Run {
             dev,
@@ -541,7 +530,7 @@ impl Qwen35 {
         let (cd, vd, vh) = (g.conv_dim(), g.vh * g.dv, g.vh);
         let len = rows.len();
         let (t0, t1) = (rows.start, rows.end);
-        let (mut state, mut steps) = rec.seq(i, &s.steps_at);
+        let (mut state, mut steps) = rec.seq(i);
         let mats = m.offset..m.offset + g.matrix_floats();
         let window = mats.end..m.offset + g.floats();
         dev.gdn_conv(
@@ -570,105 +559,37 @@ impl Qwen35 {
     }
 }
 
-/// A pass's recurrent states where its DeltaNet ops reach them: each sequence's own host memory on a
-/// device whose ops address it (the CPU), else copies in the scratch's device buffers, written at the start
-/// of the pass and read back at its end (one upload per sequence, one download for all).
+/// A pass's recurrent states where its DeltaNet ops reach them: each sequence's own [`Recurrent`] buffers,
+/// moved into the device's memory at the sequence's first pass (on a GPU) and kept there, so a pass
+/// neither uploads nor reads back states.
 struct States<'a> {
     host: &'a mut [Recurrent],
-    /// The copies, on a device that needs them: all states, then all kept steps.
-    dev: Option<(Buf, Buf)>,
     floats: usize,
 }
 
 impl<'a> States<'a> {
-    /// The states of `host` (one per sequence of the pass, `floats` each) for `dev`'s ops.
-    fn stage(
-        dev: &Device,
-        host: &'a mut [Recurrent],
-        floats: usize,
-        s: &mut Scratch,
-    ) -> Result<Self, ModelError> {
-        if dev.addresses_host() {
-            return Ok(States {
-                host,
-                dev: None,
-                floats,
-            });
+    /// The states of `seqs` (one per sequence of the pass, `floats` each, their kept steps sized) in
+    /// `dev`'s memory.
+    fn stage(dev: &Device, seqs: &'a mut [Recurrent], floats: usize) -> Result<Self, ModelError> {
+        for st in seqs.iter_mut() {
+            dev.grow(&mut st.state, floats)?;
+            dev.grow(&mut st.steps, (st.steps_len * floats).max(1))?;
         }
-        s.steps_at.clear();
-        let mut at = 0;
-        for st in host.iter() {
-            s.steps_at.push(at);
-            at += st.steps_len * floats;
-        }
-        s.steps_at.push(at);
-        let (mut rec, mut steps) = (std::mem::take(&mut s.rec), std::mem::take(&mut s.rec_steps));
-        let grown = dev
-            .grow(&mut rec, host.len() * floats)
-            .and_then(|()| dev.grow(&mut steps, at.max(1)));
-        if let Err(e) = grown {
-            (s.rec, s.rec_steps) = (rec, steps);
-            return Err(e.into());
-        }
-        for (i, st) in host.iter().enumerate() {
-            dev.write(rec.at_mut(i * floats..(i + 1) * floats), &st.state);
-        }
-        Ok(States {
-            host,
-            dev: Some((rec, steps)),
-            floats,
-        })
+        Ok(States { host: seqs, floats })
     }
 
     /// Sequence `i`'s state, and its kept steps if the pass keeps any.
-    fn seq(&mut self, i: usize, steps_at: &[usize]) -> (ViewMut<'_>, Option<GdnSteps<'_>>) {
+    fn seq(&mut self, i: usize) -> (ViewMut<'_>, Option<GdnSteps<'_>>) {
         let f = self.floats;
-        let count = self.host[i].steps_len;
-        match &mut self.dev {
-            None => {
-                let st = &mut self.host[i];
-                let steps = (count > 0).then(|| GdnSteps {
-                    buf: (&mut st.steps[..count * f]).into(),
-                    stride: f,
-                    offset: 0,
-                    count,
-                });
-                ((&mut st.state[..]).into(), steps)
-            }
-            Some((rec, steps)) => {
-                let kept = (count > 0).then(|| GdnSteps {
-                    buf: steps.at_mut(steps_at[i]..steps_at[i + 1]),
-                    stride: f,
-                    offset: 0,
-                    count,
-                });
-                (rec.at_mut(i * f..(i + 1) * f), kept)
-            }
-        }
-    }
-
-    /// Brings the copies' DeltaNet parts (`..hidden`, each state and step) back to the host and hands the
-    /// buffers back to the scratch.
-    fn finish(self, s: &mut Scratch, hidden: usize) {
-        let Some((mut rec, mut steps)) = self.dev else {
-            return;
-        };
-        let f = self.floats;
-        let all = rec.read_back(self.host.len() * f);
-        for (st, got) in self.host.iter_mut().zip(all.chunks_exact(f)) {
-            st.state[..hidden].copy_from_slice(&got[..hidden]);
-        }
-        let total = s.steps_at.last().copied().unwrap_or(0);
-        if total > 0 {
-            let kept = steps.read_back(total);
-            for (i, st) in self.host.iter_mut().enumerate() {
-                let mine = &kept[s.steps_at[i]..s.steps_at[i + 1]];
-                for (dst, src) in st.steps.chunks_exact_mut(f).zip(mine.chunks_exact(f)) {
-                    dst[..hidden].copy_from_slice(&src[..hidden]);
-                }
-            }
-        }
-        (s.rec, s.rec_steps) = (rec, steps);
+        let st = &mut self.host[i];
+        let count = st.steps_len;
+        let steps = (count > 0).then(|| GdnSteps {
+            buf: st.steps.at_mut(..count * f),
+            stride: f,
+            offset: 0,
+            count,
+        });
+        (st.state.at_mut(..f), steps)
     }
 }
 

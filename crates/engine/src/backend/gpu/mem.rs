@@ -101,6 +101,50 @@ impl DeviceMem for GpuBuf {
             fail("write-back", e);
         }
     }
+
+    fn upload(&mut self, at: usize, data: &[f32]) {
+        assert!(at + data.len() <= self.len, "an upload past the end");
+        let dst = self.mem.ptr().offset(4 * at);
+        if let Err(e) = self.q.upload(dst, bytemuck::cast_slice(data)) {
+            fail("upload", e);
+        }
+    }
+
+    fn download(&self, at: usize, out: &mut [f32]) {
+        assert!(at + out.len() <= self.len, "a download past the end");
+        let src = self.mem.ptr().offset(4 * at);
+        if let Err(e) = self.q.download(src, bytemuck::cast_slice_mut(out)) {
+            fail("download", e);
+        }
+    }
+
+    fn copy_in(&mut self, at: usize, src: DevPtr, n: usize) {
+        assert!(at + n <= self.len, "a copy past the end");
+        if n == 0 {
+            return;
+        }
+        if let Err(e) = self.q.copy(self.mem.ptr().offset(4 * at), src, 4 * n) {
+            fail("device copy", e);
+        }
+    }
+
+    fn duplicate(&self) -> Box<dyn DeviceMem> {
+        let copied = self.q.alloc(4 * self.len).and_then(|mem| {
+            if self.len > 0 {
+                self.q.copy(mem.ptr(), self.mem.ptr(), 4 * self.len)?;
+            }
+            Ok(mem)
+        });
+        match copied {
+            Ok(mem) => Box::new(GpuBuf {
+                mem,
+                len: self.len,
+                host: Vec::new(),
+                q: Arc::clone(&self.q),
+            }),
+            Err(e) => fail("device copy", e),
+        }
+    }
 }
 
 impl Drop for GpuBuf {

@@ -55,7 +55,7 @@ impl Qwen35 {
         dev.grow(&mut s.cat, n * 2 * d)?;
         {
             // The raw rows, on the host: the embeddings (a host table) and the hidden states before
-            // each token (the pass's, or the one its state holds).
+            // each token from the pass's (a sequence's first row: below, from its state).
             let hn = s.hn.read_back(n * d);
             let mut raw = s.raw.edit();
             for t in 0..n {
@@ -70,9 +70,15 @@ impl Qwen35 {
                     h.fill(0.0);
                 } else if t > span.first {
                     h.copy_from_slice(&hn[(t - 1) * d..t * d]);
-                } else {
-                    h.copy_from_slice(&states[i].state[ho..ho + d]);
                 }
+            }
+        }
+        // A sequence's first row (past position 0): the hidden state its recurrent state holds, copied
+        // where the state lives (after the rows above reach the device).
+        for (i, span) in batch.seqs.iter().enumerate() {
+            if span.len > 0 && span.start > 0 {
+                let t = span.first;
+                s.raw.copy_from(t * 2 * d + d, &states[i].state, ho..ho + d);
             }
         }
         for t in 0..n {
@@ -116,14 +122,14 @@ impl Qwen35 {
         self.mtp_input(mtp, dev, batch, states, s)?;
         let a = mtp.attention();
         self.project_kv(a, dev, pool, batch, n, s, false)?;
-        let hn = s.hn.read_back(n * d);
+        // Copied where the states live (on a GPU, on the device: nothing read back).
         for (st, span) in states.iter_mut().zip(&batch.seqs) {
             let last = span.first + span.len - 1;
-            st.state[ho..ho + d].copy_from_slice(&hn[last * d..(last + 1) * d]);
+            st.state.copy_from(ho, &s.hn, last * d..(last + 1) * d);
             for j in 0..st.steps_len {
                 let row = span.first + span.len - st.steps_len + j;
-                st.steps[j * floats + ho..j * floats + ho + d]
-                    .copy_from_slice(&hn[row * d..(row + 1) * d]);
+                st.steps
+                    .copy_from(j * floats + ho, &s.hn, row * d..(row + 1) * d);
             }
         }
         Ok(())

@@ -239,6 +239,58 @@ impl Runner {
     }
 }
 
+/// On a GPU a sequence's recurrent state moves to the device at its first pass and stays: a decode step
+/// uploads its inputs (well under one state) and reads back only its logits, and a speculative pass's
+/// kept steps, its roll-back and a snapshot taken and restored are copies on the device (nothing read
+/// back). The states are those of the CPU.
+#[test]
+fn recurrent_states_stay_on_the_gpu_between_passes() {
+    let gold = golden();
+    let ids = ids_of(&gold["sequences"][2]);
+    let rt = crate::backend::sim::Counting::new();
+    let dev = Device::gpu(Arc::clone(&rt) as _);
+    let mut gpu = Runner::on(Qwen35::from_gguf(&gguf(), &dev).unwrap(), dev);
+    let mut cpu = Runner::new(Qwen35::from_gguf(&gguf(), &load_dev()).unwrap());
+    let state_bytes = 4 * gpu.model.config().state_floats();
+    let (mut g, mut c) = (gpu.seq(), cpu.seq());
+    gpu.run(&mut g, &ids[..40], Logits::None);
+    cpu.run(&mut c, &ids[..40], Logits::None);
+    for &t in &ids[40..43] {
+        rt.take();
+        gpu.run(&mut g, &[t], Logits::Last);
+        let n = rt.take();
+        assert!(
+            n.upload_bytes < state_bytes / 4,
+            "{n:?}, a state of {state_bytes} bytes"
+        );
+        assert_eq!(n.downloads, 1, "the logits alone: {n:?}");
+        cpu.run(&mut c, &[t], Logits::Last);
+    }
+    // A verification pass keeps 3 steps; accepting one rolls back on the device.
+    rt.take();
+    gpu.run(&mut g, &ids[43..46], Logits::Tail(3));
+    gpu.kv.keep_path(&mut g, 44, &[0]);
+    let n = rt.take();
+    assert_eq!(n.downloads, 1, "the logits alone: {n:?}");
+    cpu.run(&mut c, &ids[43..46], Logits::Tail(3));
+    cpu.kv.keep_path(&mut c, 44, &[0]);
+    assert_eq!((g.rec.len, c.rec.len), (45, 45));
+    let (gs, cs) = (g.rec.state.to_vec(), c.rec.state.to_vec());
+    assert!(max_diff(&gs, &cs) < 1e-4, "the rolled-back state");
+    // A snapshot at the sequence's end, restored into the next sequence of the same prompt.
+    rt.take();
+    gpu.kv.release(g, Some(&ids[..45]));
+    let again = gpu.kv.acquire(&ids[..46]);
+    let n = rt.take();
+    assert_eq!(again.rec.len, 45, "resumed from the snapshot");
+    assert!(
+        n.upload_bytes < state_bytes / 4 && n.downloads == 0,
+        "{n:?}"
+    );
+    assert!(again.rec.state.to_vec() == gs, "the snapshot's state");
+    gpu.kv.release(again, None);
+}
+
 #[test]
 fn forward_matches_the_goldens_from_gguf_and_hf_prefilled_and_chunked() {
     let gold = golden();
@@ -302,11 +354,18 @@ fn gpu_forward_matches_the_goldens(dev: Device, graphs: bool) {
     }
     r.kv.release(seq, None);
     // A decode step's launches do not change from one position to the next (positions, lengths and
-    // slots are in device buffers), so with graphs on the steps replay captured graphs.
+    // slots are in device buffers), and its recurrent states stay on the device (no host trip splits
+    // it): with graphs on, a step is one segment, captured at the second step and replayed from the
+    // third.
     let st = r.dev.graph_stats().unwrap();
     eprintln!("GPU device, graphs {graphs}: {st:?}");
     if graphs {
-        assert!(st.replays > before.replays + ids[70..].len(), "{st:?}");
+        let steps = ids[70..].len();
+        assert_eq!(
+            (st.replays - before.replays, st.captures - before.captures),
+            (steps - 2, 1),
+            "{st:?}"
+        );
         let (in_graphs, single) = (
             st.graph_kernels - before.graph_kernels,
             st.kernels - before.kernels,
@@ -340,10 +399,13 @@ fn the_gpu_device_batches_verifies_and_chunks_like_the_cpu() {
                 (g.len, g.steps_len, g.steps_from),
                 (w.len, w.steps_len, w.steps_from)
             );
-            assert!(max_diff(&g.state, &w.state) < 1e-4, "GPU device, state");
+            assert!(
+                max_diff(&g.state.to_vec(), &w.state.to_vec()) < 1e-4,
+                "GPU device, state"
+            );
             let kept = w.steps_len * floats;
             assert!(
-                max_diff(&g.steps[..kept], &w.steps[..kept]) < 1e-4,
+                max_diff(&g.steps.to_vec()[..kept], &w.steps.to_vec()[..kept]) < 1e-4,
                 "GPU device, kept steps"
             );
         }
@@ -353,7 +415,7 @@ fn the_gpu_device_batches_verifies_and_chunks_like_the_cpu() {
         let got = gpu.run(&mut sg, &ids, Logits::All);
         assert_close(&got, &want_chunked, "GPU device, chunked prefill");
         assert!(
-            max_diff(&sg.rec.state, &sc.rec.state) < 1e-4,
+            max_diff(&sg.rec.state.to_vec(), &sc.rec.state.to_vec()) < 1e-4,
             "GPU device, chunked prefill's state"
         );
     }
@@ -437,7 +499,7 @@ fn prefill_then_decode_matches_and_the_state_is_the_goldens() {
     let per = cfg.recurrent_state_floats();
     let mats = cfg.gdn().matrix_floats();
     for layer in 0..3 {
-        let st = &seq.rec.state[layer * per..(layer + 1) * per];
+        let st = &seq.rec.state.to_vec()[layer * per..(layer + 1) * per];
         let want_s = golden_tensor(&format!("state.layer{layer}.recurrent_gguf_head_order"));
         let want_w = golden_tensor(&format!(
             "state.layer{layer}.conv_window_gguf_channel_order"
@@ -492,7 +554,7 @@ fn batching_and_splitting_do_not_change_a_bit() {
     split_b.extend(r.run(&mut sb2, &b[33..34], Logits::All));
     split_b.extend(r.run(&mut sb2, &b[34..], Logits::All));
     assert_eq!(alone_b, split_b);
-    assert_eq!(sb.rec.state, sb2.rec.state);
+    assert_eq!(sb.rec.state.to_vec(), sb2.rec.state.to_vec());
     // Together in one batch.
     let (mut ta, mut tb) = (r.seq(), r.seq());
     r.kv.reserve(&mut ta, a.len()).unwrap();
@@ -514,7 +576,7 @@ fn batching_and_splitting_do_not_change_a_bit() {
         .to_vec();
     assert_eq!(&both[..a.len() * 256], &alone_a[..]);
     assert_eq!(&both[a.len() * 256..], &alone_b[..]);
-    assert_eq!(states[1].state, sb.rec.state);
+    assert_eq!(states[1].state.to_vec(), sb.rec.state.to_vec());
 }
 
 #[test]
@@ -525,10 +587,10 @@ fn verification_keeps_every_step_and_rolls_back_exactly() {
     // One token at a time: the state after each position.
     let mut s1 = r.seq();
     r.run(&mut s1, &ids[..40], Logits::None);
-    let mut after = vec![s1.rec.state.clone()];
+    let mut after = vec![s1.rec.state.to_vec()];
     for &t in &ids[40..46] {
         r.run(&mut s1, &[t], Logits::Last);
-        after.push(s1.rec.state.clone());
+        after.push(s1.rec.state.to_vec());
     }
     // A verification pass of 1 pending + 5 drafted tokens keeps the state after each of the last 6.
     let mut s2 = r.seq();
@@ -536,12 +598,12 @@ fn verification_keeps_every_step_and_rolls_back_exactly() {
     let logits = r.run(&mut s2, &ids[40..46], Logits::Tail(6));
     assert_eq!(logits.len(), 6 * 256);
     assert_eq!((s2.rec.steps_from, s2.rec.steps_len), (41, 6));
-    assert_eq!(s2.rec.state, after[6]);
+    assert_eq!(s2.rec.state.to_vec(), after[6]);
     // Accept 2 drafted tokens: the state is the one after position 43, bit for bit.
     r.kv.keep_path(&mut s2, 41, &[0, 1]);
     assert_eq!(s2.len(), 43);
     assert_eq!(s2.rec.len, 43);
-    assert_eq!(s2.rec.state, after[3]);
+    assert_eq!(s2.rec.state.to_vec(), after[3]);
     // And decoding carries on exactly.
     let a = r.run(&mut s2, &ids[43..44], Logits::Last);
     let mut s3 = r.seq();
