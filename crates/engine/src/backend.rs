@@ -330,6 +330,33 @@ impl Device {
         }
     }
 
+    /// The most top-k sampling candidates [`Device::logit_top`] finds per row.
+    pub const TOP_CANDIDATES: usize = gpu::launch::TOP_CANDIDATES;
+
+    /// Floats [`Device::logit_top`] writes per row: the count, then (index, value) pairs.
+    pub const TOP_FLOATS: usize = gpu::launch::TOP_FLOATS;
+
+    /// On a GPU, each of `rows` rows of `vocab` logits reduced where it is to its
+    /// [`Device::TOP_CANDIDATES`] largest finite values (the lower index first among equals; fewer when
+    /// the row has fewer), [`Device::TOP_FLOATS`] floats per row into `out` (the count, then (index as a
+    /// float, value) pairs in no order), so that a top-k sampling step reads back those instead of the
+    /// rows; returns `true`. The CPU computes nothing and returns `false`.
+    pub fn logit_top<'v>(
+        &self,
+        logits: impl Into<View<'v>>,
+        rows: usize,
+        vocab: usize,
+        out: impl Into<ViewMut<'v>>,
+    ) -> bool {
+        match self {
+            Device::Cpu(_) => false,
+            Device::Cuda(g) => {
+                g.row_top(logits.into(), rows, vocab, out.into());
+                true
+            }
+        }
+    }
+
     /// Rows `tokens` of an embedding table of type `ty` (`d` values per row, `table` its bytes), dequantized
     /// exactly into `out` (`tokens.len() × d`).
     pub fn embed<'v>(

@@ -10,7 +10,7 @@ pub mod llama;
 pub mod logits;
 pub mod qwen35;
 
-pub use logits::{BestLogit, LogitRows};
+pub use logits::{BestLogit, Candidates, LogitRows};
 
 use crate::backend::{Device, DeviceError};
 use crate::gguf::{Gguf, GgufError};

@@ -119,6 +119,8 @@ pub struct Sampler {
     /// every chunk's sum; top-p: the whole row).
     weights: Vec<f32>,
     chunk_sums: Vec<f32>,
+    /// [`Sampler::pick_from_top`]'s candidates with their logits (`cand` becomes their weights).
+    kept: Vec<(TokenId, f32)>,
 }
 
 /// How many candidates are sorted before falling back to sorting everything (top-p without top-k).
@@ -152,6 +154,7 @@ impl Sampler {
             reduce: HostReduce::detect(),
             weights: vec![0.0; DRAW_CHUNK],
             chunk_sums: Vec::with_capacity(vocab.div_ceil(DRAW_CHUNK)),
+            kept: Vec::with_capacity(SMALL_TOP_K),
         }
     }
 
@@ -182,11 +185,65 @@ impl Sampler {
     /// penalties, no top log-probabilities (a GPU then reads back three numbers a row, not the row).
     pub fn needs_only_best(&self) -> bool {
         let p = &self.params;
+        p.temperature <= 0.0 && p.top_logprobs == 0 && self.unprocessed()
+    }
+
+    /// Whether a row's `limit` largest values and its log-normaliser are all a pick needs: top-k sampling
+    /// with `top_k` of 1 to `limit` (temperature, top-p and min-p then act on those alone), no logit bias
+    /// or penalties, at most `top_k` top log-probabilities (see [`Sampler::pick_from_top`]).
+    pub fn draws_from_top(&self, limit: usize) -> bool {
+        let p = &self.params;
+        p.temperature > 0.0
+            && (1..=limit.min(SMALL_TOP_K)).contains(&p.top_k)
+            && p.top_logprobs <= p.top_k
+            && self.unprocessed()
+    }
+
+    /// Whether [`Sampler::process`] leaves the logits as they are (no logit bias, no penalties).
+    fn unprocessed(&self) -> bool {
+        let p = &self.params;
         let penalize = p.penalty_last_n > 0
             && (p.repetition_penalty != 1.0
                 || p.presence_penalty != 0.0
                 || p.frequency_penalty != 0.0);
-        p.temperature <= 0.0 && p.top_logprobs == 0 && p.logit_bias.is_empty() && !penalize
+        p.logit_bias.is_empty() && !penalize
+    }
+
+    /// The pick [`Sampler::pick`] makes from a row whose largest finite values are `top` (any order, at
+    /// least `top_k` of them unless the row has fewer, the lower index first among equals at the cut) and
+    /// whose log-normaliser is `lse`, when [`Sampler::draws_from_top`]: the same candidates in the same
+    /// order as the row's top-k path finds them, so the same token for the same random state, and its
+    /// log-probability and the top ones under the row's normaliser.
+    pub fn pick_from_top(
+        &mut self,
+        top: impl Iterator<Item = (TokenId, f32)>,
+        lse: f32,
+    ) -> Sampled {
+        self.cand.clear();
+        self.cand.extend(top.filter(|c| c.1.is_finite()));
+        // As the row's top-k path orders them: by logit (-0 equal to +0), the lower id among equals.
+        self.cand.sort_unstable_by(|a, b| {
+            b.1.partial_cmp(&a.1)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.0.cmp(&b.0))
+        });
+        self.cand.truncate(self.params.top_k);
+        self.kept.clear();
+        self.kept.extend_from_slice(&self.cand);
+        let n = self.params.top_logprobs.min(self.kept.len());
+        let top = self.kept[..n].iter().map(|&(t, l)| (t, l - lse)).collect();
+        let k = self.cand.len();
+        let token = self.draw_cand(k, k);
+        let logit = self
+            .kept
+            .iter()
+            .find(|c| c.0 == token)
+            .map_or(f32::NEG_INFINITY, |c| c.1);
+        Sampled {
+            token,
+            logprob: logit - lse,
+            top,
+        }
     }
 
     /// Applies logit bias and penalties to `logits` in place (once per step, before [`Sampler::pick`]).
@@ -415,11 +472,13 @@ impl Sampler {
         self.cand
             .extend(logits.iter().enumerate().map(|(i, &l)| (i as TokenId, l)));
         let n = n.min(self.cand.len());
+        // By logit, the lower id among equals (in the selection too, so that ties are kept the same way).
+        let order =
+            |a: &(TokenId, f32), b: &(TokenId, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if n < self.cand.len() {
-            self.cand
-                .select_nth_unstable_by(n, |a, b| b.1.total_cmp(&a.1));
+            self.cand.select_nth_unstable_by(n, order);
         }
-        self.cand[..n].sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        self.cand[..n].sort_by(order);
         self.cand[..n].iter().map(|&(t, l)| (t, l - lse)).collect()
     }
 
@@ -469,6 +528,12 @@ impl Sampler {
             }
             (k, sorted)
         };
+        self.draw_cand(k, sorted)
+    }
+
+    /// A draw from the first `k` of `cand` (the row's finite logits; the first `sorted` sorted by logit,
+    /// the lower id first among equals): temperature, then top-p and min-p over them.
+    fn draw_cand(&mut self, k: usize, sorted: usize) -> TokenId {
         if self.cand.is_empty() {
             return 0;
         }

@@ -142,3 +142,129 @@ extern "C" __global__ void row_best(const float* __restrict__ logits, int vocab,
         o[2] = mx == NEG_INF ? NEG_INF : mx + logf(sv[0]);
     }
 }
+
+// A row's k best finite values as sampling candidates (top-k sampling reads these instead of the row): the
+// k largest, the lower index first among equals (as the CPU sampler's top-k keeps them), found by a radix
+// select of the k-th largest value's order-preserving key, eight bits a pass, then collected. out per row:
+// [count, then count pairs (index as a float, value)], unsorted; count < k only when the row has fewer
+// finite values. -0 counts as +0. One block of 256 threads per row; k <= TOP_CANDIDATES.
+#define TOP_CANDIDATES 64
+
+// The order-preserving key of a finite value (larger value, larger key; never 0).
+__device__ __forceinline__ unsigned top_key(float v) {
+    const unsigned b = v == 0.0f ? 0u : __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+extern "C" __global__ void row_top(const float* __restrict__ logits, int vocab, int k, float* __restrict__ out) {
+    GRID_WAIT();
+    __shared__ int hist[256];
+    __shared__ unsigned s_prefix;
+    __shared__ int s_need;
+    __shared__ int s_above;
+    __shared__ int s_base[TOPK_THREADS];
+    __shared__ int s_next;
+    const float* row = logits + (long)blockIdx.x * vocab;
+    float* o = out + (long)blockIdx.x * (1 + 2 * TOP_CANDIDATES);
+    if (threadIdx.x == 0) {
+        s_prefix = 0;
+        s_need = k;
+        s_above = 0;
+        s_next = 0;
+    }
+    // The k-th largest key, a byte at a time from the top: at each pass, the byte under which the keys
+    // sharing the bytes chosen so far reach the number still needed.
+    unsigned mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+            hist[i] = 0;
+        }
+        __syncthreads();
+        const unsigned prefix = s_prefix;
+        for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
+            const float v = row[c];
+            if (v - v == 0.0f) {
+                const unsigned key = top_key(v);
+                if ((key & mask) == prefix) {
+                    atomicAdd(&hist[(key >> shift) & 255u], 1);
+                }
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int acc = 0;
+            int sel = -1;
+            for (int d = 255; d >= 0; d--) {
+                if (acc + hist[d] >= s_need) {
+                    sel = d;
+                    break;
+                }
+                acc += hist[d];
+            }
+            if (sel < 0) {
+                // Fewer than k finite values from here: every one of them is a candidate.
+                s_above += acc;
+                s_need = 0;
+                s_prefix = 0;
+            } else if (s_need > 0) {
+                s_above += acc;
+                s_need -= acc;
+                s_prefix = prefix | ((unsigned)sel << shift);
+            }
+        }
+        __syncthreads();
+        if (s_need == 0) {
+            break;
+        }
+        mask |= 255u << shift;
+    }
+    // Keys above the k-th's are all candidates (any order); of those equal to it, the first `need` by
+    // index: each thread's contiguous share counts its equals, and the shares' counts are summed in
+    // index order.
+    const unsigned kth = s_prefix;
+    const int need = s_need;
+    const int chunk = (vocab + blockDim.x - 1) / blockDim.x;
+    const int c0 = threadIdx.x * chunk;
+    const int c1 = min(c0 + chunk, vocab);
+    int eq = 0;
+    for (int c = c0; c < c1; c++) {
+        const float v = row[c];
+        if (v - v == 0.0f && top_key(v) == kth) {
+            eq++;
+        }
+    }
+    s_base[threadIdx.x] = eq;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0;
+        for (int t = 0; t < (int)blockDim.x; t++) {
+            const int n = s_base[t];
+            s_base[t] = acc;
+            acc += n;
+        }
+    }
+    __syncthreads();
+    const int above = s_above;
+    int rank = s_base[threadIdx.x];
+    for (int c = c0; c < c1; c++) {
+        const float v = row[c];
+        if (v - v != 0.0f) {
+            continue;
+        }
+        const unsigned key = top_key(v);
+        int slot = -1;
+        if (key > kth) {
+            slot = atomicAdd(&s_next, 1);
+        } else if (key == kth && need > 0 && rank < need) {
+            slot = above + rank;
+            rank++;
+        }
+        if (slot >= 0) {
+            o[1 + 2 * slot] = (float)c;
+            o[2 + 2 * slot] = v;
+        }
+    }
+    if (threadIdx.x == 0) {
+        o[0] = (float)(above + need);
+    }
+}

@@ -168,7 +168,7 @@ pub const LOGITS: Module = Module {
         include_str!("../cuda/common.cuh"),
         include_str!("../cuda/logits.cu")
     ),
-    kernels: &["topk_rows", "row_best"],
+    kernels: &["topk_rows", "row_best", "row_top"],
 };
 
 /// Every module, for the compile check and for tests that load the whole catalog on a GPU machine.

@@ -59,6 +59,9 @@ pub struct Batch {
     /// Positions before this are not attended to (0; 1 for an MTP head, whose row at position `p` holds the
     /// pair (hidden `p − 1`, token `p`), so position 0 has none).
     pub attend_from: usize,
+    /// Whether a sampler reads the logits rows' top-k candidates (a GPU then finds them where the rows
+    /// are: [`Device::logit_top`](crate::backend::Device::logit_top)).
+    pub top_candidates: bool,
 }
 
 /// [`Batch::parent`] of a tree's first tokens: they follow the sequence's last position.
@@ -76,6 +79,7 @@ impl Batch {
         self.parent.clear();
         self.direct.clear();
         self.attend_from = 0;
+        self.top_candidates = false;
     }
 
     /// The position (RoPE, causality) of token `t`.

@@ -15,7 +15,9 @@
 //! it stages its inputs first, and a pass seen before under the same [`StepKey`] is replayed whole, its
 //! ops not run on the host at all (a decode step's host time is then its uploads, one graph launch and
 //! reading back each logits row's greedy token and log-normaliser, reduced on the device:
-//! [`Device::logit_best`](super::Device::logit_best)).
+//! [`Device::logit_best`](super::Device::logit_best); a top-k sampler's step adds the row's 64 best
+//! values, [`Device::logit_top`](super::Device::logit_top), from which it draws the token the row would
+//! give).
 //!
 //! The KV page pool is plain device memory ([`PoolMem`]) that the host never touches: the prefix cache's
 //! copy-on-write and a draft's accepted rows are copied by kernels (`kv_copy_page`, `kv_move_rows`) queued

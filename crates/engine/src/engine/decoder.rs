@@ -332,9 +332,33 @@ impl<'g> Decoder<'g> {
         debug_assert!(self.pending.is_empty(), "pending tokens were not run");
         let s = match self.pick_best(rows, i, tok)? {
             Some(s) => s,
-            None => self.pick_row(rows.row(i), tok)?,
+            None => match self.pick_top(rows, i) {
+                Some(s) => s,
+                None => self.pick_row(rows.row(i), tok)?,
+            },
         };
         self.commit(s, tok, on_text)
+    }
+
+    /// Whether its picks read only a row's top-k candidates (see [`Decoder::pick_top`]), which a GPU then
+    /// finds where the logits are.
+    pub fn wants_top_candidates(&self) -> bool {
+        self.guide.get().is_none()
+            && self
+                .sampler
+                .draws_from_top(crate::backend::Device::TOP_CANDIDATES)
+    }
+
+    /// The pick from row `i`'s top-k candidates and log-normaliser alone (see
+    /// [`Sampler::draws_from_top`]: the pick the row itself gives), when no grammar constrains it and the
+    /// device found them; else `None` and the row itself is read.
+    fn pick_top(&mut self, rows: &mut LogitRows<'_>, i: usize) -> Option<Sampled> {
+        if !self.wants_top_candidates() {
+            return None;
+        }
+        let lse = rows.best(i)?.lse;
+        let top = rows.candidates(i)?;
+        Some(self.sampler.pick_from_top(top.iter(), lse))
     }
 
     /// The pick from row `i`'s best alone, when that is all the sampler needs (greedy, nothing added to

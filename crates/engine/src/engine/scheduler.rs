@@ -292,6 +292,9 @@ impl<'a> Scheduler<'a> {
         for &Share { i, n, want, tree } in &self.plan {
             let a = &mut self.running[i];
             let seq = a.seq.take().expect("running sequences hold KV");
+            if want != Logits::None && a.dec.wants_top_candidates() {
+                self.step.top_candidates = true;
+            }
             if tree {
                 let d = &a.dec;
                 self.step

@@ -41,6 +41,9 @@ pub struct StepPlan {
     parts: Vec<Part>,
     tokens: Vec<TokenId>,
     parents: Vec<u32>,
+    /// Whether a sampler of the pass reads its rows' top-k candidates (a GPU then finds them where the
+    /// logits are, see [`LogitRows::candidates`]).
+    pub top_candidates: bool,
 }
 
 impl StepPlan {
@@ -53,6 +56,7 @@ impl StepPlan {
         self.parts.clear();
         self.tokens.clear();
         self.parents.clear();
+        self.top_candidates = false;
     }
 
     /// Sequences in the pass.
@@ -171,6 +175,7 @@ impl Engine {
             self.kv.reserve(&mut part.seq, len)?;
         }
         self.batch.clear();
+        self.batch.top_candidates = plan.top_candidates;
         self.states.clear();
         for part in &mut plan.parts {
             let tokens = &plan.tokens[part.tokens.clone()];

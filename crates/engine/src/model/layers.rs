@@ -361,17 +361,23 @@ pub struct HeadScratch {
     /// The logits of the last pass.
     pub logits: Buf,
     /// Their rows' [`BestLogit`](super::BestLogit)s, where the device reduced them
-    /// ([`Device::logit_best`]).
+    /// ([`Device::logit_best`]), then, where a sampler asked for them, their top-k candidates
+    /// ([`Device::logit_top`]): one read-back for both.
     best: Buf,
     /// Rows of the last pass whose best the device computed into `best` (0: none).
     best_rows: usize,
+    /// Whether it computed their candidates too.
+    top: bool,
 }
 
 impl HeadScratch {
-    /// The last pass's `rows` logits rows of `vocab`, with their best where the device computed them.
+    /// The last pass's `rows` logits rows of `vocab`, with their best (and candidates) where the device
+    /// computed them.
     pub fn rows(&mut self, rows: usize, vocab: usize) -> super::LogitRows<'_> {
-        let best = (self.best_rows == rows && rows > 0).then_some(&mut self.best);
-        super::LogitRows::new(&mut self.logits, best, rows, vocab)
+        let reduced = self.best_rows == rows && rows > 0;
+        let top = reduced && self.top;
+        let best = reduced.then_some(&mut self.best);
+        super::LogitRows::new(&mut self.logits, best, top, rows, vocab)
     }
 }
 
@@ -444,17 +450,28 @@ impl LmHead {
                 .apply(run, s.xb.at(..m * d), m, ws, &mut s.logits)?;
             m
         };
-        // A GPU reduces each row to its greedy token and log-normaliser where the rows are.
+        // A GPU reduces each row to its greedy token and log-normaliser where the rows are, and to its
+        // top-k candidates when a sampler reads them.
         let vocab = self.output.rows();
-        run.dev.grow(&mut s.best, m * Device::BEST_FLOATS)?;
-        s.best_rows = if run
-            .dev
-            .logit_best(s.logits.at(..m * vocab), m, vocab, &mut s.best)
-        {
-            m
-        } else {
-            0
-        };
+        let (best, top) = (m * Device::BEST_FLOATS, m * Device::TOP_FLOATS);
+        let top = if batch.top_candidates { top } else { 0 };
+        run.dev.grow(&mut s.best, best + top)?;
+        s.best_rows =
+            if run
+                .dev
+                .logit_best(s.logits.at(..m * vocab), m, vocab, s.best.at_mut(..best))
+            {
+                m
+            } else {
+                0
+            };
+        s.top = top > 0
+            && run.dev.logit_top(
+                s.logits.at(..m * vocab),
+                m,
+                vocab,
+                s.best.at_mut(best..best + top),
+            );
         mark(prof, Stage::Output);
         Ok(m * vocab)
     }

@@ -1,6 +1,7 @@
 //! A forward pass's logits as the caller reads them ([`LogitRows`]): each row's greedy token and
-//! log-normaliser ([`BestLogit`], reduced on a GPU where the rows are: a few bytes read back), or the rows
-//! themselves, read back on first use.
+//! log-normaliser ([`BestLogit`], reduced on a GPU where the rows are: a few bytes read back), its top-k
+//! sampling candidates ([`Candidates`], likewise, where a sampler asked for them), or the rows themselves,
+//! read back on first use.
 
 use crate::backend::{Buf, Device};
 
@@ -22,9 +23,26 @@ pub struct BestLogit {
 #[derive(Debug)]
 pub struct LogitRows<'s> {
     all: Lazy<'s>,
+    /// The rows' best, then (when `top`) their candidates.
     best: Lazy<'s>,
+    top: bool,
     rows: usize,
     vocab: usize,
+}
+
+/// A logits row's largest finite values (at most [`Device::TOP_CANDIDATES`], the lower index first among
+/// equals; all of them when the row has fewer), in no particular order.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidates<'a>(&'a [f32]);
+
+impl<'a> Candidates<'a> {
+    /// The (token, logit) pairs.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, f32)> + 'a {
+        let n = self.0[0] as usize;
+        self.0[1..1 + 2 * n]
+            .chunks_exact(2)
+            .map(|p| (p[0] as u32, p[1]))
+    }
 }
 
 /// Floats in a buffer, read back from the device on first use.
@@ -52,16 +70,20 @@ impl<'s> Lazy<'s> {
 
 impl<'s> LogitRows<'s> {
     /// `rows` rows of `vocab` logits in `logits`, and their [`BestLogit`]s in `best`
-    /// ([`Device::BEST_FLOATS`] a row) where the device reduced them.
+    /// ([`Device::BEST_FLOATS`] a row) where the device reduced them, followed (when `top`) by their
+    /// candidates ([`Device::TOP_FLOATS`] a row).
     pub(crate) fn new(
         logits: &'s mut Buf,
         best: Option<&'s mut Buf>,
+        top: bool,
         rows: usize,
         vocab: usize,
     ) -> Self {
+        let per = Device::BEST_FLOATS + if top { Device::TOP_FLOATS } else { 0 };
         LogitRows {
             all: Lazy::Buf(logits, rows * vocab),
-            best: best.map_or(Lazy::None, |b| Lazy::Buf(b, rows * Device::BEST_FLOATS)),
+            top: top && best.is_some(),
+            best: best.map_or(Lazy::None, |b| Lazy::Buf(b, rows * per)),
             rows,
             vocab,
         }
@@ -73,6 +95,7 @@ impl<'s> LogitRows<'s> {
             rows: logits.len().checked_div(vocab).unwrap_or(0),
             all: Lazy::Read(logits),
             best: Lazy::None,
+            top: false,
             vocab,
         }
     }
@@ -98,6 +121,18 @@ impl<'s> LogitRows<'s> {
             logit: b[1],
             lse: b[2],
         })
+    }
+
+    /// Row `i`'s top-k sampling candidates, where the device found them (a GPU, when the pass's batch asked:
+    /// read back with the rows' best); `None` elsewhere (read the row).
+    pub fn candidates(&mut self, i: usize) -> Option<Candidates<'_>> {
+        assert!(i < self.rows, "logits row {i} of {}", self.rows);
+        if !self.top {
+            return None;
+        }
+        let (rows, f) = (self.rows, Device::TOP_FLOATS);
+        let at = rows * Device::BEST_FLOATS + i * f;
+        Some(Candidates(&self.best.get()?[at..at + f]))
     }
 
     /// Row `i` (every row is read back on the first call).

@@ -335,3 +335,78 @@ fn temperature_sampling_follows_the_distribution() {
         );
     }
 }
+
+/// A top-k pick from the row's best values (as a GPU finds them: any order, ties at the cut to the lower
+/// id) is the pick from the row itself: the same token for the same seed, step after step, the same
+/// log-probabilities; a sampler with bias, penalties, no top-k or too large a one does not draw so.
+#[test]
+fn a_pick_from_the_rows_top_values_is_the_rows_pick() {
+    let vocab = 5000;
+    let reduce = HostReduce::detect();
+    for (k, top_p, min_p, t) in [
+        (1, 1.0, 0.0, 0.7),
+        (20, 0.8, 0.0, 0.7),
+        (40, 1.0, 0.05, 1.3),
+        (64, 0.95, 0.0, 1.0),
+    ] {
+        let params = SamplingParams {
+            temperature: t,
+            top_k: k,
+            top_p,
+            min_p,
+            seed: Some(7),
+            top_logprobs: k.min(5),
+            ..Default::default()
+        };
+        let (mut a, mut b) = (
+            Sampler::new(params.clone(), vocab),
+            Sampler::new(params, vocab),
+        );
+        assert!(b.draws_from_top(64));
+        for step in 0..50u64 {
+            // Values with many equals (ties at the cut), and minus infinity (never a candidate).
+            let mut row: Vec<f32> = crate::testutil::data(vocab, step)
+                .iter()
+                .map(|x| (x * 8.0).round() / 2.0)
+                .collect();
+            row[(step as usize * 13 + 1) % vocab] = f32::NEG_INFINITY;
+            let want = a.pick(&row);
+            let mut top: Vec<(TokenId, f32)> = row
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(i, &v)| (i as TokenId, v))
+                .collect();
+            top.sort_by(|x, y| y.1.partial_cmp(&x.1).unwrap().then(x.0.cmp(&y.0)));
+            top.truncate(64);
+            top.reverse();
+            let got = b.pick_from_top(top.into_iter(), reduce.logsumexp(&row));
+            assert_eq!(got.token, want.token, "top-k {k}, step {step}");
+            assert_eq!(got.logprob.to_bits(), want.logprob.to_bits(), "step {step}");
+            assert_eq!(got.top, want.top, "top-k {k}, step {step}");
+        }
+    }
+    let with = |p: SamplingParams| Sampler::new(p, vocab).draws_from_top(64);
+    let base = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        ..Default::default()
+    };
+    assert!(with(base.clone()));
+    assert!(!with(SamplingParams {
+        logit_bias: vec![(3, 1.0)],
+        ..base.clone()
+    }));
+    assert!(!with(SamplingParams {
+        top_k: 0,
+        ..base.clone()
+    }));
+    assert!(!with(SamplingParams {
+        top_k: 65,
+        ..base.clone()
+    }));
+    assert!(!with(SamplingParams {
+        temperature: 0.0,
+        ..base
+    }));
+}

@@ -45,6 +45,14 @@ pub struct GpuDevice {
     packed: std::sync::atomic::AtomicBool,
 }
 
+impl Drop for GpuDevice {
+    /// Runs the work still queued before its staging goes: a segment recorded but not yet launched reads
+    /// the staging, and would otherwise run (when a buffer dropped after the device waits) on freed memory.
+    fn drop(&mut self) {
+        let _ = self.q.wait();
+    }
+}
+
 impl GpuDevice {
     /// The device over `rt`, with CUDA graphs on.
     pub fn new(rt: Arc<dyn GpuRuntime>) -> Self {

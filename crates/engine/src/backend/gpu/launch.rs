@@ -32,7 +32,9 @@ pub use gdn::{
     DevSteps, gdn_chunk, gdn_chunk_work, gdn_conv, gdn_gated_norm, gdn_gates, gdn_normalize_qk,
     gdn_recurrence, sigmoid_gate,
 };
-pub use logits::{ROW_BEST_FLOATS, TOPK_MAX, row_best, topk_rows};
+pub use logits::{
+    ROW_BEST_FLOATS, TOP_CANDIDATES, TOP_FLOATS, TOPK_MAX, row_best, row_top, topk_rows,
+};
 pub use packed::{Layout, packed_row_bytes, repack_q4_1};
 
 /// One kernel argument, as the C type the kernel declares (pointers, `int`, `float`).

@@ -141,6 +141,8 @@ pub(crate) struct Counts {
     pub upload_bytes: usize,
     /// Device-to-host copies (each waits for the queued work).
     pub downloads: usize,
+    /// Bytes they copied.
+    pub download_bytes: usize,
     /// Waits for the queued work.
     pub waits: usize,
     /// Graphs captured.
@@ -278,7 +280,10 @@ impl GpuRuntime for Counting {
     }
 
     fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<(), DeviceError> {
-        self.count(|c| c.downloads += 1);
+        self.count(|c| {
+            c.downloads += 1;
+            c.download_bytes += dst.len();
+        });
         Sim.download(src, dst)
     }
 

@@ -248,6 +248,89 @@ fn decode_steps_replayed_from_their_plans_match_steps_run_op_by_op() {
     assert!(st.steps >= 84 - 3 * 3, "{st:?}");
 }
 
+/// Top-k sampling on a GPU draws from each row's candidates found on the device (`row_top`, read back with
+/// the row's normaliser instead of the row): the same tokens and log-probabilities (to rounding) as the
+/// same requests drawing from the whole rows (a zero logit bias sends them there), for the same seeds,
+/// alone and batched.
+#[test]
+fn top_k_sampling_on_the_gpu_draws_from_the_devices_candidates() {
+    use crate::engine::{Engine, EngineConfig, Request};
+    use crate::spec::SpecConfig;
+    use crate::testutil::{LlamaShape, random_llama};
+    let shape = LlamaShape {
+        layers: 2,
+        d_model: 128,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 256,
+        vocab: 256,
+    };
+    let g = Arc::new(random_llama(shape, crate::quant::GgmlType::Q4_1, 5));
+    let tokenizer = Arc::new(
+        Gguf::open(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/data/qwen35-tiny/model.gguf"),
+        )
+        .unwrap(),
+    );
+    let rt = crate::backend::sim::Counting::new();
+    let d = Device::gpu(Arc::clone(&rt) as _);
+    let m = crate::model::Model::Llama(Llama::load(Arc::clone(&g), &d).unwrap());
+    let cfg = EngineConfig {
+        threads: 1,
+        context: 512,
+        kv_dtype: KvDtype::F16,
+        page_size: 16,
+        speculation: SpecConfig::off(),
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::with_model(Arc::clone(&tokenizer), m, d, &cfg).unwrap();
+    let request = |text: &str, seed: u64, row: bool| {
+        let mut r = Request::greedy(text.bytes().map(u32::from).collect(), 24);
+        r.ignore_eos = true;
+        r.sampling.temperature = 0.9;
+        r.sampling.top_k = 20;
+        r.sampling.top_p = 0.95;
+        r.sampling.top_logprobs = 3;
+        r.sampling.seed = Some(seed);
+        if row {
+            r.sampling.logit_bias = vec![(0, 0.0)];
+        }
+        r
+    };
+    let mut run = |row: bool| {
+        rt.take_kernels();
+        rt.take();
+        let one = e.generate(&request("abcabc", 1, row), &mut |_| {}).unwrap();
+        e.reset();
+        let reqs = vec![
+            (request("xyz", 2, row), None),
+            (request("hello", 3, row), None),
+        ];
+        let (two, _) = e.generate_batch(reqs, Default::default());
+        e.reset();
+        let tops = rt.take_kernels().get("row_top").copied().unwrap_or(0);
+        let read = rt.take().download_bytes;
+        let mut out = vec![one];
+        out.extend(two.into_iter().map(|(_, r)| r.unwrap()));
+        (out, tops, read)
+    };
+    let (device, tops, few) = run(false);
+    let (rows, none, all) = run(true);
+    assert!(tops > 0 && none == 0, "row_top launches: {tops} and {none}");
+    // 3 + 129 floats a row instead of 256 (SmolLM2's 49152: 0.3% of the row).
+    assert!(few < all, "read back {few} bytes instead of {all}");
+    assert!(device[0].tokens.iter().any(|&t| t != device[0].tokens[0]));
+    for (a, b) in device.iter().zip(&rows) {
+        assert_eq!(a.tokens, b.tokens, "the same draws");
+        for (x, y) in a.sampled.iter().zip(&b.sampled) {
+            assert!((x.logprob - y.logprob).abs() < 1e-4, "{x:?} vs {y:?}");
+            let ids = |s: &crate::sample::Sampled| s.top.iter().map(|t| t.0).collect::<Vec<_>>();
+            assert_eq!(ids(x), ids(y));
+        }
+    }
+}
+
 /// SmolLM2 (the default model, Q4_1) through the GPU device, its kernels run by the simulator, against
 /// the CPU device, for a 4-token prefill and two decode steps over f16 pages.
 ///

@@ -16,4 +16,16 @@ impl GpuDevice {
             launch::row_best(l, lp, rows, vocab, op)
         });
     }
+
+    /// Each row's top-k sampling candidates (see [`launch::row_top`]): [`launch::TOP_FLOATS`] floats a row.
+    pub fn row_top(&self, logits: View<'_>, rows: usize, vocab: usize, out: ViewMut<'_>) {
+        assert!(
+            logits.len() >= rows * vocab && out.len() >= rows * launch::TOP_FLOATS,
+            "row_top sizes"
+        );
+        let (lp, op) = (logits.ptr(), out.ptr());
+        self.run("the logits' top candidates", |l| {
+            launch::row_top(l, lp, rows, vocab, launch::TOP_CANDIDATES, op)
+        });
+    }
 }

@@ -39,6 +39,7 @@ impl GpuDevice {
                 b.splits,
                 b.split_cap,
                 b.attend_from,
+                usize::from(batch.top_candidates),
                 store.page_size,
                 store.dtype as usize,
             ] {

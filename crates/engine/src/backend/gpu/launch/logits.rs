@@ -1,5 +1,6 @@
-//! Launches of the reductions over logits rows: the k best of each row ([`topk_rows`]) and each row's
-//! greedy token with its log-normaliser ([`row_best`]).
+//! Launches of the reductions over logits rows: the k best of each row ([`topk_rows`]), each row's
+//! greedy token with its log-normaliser ([`row_best`]), and each row's top-k sampling candidates
+//! ([`row_top`]).
 
 use super::*;
 
@@ -64,4 +65,40 @@ pub fn row_best(
         Arg::Ptr(out),
     ];
     l.launch(&thorn_kernels::LOGITS, "row_best", shape, &args)
+}
+
+/// The most candidates [`row_top`] finds per row (`TOP_CANDIDATES` in logits.cu): the largest top-k the
+/// sampler draws from device candidates.
+pub const TOP_CANDIDATES: usize = 64;
+
+/// Floats [`row_top`] writes per row: the count, then that many (index, value) pairs.
+pub const TOP_FLOATS: usize = 1 + 2 * TOP_CANDIDATES;
+
+/// Each of `rows` rows of `vocab` logits at `logits`: its `k` largest finite values (fewer when it has
+/// fewer), the lower index first among equals, as sampling candidates: [`TOP_FLOATS`] floats per row at
+/// `out`, the count then (index as a float, value) pairs in no particular order.
+pub fn row_top(
+    l: &dyn Launcher,
+    logits: DevPtr,
+    rows: usize,
+    vocab: usize,
+    k: usize,
+    out: DevPtr,
+) -> Result<(), DeviceError> {
+    if k == 0 || k > TOP_CANDIDATES || vocab >= 1 << 24 {
+        return Err(unsupported(format!(
+            "the top {k} of rows of {vocab} (1 to {TOP_CANDIDATES}, below 2^24)"
+        )));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let shape = Shape::line(rows, 256)?;
+    let args = [
+        Arg::Ptr(logits),
+        Arg::I32(int(vocab, "a vocabulary")?),
+        Arg::I32(k as i32),
+        Arg::Ptr(out),
+    ];
+    l.launch(&thorn_kernels::LOGITS, "row_top", shape, &args)
 }

@@ -592,6 +592,87 @@ fn row_best_matches_the_cpu_on(d: &dyn TestDev) {
     assert!(row_best(d, DevPtr(0), 1, 1 << 24, DevPtr(0)).is_err());
 }
 
+/// Top-k sampling candidates against the k best finite values sorted on the host (value first, the lower
+/// index among equals; -0 equal to +0): the same set, at every k, through ties at the k-th value, NaN and
+/// infinities (never candidates), a row with fewer finite values than k, and a short row.
+#[test]
+fn row_top_finds_the_cpu_samplers_candidates() {
+    on_every_device(row_top_finds_the_cpu_samplers_candidates_on);
+}
+
+fn row_top_finds_the_cpu_samplers_candidates_on(d: &dyn TestDev) {
+    let vocab = 49_152;
+    let mut rows: Vec<Vec<f32>> = (0..5).map(|r| data(vocab, 80 + r)).collect();
+    // Row 1: many ties at the values around the boundary, NaN and infinities at the top, zeros of both
+    // signs; row 2: seven finite values; row 3: quantized, so every value has thousands of equals.
+    for i in (0..vocab).step_by(97) {
+        rows[1][i] = 0.5;
+    }
+    rows[1][5] = f32::NAN;
+    rows[1][6] = f32::INFINITY;
+    rows[1][7] = f32::NEG_INFINITY;
+    rows[1][100] = -0.0;
+    rows[1][200] = 0.0;
+    rows[2].fill(f32::NEG_INFINITY);
+    for (j, i) in [3, 9000, 17, 40_000, 12, 5, 49_151].into_iter().enumerate() {
+        rows[2][i] = j as f32 * 0.25;
+    }
+    for v in rows[3].iter_mut() {
+        *v = (*v * 4.0).round();
+    }
+    // Row 4: the k-th among zeros of both signs, and 70 equal values above the rest.
+    rows[4].fill(f32::NEG_INFINITY);
+    for (i, v) in [(10, 1.0), (20, -0.0), (30, 0.0), (40, -0.0)] {
+        rows[4][i] = v;
+    }
+    for i in 0..70 {
+        rows[4][1000 + 300 * i] = 3.0;
+    }
+    let want = |row: &[f32], k: usize| -> Vec<(u32, f32)> {
+        let mut c: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
+        c.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then(a.0.cmp(&b.0)));
+        c.truncate(k);
+        c
+    };
+    let check = |rows: &[Vec<f32>], width: usize, k: usize| {
+        let flat: Vec<f32> = rows
+            .iter()
+            .flat_map(|r| r[..width].iter().copied())
+            .collect();
+        let (lm, om) = (
+            Mem::from_f32(d, &flat),
+            Mem::zeroed(d, 4 * TOP_FLOATS * rows.len()),
+        );
+        row_top(d, lm.ptr(), rows.len(), width, k, om.ptr()).unwrap();
+        let got = om.f32s();
+        for (r, row) in rows.iter().enumerate() {
+            let g = &got[r * TOP_FLOATS..(r + 1) * TOP_FLOATS];
+            let n = g[0] as usize;
+            let mut c: Vec<(u32, f32)> = (0..n)
+                .map(|j| (g[1 + 2 * j] as u32, g[2 + 2 * j]))
+                .collect();
+            c.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then(a.0.cmp(&b.0)));
+            let w = want(&row[..width], k);
+            assert_eq!(c.len(), w.len(), "row {r}, k {k}, width {width}: the count");
+            for (a, b) in c.iter().zip(&w) {
+                assert!(a.0 == b.0 && a.1 == b.1, "row {r}, k {k}: {a:?} vs {b:?}");
+            }
+        }
+    };
+    for k in [1, 2, 20, 64] {
+        check(&rows, vocab, k);
+    }
+    // Rows shorter than the block and than k.
+    check(&rows, 37, 64);
+    check(&rows, 37, 5);
+    assert!(row_top(d, DevPtr(0), 1, 10, 65, DevPtr(0)).is_err());
+}
+
 mod attention;
 mod gdn;
 mod matvec;
