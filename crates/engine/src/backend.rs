@@ -78,6 +78,22 @@ pub use open::{DeviceError, DeviceKind, default_kernel_cache};
 
 use gdn::Shape as GdnShape;
 
+/// A pass's embedding rows, for [`Device::begin_step`]: rows `tokens` of an embedding table of type `ty`
+/// (`d` values per row, `table` its bytes), dequantized exactly into `out` (`tokens.len() × d`).
+#[derive(Debug)]
+pub struct Embedding<'a> {
+    /// The table's type.
+    pub ty: GgmlType,
+    /// The table's bytes.
+    pub table: &'a [u8],
+    /// Values per row.
+    pub d: usize,
+    /// The rows.
+    pub tokens: &'a [u32],
+    /// Where they go.
+    pub out: ViewMut<'a>,
+}
+
 /// A compute device.
 #[derive(Debug)]
 pub enum Device {
@@ -255,20 +271,27 @@ impl Device {
 
     /// Starts a forward pass of `batch` under `key` (the model's part: which model and scratch, the rows
     /// that want logits; see [`gpu::plan`]), after staging what its ops read (the batch's metadata, its
-    /// RoPE rows `(table, angles per position)` when given). On a GPU with graphs on, a pass seen before
-    /// under the same key is replayed whole and this returns `true`: the model runs none of its ops and
-    /// reads its results. Otherwise `false`: the model runs its ops, then calls [`Device::end_step`]. An
-    /// empty key (a pass the model does not plan) and the CPU always run the ops.
+    /// RoPE rows `(table, angles per position)` when given) and writing its embedding rows (when given);
+    /// a GPU stages all of those with one upload. On a GPU with graphs on, a pass seen before under the
+    /// same key is replayed whole and this returns `true`: the model runs none of its ops and reads its
+    /// results. Otherwise `false`: the model runs its ops, then calls [`Device::end_step`]. An empty key
+    /// (a pass the model does not plan) and the CPU always run the ops.
     pub fn begin_step(
         &self,
         key: &mut gpu::StepKey,
         pool: &mut PagePool,
         batch: &Batch,
         rope: Option<(&[(f32, f32)], usize)>,
+        embed: Option<Embedding<'_>>,
     ) -> Result<bool, DeviceError> {
         match self {
-            Device::Cpu(_) => Ok(false),
-            Device::Cuda(g) => g.begin_step(key, pool, batch, rope),
+            Device::Cpu(_) => {
+                if let Some(e) = embed {
+                    self.embed(e.ty, e.table, e.d, e.tokens, e.out)?;
+                }
+                Ok(false)
+            }
+            Device::Cuda(g) => g.begin_step(key, pool, batch, rope, embed),
         }
     }
 
@@ -375,12 +398,13 @@ impl Device {
         let out = out.into();
         match self {
             Device::Cpu(_) => Ok(cpu::rows::embed(ty, table, rb, d, tokens, out.host())?),
-            Device::Cuda(g) => {
-                let row = |t: usize, out: &mut [f32]| {
-                    cpu::rows::embed_row(ty, table, rb, tokens[t], out).map_err(DeviceError::from)
-                };
-                g.embed(tokens.len(), d, row, out)
-            }
+            Device::Cuda(g) => g.embed_rows(&Embedding {
+                ty,
+                table,
+                d,
+                tokens,
+                out,
+            }),
         }
     }
 

@@ -4,6 +4,14 @@
 // 256 threads per block and enough blocks to fill the device (the backend caps the grid). Self-contained:
 // no toolkit headers, so NVRTC compiles it without an include path.
 
+// dst[i] = src[i] for i < n (a pass's staged embedding rows into its residual stream, inside its graph).
+extern "C" __global__ void copy_f32(float* __restrict__ dst, const float* __restrict__ src, int n) {
+    GRID_WAIT();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        dst[i] = src[i];
+    }
+}
+
 // x[i] += y[i] for i < n.
 extern "C" __global__ void add_f32(float* __restrict__ x, const float* __restrict__ y, int n) {
     GRID_WAIT();

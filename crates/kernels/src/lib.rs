@@ -33,7 +33,7 @@ pub const ELEMENTWISE: Module = Module {
         include_str!("../cuda/common.cuh"),
         include_str!("../cuda/elementwise.cu")
     ),
-    kernels: &["add_f32", "silu_mul_f32", "swiglu_rows_f32"],
+    kernels: &["copy_f32", "add_f32", "silu_mul_f32", "swiglu_rows_f32"],
 };
 
 /// RMS norm over rows.

@@ -12,8 +12,10 @@
 //!
 //! With CUDA graphs on (the default), the launches between two host waits are recorded and a repeated
 //! segment is replayed as one captured graph ([`Queue`]). A model's forward pass goes further ([`plan`]):
-//! it stages its inputs first, and a pass seen before under the same [`StepKey`] is replayed whole, its
-//! ops not run on the host at all (a decode step's host time is then its uploads, one graph launch and
+//! it stages its inputs first (its embedding rows, batch metadata and RoPE rows in one buffer, one upload
+//! through a page-locked buffer; a kernel of the pass copies the rows into place), and a pass seen before
+//! under the same [`StepKey`] is replayed whole, its ops not run on the host at all (a decode step's host
+//! time is then that upload, one graph launch and
 //! reading back each logits row's greedy token and log-normaliser, reduced on the device:
 //! [`Device::logit_best`](super::Device::logit_best); a top-k sampler's step adds the row's 64 best
 //! values, [`Device::logit_top`](super::Device::logit_top), from which it draws the token the row would

@@ -19,7 +19,9 @@ use super::ModelError;
 use super::layers::{HeadScratch, Linear, LmHead, Mlp, MlpScratch, Run, mark};
 pub use super::layers::{Profile, Stage};
 use crate::backend::gpu::{PlanId, StepKey};
-use crate::backend::{Buf, Device, MAX_GROUP, MAX_HEAD_DIM, Rope, Workspace, rope_angles};
+use crate::backend::{
+    Buf, Device, Embedding, MAX_GROUP, MAX_HEAD_DIM, Rope, Workspace, rope_angles,
+};
 use crate::gguf::{Gguf, TensorInfo};
 pub use crate::kv::Logits;
 use crate::kv::{Batch, KvShape, PagePool};
@@ -320,15 +322,6 @@ impl Llama {
             p.start();
         }
 
-        // Embeddings: exact dequantization of the stored rows.
-        dev.embed(
-            self.embd.ty,
-            self.gguf.tensor_data(&self.embd),
-            d,
-            tokens,
-            s.x.at_mut(..n * d),
-        )?;
-
         // The pass's plan key: this model, this scratch (its buffers), the rows that want logits. The
         // reference path reads host weights: it is not planned. (A GPU's profile times only the host's
         // queueing, so a replayed pass has no stages to time.)
@@ -344,7 +337,21 @@ impl Llama {
                 s.key.push(r.end as u64);
             });
         }
-        if dev.begin_step(&mut s.key, pool, batch, Some((&s.rope, hd / 2)))? {
+        // Embeddings: exact dequantization of the stored rows, staged with the pass's other inputs.
+        let embed = Embedding {
+            ty: self.embd.ty,
+            table: self.gguf.tensor_data(&self.embd),
+            d,
+            tokens,
+            out: s.x.at_mut(..n * d),
+        };
+        if dev.begin_step(
+            &mut s.key,
+            pool,
+            batch,
+            Some((&s.rope, hd / 2)),
+            Some(embed),
+        )? {
             return Ok(s.head.rows(rows, c.vocab));
         }
 

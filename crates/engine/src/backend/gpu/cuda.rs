@@ -21,7 +21,10 @@ use super::launch::{DevPtr, Launch, Launcher, Params, Shape};
 use super::nvrtc::KernelCache;
 use super::{DevMem, GpuDevice, GpuRuntime};
 use crate::backend::DeviceError;
-use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream, result, sys};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream, HostSlice, PinnedHostSlice,
+    result, sys,
+};
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
@@ -116,6 +119,19 @@ struct Loaded {
     functions: HashMap<&'static str, (CudaFunction, usize)>,
 }
 
+/// Page-locked buffers uploads go through, used in turn ([`Gpu::upload`]).
+#[derive(Default)]
+struct Bounce {
+    slots: Vec<PinnedHostSlice<u8>>,
+    next: usize,
+}
+
+/// Uploads of at most this many bytes go through a page-locked buffer.
+const BOUNCE_BYTES: usize = 1 << 20;
+
+/// Page-locked buffers in turn: a step's few uploads never wait for one another's copies.
+const BOUNCE_SLOTS: usize = 4;
+
 /// One GPU's kernel runtime: its context, one stream, the modules loaded so far.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
@@ -135,6 +151,8 @@ pub struct Gpu {
     /// kernel waits at its `GRID_WAIT()`), and whether launches ask it to.
     pdl_capable: bool,
     pdl: std::sync::atomic::AtomicBool,
+    /// Page-locked bounce buffers for uploads (see [`Gpu::upload`]), allocated on first use.
+    bounce: Mutex<Bounce>,
 }
 
 /// One timed launch: its kernel and the events recorded before and after it on the stream.
@@ -231,6 +249,7 @@ impl Gpu {
             timing: Mutex::new(None),
             pdl_capable: probe.capability.0 >= 9,
             pdl: false.into(),
+            bounce: Mutex::default(),
         })
     }
 
@@ -277,12 +296,47 @@ impl Gpu {
     }
 
     /// Queues a copy of `src` to device address `dst` (after the stream's queued work); `src` may be reused
-    /// when this returns.
+    /// when this returns. Up to [`BOUNCE_BYTES`] go through the next of [`BOUNCE_SLOTS`] page-locked
+    /// buffers (a step's inputs: one copy into it, then a copy the GPU makes on its own, without the
+    /// driver staging pageable memory), reused once the copy from it is done; larger ones go from
+    /// pageable memory.
     #[expect(unsafe_code, reason = "raw device copies")]
     pub fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
+        if src.len() <= BOUNCE_BYTES
+            && let Ok(mut b) = self.bounce.lock()
+        {
+            if b.slots.is_empty() {
+                for _ in 0..BOUNCE_SLOTS {
+                    // SAFETY: fresh page-locked memory; every byte a copy reads is written first below.
+                    let slot = unsafe { self.ctx.alloc_pinned::<u8>(BOUNCE_BYTES) }
+                        .map_err(driver("allocating page-locked memory"))?;
+                    b.slots.push(slot);
+                }
+            }
+            let i = b.next;
+            b.next = (i + 1) % BOUNCE_SLOTS;
+            let slot = &mut b.slots[i];
+            // Waits for the copy queued from this buffer last time.
+            let p = slot
+                .as_mut_ptr()
+                .map_err(driver("waiting for a copy to the GPU"))?;
+            // SAFETY: `p` is the slot's BOUNCE_BYTES of page-locked memory, no copy reads it now (waited
+            // above), and `src` is a distinct host buffer of at most that many bytes.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
+            // SAFETY: the slice is used on this stream only (the slot's event is recorded after the copy
+            // when `_done` drops).
+            let (pinned, _done) = unsafe { slot.stream_synced_slice(&self.stream) };
+            // SAFETY: `dst` addresses at least `src.len()` bytes of one allocation of this context,
+            // written in stream order after the work queued before; `pinned` stays untouched until the
+            // copy is done (the next write to the slot waits for its event).
+            let copied = unsafe {
+                result::memcpy_htod_async(dst.0, &pinned[..src.len()], self.stream.cu_stream())
+            };
+            return copied.map_err(driver("copying to the GPU"));
+        }
         // SAFETY: the caller's `dst` addresses at least `src.len()` bytes of one allocation (DevBuf
         // ranges) of this context. The copy is queued on the one stream, after the work queued before it;
         // from pageable memory, as `src` is, the driver stages the bytes before the call returns, so `src`

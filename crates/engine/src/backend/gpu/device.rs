@@ -8,7 +8,7 @@ use crate::backend::batch::Batch;
 use crate::backend::buf::{Buf, Mem, View, ViewMut};
 use crate::backend::gdn::Shape as GdnShape;
 use crate::backend::pages::{PageDevice, PagePool};
-use crate::backend::{DeviceError, GdnRun, GdnSteps, Rope};
+use crate::backend::{DeviceError, Embedding, GdnRun, GdnSteps, Rope, cpu};
 use std::sync::{Arc, Mutex};
 
 mod fused;
@@ -272,21 +272,27 @@ impl GpuDevice {
         });
     }
 
-    /// `n` embedding rows of `d` floats, dequantized on the host by `row` (row index, its floats) and
-    /// uploaded into `out`.
-    pub fn embed(
-        &self,
-        n: usize,
-        d: usize,
-        row: impl Fn(usize, &mut [f32]) -> Result<(), DeviceError>,
-        out: ViewMut<'_>,
-    ) -> Result<(), DeviceError> {
+    /// The embedding rows `e` asks for, dequantized on the host and uploaded where they go.
+    pub fn embed_rows(&self, e: &Embedding<'_>) -> Result<(), DeviceError> {
         let s = &mut *self.staging();
-        s.rows.resize(n * d, 0.0);
-        for (t, r) in s.rows.chunks_exact_mut(d).enumerate() {
-            row(t, r)?;
+        Self::dequantize_rows(e, &mut s.rows)?;
+        self.upload(&e.out, &s.rows);
+        Ok(())
+    }
+
+    /// The embedding rows `e` asks for, dequantized exactly (a few rows: on the host) into `rows`.
+    fn dequantize_rows(e: &Embedding<'_>, rows: &mut Vec<f32>) -> Result<(), DeviceError> {
+        let rb =
+            e.ty.row_bytes(e.d)
+                .ok_or_else(|| DeviceError::Unsupported {
+                    device: "embed",
+                    what: format!("rows of {} values of type {}", e.d, e.ty),
+                })?;
+        assert!(e.out.len() >= e.tokens.len() * e.d, "embedding rows");
+        rows.resize(e.tokens.len() * e.d, 0.0);
+        for (r, &t) in rows.chunks_exact_mut(e.d).zip(e.tokens) {
+            cpu::rows::embed_row(e.ty, e.table, rb, t, r)?;
         }
-        self.upload(&out, &s.rows);
         Ok(())
     }
 

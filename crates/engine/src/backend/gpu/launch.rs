@@ -219,6 +219,17 @@ fn elementwise(n: usize) -> Shape {
     }
 }
 
+/// `dst[i] = src[i]` for `n` floats, as a kernel (inside a pass's graph, unlike a copy).
+pub fn copy(l: &dyn Launcher, dst: DevPtr, src: DevPtr, n: usize) -> Result<(), DeviceError> {
+    let args = [Arg::Ptr(dst), Arg::Ptr(src), Arg::I32(int(n, "a length")?)];
+    l.launch(
+        &thorn_kernels::ELEMENTWISE,
+        "copy_f32",
+        elementwise(n),
+        &args,
+    )
+}
+
 /// `x[i] += y[i]` for `n` floats.
 pub fn add(l: &dyn Launcher, x: DevPtr, y: DevPtr, n: usize) -> Result<(), DeviceError> {
     let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::I32(int(n, "a length")?)];

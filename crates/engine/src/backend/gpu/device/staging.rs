@@ -1,7 +1,9 @@
 //! The GPU device's own staging: what its ops upload (a batch's metadata, RoPE rows) and the scratch they
 //! write (attention partials, DeltaNet work), reused across calls. A decode step asks for the same
 //! batch metadata and RoPE rows in every layer: they are built and uploaded once, and each later op of
-//! the step only hands the staged copy to its segment (one lock of the queue, no upload).
+//! the step only hands the staged copy to its segment (one lock of the queue, no upload). A pass that
+//! starts as a step ([`Staging::step`]) stages all of its inputs (metadata, RoPE rows, embedding rows)
+//! in one buffer with one upload.
 
 use crate::backend::DeviceError;
 use crate::backend::batch::{Batch, SeqSpan};
@@ -81,6 +83,44 @@ pub(super) struct Staging {
     pub(super) rows: Vec<f32>,
     /// The chunked DeltaNet's per-head scratch.
     pub(super) gdn_work: DevVec,
+    /// A step's inputs in one buffer ([`Staging::step`]), its host bytes, and its sections' capacities.
+    inputs: DevVec,
+    blob: Vec<u8>,
+    sections: [usize; SECTIONS],
+    /// Whether the staged batch's arrays are in `inputs` (else in `dev_meta`).
+    staged_in_inputs: bool,
+    /// The RoPE rows `inputs` holds, and where.
+    rope_staged: Option<(RopeKey, (DevPtr, DevPtr))>,
+}
+
+/// What RoPE rows are built from: the positions, pairs per position, and the angle table's address and
+/// length (a model's own table).
+#[derive(Debug, Default, PartialEq)]
+struct RopeKey {
+    positions: Vec<u32>,
+    n_angles: usize,
+    table: (usize, usize),
+}
+
+impl RopeKey {
+    fn matches(&self, positions: &[u32], table: &[(f32, f32)], n_angles: usize) -> bool {
+        self.n_angles == n_angles
+            && self.table == (table.as_ptr() as usize, table.len())
+            && self.positions == positions
+    }
+}
+
+/// Sections of a step's inputs: the five metadata arrays, RoPE positions and rows, embedding rows.
+const SECTIONS: usize = 8;
+
+/// Where a step's inputs are in device memory ([`Staging::step`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepInputs {
+    pub(super) batch: DevBatch,
+    /// The embedding rows, when staged.
+    pub(super) rows: Option<DevPtr>,
+    /// Each section's offset in the buffer: a pass recorded at other offsets read other addresses.
+    pub(super) layout: [usize; SECTIONS],
 }
 
 impl Staging {
@@ -97,6 +137,10 @@ impl Staging {
         if let Some(b) = self.staged
             && self.key.matches(batch, page_size, split_cap)
         {
+            if self.staged_in_inputs {
+                DevVec::put_all(rt, [(&mut self.inputs, None)])?;
+                return Ok(b);
+            }
             let d = &mut self.dev_meta;
             DevVec::put_all(
                 rt,
@@ -137,6 +181,7 @@ impl Staging {
         };
         self.key.set(batch, page_size, split_cap);
         self.staged = Some(b);
+        self.staged_in_inputs = false;
         Ok(b)
     }
 
@@ -158,6 +203,26 @@ impl Staging {
         table: &[(f32, f32)],
         n_angles: usize,
     ) -> Result<(DevPtr, DevPtr), DeviceError> {
+        if let Some((key, ptrs)) = &self.rope_staged
+            && key.matches(positions, table, n_angles)
+        {
+            let ptrs = *ptrs;
+            DevVec::put_all(rt, [(&mut self.inputs, None)])?;
+            return Ok(ptrs);
+        }
+        self.build_rope(positions, table, n_angles);
+        let [pos, table] = DevVec::put_all(
+            rt,
+            [
+                (&mut self.dev_pos, Some(bytemuck::cast_slice(&self.pos))),
+                (&mut self.dev_table, Some(bytemuck::cast_slice(&self.table))),
+            ],
+        )?;
+        Ok((pos, table))
+    }
+
+    /// The RoPE rows of `positions` into `table` and `pos` (see [`Staging::rope_rows`]).
+    fn build_rope(&mut self, positions: &[u32], table: &[(f32, f32)], n_angles: usize) {
         self.table.clear();
         self.pos.clear();
         for (t, &p) in positions.iter().enumerate() {
@@ -169,14 +234,93 @@ impl Staging {
             );
             self.pos.push(t as i32);
         }
-        let [pos, table] = DevVec::put_all(
-            rt,
-            [
-                (&mut self.dev_pos, Some(bytemuck::cast_slice(&self.pos))),
-                (&mut self.dev_table, Some(bytemuck::cast_slice(&self.table))),
-            ],
-        )?;
-        Ok((pos, table))
+    }
+
+    /// Stages a step's inputs with one upload: `batch`'s metadata (as [`Staging::batch`]), its RoPE rows
+    /// `(table, pairs per position)` when given (as [`Staging::rope_rows`]), and the embedding rows in
+    /// `rows` (n × d floats) when given. Each goes to a section of one buffer, whose sections keep their
+    /// capacity (a power of two) from step to step, so a decode step's addresses stay where they were;
+    /// the ops of the pass then find the batch and RoPE rows staged.
+    pub(super) fn step(
+        &mut self,
+        rt: &Queue,
+        batch: &Batch,
+        page_size: usize,
+        split_cap: usize,
+        rope: Option<(&[(f32, f32)], usize)>,
+        rows: Option<&[f32]>,
+    ) -> Result<StepInputs, DeviceError> {
+        self.staged = None;
+        self.rope_staged = None;
+        self.meta.build(batch, page_size, split_cap)?;
+        let positions = &batch.pos[..batch.len()];
+        if let Some((table, n_angles)) = rope {
+            self.build_rope(positions, table, n_angles);
+        }
+        let m = &self.meta;
+        let parts: [&[u8]; SECTIONS] = [
+            bytemuck::cast_slice(&m.table),
+            bytemuck::cast_slice(&m.meta),
+            bytemuck::cast_slice(&m.seen),
+            bytemuck::cast_slice(&m.dst),
+            bytemuck::cast_slice(&m.seqs),
+            if rope.is_some() {
+                bytemuck::cast_slice(&self.pos)
+            } else {
+                &[]
+            },
+            if rope.is_some() {
+                bytemuck::cast_slice(&self.table)
+            } else {
+                &[]
+            },
+            rows.map_or(&[][..], bytemuck::cast_slice),
+        ];
+        let mut layout = [0usize; SECTIONS];
+        let mut at: usize = 0;
+        for (i, p) in parts.iter().enumerate() {
+            if p.len() > self.sections[i] {
+                self.sections[i] = p.len().next_power_of_two().max(64);
+            }
+            layout[i] = at;
+            at += self.sections[i];
+        }
+        // Up to the end of the last section's contents: the capacity after it is never read.
+        self.blob
+            .resize(layout[SECTIONS - 1] + parts[SECTIONS - 1].len(), 0);
+        for (p, &o) in parts.iter().zip(&layout) {
+            self.blob[o..o + p.len()].copy_from_slice(p);
+        }
+        let base = self.inputs.put(rt, &self.blob)?;
+        let ptr = |i: usize| base.offset(layout[i]);
+        let b = DevBatch {
+            table: ptr(0),
+            meta: ptr(1),
+            seen: ptr(2),
+            dst: ptr(3),
+            seqs: ptr(4),
+            tokens: batch.len(),
+            n_seqs: batch.seqs.len(),
+            splits: m.splits,
+            split_cap: m.split_cap,
+            attend_from: m.attend_from,
+        };
+        self.key.set(batch, page_size, split_cap);
+        self.staged = Some(b);
+        self.staged_in_inputs = true;
+        if let Some((table, n_angles)) = rope {
+            let key = RopeKey {
+                positions: positions.to_vec(),
+                n_angles,
+                table: (table.as_ptr() as usize, table.len()),
+            };
+            self.rope_staged = Some((key, (ptr(5), ptr(6))));
+        }
+        Ok(StepInputs {
+            batch: b,
+            rows: rows.map(|_| ptr(7)),
+            layout,
+        })
     }
 }
 

@@ -6,30 +6,54 @@ use crate::backend::DeviceError;
 use crate::backend::batch::Batch;
 use crate::backend::gpu::plan::StepKey;
 use crate::backend::pages::PagePool;
+use crate::backend::{Embedding, gpu::launch};
 
 impl GpuDevice {
     /// Stages what `batch`'s ops read (its metadata; its RoPE rows, `(table, angles per position)`,
-    /// when the model rotates by the device's table) and starts the pass under `key`, the model's part
-    /// of it, which this completes with what the device derives from the batch and the pool. Returns
-    /// `true` when the pass was replayed from its plan (its launches are queued: the model runs none of
-    /// its ops and reads the results); `false` when the model runs its ops, recorded until
-    /// [`GpuDevice::end_step`]. An empty key has no plan.
+    /// when the model rotates by the device's table; its embedding rows, dequantized here, when given)
+    /// with one upload, and starts the pass under `key`, the model's part of it, which this completes with
+    /// what the device derives from the batch and the pool. Returns `true` when the pass was replayed from
+    /// its plan (its launches are queued: the model runs none of its ops and reads the results); `false`
+    /// when the model runs its ops, recorded until [`GpuDevice::end_step`] (the embedding rows' copy into
+    /// place the first of them). An empty key has no plan: the embedding rows are uploaded where they go.
     pub fn begin_step(
         &self,
         key: &mut StepKey,
         pool: &mut PagePool,
         batch: &Batch,
         rope: Option<(&[(f32, f32)], usize)>,
+        embed: Option<Embedding<'_>>,
     ) -> Result<bool, DeviceError> {
         if key.is_empty() || batch.is_empty() {
             key.clear();
+            if let Some(e) = embed {
+                self.embed_rows(&e)?;
+            }
             return self.q.begin_step(key);
         }
-        {
+        let placed = {
             let s = &mut *self.staging();
-            let b = s.batch(&self.q, batch, pool.page_size(), self.split_cap(pool))?;
-            if let Some((table, n_angles)) = rope {
-                s.rope_rows(&self.q, &batch.pos[..batch.len()], table, n_angles)?;
+            let rows = match &embed {
+                Some(e) => {
+                    Self::dequantize_rows(e, &mut s.rows)?;
+                    Some(std::mem::take(&mut s.rows))
+                }
+                None => None,
+            };
+            let staged = s.step(
+                &self.q,
+                batch,
+                pool.page_size(),
+                self.split_cap(pool),
+                rope,
+                rows.as_deref(),
+            );
+            if let Some(r) = rows {
+                s.rows = r;
+            }
+            let inputs = staged?;
+            let b = inputs.batch;
+            if let Some((_, n_angles)) = rope {
                 key.push(n_angles as u64);
             }
             let store = Self::store_mut(pool);
@@ -48,8 +72,21 @@ impl GpuDevice {
             for p in [store.k, store.v, store.kscale, store.vscale] {
                 key.push(p.0);
             }
+            for o in inputs.layout {
+                key.push(o as u64);
+            }
+            embed.map(|e| (inputs.rows, e))
+        };
+        if let Some((_, e)) = &placed {
+            key.push(e.out.ptr().0);
+            key.push(e.out.len() as u64);
         }
-        self.q.begin_step(key)
+        let replayed = self.q.begin_step(key)?;
+        if !replayed && let Some((Some(src), e)) = placed {
+            let (dst, n) = (e.out.ptr(), e.tokens.len() * e.d);
+            self.run("the embedding rows", |l| launch::copy(l, dst, src, n));
+        }
+        Ok(replayed)
     }
 
     /// Ends the pass [`GpuDevice::begin_step`] started (its launches queued; kept as its key's plan).
