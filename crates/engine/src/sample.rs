@@ -402,8 +402,21 @@ impl Sampler {
                 .filter(|(_, x)| ((x.to_bits() >> 23) & 127) >= floor && **x > 0.0)
                 .map(|(i, &x)| (i as TokenId, x)),
         );
-        self.cand
-            .sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        self.cand.sort_unstable_by(by_logit);
+        self.keep_mass(need);
+        Some(self.draw_from_cand())
+    }
+
+    /// The inverse temperature and the largest logit times it (what the fast paths' weights subtract);
+    /// `None` when the largest logit is not finite.
+    fn scaled_max(&self, logits: &[f32]) -> Option<(f32, f32)> {
+        let inv_t = 1.0 / self.params.temperature;
+        let m = self.reduce.max(logits);
+        m.is_finite().then_some((inv_t, m * inv_t))
+    }
+
+    /// Keeps the shortest prefix of `cand` (sorted, weights) whose mass reaches `need` (all of it if none).
+    fn keep_mass(&mut self, need: f64) {
         let mut acc = 0f64;
         let keep = self
             .cand
@@ -414,15 +427,6 @@ impl Sampler {
             })
             .map_or(self.cand.len(), |i| i + 1);
         self.cand.truncate(keep);
-        Some(self.draw_from_cand())
-    }
-
-    /// The inverse temperature and the largest logit times it (what the fast paths' weights subtract);
-    /// `None` when the largest logit is not finite.
-    fn scaled_max(&self, logits: &[f32]) -> Option<(f32, f32)> {
-        let inv_t = 1.0 / self.params.temperature;
-        let m = self.reduce.max(logits);
-        m.is_finite().then_some((inv_t, m * inv_t))
     }
 
     /// A draw from `cand` in proportion to its weights (the last candidate if rounding runs past them).
@@ -473,12 +477,10 @@ impl Sampler {
             .extend(logits.iter().enumerate().map(|(i, &l)| (i as TokenId, l)));
         let n = n.min(self.cand.len());
         // By logit, the lower id among equals (in the selection too, so that ties are kept the same way).
-        let order =
-            |a: &(TokenId, f32), b: &(TokenId, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if n < self.cand.len() {
-            self.cand.select_nth_unstable_by(n, order);
+            self.cand.select_nth_unstable_by(n, by_logit);
         }
-        self.cand[..n].sort_by(order);
+        self.cand[..n].sort_by(by_logit);
         self.cand[..n].iter().map(|&(t, l)| (t, l - lse)).collect()
     }
 
@@ -507,8 +509,6 @@ impl Sampler {
                     .filter(|(_, l)| l.is_finite())
                     .map(|(i, &l)| (i as TokenId, l)),
             );
-            let by_logit =
-                |a: &(TokenId, f32), b: &(TokenId, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
             // Keep a sorted prefix: top-k, or enough candidates for top-p / min-p.
             let k = if p.top_k > 0 {
                 p.top_k.min(self.cand.len())
@@ -537,43 +537,40 @@ impl Sampler {
         if self.cand.is_empty() {
             return 0;
         }
-        let p = &self.params;
+        let (t, top_p, min_p) = (
+            self.params.temperature,
+            self.params.top_p,
+            self.params.min_p,
+        );
         self.cand.truncate(k);
         // Temperature softmax, in place (probabilities, unnormalised).
-        let t = p.temperature;
         let max = self.cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
         let mut total = 0f64;
         for c in self.cand.iter_mut() {
             c.1 = ((c.1 - max) / t).exp();
             total += f64::from(c.1);
         }
-        if p.top_p < 1.0 {
-            let need = f64::from(p.top_p) * total;
+        if top_p < 1.0 {
+            let need = f64::from(top_p) * total;
             let prefix: f64 = self.cand[..sorted].iter().map(|c| f64::from(c.1)).sum();
             if prefix < need && sorted < self.cand.len() {
                 // The mass is spread beyond the sorted prefix: sort the rest too (rare).
-                self.cand[sorted..]
-                    .sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                self.cand[sorted..].sort_unstable_by(by_logit);
             }
-            let mut acc = 0f64;
-            let keep = self
-                .cand
-                .iter()
-                .position(|c| {
-                    acc += f64::from(c.1);
-                    acc >= need
-                })
-                .map_or(self.cand.len(), |i| i + 1);
-            self.cand.truncate(keep);
+            self.keep_mass(need);
         }
-        if p.min_p > 0.0 {
+        if min_p > 0.0 {
             // Candidates are sorted by now whenever min_p is set, and the first has weight exp(0) = 1.
-            let floor = p.min_p;
-            let keep = self.cand.iter().take_while(|c| c.1 >= floor).count().max(1);
+            let keep = self.cand.iter().take_while(|c| c.1 >= min_p).count().max(1);
             self.cand.truncate(keep);
         }
         self.draw_from_cand()
     }
+}
+
+/// The candidates' order: by logit (or weight), the lower id among equals.
+fn by_logit(a: &(TokenId, f32), b: &(TokenId, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
 #[cfg(test)]
