@@ -89,13 +89,14 @@ pub(super) struct Staging {
     sections: [usize; SECTIONS],
     /// Whether the staged batch's arrays are in `inputs` (else in `dev_meta`).
     staged_in_inputs: bool,
-    /// The RoPE rows `inputs` holds, and where.
-    rope_staged: Option<(RopeKey, (DevPtr, DevPtr))>,
+    /// Where `inputs` holds RoPE rows, and what they were built from.
+    rope_staged: Option<(DevPtr, DevPtr)>,
+    rope_key: RopeKey,
 }
 
 /// What RoPE rows are built from: the positions, pairs per position, and the angle table's address and
 /// length (a model's own table).
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 struct RopeKey {
     positions: Vec<u32>,
     n_angles: usize,
@@ -157,7 +158,7 @@ impl Staging {
         self.staged = None;
         self.meta.build(batch, page_size, split_cap)?;
         let (m, d) = (&self.meta, &mut self.dev_meta);
-        let [table, meta, seen, dst, seqs] = DevVec::put_all(
+        let ptrs = DevVec::put_all(
             rt,
             [
                 (&mut d.table, Some(bytemuck::cast_slice(&m.table))),
@@ -167,22 +168,23 @@ impl Staging {
                 (&mut d.seqs, Some(bytemuck::cast_slice(&m.seqs))),
             ],
         )?;
-        let b = DevBatch {
-            table,
-            meta,
-            seen,
-            dst,
-            seqs,
-            tokens: batch.len(),
-            n_seqs: batch.seqs.len(),
-            splits: m.splits,
-            split_cap: m.split_cap,
-            attend_from: m.attend_from,
-        };
+        let b = m.on_device(ptrs);
+        Ok(self.stage(b, batch, page_size, split_cap, false))
+    }
+
+    /// Remembers `b` as `batch`'s staged metadata (in `inputs`, or in `dev_meta`).
+    fn stage(
+        &mut self,
+        b: DevBatch,
+        batch: &Batch,
+        page_size: usize,
+        split_cap: usize,
+        in_inputs: bool,
+    ) -> DevBatch {
         self.key.set(batch, page_size, split_cap);
         self.staged = Some(b);
-        self.staged_in_inputs = false;
-        Ok(b)
+        self.staged_in_inputs = in_inputs;
+        b
     }
 
     /// At least `bytes` of zeros in device memory, for the attention merge's counters (each launch leaves
@@ -203,10 +205,9 @@ impl Staging {
         table: &[(f32, f32)],
         n_angles: usize,
     ) -> Result<(DevPtr, DevPtr), DeviceError> {
-        if let Some((key, ptrs)) = &self.rope_staged
-            && key.matches(positions, table, n_angles)
+        if let Some(ptrs) = self.rope_staged
+            && self.rope_key.matches(positions, table, n_angles)
         {
-            let ptrs = *ptrs;
             DevVec::put_all(rt, [(&mut self.inputs, None)])?;
             return Ok(ptrs);
         }
@@ -293,28 +294,16 @@ impl Staging {
         }
         let base = self.inputs.put(rt, &self.blob)?;
         let ptr = |i: usize| base.offset(layout[i]);
-        let b = DevBatch {
-            table: ptr(0),
-            meta: ptr(1),
-            seen: ptr(2),
-            dst: ptr(3),
-            seqs: ptr(4),
-            tokens: batch.len(),
-            n_seqs: batch.seqs.len(),
-            splits: m.splits,
-            split_cap: m.split_cap,
-            attend_from: m.attend_from,
-        };
-        self.key.set(batch, page_size, split_cap);
-        self.staged = Some(b);
-        self.staged_in_inputs = true;
+        let b = m.on_device(std::array::from_fn(ptr));
+        let b = self.stage(b, batch, page_size, split_cap, true);
         if let Some((table, n_angles)) = rope {
-            let key = RopeKey {
-                positions: positions.to_vec(),
-                n_angles,
-                table: (table.as_ptr() as usize, table.len()),
-            };
-            self.rope_staged = Some((key, (ptr(5), ptr(6))));
+            // The key's buffer is reused: nothing is allocated a step.
+            let key = &mut self.rope_key;
+            key.positions.clear();
+            key.positions.extend_from_slice(positions);
+            key.n_angles = n_angles;
+            key.table = (table.as_ptr() as usize, table.len());
+            self.rope_staged = Some((ptr(5), ptr(6)));
         }
         Ok(StepInputs {
             batch: b,

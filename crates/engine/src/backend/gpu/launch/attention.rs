@@ -114,6 +114,23 @@ impl BatchMeta {
         self.attend_from = batch.attend_from;
         Ok(())
     }
+
+    /// The metadata as the kernels take it, its arrays `[table, meta, seen, dst, seqs]` at these device
+    /// addresses.
+    pub fn on_device(&self, [table, meta, seen, dst, seqs]: [DevPtr; 5]) -> DevBatch {
+        DevBatch {
+            table,
+            meta,
+            seen,
+            dst,
+            seqs,
+            tokens: self.meta.len() / 4,
+            n_seqs: self.seqs.len() / 2,
+            splits: self.splits,
+            split_cap: self.split_cap,
+            attend_from: self.attend_from,
+        }
+    }
 }
 
 /// [`BatchMeta`]'s buffers in device memory, and the numbers the kernels take by value.

@@ -92,18 +92,7 @@ fn upload_batch_cut<'d>(
         ints(&m.dst),
         ints(&m.seqs),
     ];
-    let b = DevBatch {
-        table: bufs[0].ptr(),
-        meta: bufs[1].ptr(),
-        seen: bufs[2].ptr(),
-        dst: bufs[3].ptr(),
-        seqs: bufs[4].ptr(),
-        tokens: batch.len(),
-        n_seqs: batch.seqs.len(),
-        splits: m.splits,
-        split_cap: m.split_cap,
-        attend_from: m.attend_from,
-    };
+    let b = m.on_device(std::array::from_fn(|i| bufs[i].ptr()));
     DevMeta { _bufs: bufs, b }
 }
 
