@@ -253,14 +253,13 @@ fn decode_steps_replayed_from_their_plans_match_steps_run_op_by_op() {
     assert!(st.steps >= 84 - 3 * 3, "{st:?}");
 }
 
-/// Top-k sampling on a GPU draws from each row's candidates found on the device (`row_top`, read back with
-/// the row's normaliser instead of the row): the same tokens and log-probabilities (to rounding) as the
-/// same requests drawing from the whole rows (a zero logit bias sends them there), for the same seeds,
-/// alone and batched.
-#[test]
-fn top_k_sampling_on_the_gpu_draws_from_the_devices_candidates() {
-    use crate::engine::{Engine, EngineConfig, Request};
-    use crate::spec::SpecConfig;
+/// An engine on `dev` over a 2-layer random Llama (`seed`) with the repository's tiny test model's byte-level
+/// tokenizer of 256 tokens: one thread, 512 positions of f16 pages of 16, the rest as `adjust` sets it.
+fn tiny_engine(
+    dev: Device,
+    seed: u64,
+    adjust: impl FnOnce(&mut crate::engine::EngineConfig),
+) -> crate::engine::Engine {
     use crate::testutil::{LlamaShape, random_llama};
     let shape = LlamaShape {
         layers: 2,
@@ -270,7 +269,7 @@ fn top_k_sampling_on_the_gpu_draws_from_the_devices_candidates() {
         ffn: 256,
         vocab: 256,
     };
-    let g = Arc::new(random_llama(shape, crate::quant::GgmlType::Q4_1, 5));
+    let g = Arc::new(random_llama(shape, crate::quant::GgmlType::Q4_1, seed));
     let tokenizer = Arc::new(
         Gguf::open(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -278,18 +277,29 @@ fn top_k_sampling_on_the_gpu_draws_from_the_devices_candidates() {
         )
         .unwrap(),
     );
-    let rt = crate::backend::sim::Counting::new();
-    let d = Device::gpu(Arc::clone(&rt) as _);
-    let m = crate::model::Model::Llama(Llama::load(Arc::clone(&g), &d).unwrap());
-    let cfg = EngineConfig {
+    let m = crate::model::Model::Llama(Llama::load(g, &dev).unwrap());
+    let mut cfg = crate::engine::EngineConfig {
         threads: 1,
         context: 512,
         kv_dtype: KvDtype::F16,
         page_size: 16,
-        speculation: SpecConfig::off(),
-        ..EngineConfig::default()
+        ..crate::engine::EngineConfig::default()
     };
-    let mut e = Engine::with_model(Arc::clone(&tokenizer), m, d, &cfg).unwrap();
+    adjust(&mut cfg);
+    crate::engine::Engine::with_model(tokenizer, m, dev, &cfg).unwrap()
+}
+
+/// Top-k sampling on a GPU draws from each row's candidates found on the device (`row_top`, read back with
+/// the row's normaliser instead of the row): the same tokens and log-probabilities (to rounding) as the
+/// same requests drawing from the whole rows (a zero logit bias sends them there), for the same seeds,
+/// alone and batched.
+#[test]
+fn top_k_sampling_on_the_gpu_draws_from_the_devices_candidates() {
+    use crate::engine::Request;
+    use crate::spec::SpecConfig;
+    let rt = crate::backend::sim::Counting::new();
+    let d = Device::gpu(Arc::clone(&rt) as _);
+    let mut e = tiny_engine(d, 5, |cfg| cfg.speculation = SpecConfig::off());
     let request = |text: &str, seed: u64, row: bool| {
         let mut r = Request::greedy(text.bytes().map(u32::from).collect(), 24);
         r.ignore_eos = true;
@@ -450,44 +460,19 @@ fn check_against_cpu(
 /// reporting an alternative), their log-probabilities to rounding.
 #[test]
 fn the_engine_on_the_gpu_device_generates_the_same_with_step_plans() {
-    use crate::engine::{Engine, EngineConfig, Request};
+    use crate::engine::{Engine, Request};
     use crate::spec::{FixedCost, SpecConfig};
-    use crate::testutil::{LlamaShape, random_llama};
-    let shape = LlamaShape {
-        layers: 2,
-        d_model: 128,
-        heads: 4,
-        kv_heads: 2,
-        ffn: 256,
-        vocab: 256,
-    };
-    let g = Arc::new(random_llama(shape, crate::quant::GgmlType::Q4_1, 11));
-    // A byte-level tokenizer of 256 tokens from the repository's tiny test model.
-    let tokenizer = Arc::new(
-        Gguf::open(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../tests/data/qwen35-tiny/model.gguf"),
-        )
-        .unwrap(),
-    );
     let engine = |graphs: bool, checked: bool| {
         let d = Device::gpu(Arc::new(crate::backend::sim::Sim));
         d.verify_steps(checked);
-        let m = crate::model::Model::Llama(Llama::load(Arc::clone(&g), &d).unwrap());
-        let cfg = EngineConfig {
-            threads: 1,
-            context: 512,
-            kv_dtype: KvDtype::F16,
-            page_size: 16,
-            cuda_graphs: graphs,
+        tiny_engine(d, 11, |cfg| {
+            cfg.cuda_graphs = graphs;
             // A fixed cost model: whether a draft is worth a pass must not depend on the machine's load.
-            speculation: SpecConfig {
+            cfg.speculation = SpecConfig {
                 fixed_cost: Some(FixedCost::MEMORY_BOUND),
                 ..SpecConfig::default()
-            },
-            ..EngineConfig::default()
-        };
-        Engine::with_model(Arc::clone(&tokenizer), m, d, &cfg).unwrap()
+            };
+        })
     };
     let request = |text: &str, rows: bool| {
         let mut r = Request::greedy(text.bytes().map(u32::from).collect(), 32);
