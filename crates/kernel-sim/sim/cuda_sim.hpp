@@ -110,6 +110,7 @@ static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 // Rounded once each and never fused into a multiply-add (the simulator is built with -ffp-contract=off).
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }  // rounded once
 #define __expf expf  // glibc declares its own __expf
 static inline float __fdividef(float a, float b) { return a / b; }
 static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }

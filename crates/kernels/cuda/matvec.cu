@@ -2,7 +2,8 @@
 // trees, small prefill chunks), out[t * stride + r] = scale * W[r] . x[t] (stride >= rows: a matrix that is
 // one part of a stacked output, such as a fused QKV whose parts stay where the model file has them). With
 // `add` set the product is added to what `out` holds (a residual, x += W . h, in one launch): rounded once,
-// then added with one more rounding, as a separate add kernel would.
+// then added with one more rounding, as a separate add kernel would. Larger batches take the tensor-core
+// products (gemm.cu), which give the same bits (blocks.cuh: the canonical product).
 //
 // Weights are the GGUF tensor's bytes, uploaded once or read in place: `rows` rows of `cols` weights.
 // Activations are `nt` tokens quantized as quantize_q8_1 does: `q` (nt x cols int8) and `ds` (nt x cols/32
@@ -10,161 +11,14 @@
 // `scale` is the tensor scale (NVFP4's second level; 1 for the others).
 //
 // One warp per output row, 4 rows per block: launch with block (32, 4) and a grid of at most ceil(rows / 4)
-// blocks (the blocks stride over the rows). Each lane
-// takes a quarter (8 values) of a 32-value activation block, so a warp covers 8 blocks per step; the
-// quarter's weights are unpacked to 8-bit integers and multiplied by dp4a, exactly. A quarter's weights are
-// w_j = d * (v_j - z) plus a per-block offset m, so its share of the dot product is
-// d * dx * (sum v_j q_j - z * sum q_j), and the block's m * (dx * sum q) is added once, by the first
-// quarter. This is the CPU backend's algebra (d * dx * isum + m * sx per block, see its qmatmul); only the
-// order of the float sums differs, so results agree to rounding, not bit for bit.
+// blocks (the blocks stride over the rows). Each lane takes a quarter (8 values) of a 32-value block, so a
+// warp covers 8 blocks per step; the quarter's weights are unpacked to 8-bit integers and multiplied by
+// dp4a, exactly. The lanes leave each token's quarter sums in the warp's shared scratch, and lane t then
+// folds token t's blocks of the step in order (blocks.cuh's block_term): integer sums exact, floats in the
+// canonical order, so every token of a batch is folded by its own lane at once.
 
 #define MV_ROWS 4
 #define MV_TOKENS 16
-
-#define FMT_Q4_0 0
-#define FMT_Q4_1 1
-#define FMT_Q8_0 2
-#define FMT_Q4_K 3
-#define FMT_Q6_K 4
-#define FMT_NVFP4 5
-
-// Eight weights of one quarter as two words of four int8, and how to scale them.
-struct Quarter {
-    unsigned v0, v1;
-    float d;  // scale of the integers
-    float m;  // per-block offset, times the block's dx * sum q
-    int z;    // zero point subtracted from each integer
-};
-
-// Unsigned E4M3 block scale (NVFP4), decoded as ggml does: 0x00 and 0x7F are zero, the sign bit ignored.
-__device__ __forceinline__ float ue4m3_to_f32(unsigned x) {
-    if (x == 0 || x == 0x7f) {
-        return 0.0f;
-    }
-    const unsigned e = (x >> 3) & 0xf;
-    const unsigned m = x & 7;
-    if (e == 0) {
-        return (float)m * (1.0f / 512.0f);
-    }
-    return __uint_as_float(((e + 120) << 23) | (m << 20));
-}
-
-// Four E2M1 codes (one per byte, 0..15) to their doubled values {0, 1, 2, 3, 4, 6, 8, 12} with sign, as
-// int8: two byte-permute table lookups (the positive and the negative table) and a per-byte select.
-__device__ __forceinline__ unsigned e2m1x4_to_i8x4(unsigned codes) {
-    const unsigned c = codes & 0x07070707u;
-    const unsigned t = c | (c >> 4);
-    const unsigned sel = ((t & 0xffu) | ((t >> 8) & 0xff00u)) & 0x7777u;
-    const unsigned pos = __byte_perm(0x03020100u, 0x0c080604u, sel);
-    const unsigned neg = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, sel);
-    const unsigned sign = ((codes >> 3) & 0x01010101u) * 0xffu;
-    return (pos & ~sign) | (neg & sign);
-}
-
-// Quarter k (0..3) of 32-value block b of a row of format F.
-template <int F>
-__device__ __forceinline__ Quarter quarter(const unsigned char* row, int b, int k) {
-    Quarter w;
-    w.m = 0.0f;
-    w.z = 0;
-    if constexpr (F == FMT_Q4_0) {
-        // 18 bytes: d (f16), 16 bytes: element j in the low nibble of byte j, element 16 + j in the high.
-        const unsigned char* blk = row + 18 * b;
-        const unsigned char* qs = blk + 2 + 8 * (k & 1);
-        const int shift = 4 * (k >> 1);
-        w.v0 = (load_u32_a2(qs) >> shift) & 0x0f0f0f0fu;
-        w.v1 = (load_u32_a2(qs + 4) >> shift) & 0x0f0f0f0fu;
-        w.d = load_f16(blk);
-        w.m = -8.0f * w.d;
-    } else if constexpr (F == FMT_Q4_1) {
-        // 20 bytes: d, m (f16), nibbles as Q4_0.
-        const unsigned char* blk = row + 20 * b;
-        const unsigned char* qs = blk + 4 + 8 * (k & 1);
-        const int shift = 4 * (k >> 1);
-        w.v0 = (load_u32_a4(qs) >> shift) & 0x0f0f0f0fu;
-        w.v1 = (load_u32_a4(qs + 4) >> shift) & 0x0f0f0f0fu;
-        w.d = load_f16(blk);
-        w.m = load_f16(blk + 2);
-    } else if constexpr (F == FMT_Q8_0) {
-        // 34 bytes: d (f16), 32 signed bytes.
-        const unsigned char* blk = row + 34 * b;
-        w.v0 = load_u32_a2(blk + 2 + 8 * k);
-        w.v1 = load_u32_a2(blk + 6 + 8 * k);
-        w.d = load_f16(blk);
-    } else if constexpr (F == FMT_Q4_K) {
-        // 144 bytes per 256: d, dmin (f16), 12 bytes of 6-bit scales and minimums for 8 sub-blocks of 32,
-        // then 128 bytes: sub-blocks 2i and 2i + 1 in the low and high nibbles of bytes 32i..32i + 32.
-        const int sub = b & 7;
-        const unsigned char* blk = row + 144 * (b >> 3);
-        const unsigned char* sc = blk + 4;
-        unsigned s, mn;
-        if (sub < 4) {
-            s = sc[sub] & 63;
-            mn = sc[sub + 4] & 63;
-        } else {
-            s = (sc[sub + 4] & 0xf) | ((sc[sub - 4] >> 6) << 4);
-            mn = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
-        }
-        const unsigned char* qs = blk + 16 + 32 * (sub >> 1) + 8 * k;
-        const int shift = 4 * (sub & 1);
-        w.v0 = (load_u32_a4(qs) >> shift) & 0x0f0f0f0fu;
-        w.v1 = (load_u32_a4(qs + 4) >> shift) & 0x0f0f0f0fu;
-        w.d = load_f16(blk) * (float)s;
-        w.m = -(load_f16(blk + 2) * (float)mn);
-    } else if constexpr (F == FMT_Q6_K) {
-        // 210 bytes per 256: ql (128), qh (64), 16 int8 scales (one per 16), d (f16). Each half of 128
-        // values has 4 groups of 32: group g's low 4 bits are nibble g / 2 of ql[64n + 32(g % 2) + l], its
-        // high 2 bits are bits 2g of qh[32n + l]; values are 6-bit with zero point 32.
-        const int sub = b & 7;
-        const int n = sub >> 2;
-        const int g = sub & 3;
-        const unsigned char* blk = row + 210 * (b >> 3);
-        const unsigned char* ql = blk + 64 * n + 32 * (g & 1) + 8 * k;
-        const unsigned char* qh = blk + 128 + 32 * n + 8 * k;
-        const int lo = 4 * (g >> 1);
-        const int hi = 2 * g;
-        w.v0 = ((load_u32_a2(ql) >> lo) & 0x0f0f0f0fu) | (((load_u32_a2(qh) >> hi) & 0x03030303u) << 4);
-        w.v1 = ((load_u32_a2(ql + 4) >> lo) & 0x0f0f0f0fu) | (((load_u32_a2(qh + 4) >> hi) & 0x03030303u) << 4);
-        w.d = load_f16(blk + 208) * (float)(signed char)blk[192 + 8 * n + 2 * g + (k >> 1)];
-        w.z = 32;
-    } else {
-        // NVFP4 as ggml stores it: 36 bytes per 64, four UE4M3 scales (one per 16), then 32 bytes: element
-        // 16s + j in the low nibble of byte 8s + j, element 16s + 8 + j in its high nibble. E2M1 values are
-        // doubled to integers, so the scale is halved.
-        const unsigned char* blk = row + 36 * (b >> 1);
-        const int s = 2 * (b & 1) + (k >> 1);
-        const unsigned char* qs = blk + 4 + 8 * s;
-        const int shift = 4 * (k & 1);
-        w.v0 = e2m1x4_to_i8x4((load_u32_a4(qs) >> shift) & 0x0f0f0f0fu);
-        w.v1 = e2m1x4_to_i8x4((load_u32_a4(qs + 4) >> shift) & 0x0f0f0f0fu);
-        w.d = 0.5f * ue4m3_to_f32(blk[s]);
-    }
-    return w;
-}
-
-// Bytes of one row of `cols` weights of format F.
-template <int F>
-__device__ __forceinline__ long row_bytes(int cols) {
-    if constexpr (F == FMT_Q4_0) {
-        return (long)(cols / 32) * 18;
-    } else if constexpr (F == FMT_Q4_1) {
-        return (long)(cols / 32) * 20;
-    } else if constexpr (F == FMT_Q8_0) {
-        return (long)(cols / 32) * 34;
-    } else if constexpr (F == FMT_Q4_K) {
-        return (long)(cols / 256) * 144;
-    } else if constexpr (F == FMT_Q6_K) {
-        return (long)(cols / 256) * 210;
-    } else {
-        return (long)(cols / 64) * 36;
-    }
-}
-
-// Stores one output: the product, or (add) the product added to what is there. __fadd_rn is never fused
-// into a multiply-add, so the sum is rounded exactly as the unfused add kernel rounds it.
-__device__ __forceinline__ void store_out(float* o, float v, int add) {
-    *o = add ? __fadd_rn(*o, v) : v;
-}
 
 // How a product gets its input. MV_QUANTIZED: `q` and `ds` hold it, quantized by quantize_q8_1 or a fused
 // kernel beside it. The others quantize it in the kernel's prologue, each block into its own shared memory,
@@ -238,6 +92,18 @@ __device__ __forceinline__ void mv_input(const float* __restrict__ x, const floa
     ds = staged;
 }
 
+// A warp's scratch for folding its products in block order: per token, each lane's integer sum of its
+// quarter, or (packed Q4_1) each lane's block term; rows of 36 words, so that the folding lanes' 16-byte
+// reads of 8 tokens fall in distinct banks. Per block of the step (GGUF formats), the block's scales.
+#define MV_FOLD_PAD 36
+struct MvFold {
+    union {
+        int isum[MV_TOKENS][MV_FOLD_PAD];
+        float term[MV_TOKENS][MV_FOLD_PAD];
+    };
+    float2 scale[8];
+};
+
 template <int F>
 __device__ __forceinline__ void matvec(const unsigned char* __restrict__ w, const signed char* q,
                                        const float2* ds, const float* __restrict__ x,
@@ -245,45 +111,55 @@ __device__ __forceinline__ void matvec(const unsigned char* __restrict__ w, cons
                                        int nt, int stride, float scale, int add, int mode, float eps) {
     const int nb = cols >> 5;
     mv_input(x, nw, mode, nt, cols, eps, q, ds);
+    __shared__ MvFold folds[MV_ROWS];
+    MvFold& f = folds[threadIdx.y];
     const int lane = threadIdx.x;
+    const int g = lane >> 2;
     const int k = lane & 3;
     // Rows a warp at a time, the grid striding over them (a prologue's grid is capped, so each block's
     // prologue serves many rows).
     for (int r = blockIdx.x * MV_ROWS + threadIdx.y; r < rows; r += gridDim.x * MV_ROWS) {
         const unsigned char* row = w + (long)r * row_bytes<F>(cols);
-        float acc[MV_TOKENS];
-#pragma unroll
-        for (int t = 0; t < MV_TOKENS; t++) {
-            acc[t] = 0.0f;
-        }
-        for (int b = lane >> 2; b < nb; b += 8) {
-            const Quarter wq = quarter<F>(row, b, k);
+        // Lane t < nt: token t's sum so far.
+        float acc = 0.0f;
+        for (int b0 = 0; b0 < nb; b0 += 8) {
+            // Group g takes block b0 + g (past the row's end: nothing, but it still writes its zeros).
+            const int b = b0 + g;
+            Quarter wq = {0u, 0u, 0.0f, 0.0f};
+            if (b < nb) {
+                wq = quarter<F>(row, b, k);
+            }
+            // The block's scales: (d, m), or the halves' (d0, d1) from quarters 0 and 2.
+            if (k == 0) {
+                f.scale[g].x = wq.d;
+            }
+            if (k == (two_scales<F>() ? 2 : 1)) {
+                f.scale[g].y = two_scales<F>() ? wq.d : wq.m;
+            }
 #pragma unroll
             for (int t = 0; t < MV_TOKENS; t++) {
                 if (t < nt) {
-                    const int* xq = (const int*)(q + (long)t * cols + 32 * b + 8 * k);
-                    const int x0 = xq[0];
-                    const int x1 = xq[1];
-                    int isum = __dp4a((int)wq.v0, x0, __dp4a((int)wq.v1, x1, 0));
-                    if (wq.z != 0) {
-                        isum -= wq.z * __dp4a(0x01010101, x0, __dp4a(0x01010101, x1, 0));
+                    int isum = 0;
+                    if (b < nb) {
+                        const int* xq = (const int*)(q + (long)t * cols + 32 * b + 8 * k);
+                        isum = __dp4a((int)wq.v0, xq[0], __dp4a((int)wq.v1, xq[1], 0));
                     }
-                    const float2 dx = ds[(long)t * nb + b];
-                    acc[t] += wq.d * dx.x * (float)isum;
-                    if (k == 0) {
-                        acc[t] += wq.m * dx.y;
-                    }
+                    f.isum[t][lane] = isum;
                 }
             }
+            __syncwarp();
+            if (lane < nt) {
+                const int n = min(8, nb - b0);
+                for (int j = 0; j < n; j++) {
+                    const uint4 s = *(const uint4*)&f.isum[lane][4 * j];
+                    const float2 dx = ds[(long)lane * nb + b0 + j];
+                    acc = __fadd_rn(acc, block_term<F>(f.scale[j], dx, (int)(s.x + s.y), (int)(s.z + s.w)));
+                }
+            }
+            __syncwarp();
         }
-#pragma unroll
-        for (int t = 0; t < MV_TOKENS; t++) {
-            if (t < nt) {
-                const float v = warp_sum(acc[t]);
-                if (lane == 0) {
-                    store_out(out + (long)t * stride + r, v * scale, add);
-                }
-            }
+        if (lane < nt) {
+            store_out(out + (long)lane * stride + r, __fmul_rn(acc, scale), add);
         }
     }
 }
@@ -300,22 +176,12 @@ extern "C" __global__ void matvec_q4_k(MATVEC_ARGS) { GRID_WAIT(); matvec<FMT_Q4
 extern "C" __global__ void matvec_q6_k(MATVEC_ARGS) { GRID_WAIT(); matvec<FMT_Q6_K>(MATVEC_CALL); }
 extern "C" __global__ void matvec_nvfp4(MATVEC_ARGS) { GRID_WAIT(); matvec<FMT_NVFP4>(MATVEC_CALL); }
 
-// Float weights (f32, or f16 as bits) times float activations (nt x cols, read in `mode` as above, never
-// MV_QUANTIZED), for the matrices that are not block-quantized. Same launch shape; lanes stride over the
-// columns.
-// Q4_1 rows repacked at load for aligned loads (the engine's `repack_q4_1`): a row of nb blocks is nb x 16
-// bytes of nibbles (block b's at 16b: element j in the low nibble of byte j, element 16 + j in the high, as
-// in GGUF), then nb (d, m) f16 pairs, padded to a multiple of 16 bytes. One warp per output row, 4 rows per
-// block as above; lane l takes blocks l, l + 32, ...: a block is one 16-byte and one 4-byte load, and the
-// lane's first block of its first row is loaded before the prologue, so that the weights' round trip
-// overlaps it (a row of up to 1024 values is then one round trip). Per block the integer dot product is
-// exact and d * dx * isum + m * (dx * sum q) is added once: the algebra of the GGUF kernel, with the float
-// sums in another order.
-__device__ __forceinline__ long q4_1p_row_bytes(int cols) {
-    const int nb = cols >> 5;
-    return 16L * nb + ((4L * nb + 15) & ~15L);
-}
-
+// Q4_1 rows repacked at load for aligned loads (blocks.cuh's q4_1p_row_bytes). One warp per output row, 4
+// rows per block as above; lane l takes blocks l, l + 32, ...: a block is one 16-byte and one 4-byte load,
+// and the lane's first block of its first row is loaded before the prologue, so that the weights' round
+// trip overlaps it (a row of up to 1024 values is then one round trip). Each lane computes its block's term
+// for every token (blocks.cuh's block_term) into the warp's scratch, and lane t folds token t's terms of
+// the step in block order: the canonical product, as the GGUF kernels and the tensor-core products.
 extern "C" __global__ void matvec_q4_1p(MATVEC_ARGS) {
     const int nb = cols >> 5;
     const int lane = threadIdx.x;
@@ -331,16 +197,15 @@ extern "C" __global__ void matvec_q4_1p(MATVEC_ARGS) {
     // Only weights were read: the rest depends on the kernels before this one.
     GRID_WAIT();
     mv_input(x, nw, mode, nt, cols, eps, q, ds);
+    __shared__ MvFold folds[MV_ROWS];
+    MvFold& f = folds[threadIdx.y];
     bool loaded = true;
     for (; r < rows; r += gridDim.x * MV_ROWS) {
         const unsigned char* row = w + (long)r * rb;
-        float acc[MV_TOKENS];
-#pragma unroll
-        for (int t = 0; t < MV_TOKENS; t++) {
-            acc[t] = 0.0f;
-        }
-        for (int b = lane; b < nb; b += 32) {
-            if (!loaded) {
+        float acc = 0.0f;
+        for (int b0 = 0; b0 < nb; b0 += 32) {
+            const int b = b0 + lane;
+            if (!loaded && b < nb) {
                 wq = *(const uint4*)(row + 16 * b);
                 wdm = *(const unsigned*)(row + 16 * nb + 4 * b);
             }
@@ -349,36 +214,43 @@ extern "C" __global__ void matvec_q4_1p(MATVEC_ARGS) {
                                     wq.w & 0x0f0f0f0fu};
             const unsigned hi[4] = {(wq.x >> 4) & 0x0f0f0f0fu, (wq.y >> 4) & 0x0f0f0f0fu,
                                     (wq.z >> 4) & 0x0f0f0f0fu, (wq.w >> 4) & 0x0f0f0f0fu};
-            const float d = f16_to_f32((unsigned short)(wdm & 0xffffu));
-            const float m = f16_to_f32((unsigned short)(wdm >> 16));
+            const float2 dm = make_float2(f16_to_f32((unsigned short)(wdm & 0xffffu)),
+                                          f16_to_f32((unsigned short)(wdm >> 16)));
+            if (b < nb) {
 #pragma unroll
-            for (int t = 0; t < MV_TOKENS; t++) {
-                if (t < nt) {
-                    const int* xq = (const int*)(q + (long)t * cols + 32 * b);
-                    int isum = 0;
+                for (int t = 0; t < MV_TOKENS; t++) {
+                    if (t < nt) {
+                        const int* xq = (const int*)(q + (long)t * cols + 32 * b);
+                        int ilo = 0;
+                        int ihi = 0;
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        isum = __dp4a((int)lo[i], xq[i], isum);
-                        isum = __dp4a((int)hi[i], xq[4 + i], isum);
+                        for (int i = 0; i < 4; i++) {
+                            ilo = __dp4a((int)lo[i], xq[i], ilo);
+                            ihi = __dp4a((int)hi[i], xq[4 + i], ihi);
+                        }
+                        f.term[t][lane] = block_term<FMT_Q4_1>(dm, ds[(long)t * nb + b], ilo, ihi);
                     }
-                    const float2 dx = ds[(long)t * nb + b];
-                    acc[t] += d * dx.x * (float)isum + m * dx.y;
                 }
             }
+            __syncwarp();
+            if (lane < nt) {
+                const int n = min(32, nb - b0);
+                for (int j = 0; j < n; j++) {
+                    acc = __fadd_rn(acc, f.term[lane][j]);
+                }
+            }
+            __syncwarp();
         }
         loaded = false;
-#pragma unroll
-        for (int t = 0; t < MV_TOKENS; t++) {
-            if (t < nt) {
-                const float v = warp_sum(acc[t]);
-                if (lane == 0) {
-                    store_out(out + (long)t * stride + r, v * scale, add);
-                }
-            }
+        if (lane < nt) {
+            store_out(out + (long)lane * stride + r, __fmul_rn(acc, scale), add);
         }
     }
 }
 
+// Float weights (f32, or f16 as bits) times float activations (nt x cols, read in `mode` as above, never
+// MV_QUANTIZED), for the matrices that are not block-quantized. Same launch shape; lanes stride over the
+// columns.
 template <bool HALF>
 __device__ __forceinline__ void matvec_float(const void* __restrict__ w, const float* __restrict__ x,
                                              const float* __restrict__ nw, float* __restrict__ out, int rows,
@@ -457,7 +329,7 @@ __device__ __forceinline__ void embed(const unsigned char* __restrict__ table, c
         const Quarter w = quarter<F>(row, qi >> 2, qi & 3);
         for (int j = 0; j < 8; j++) {
             const unsigned word = j < 4 ? w.v0 : w.v1;
-            const int v = (int)(signed char)(word >> (8 * (j & 3))) - w.z;
+            const int v = (int)(signed char)(word >> (8 * (j & 3)));
             // The reference's own expression per format (signed zeros included).
             if constexpr (F == FMT_Q4_0) {
                 o[j] = w.d * (float)(v - 8);

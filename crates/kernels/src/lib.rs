@@ -71,12 +71,16 @@ pub const CONVERT: Module = Module {
     kernels: &["f16_to_f32_n", "f32_to_f16_n"],
 };
 
-/// Matrix-vector products over GGUF block formats (and f32/f16 weights), up to 8 tokens at once, and
+/// Weight block formats and the canonical order of a quantized product, shared by [`MATVEC`] and [`GEMM`].
+pub const BLOCKS: &str = include_str!("../cuda/blocks.cuh");
+
+/// Matrix-vector products over GGUF block formats (and f32/f16 weights), up to 16 tokens at once, and
 /// embedding rows dequantized from the same formats.
 pub const MATVEC: Module = Module {
     name: "matvec",
     source: concat!(
         include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/blocks.cuh"),
         include_str!("../cuda/matvec.cu")
     ),
     kernels: &[
@@ -97,6 +101,26 @@ pub const MATVEC: Module = Module {
         "embed_nvfp4",
         "embed_f32",
         "embed_f16",
+    ],
+};
+
+/// Tensor-core products of the same block formats for batches of more than 16 tokens, with the bits of
+/// [`MATVEC`]'s.
+pub const GEMM: Module = Module {
+    name: "gemm",
+    source: concat!(
+        include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/blocks.cuh"),
+        include_str!("../cuda/gemm.cu")
+    ),
+    kernels: &[
+        "gemm_q4_0",
+        "gemm_q4_1",
+        "gemm_q8_0",
+        "gemm_q4_k",
+        "gemm_q6_k",
+        "gemm_nvfp4",
+        "gemm_q4_1p",
     ],
 };
 
@@ -178,6 +202,7 @@ pub const ALL: &[Module] = &[
     QUANTIZE,
     CONVERT,
     MATVEC,
+    GEMM,
     ROPE,
     ATTENTION,
     KV_WRITE,

@@ -674,6 +674,7 @@ fn row_top_finds_the_cpu_samplers_candidates_on(d: &dyn TestDev) {
 }
 
 mod attention;
+mod canonical;
 mod gdn;
 mod matvec;
 mod prologue;

@@ -183,17 +183,22 @@ fn matvec_matches_dequantized_weights_for_every_format() {
 
 fn matvec_matches_dequantized_weights_for_every_format_on(d: &dyn TestDev) {
     for ty in FORMATS {
-        // Rows not a multiple of the block's 4; 1 and 19 tokens (19: two launches), one of them a part
-        // of a wider output.
+        // Rows not a multiple of the block's 4; 1, 16 and 19 tokens, some a part of a wider output (19:
+        // a tensor-core product for the block formats, two launches for float weights); 45 tokens over a
+        // partial tile of 64 rows.
         let cols = if ty.block_size() == 256 { 512 } else { 576 };
         check_matvec(d, ty, Layout::Gguf, 13, cols, 1, 1.0, 0);
+        check_matvec(d, ty, Layout::Gguf, 6, cols, MATVEC_TOKENS, 1.0, 2);
         check_matvec(d, ty, Layout::Gguf, 6, cols, 19, 1.0, 5);
+        check_matvec(d, ty, Layout::Gguf, 70, cols, 45, 1.0, 3);
     }
     check_matvec(d, GgmlType::NVFP4, Layout::Gguf, 9, 256, 3, 0.375, 0);
+    check_matvec(d, GgmlType::NVFP4, Layout::Gguf, 9, 256, 40, 0.375, 0);
     // Packed Q4_1: rows of fewer blocks than lanes (2, 18), of more (48: a lane takes two blocks).
     for cols in [64, 576, 1536] {
         check_matvec(d, GgmlType::Q4_1, Layout::Packed, 13, cols, 1, 1.0, 0);
         check_matvec(d, GgmlType::Q4_1, Layout::Packed, 6, cols, 19, 1.0, 5);
+        check_matvec(d, GgmlType::Q4_1, Layout::Packed, 70, cols, 45, 1.0, 3);
     }
 }
 
@@ -231,6 +236,17 @@ fn matvec_rejects_what_its_kernels_cannot_take_on(d: &dyn TestDev) {
             "{ty} {cols}: {r:?}"
         );
     }
+    // More tokens than a tensor-core product's grid takes.
+    let many = Acts {
+        tokens: 65_535 * GEMM_TOKENS + 1,
+        ..a
+    };
+    let r = matvec(d, &w(GgmlType::Q4_0, 288, 1.0), &many, DevPtr(0), 6, false);
+    assert!(
+        matches!(r, Err(DeviceError::Unsupported { .. })),
+        "{} tokens: {r:?}",
+        many.tokens
+    );
     // Outputs closer together than the matrix's rows.
     let r = matvec(d, &w(GgmlType::Q4_0, 288, 1.0), &a, DevPtr(0), 3, false);
     assert!(
