@@ -86,6 +86,10 @@ pub struct EngineBench {
     /// Also decode this many sequences at once (continuous batching), e.g. 4,8: aggregate tok/s.
     #[arg(long = "batch", value_name = "BATCH", value_delimiter = ',')]
     pub batches: Vec<usize>,
+    /// Prompt tokens of each batched sequence: the depth its decode starts at (all prompts are prefilled
+    /// in one step before the decode is timed).
+    #[arg(long = "batch-depth", value_name = "TOKENS", default_value_t = 32)]
+    pub batch_depth: usize,
     /// On a GPU: time every kernel of the decode steps at depth 0 and at the deepest depth (graphs off,
     /// an event pair around each launch) and print the time per kernel name.
     #[arg(long)]
@@ -135,7 +139,11 @@ fn kernel_times(e: &mut Engine, depth: usize, steps: usize) -> Result<(f64, Vec<
 pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
     let (pp, tg, reps) = (b.pp, b.tg, b.reps.max(1));
     let max_depth = b.depths.iter().copied().max().unwrap_or(0);
-    let context = ((max_depth + pp.max(tg)) + 16).next_multiple_of(256);
+    // A context for the deepest sequence; the KV pool holds 4 of them: enough for every batched sequence.
+    let (batch_seq, batch_max) = (b.batch_depth.max(1) + tg + 16, b.batches.iter().max());
+    let context = ((max_depth + pp.max(tg)) + 16)
+        .max(batch_max.map_or(0, |&n| batch_seq.max((n * batch_seq).div_ceil(4))))
+        .next_multiple_of(256);
     let mut rows: Vec<(String, &'static str, f64, Vec<f64>)> = Vec::new();
     let mut profiled = None;
     for &dtype in &b.kv_dtypes {
@@ -185,7 +193,7 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
             }
             rows.push((format!("pp{pp}@d{depth}"), kv, median(runs.clone()), runs));
         }
-        for &depth in std::iter::once(&0).chain(&b.depths) {
+        for &depth in std::iter::once(&0).chain(b.depths.iter().filter(|&&d| d > 0)) {
             let mut runs = Vec::new();
             for r in 0..reps {
                 e.reset();
@@ -206,8 +214,9 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
             };
             rows.push((name, kv, median(runs.clone()), runs));
         }
-        // Batched decode: B sequences with short distinct prompts decode together on the scheduler; the
-        // aggregate rate counts every sequence's tokens over the slowest one's decode time.
+        // Batched decode: B sequences with distinct prompts of `batch_depth` tokens decode together on the
+        // scheduler; the aggregate rate counts every sequence's tokens over the slowest one's decode time.
+        let depth = b.batch_depth.max(1);
         for &batch in &b.batches {
             let mut runs = Vec::new();
             for r in 0..reps {
@@ -215,16 +224,17 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
                 let reqs = (0..batch)
                     .map(|i| {
                         let mut req = thorn_engine::engine::Request::greedy(
-                            tokens(32, vocab, 1000 + (r * batch + i) as u64),
+                            tokens(depth, vocab, 1000 + (r * batch + i) as u64),
                             tg,
                         );
                         req.ignore_eos = true;
                         (req, None)
                     })
                     .collect();
+                // Every prompt in the first step, so that no decode step carries a prompt chunk.
                 let cfg = thorn_engine::engine::scheduler::SchedulerConfig {
                     max_batch: batch,
-                    step_tokens: 32 * batch,
+                    step_tokens: depth.max(32) * batch,
                 };
                 let (outs, _) = e.generate_batch(reqs, cfg);
                 let mut generated = 0usize;
@@ -236,7 +246,12 @@ pub fn engine(path: &Path, b: &EngineBench, base: &EngineConfig) -> Result<()> {
                 }
                 runs.push(generated as f64 / slowest.as_secs_f64().max(1e-9));
             }
-            rows.push((format!("tg{tg} x{batch}"), kv, median(runs.clone()), runs));
+            let name = if b.batch_depth == 32 {
+                format!("tg{tg} x{batch}")
+            } else {
+                format!("tg{tg} x{batch}@d{depth}")
+            };
+            rows.push((name, kv, median(runs.clone()), runs));
         }
         if profiled.is_none() {
             profiled = Some(e);
