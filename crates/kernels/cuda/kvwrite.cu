@@ -51,7 +51,19 @@ extern "C" __global__ void kv_write_f16(const float* k, const float* v, unsigned
 }
 
 // Float to E4M3, as the CPU's f32_to_fp8_e4m3: round to nearest even, saturating to +-448, NaN to 0x7F.
+// On sm_89 and later the hardware's conversion does it (cvt.rn.satfinite: nearest even, infinities and
+// anything past 448 to +-448, the sign of zeros and of values that round to zero kept), NaN still set
+// apart here since its code is not pinned there; the simulator and older GPUs take the integer form below.
 __device__ __forceinline__ unsigned f32_to_e4m3(float x) {
+#if !defined(THORN_SIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (x != x) {
+        return 0x7f;
+    }
+    unsigned short pair;
+    // The second source goes to the low byte.
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));
+    return pair & 0xffu;
+#else
     const unsigned bits = __float_as_uint(x);
     if ((bits & 0x7fffffffu) > 0x7f800000u) {
         return 0x7f;
@@ -80,6 +92,7 @@ __device__ __forceinline__ unsigned f32_to_e4m3(float x) {
         return sign | 0x7e;
     }
     return sign | ((unsigned)e << 3) | keep;
+#endif
 }
 
 // The smallest power of two s with amax / s <= 448 (0 for 0 or non-finite), as the CPU's e4m3_scale.
