@@ -21,6 +21,11 @@
 // - G == 1 (large batches: enough items to fill the GPU): the block runs the token's splits in order and
 //   folds each as it ends, with the same arithmetic, then writes the output.
 //
+// A tile's scores and weighted values run on the tensor cores for f16 and FP8 pages whose head_dim is whole
+// 16s (the _tc kernels: queries and weights as two f16 each, keys and values f16, f32 sums; see
+// tile_scores_tc), else on the scalar units (f32 pages, other widths). Either way a token's work is its
+// items' alone, so the bits do not depend on the batch.
+//
 // Token metadata, 4 ints per token: [page table offset, positions seen (its position + 1), first position
 // not in place (`direct`: a draft-tree node's ancestors from there on sit at other slots), offset of those
 // ancestors' slots in `seen`]. A position p < direct is at slot p; slot_of(p) = seen[off + p - direct]
@@ -169,6 +174,136 @@ __device__ __forceinline__ void kv_load8(const void* store, long i, float* out) 
 #endif
 }
 
+// Elements i and i + 1 of a KV store (i even) as two f16 in one register, times `scale` (FP8's page scale,
+// a power of two: exact while the value is within f16's range, as an f16 cache's values are).
+template <int KV>
+__device__ __forceinline__ unsigned kv_pair(const void* store, long i, float scale) {
+    if constexpr (KV == KV_F16) {
+        return *(const unsigned*)((const unsigned short*)store + i);
+    } else {
+        const unsigned short b = *(const unsigned short*)((const unsigned char*)store + i);
+        return f16_pair(f32_to_f16(e4m3_to_f32(b & 0xffu) * scale), f32_to_f16(e4m3_to_f32(b >> 8) * scale));
+    }
+}
+
+// Element i of a KV store as f16 bits, times `scale` as kv_pair.
+template <int KV>
+__device__ __forceinline__ unsigned short kv_half(const void* store, long i, float scale) {
+    if constexpr (KV == KV_F16) {
+        return ((const unsigned short*)store)[i];
+    } else {
+        return f32_to_f16(e4m3_to_f32(((const unsigned char*)store)[i]) * scale);
+    }
+}
+
+// The tensor-core form of a tile's scores (f16 and FP8 pages, head_dim a multiple of 16): es[h][j] =
+// scale * (q_h . k_j) for the group's heads h and the tile's positions j < len. The queries (rows of 16, those
+// past the group zero) are held as two f16 each (qh + ql: about 21 bits), the keys are f16, so each product is
+// two f16 tensor-core products per 16 dimensions, summed in f32. Warp w of W takes the tile's positions in
+// tiles of 8, w, w + W, ...; its lanes load their keys' pairs straight from the pages.
+template <int KV>
+__device__ __forceinline__ void tile_scores_tc(const void* __restrict__ kstore, const long* rows, const float* ksc,
+                                               const unsigned short* qh, const unsigned short* ql, float* es,
+                                               int group, int hd, int len, float scale) {
+    const int warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    for (int n = warp; n < ATTN_TILE / 8; n += warps) {
+        const int j0 = 8 * n;
+        if (j0 >= len) {
+            break;  // the same for the whole warp
+        }
+        // This lane's key (B's column g) and its scale.
+        const int j = j0 + g;
+        const bool valid = j < len;
+        const long r = valid ? rows[j] : 0;
+        const float ks = KV == KV_FP8 && valid ? ksc[j] : 1.0f;
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int k0 = 0; k0 < hd; k0 += 16) {
+            const unsigned b[2] = {valid ? kv_pair<KV>(kstore, r + k0 + 2 * t, ks) : 0u,
+                                   valid ? kv_pair<KV>(kstore, r + k0 + 2 * t + 8, ks) : 0u};
+            const int i0 = g * hd + k0 + 2 * t;
+            const int i1 = (g + 8) * hd + k0 + 2 * t;
+            const unsigned ahi[4] = {*(const unsigned*)(qh + i0), *(const unsigned*)(qh + i1),
+                                     *(const unsigned*)(qh + i0 + 8), *(const unsigned*)(qh + i1 + 8)};
+            const unsigned alo[4] = {*(const unsigned*)(ql + i0), *(const unsigned*)(ql + i1),
+                                     *(const unsigned*)(ql + i0 + 8), *(const unsigned*)(ql + i1 + 8)};
+            mma_f16(ahi, b, c);
+            mma_f16(alo, b, c);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = (i >> 1) ? g + 8 : g;
+            const int jj = j0 + 2 * t + (i & 1);
+            if (h < group && jj < len) {
+                es[h * ATTN_TILE + jj] = c[i] * scale;
+            }
+        }
+    }
+}
+
+// Output tiles of 8 dimensions a warp holds in the tensor-core form (w, w + W, ... of a block of W >= 4
+// warps): at most 256 / 32.
+#define ATTN_TC_TILES (ATTN_MAX_HEAD_DIM / 32)
+
+// The tensor-core form of a tile's weighted values: o[u] (this lane's share of the outputs' 16 x 8 tile
+// warp + W u: heads g and g + 8 by dimensions 2t, 2t + 1) += sum over the tile's positions j < len of
+// es[h][j] * v_j, with the weights as two f16 each (about 21 bits) and the values f16, 16 positions a step.
+template <int KV>
+__device__ __forceinline__ void tile_values_tc(const void* __restrict__ vstore, const long* rows, const float* vsc,
+                                               const float* es, int group, int hd, int len,
+                                               float (*o)[4]) {
+    const int warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int tiles = hd >> 3;
+    for (int k0 = 0; k0 < len; k0 += 16) {
+        // A: the weights of heads g and g + 8 at positions k0 + 2t, + 1 (a0, a1) and k0 + 2t + 8, + 9 (a2, a3).
+        unsigned ahi[4];
+        unsigned alo[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int h = (q & 1) ? g + 8 : g;
+            const int j = k0 + 2 * t + 8 * (q >> 1);
+            const float w0 = h < group && j < len ? es[h * ATTN_TILE + j] : 0.0f;
+            const float w1 = h < group && j + 1 < len ? es[h * ATTN_TILE + j + 1] : 0.0f;
+            const F16Split s0 = f16_split(w0);
+            const F16Split s1 = f16_split(w1);
+            ahi[q] = f16_pair(s0.hi, s1.hi);
+            alo[q] = f16_pair(s0.lo, s1.lo);
+        }
+        // B: value rows k0 + 2t, + 1 and k0 + 2t + 8, + 9 at dimension 8 tile + g.
+        const int j = k0 + 2 * t;
+        long vr[4];
+        float vs[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int jq = j + (q & 1) + 8 * (q >> 1);
+            vr[q] = jq < len ? rows[jq] : -1;
+            vs[q] = KV == KV_FP8 && jq < len ? vsc[jq] : 1.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ATTN_TC_TILES; u++) {
+            const int tile = warp + warps * u;
+            if (tile < tiles) {
+                const int d = 8 * tile + g;
+                unsigned short v[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    v[q] = vr[q] >= 0 ? kv_half<KV>(vstore, vr[q] + d, vs[q]) : (unsigned short)0;
+                }
+                const unsigned b[2] = {f16_pair(v[0], v[1]), f16_pair(v[2], v[3])};
+                mma_f16(ahi, b, o[u]);
+                mma_f16(alo, b, o[u]);
+            }
+        }
+    }
+}
+
 // acc[h] += es[h][j] * value j's element d over positions j in [from, to), for each of the group's query
 // heads, added in position order; the values of ATTN_ROWS positions are loaded before any is used (their
 // loads in flight together).
@@ -197,8 +332,11 @@ __device__ __forceinline__ void weigh_values(const void* __restrict__ vstore, co
     }
 }
 
-template <int KV>
-__device__ __forceinline__ void attention(const float* __restrict__ q, const void* __restrict__ kstore,
+// TC: the tile's scores and weighted values on the tensor cores (tile_scores_tc, tile_values_tc), each
+// lane holding its share of the outputs as mma fragments; else a thread per position for the scores and a
+// thread per dimension for the values (f32 pages, and head dims that are not whole 16s).
+template <int KV, bool TC>
+__device__ __forceinline__ void attention_impl(const float* __restrict__ q, const void* __restrict__ kstore,
                                           const void* __restrict__ vstore, const float* __restrict__ kscale,
                                           const float* __restrict__ vscale, const int* __restrict__ table,
                                           const int* __restrict__ meta, const int* __restrict__ seen,
@@ -206,7 +344,15 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
                                           int head_dim, int page_size, int n_layers, int layer,
                                           int attend_from, float scale, int q_stride, float* __restrict__ out,
                                           int* __restrict__ counters, int cap) {
-    __shared__ float qs[ATTN_MAX_GROUP * ATTN_MAX_HEAD_DIM];
+    // The group's queries: floats, or (TC) each as two f16 (rows past the group zero).
+    __shared__ union {
+        float f[ATTN_MAX_GROUP * ATTN_MAX_HEAD_DIM];
+        struct {
+            unsigned short hi[ATTN_MAX_GROUP * ATTN_MAX_HEAD_DIM];
+            unsigned short lo[ATTN_MAX_GROUP * ATTN_MAX_HEAD_DIM];
+        } h;
+    } qsh;
+    float* qs = qsh.f;
     __shared__ float es[ATTN_MAX_GROUP * ATTN_TILE];
     __shared__ long rows[ATTN_TILE];
     __shared__ float ksc[ATTN_TILE];
@@ -242,8 +388,16 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
     if (y >= plan.splits) {
         return;
     }
-    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
-        qs[i] = q[(long)t * q_stride + (long)kvh * group * hd + i];
+    if constexpr (TC) {
+        for (int i = threadIdx.x; i < ATTN_MAX_GROUP * hd; i += blockDim.x) {
+            const F16Split v = f16_split(i < group * hd ? q[(long)t * q_stride + (long)kvh * group * hd + i] : 0.0f);
+            qsh.h.hi[i] = v.hi;
+            qsh.h.lo[i] = v.lo;
+        }
+    } else {
+        for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
+            qs[i] = q[(long)t * q_stride + (long)kvh * group * hd + i];
+        }
     }
     if (threadIdx.x < ATTN_MAX_GROUP) {
         sM[threadIdx.x] = NEG_INF;
@@ -254,10 +408,20 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
     // head of the group. Where the head is at most half the block wide, the block's `parts` groups of
     // head_dim threads take one contiguous share of each tile's positions, added into the first part's
     // at a split's end (xs); `mine`: whether this thread holds a dimension's whole output.
-    const int parts = hd <= (int)blockDim.x / 2 ? (int)blockDim.x / hd : 1;
+    const int parts = !TC && hd <= (int)blockDim.x / 2 ? (int)blockDim.x / hd : 1;
     const int part = (int)threadIdx.x / hd;
     const int d = (int)threadIdx.x % hd;
-    const bool mine = part == 0;
+    const bool mine = !TC && part == 0;
+    // TC: this lane's share of the outputs, tile warp + W u of 8 dimensions (W warps): (head, dimension)
+    // of element i of tile u is (g + 8 (i / 2), 8 (warp + W u) + 2t + i % 2) (tc_owns says which are real).
+    const int warp = threadIdx.x >> 5;
+    const int warps = (int)blockDim.x >> 5;
+    const int tg = (threadIdx.x & 31) >> 2;
+    const int tt = threadIdx.x & 3;
+    float o[TC ? ATTN_TC_TILES : 1][4];
+    auto tc_head = [&](int i) { return tg + 8 * (i >> 1); };
+    auto tc_dim = [&](int u, int i) { return 8 * (warp + warps * u) + 2 * tt + (i & 1); };
+    auto tc_owns = [&](int u, int i) { return TC && tc_head(i) < group && warp + warps * u < (hd >> 3); };
     for (int split = y; split < plan.splits; split += grid) {
         const int p0 = plan.from + split * plan.span;
         const int p1 = min(p0 + plan.span, npos);
@@ -265,6 +429,13 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
 #pragma unroll
         for (int h = 0; h < ATTN_MAX_GROUP; h++) {
             acc[h] = 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < (TC ? ATTN_TC_TILES : 1); u++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                o[u][i] = 0.0f;
+            }
         }
         for (int start = p0; start < p1; start += ATTN_TILE) {
             const int len = min(ATTN_TILE, p1 - start);
@@ -289,11 +460,14 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
             }
             __syncthreads();
 
-            // Scores: a thread per position, each query head's dot product summed in order over the
-            // dimensions: no shuffles, and a row's loads are its thread's own, 8 elements at a time where
-            // head_dim allows (the same sums either way). The query heads are read from shared memory,
-            // the same word by every thread.
-            for (int j = threadIdx.x; j < len; j += blockDim.x) {
+            // Scores: on the tensor cores, or a thread per position, each query head's dot product summed in
+            // order over the dimensions: no shuffles, and a row's loads are its thread's own, 8 elements at a
+            // time where head_dim allows (the same sums either way). The query heads are read from shared
+            // memory, the same word by every thread.
+            if constexpr (TC) {
+                tile_scores_tc<KV>(kstore, rows, ksc, qsh.h.hi, qsh.h.lo, es, group, hd, len, scale);
+            }
+            for (int j = threadIdx.x; !TC && j < len; j += blockDim.x) {
                 const long r = rows[j];
                 const float ks = KV == KV_FP8 ? ksc[j] : 1.0f;
                 float s[ATTN_MAX_GROUP];
@@ -360,7 +534,19 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
             }
             __syncthreads();
 
-            if (part < parts && d < hd) {
+            if constexpr (TC) {
+                // The outputs so far rescaled to the new max, then the tile's weighted values added.
+#pragma unroll
+                for (int u = 0; u < ATTN_TC_TILES; u++) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        if (tc_head(i) < group) {
+                            o[u][i] *= salpha[tc_head(i)];
+                        }
+                    }
+                }
+                tile_values_tc<KV>(vstore, rows, vsc, es, group, hd, len, o);
+            } else if (part < parts && d < hd) {
                 const int share = parts > 1 ? (len + parts - 1) / parts : len;
                 // The outputs so far rescaled to the new max, then the tile's weighted values added.
 #pragma unroll
@@ -413,6 +599,15 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
                     }
                 }
             }
+#pragma unroll
+            for (int u = 0; u < (TC ? ATTN_TC_TILES : 1); u++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    if (tc_owns(u, i)) {
+                        pp[2 * group + tc_head(i) * hd + tc_dim(u, i)] = o[u][i];
+                    }
+                }
+            }
             continue;
         }
         // G == 1: the split into the fold, whose outputs O wait in `out` (each its owner thread's). Every
@@ -423,8 +618,22 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
                 float a;
                 float b;
                 fold_max(sM[h], sm[h], &a, &b);
-                float* o = o_item + h * hd + d;
-                *o = fold_add(split == y ? 0.0f : *o, acc[h], a, b);
+                float* oo = o_item + h * hd + d;
+                *oo = fold_add(split == y ? 0.0f : *oo, acc[h], a, b);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < (TC ? ATTN_TC_TILES : 1); u++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if (tc_owns(u, i)) {
+                    const int h = tc_head(i);
+                    float a;
+                    float b;
+                    fold_max(sM[h], sm[h], &a, &b);
+                    float* oo = o_item + h * hd + tc_dim(u, i);
+                    *oo = fold_add(split == y ? 0.0f : *oo, o[u][i], a, b);
+                }
             }
         }
         __syncthreads();
@@ -445,8 +654,19 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
             for (int h = 0; h < ATTN_MAX_GROUP; h++) {
                 if (h < group) {
                     const float L = sL[h];
-                    float* o = o_item + h * hd + d;
-                    *o = L > 0.0f ? *o * (1.0f / L) : 0.0f;
+                    float* oo = o_item + h * hd + d;
+                    *oo = L > 0.0f ? *oo * (1.0f / L) : 0.0f;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < (TC ? ATTN_TC_TILES : 1); u++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if (tc_owns(u, i)) {
+                    const float L = sL[tc_head(i)];
+                    float* oo = o_item + tc_head(i) * hd + tc_dim(u, i);
+                    *oo = L > 0.0f ? *oo * (1.0f / L) : 0.0f;
                 }
             }
         }
@@ -481,9 +701,19 @@ __device__ __forceinline__ void attention(const float* __restrict__ q, const voi
     q, kstore, vstore, kscale, vscale, table, meta, seen, partials, n_heads, n_kv_heads, head_dim, page_size, \
         n_layers, layer, attend_from, scale, q_stride, out, counters, cap
 
-extern "C" __global__ void attention_f32(ATTENTION_ARGS) { GRID_WAIT(); attention<KV_F32>(ATTENTION_CALL); }
-extern "C" __global__ void attention_f16(ATTENTION_ARGS) { GRID_WAIT(); attention<KV_F16>(ATTENTION_CALL); }
-extern "C" __global__ void attention_fp8(ATTENTION_ARGS) { GRID_WAIT(); attention<KV_FP8>(ATTENTION_CALL); }
+// The _tc kernels: f16 and FP8 pages on the tensor cores, for head dims of whole 16s (the launcher picks them
+// there; any block of whole warps).
+extern "C" __global__ void attention_f32(ATTENTION_ARGS) { GRID_WAIT(); attention_impl<KV_F32, false>(ATTENTION_CALL); }
+extern "C" __global__ void attention_f16(ATTENTION_ARGS) { GRID_WAIT(); attention_impl<KV_F16, false>(ATTENTION_CALL); }
+extern "C" __global__ void attention_fp8(ATTENTION_ARGS) { GRID_WAIT(); attention_impl<KV_FP8, false>(ATTENTION_CALL); }
+extern "C" __global__ void attention_f16_tc(ATTENTION_ARGS) {
+    GRID_WAIT();
+    attention_impl<KV_F16, true>(ATTENTION_CALL);
+}
+extern "C" __global__ void attention_fp8_tc(ATTENTION_ARGS) {
+    GRID_WAIT();
+    attention_impl<KV_FP8, true>(ATTENTION_CALL);
+}
 
 // The fold as a launch of its own (an attention launch of G > 1 without counters): grid (tokens x kv heads),
 // head_dim threads; `slots` is the attention launch's G.

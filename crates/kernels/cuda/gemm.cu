@@ -16,64 +16,6 @@
 // The packed Q4_1 layout (matvec_q4_1p's), as one more format of the products below.
 #define FMT_Q4_1P 6
 
-// Fragments of an m16n8 int8 product (lane = 4 g + t): A (16 rows x K, row-major) a0 = A[g][4t..4t + 3],
-// a1 = A[g + 8][4t..], and for K = 32 a2 = A[g][16 + 4t..], a3 = A[g + 8][16 + 4t..]; B (K x 8, by column)
-// b0 = B[4t..4t + 3][g], and for K = 32 b1 = B[16 + 4t..][g]; D (16 x 8 int32) d0, d1 = D[g][2t], D[g][2t + 1],
-// d2, d3 = D[g + 8][2t], D[g + 8][2t + 1]. Where there is no mma (the simulator, GPUs before sm_80) each lane
-// gathers the A rows and B columns of its four results from the lanes that hold them and forms them with
-// dp4a: the same exact integers.
-template <int K>
-__device__ __forceinline__ void mma_gathered(const unsigned* a, const unsigned* b, int* d) {
-    const int lane = threadIdx.x & 31;
-    const int g = lane >> 2;
-    const int t = lane & 3;
-    int sum[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int s = 0; s < 4; s++) {
-#pragma unroll
-        for (int h = 0; h < K / 16; h++) {
-            // Words s of half h of A's rows g and g + 8, and of B's columns 2t and 2t + 1.
-            const int row_g = (int)__shfl_sync(0xffffffffu, a[2 * h], 4 * g + s);
-            const int row_g8 = (int)__shfl_sync(0xffffffffu, a[2 * h + 1], 4 * g + s);
-            const int col0 = (int)__shfl_sync(0xffffffffu, b[h], 4 * (2 * t) + s);
-            const int col1 = (int)__shfl_sync(0xffffffffu, b[h], 4 * (2 * t + 1) + s);
-            sum[0] = __dp4a(row_g, col0, sum[0]);
-            sum[1] = __dp4a(row_g, col1, sum[1]);
-            sum[2] = __dp4a(row_g8, col0, sum[2]);
-            sum[3] = __dp4a(row_g8, col1, sum[3]);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        d[i] = sum[i];
-    }
-}
-
-// D = A . B, K = 32: a[4], b[2] as above.
-__device__ __forceinline__ void mma_k32(const unsigned* a, const unsigned* b, int* d) {
-#if defined(THORN_SIM) || !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 800
-    mma_gathered<32>(a, b, d);
-#else
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %10, %10, %10};"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
-#endif
-}
-
-// D = A . B, K = 16: a[2], b[1] as above.
-__device__ __forceinline__ void mma_k16(const unsigned* a, const unsigned* b, int* d) {
-#if defined(THORN_SIM) || !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 800
-    mma_gathered<16>(a, b, d);
-#else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(b[0]), "r"(0));
-#endif
-}
-
 // One row's share of block b in a lane's A fragment: its words t (values 4t..4t + 3) and 4 + t
 // (16 + 4t..), and the block's scales as block_term takes them. A missing row (past the end) is zeros.
 struct Frag {

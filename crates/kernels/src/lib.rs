@@ -74,6 +74,10 @@ pub const CONVERT: Module = Module {
 /// Weight block formats and the canonical order of a quantized product, shared by [`MATVEC`] and [`GEMM`].
 pub const BLOCKS: &str = include_str!("../cuda/blocks.cuh");
 
+/// Warp-level tensor-core products (int8 and f16 `mma.sync`, emulated where there is none), shared by
+/// [`GEMM`] and [`ATTENTION`].
+pub const MMA: &str = include_str!("../cuda/mma.cuh");
+
 /// Matrix-vector products over GGUF block formats (and f32/f16 weights), up to 16 tokens at once, and
 /// embedding rows dequantized from the same formats.
 pub const MATVEC: Module = Module {
@@ -111,6 +115,7 @@ pub const GEMM: Module = Module {
     source: concat!(
         include_str!("../cuda/common.cuh"),
         include_str!("../cuda/blocks.cuh"),
+        include_str!("../cuda/mma.cuh"),
         include_str!("../cuda/gemm.cu")
     ),
     kernels: &[
@@ -134,17 +139,21 @@ pub const ROPE: Module = Module {
     kernels: &["rope_f32", "rope_kv_write_f32", "rope_kv_write_f16"],
 };
 
-/// Paged attention over f32, f16 and FP8 pages (split into partials, then merged).
+/// Paged attention over f32, f16 and FP8 pages (split into partials, then merged; f16 and FP8 pages on
+/// the tensor cores).
 pub const ATTENTION: Module = Module {
     name: "attention",
     source: concat!(
         include_str!("../cuda/common.cuh"),
+        include_str!("../cuda/mma.cuh"),
         include_str!("../cuda/attention.cu")
     ),
     kernels: &[
         "attention_f32",
         "attention_f16",
         "attention_fp8",
+        "attention_f16_tc",
+        "attention_fp8_tc",
         "attention_merge",
     ],
 };

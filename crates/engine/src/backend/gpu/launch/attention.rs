@@ -258,7 +258,8 @@ pub fn write_kv(
 /// ([`DevBatch::partial_floats`] floats) as the splits' scratch. On a grid of several rows, with
 /// `counters` (one `i32` per token and KV head, zero, and zero again when the launch ends; see
 /// [`attention_counters`]) the last block of each item folds its splits, in one launch; without,
-/// `attention_merge` runs as a second launch. Every grid and both ways give the same bits.
+/// `attention_merge` runs as a second launch. Every grid and both ways give the same bits. f16 and FP8
+/// pages with a head_dim of whole 16s take the tensor-core kernels (`attention_f16_tc`, `attention_fp8_tc`).
 #[expect(clippy::too_many_arguments, reason = "a kernel's shape")]
 pub fn attention(
     l: &dyn Launcher,
@@ -297,8 +298,10 @@ pub fn attention(
         )));
     }
     let items = int(b.tokens * kvh, "attention items")? as u32;
-    // A thread per dimension at least.
-    let threads = if hd > 128 { 256 } else { 128 };
+    // f16 and FP8 pages on the tensor cores where head_dim is whole 16s (4 warps); else a thread per
+    // dimension at least.
+    let tensor_cores = kv.dtype != KvDtype::F32 && hd.is_multiple_of(16);
+    let threads = if hd > 128 && !tensor_cores { 256 } else { 128 };
     let shape = Shape {
         grid: [items, int(b.splits, "splits")? as u32, 1],
         block: [threads, 1, 1],
@@ -330,10 +333,12 @@ pub fn attention(
         Arg::Ptr(counters.unwrap_or(DevPtr(0))),
         cap,
     ];
-    let kernel = match kv.dtype {
-        KvDtype::F32 => "attention_f32",
-        KvDtype::F16 => "attention_f16",
-        KvDtype::Fp8 => "attention_fp8",
+    let kernel = match (kv.dtype, tensor_cores) {
+        (KvDtype::F32, _) => "attention_f32",
+        (KvDtype::F16, false) => "attention_f16",
+        (KvDtype::Fp8, false) => "attention_fp8",
+        (KvDtype::F16, true) => "attention_f16_tc",
+        (KvDtype::Fp8, true) => "attention_fp8_tc",
     };
     let m = &thorn_kernels::ATTENTION;
     l.launch(m, kernel, shape, &args)?;

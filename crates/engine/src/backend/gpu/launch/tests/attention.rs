@@ -494,6 +494,8 @@ fn paged_attention_matches_the_cpu_backend() {
 fn paged_attention_matches_the_cpu_backend_on(d: &dyn TestDev) {
     attention_case(d, 6, 2, 64);
     attention_case(d, 16, 1, 128);
+    // The widest head: the scalar f32 kernel's 256 threads, the tensor cores' 4 warps of 8 output tiles.
+    attention_case(d, 2, 1, 256);
     // Heads that leave threads of the block idle in the values' shares (128 = 2 x 48 + 32, 6 x 20 + 8),
     // the second also not whole 8-element loads.
     attention_case(d, 4, 2, 48);
