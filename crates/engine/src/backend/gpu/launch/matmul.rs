@@ -22,6 +22,7 @@ pub const PROLOGUE_SHARED: usize = 36 * 1024;
 pub const GEMM_TOKENS: usize = 32;
 /// Rows one block of a tensor-core product takes (`GEMM_ROWS`).
 const GEMM_ROWS: usize = 64;
+
 /// A matrix product's input: `tokens` rows of `cols` values, prepared as [`Prep`] says: quantized into `q`,
 /// one int8 per value, and `ds`, per block of 32 the pair `(d, d * Σq)` as two floats (by
 /// [`quantize_q8_1`] or a fused kernel), or left for each product to prepare in its prologue from the floats
