@@ -23,7 +23,7 @@ use thorn_engine::tokenizer::Tokenizer;
 use thorn_guide::GuideError;
 use thorn_plugin::{Caller, LiveSet, PluginSet};
 use thorn_tools::chat::{ChatTemplate, Message, Role, ToolCall};
-use thorn_tools::{ToolChoice, ToolError, ToolSet};
+use thorn_tools::{ToolChoice, ToolError, ToolFormat, ToolSet};
 
 use crate::upstream::{Lease, Target, UpstreamError};
 use split::Counters;
@@ -102,6 +102,9 @@ pub struct ModelInfo {
     pub context: usize,
     /// The tokenizer (prompts are tokenized off the engine thread).
     pub tokenizer: Arc<Tokenizer>,
+    /// How the model's chat template writes a tool call ([`ToolFormat::detect`]; Hermes without one): the
+    /// agent's format unless the operator names another ([`Agent::with_tool_format`]).
+    pub tool_format: ToolFormat,
 }
 
 impl ModelInfo {
@@ -122,6 +125,8 @@ pub struct Agent {
     max_host_calls: usize,
     raw_special: bool,
     tool_use: ToolUse,
+    /// How the model writes tool calls (the detected format unless the operator named one).
+    tool_format: ToolFormat,
 }
 impl Agent {
     /// Moves `engine` onto its own thread (at most `queue` requests waiting) and builds the agent around it:
@@ -153,11 +158,11 @@ impl Agent {
         sched: SchedulerConfig,
     ) -> Result<Self, AgentError> {
         // A base model without a template still serves raw completions.
-        let template = match engine.gguf().get_str("tokenizer.chat_template") {
-            Ok(src) => Some(ChatTemplate::new(src)?),
+        let (template, tool_format) = match engine.gguf().get_str("tokenizer.chat_template") {
+            Ok(src) => (Some(ChatTemplate::new(src)?), ToolFormat::detect(src)),
             Err(_) => {
                 tracing::warn!("the model has no chat template: only raw completions are served");
-                None
+                (None, ToolFormat::default())
             }
         };
         let tok = engine.tokenizer();
@@ -169,6 +174,7 @@ impl Agent {
             eos: text_of(tok.eos()),
             context: engine.context(),
             tokenizer: engine.tokenizer_arc(),
+            tool_format,
         };
         let service = EngineService::with_scheduler(engine, queue, sched)
             .map_err(|e| AgentError::Engine(EngineError::Spawn(e)))?;
@@ -184,6 +190,7 @@ impl Agent {
     ) -> Self {
         Agent {
             engine,
+            tool_format: model.tool_format,
             model: Arc::new(model),
             plugins: Arc::new(LiveSet::new(plugins)),
             max_tool_rounds: max_tool_rounds.max(1),
@@ -203,6 +210,13 @@ impl Agent {
     /// The default [`ToolUse`].
     pub fn tool_use(&self) -> ToolUse {
         self.tool_use
+    }
+
+    /// Has the model write tool calls in `format` instead of the one detected from its chat template
+    /// (`--tool-format`): the grammar, the parser, the streamed deltas and past calls follow it.
+    pub fn with_tool_format(mut self, format: ToolFormat) -> Self {
+        self.tool_format = format;
+        self
     }
 
     /// Default most host tool calls per request (all rounds together).
@@ -254,7 +268,7 @@ impl Agent {
         cancel: Arc<AtomicBool>,
         on_event: &mut (dyn FnMut(Event) + Send),
     ) -> Result<Outcome, AgentError> {
-        let full = Arc::new(ToolSet::new(&turn.tools)?);
+        let full = Arc::new(ToolSet::new(&turn.tools)?.with_format(self.tool_format)?);
         turn.tool_choice.check(&full)?;
         let max_rounds = tool_rounds(turn.max_tool_rounds, self.max_tool_rounds);
         let mut host_calls_left = self.max_host_calls;

@@ -7,7 +7,7 @@ use thorn::store::{self, Progress, PullOutcome};
 use thorn_engine::gguf::Gguf;
 use thorn_engine::tokenizer::Tokenizer;
 use thorn_guide::ToolGrammars;
-use thorn_tools::chat::{ChatTemplate, Message, RenderOptions};
+use thorn_tools::chat::{ChatTemplate, Message};
 
 mod bench;
 mod opts;
@@ -15,7 +15,7 @@ mod plugins;
 mod serve;
 
 use bench::BenchCmd;
-use opts::{EngineArgs, ModelArgs, SpecArgs};
+use opts::{EngineArgs, ModelArgs, SpecArgs, ToolFormatArgs};
 
 #[derive(Parser)]
 #[command(
@@ -113,6 +113,11 @@ enum Cmd {
         /// A system message.
         #[arg(long)]
         system: Option<String>,
+        /// A JSON file with OpenAI `tools` entries (a list), rendered as the model sees them.
+        #[arg(long)]
+        tools: Option<PathBuf>,
+        #[command(flatten)]
+        tool_format: ToolFormatArgs,
         #[command(flatten)]
         model: ModelArgs,
     },
@@ -159,6 +164,8 @@ struct GenerateArgs {
     /// Allow only one tool call per answer.
     #[arg(long)]
     no_parallel_tool_calls: bool,
+    #[command(flatten)]
+    tool_format: ToolFormatArgs,
     /// A JSON file with a schema the answer must match (response_format json_schema), or `object` for any
     /// JSON object.
     #[arg(long)]
@@ -298,10 +305,16 @@ fn main() -> Result<()> {
         Cmd::Render {
             prompt,
             system,
+            tools,
+            tool_format,
             model,
         } => {
             let g = open(&resolve(&cache, model.model)?)?;
-            let (text, n) = render(&g, system.as_deref(), &prompt)?;
+            let defs = match &tools {
+                Some(p) => tool_list(p)?,
+                None => Vec::new(),
+            };
+            let (text, n) = render(&g, system.as_deref(), &prompt, &defs, &tool_format)?;
             print!("{text}");
             eprintln!("{n} tokens");
             Ok(())
@@ -325,19 +338,14 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
     if cfg.speculation.enabled {
         engine.calibrate_speculation()?;
     }
-    let read_json = |p: &std::path::Path| -> Result<serde_json::Value> {
-        let text =
-            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", p.display()))
-    };
     let defs = match &a.tools {
-        Some(p) => match read_json(p)? {
-            serde_json::Value::Array(v) => v,
-            _ => anyhow::bail!("{}: expected a JSON list of tools", p.display()),
-        },
+        Some(p) => tool_list(p)?,
         None => Vec::new(),
     };
-    let tools = ToolSet::new(&defs)?;
+    let tool_format = a
+        .tool_format
+        .resolve(engine.gguf().get_str("tokenizer.chat_template").ok());
+    let tools = ToolSet::new(&defs)?.with_format(tool_format)?;
     let choice = ToolChoice::from_name(&a.tool_choice);
     let format = match a.json.as_deref() {
         None => ResponseFormat::Text,
@@ -352,7 +360,7 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
     let shown = if choice == ToolChoice::None {
         ToolSet::default()
     } else {
-        ToolSet::new(&defs)?
+        ToolSet::new(&defs)?.with_format(tool_format)?
     };
     let g = engine.gguf();
     let template = ChatTemplate::new(
@@ -404,7 +412,7 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
     let st = &out.stats;
     println!();
     if !tools.is_empty() && choice != ToolChoice::None {
-        match tools.reply(thorn_tools::complete_calls_prefix(&out.text)) {
+        match tools.reply(tools.complete_prefix(&out.text)) {
             Ok(r) => {
                 for c in &r.calls {
                     eprintln!(
@@ -519,24 +527,40 @@ fn pulled(outcome: PullOutcome, quiet: bool, downloaded: &str) -> PathBuf {
     path
 }
 
-fn render(g: &Gguf, system: Option<&str>, prompt: &str) -> Result<(String, usize)> {
+/// A JSON file's contents.
+fn read_json(p: &std::path::Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", p.display()))
+}
+
+/// A JSON file's list of OpenAI `tools` entries.
+fn tool_list(p: &std::path::Path) -> Result<Vec<serde_json::Value>> {
+    match read_json(p)? {
+        serde_json::Value::Array(v) => Ok(v),
+        _ => anyhow::bail!("{}: expected a JSON list of tools", p.display()),
+    }
+}
+
+/// A chat rendered as the model sees it: with `defs` (OpenAI `tools` entries) in the tool-call format
+/// `format` asks for (the template's own rendering of tools where it has one).
+fn render(
+    g: &Gguf,
+    system: Option<&str>,
+    prompt: &str,
+    defs: &[serde_json::Value],
+    format: &ToolFormatArgs,
+) -> Result<(String, usize)> {
     let tok = Tokenizer::from_gguf(g)?;
     let src = g
         .get_str("tokenizer.chat_template")
         .context("the model has no chat template")?;
     let template = ChatTemplate::new(src)?;
+    let tools = thorn_tools::ToolSet::new(defs)?.with_format(format.resolve(Some(src)))?;
     let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
     messages.push(Message::user(prompt));
     let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_owned();
     let (bos, eos) = (text_of(tok.bos()), text_of(tok.eos()));
-    let opts = RenderOptions {
-        add_generation_prompt: true,
-        tools: None,
-        bos_token: &bos,
-        eos_token: &eos,
-        quote: Some(&|s| tok.quote(s)),
-    };
-    let text = template.render(&messages, &opts)?;
+    let text = tools.render(&template, &messages, &bos, &eos, &|s| tok.quote(s))?;
     let n = tok.encode_rendered(&text)?.len();
     Ok((text, n))
 }

@@ -241,3 +241,45 @@ mod tests {
         assert!(parse_fixed_cost("1,-2").is_err());
     }
 }
+
+/// How the model writes tool calls.
+#[derive(clap::Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Tool use")]
+pub struct ToolFormatArgs {
+    /// The tool-call format the model writes: `auto` (detected from its chat template), `hermes`
+    /// (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`) or `qwen3_xml` (Qwen3's
+    /// `<function=NAME><parameter=KEY>` blocks). The grammar, the parser and the streamed deltas follow it.
+    #[arg(long, env = "THORN_TOOL_FORMAT", default_value = "auto", value_parser = parse_tool_format)]
+    pub tool_format: ToolFormatChoice,
+}
+
+/// `--tool-format`: a named format, or the chat template's.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum ToolFormatChoice {
+    /// Detected from the chat template.
+    #[default]
+    Auto,
+    /// This one.
+    Named(thorn_tools::ToolFormat),
+}
+
+impl ToolFormatArgs {
+    /// The format for a model whose chat template is `template` (its source, if it has one).
+    pub fn resolve(&self, template: Option<&str>) -> thorn_tools::ToolFormat {
+        match self.tool_format {
+            ToolFormatChoice::Named(f) => f,
+            ToolFormatChoice::Auto => template
+                .map(thorn_tools::ToolFormat::detect)
+                .unwrap_or_default(),
+        }
+    }
+}
+
+fn parse_tool_format(s: &str) -> Result<ToolFormatChoice, String> {
+    if s == "auto" {
+        return Ok(ToolFormatChoice::Auto);
+    }
+    thorn_tools::ToolFormat::from_name(s)
+        .map(ToolFormatChoice::Named)
+        .map_err(|e| e.to_string())
+}

@@ -1,7 +1,7 @@
 //! `thorn serve`, `thorn chat` and `thorn run`: the agent with the installed plugins, over HTTP, in a
 //! terminal, or for one task.
 
-use crate::opts::{EngineArgs, KvArgs, ModelArgs, SpecArgs, parse_bytes};
+use crate::opts::{EngineArgs, KvArgs, ModelArgs, SpecArgs, ToolFormatArgs, parse_bytes};
 use crate::plugins::Place;
 use anyhow::{Context, Result};
 use std::io::Write;
@@ -66,6 +66,8 @@ pub struct AgentArgs {
     /// has one) or the model (`model`).
     #[arg(long, default_value = "template", help_heading = "Tool use")]
     pub tool_answers: thorn::agent::Answers,
+    #[command(flatten)]
+    pub tool_format: ToolFormatArgs,
 }
 
 impl AgentArgs {
@@ -189,6 +191,10 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
         engine.kv_config().dtype.name(),
         (kv.pages_total * kv.page_bytes) as f64 / (1u64 << 20) as f64
     );
+    let tool_format = a
+        .tool_format
+        .resolve(engine.gguf().get_str("tokenizer.chat_template").ok());
+    eprintln!("tool calls: {tool_format} format");
     let check = grammar_check(engine.tokenizer_arc())?;
     let (plugins, dir) = load_plugins(cache, &a.place, None, Some(&*check))?;
     eprintln!(
@@ -211,7 +217,8 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
     )?
     .with_raw_special(a.completions_special)
     .with_max_host_calls(a.max_host_calls)
-    .with_tool_use(a.tool_use()))
+    .with_tool_use(a.tool_use())
+    .with_tool_format(tool_format))
 }
 
 /// The plugins in `place` that its policy admits (each refusal printed), and their directory; `previous`

@@ -5,7 +5,7 @@
 //! |---|---|---|---|
 //! | none, or `none` | text | — (no guide) | |
 //! | none, or `none` | json_object / json_schema | the answer's schema | from the first token |
-//! | `auto` | text | tool-call blocks | at the `<tool_call>` trigger |
+//! | `auto` | text | tool-call blocks | at the format's trigger (`<tool_call>`) |
 //! | `auto` | json_object / json_schema | answer \| tool-call blocks | from the first token |
 //! | `required` | any | tool-call blocks | from the first token |
 //! | named function | any | one block for that function | from the first token |
@@ -14,7 +14,7 @@
 //! (a [`GuideSpec`]); the `thorn-guide` crate compiles it with the engine's grammar factory (cached by its
 //! text, so a tool set costs one compile per process) and names the tool whose schema cannot be enforced.
 
-use crate::{OPEN, ResponseFormat, ToolChoice, ToolError, ToolSet};
+use crate::{ResponseFormat, ToolChoice, ToolError, ToolSet};
 use serde_json::{Value, json};
 
 /// The grammar a request's output must follow and when it applies: what [`guide_spec`] makes of a
@@ -56,7 +56,10 @@ pub fn guide_spec(
         ToolChoice::Required => (calls_grammar(tools, None, parallel, None), None),
         _ => match &answer {
             Some(schema) => (calls_grammar(tools, None, parallel, Some(schema)), None),
-            None => (calls_grammar(tools, None, parallel, None), Some(OPEN)),
+            None => (
+                calls_grammar(tools, None, parallel, None),
+                Some(tools.format().trigger()),
+            ),
         },
     };
     Ok(Some(GuideSpec {
@@ -73,10 +76,21 @@ pub fn answer_grammar(schema: &Value) -> String {
     format!("start: %json {}\n", json_body(schema))
 }
 
-/// The Lark grammar for tool calls: one `<tool_call>...</tool_call>` block (or several, with `parallel`) for
-/// the tools (or just `only`); with `answer`, a JSON answer matching that schema is the alternative. The
-/// grammar of one tool alone (`only`) is what a tool set's failing grammar is searched with for the culprit.
+/// The Lark grammar for tool calls in the tool set's format ([`ToolSet::format`]): one call (or several,
+/// with `parallel`) to the tools (or just `only`); with `answer`, a JSON answer matching that schema is the
+/// alternative. The grammar of one tool alone (`only`) is what a tool set's failing grammar is searched
+/// with for the culprit.
 pub fn calls_grammar(
+    tools: &ToolSet,
+    only: Option<&str>,
+    parallel: bool,
+    answer: Option<&Value>,
+) -> String {
+    tools.format().calls_grammar(tools, only, parallel, answer)
+}
+
+/// [`calls_grammar`] for Hermes: `<tool_call>...</tool_call>` blocks of one JSON call object each.
+pub(crate) fn hermes_calls_grammar(
     tools: &ToolSet,
     only: Option<&str>,
     parallel: bool,

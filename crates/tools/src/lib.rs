@@ -17,6 +17,7 @@
 
 pub mod chat;
 mod choice;
+pub mod format;
 pub mod grammar;
 mod parse;
 pub mod route;
@@ -24,6 +25,7 @@ mod stream;
 pub mod usage;
 
 pub use choice::{ResponseFormat, ToolChoice};
+pub use format::{FormatStreamer, ToolFormat};
 pub use grammar::{GuideSpec, guide_spec};
 pub use parse::{CLOSE, OPEN, ParsedCall, complete_calls_prefix, parse_tool_calls};
 pub use route::{Ranked, RouteConfig, RouteDoc, Router};
@@ -106,6 +108,8 @@ pub struct ToolSet {
     tools: Vec<Tool>,
     /// The definitions as given, for prompts and templates.
     definitions: Vec<Value>,
+    /// How the model writes a call.
+    format: ToolFormat,
 }
 
 impl ToolSet {
@@ -180,7 +184,31 @@ impl ToolSet {
         Ok(ToolSet {
             tools,
             definitions: defs.to_vec(),
+            format: ToolFormat::default(),
         })
+    }
+
+    /// The set for a model that writes calls in `format` (grammar, parser, streamer and prompt follow it).
+    /// Fails when a tool cannot be called in that format.
+    pub fn with_format(mut self, format: ToolFormat) -> Result<Self, ToolError> {
+        format.check(&self)?;
+        self.format = format;
+        Ok(self)
+    }
+
+    /// How the model writes a call.
+    pub fn format(&self) -> ToolFormat {
+        self.format
+    }
+
+    /// A streaming lexer of this set's calls.
+    pub fn streamer(&self) -> FormatStreamer {
+        self.format.streamer(self)
+    }
+
+    /// The part of a cut-short generation that holds only complete calls (see [`complete_calls_prefix`]).
+    pub fn complete_prefix<'a>(&self, text: &'a str) -> &'a str {
+        self.format.complete_prefix(self, text)
     }
 
     /// Whether there are no tools.
@@ -223,20 +251,17 @@ impl ToolSet {
         self.tools.iter().find(|t| t.name == name)
     }
 
-    /// The system-prompt block that describes the tools to a model whose template does not (compact JSON).
+    /// The system-prompt block that describes the tools (compact JSON) and the call format to a model whose
+    /// template does not.
     pub fn system_prompt(&self) -> String {
         let list = serde_json::to_string(&self.definitions).unwrap_or_else(|_| "[]".into());
-        format!(
-            "You are a function-calling assistant. You have access to the following tools:\n<tools>\n{list}\n</tools>\n\
-             When a tool is needed, reply only with a JSON object of the form {{\"name\": <function-name>, \"arguments\": <args-object>}} \
-             inside <tool_call></tool_call> tags."
-        )
+        self.format.instructions(&list)
     }
 
-    /// The conversation as a template that does not know tools must see it (Hermes style): the tool list
-    /// appended to the system message (or a new one), each assistant tool call written out as a compact
-    /// `<tool_call>` block after its content, and each tool result wrapped in `<tool_response>` tags. A
-    /// template that knows tools gets the messages unchanged (and the definitions as `tools`).
+    /// The conversation as a template that does not know tools must see it: the tool list appended to the
+    /// system message (or a new one), each assistant tool call written out in the set's format after its
+    /// content, and each tool result wrapped in `<tool_response>` tags. A template that knows tools gets
+    /// the messages unchanged (and the definitions as `tools`).
     pub fn messages_for(&self, template_knows_tools: bool, messages: &[Message]) -> Vec<Message> {
         let mut out = messages.to_vec();
         if template_knows_tools {
@@ -246,8 +271,10 @@ impl ToolSet {
             match m.role {
                 Role::Assistant if !m.tool_calls.is_empty() => {
                     for c in m.tool_calls.drain(..) {
-                        let call = serde_json::json!({"name": c.function.name, "arguments": c.function.arguments});
-                        m.content.push_str(&format!("{OPEN}{call}{CLOSE}"));
+                        let call =
+                            self.format
+                                .write_call(self, &c.function.name, &c.function.arguments);
+                        m.content.push_str(&call);
                     }
                 }
                 Role::Tool => {
@@ -406,7 +433,7 @@ impl ToolSet {
     /// schema). Text from a constrained decode should always pass; a failure is counted as a bug
     /// ([`validation_failures`]), logged, and returned so the agent loop can tell the model what was wrong.
     pub fn reply(&self, text: &str) -> Result<Reply, ToolError> {
-        let (content, parsed) = parse_tool_calls(text)?;
+        let (content, parsed) = self.format.parse(self, text)?;
         let mut calls = Vec::with_capacity(parsed.len());
         for call in parsed {
             if let Err(e) = self.check(&call) {

@@ -174,7 +174,7 @@ impl Lexer {
 }
 
 /// Appends `c` as serde_json writes it inside a string.
-fn escape_into(c: char, out: &mut String) {
+pub(crate) fn escape_into(c: char, out: &mut String) {
     match c {
         '"' => out.push_str("\\\""),
         '\\' => out.push_str("\\\\"),

@@ -8,7 +8,7 @@ use thorn_engine::engine::{Engine, EngineError, FinishReason, Generation, Reques
 use thorn_engine::tokenizer::TokenId;
 use thorn_guide::ToolGrammars;
 use thorn_tools::chat::Message;
-use thorn_tools::{CallDelta, ToolChoice, ToolSet, call_id, complete_calls_prefix};
+use thorn_tools::{CallDelta, ToolChoice, ToolSet, call_id};
 use tokio::sync::mpsc;
 
 use super::split::{Counters, RoundCalls, Split, Splitter, Streamed, THINK_OPEN, answer_part};
@@ -130,7 +130,7 @@ impl Agent {
     /// The tokens `turn`'s first round would prompt the model with (its conversation and the tools it
     /// shows, rendered by the chat template), whether or not they fit the context.
     pub async fn count_tokens(&self, turn: &Turn) -> Result<usize, AgentError> {
-        let all = ToolSet::new(&turn.tools)?;
+        let all = ToolSet::new(&turn.tools)?.with_format(self.tool_format)?;
         turn.tool_choice.check(&all)?;
         let shown = if turn.tool_choice == ToolChoice::None {
             ToolSet::default()
@@ -301,7 +301,7 @@ impl Agent {
         let prompt_text = self.render(r.shown, r.messages)?;
         // A thinking model's template may open the reasoning block in the prompt itself.
         let opened = prompt_text.trim_end().ends_with(THINK_OPEN);
-        let mut splitter = Splitter::new(opened);
+        let mut splitter = Splitter::new(opened, r.shown);
         let mut content = String::new();
         let mut reasoning = String::new();
         let mut round_calls = RoundCalls::default();
@@ -401,7 +401,7 @@ impl Agent {
         let answer = answer_part(&generation.text, opened);
         let truncated = generation.finish == FinishReason::Length;
         let text = if truncated {
-            complete_calls_prefix(answer)
+            r.shown.complete_prefix(answer)
         } else {
             answer
         };

@@ -2,7 +2,7 @@
 //! deltas as it streams, and the record of the calls streamed that the validated reply is checked against.
 
 use thorn_tools::chat::ToolCall;
-use thorn_tools::{CallDelta, CallStreamer, OPEN};
+use thorn_tools::{CallDelta, FormatStreamer, ToolSet};
 
 use super::StreamedCalls;
 
@@ -54,25 +54,33 @@ pub(super) enum Split {
     Call(CallDelta),
 }
 
-/// Splits streamed text into answer text and tool calls: text that might be the start of `<tool_call>` is
-/// held back until it is known not to be; everything from the trigger on is not content but goes to the
-/// [`CallStreamer`], which turns it into call deltas.
-#[derive(Debug, Default)]
+/// Splits streamed text into answer text and tool calls: text that might be the start of the tool-call
+/// format's trigger (`<tool_call>`) is held back until it is known not to be; everything from the trigger
+/// on is not content but goes to the format's streamer ([`FormatStreamer`]), which turns it into call
+/// deltas.
+#[derive(Debug)]
 pub(super) struct Splitter {
     held: String,
     in_calls: bool,
-    calls: CallStreamer,
+    calls: FormatStreamer,
+    /// The format's trigger.
+    open: &'static str,
     think: Think,
     /// Reasoning (or the output's start) held back: it may be the start of a tag.
     think_held: String,
 }
 
 impl Splitter {
-    /// A splitter for a round whose prompt already opened the reasoning block (`opened`).
-    pub(super) fn new(opened: bool) -> Self {
+    /// A splitter for a round whose prompt already opened the reasoning block (`opened`), of calls to
+    /// `tools` in their format.
+    pub(super) fn new(opened: bool, tools: &ToolSet) -> Self {
         Splitter {
+            held: String::new(),
+            in_calls: false,
+            calls: tools.streamer(),
+            open: tools.format().trigger(),
             think: if opened { Think::Inside } else { Think::Maybe },
-            ..Splitter::default()
+            think_held: String::new(),
         }
     }
 
@@ -135,7 +143,7 @@ impl Splitter {
             return;
         }
         self.held.push_str(text);
-        if let Some(i) = self.held.find(OPEN) {
+        if let Some(i) = self.held.find(self.open) {
             let before = self.held[..i].to_owned();
             self.in_calls = true;
             let calls = self.held.split_off(i);
@@ -147,7 +155,7 @@ impl Splitter {
             return;
         }
         // Keep the longest suffix that is a prefix of the trigger.
-        let cut = self.held.len() - tag_prefix_len(&self.held, OPEN);
+        let cut = self.held.len() - tag_prefix_len(&self.held, self.open);
         if cut > 0 {
             let emit: String = self.held.drain(..cut).collect();
             out(Split::Content(emit));
@@ -169,7 +177,11 @@ impl Splitter {
         if !self.in_calls && !self.held.is_empty() {
             out(Split::Content(std::mem::take(&mut self.held)));
         }
-        *self = Splitter::default();
+        // Ready for more text (its calls numbered on).
+        self.held.clear();
+        self.in_calls = false;
+        self.think = Think::Maybe;
+        self.think_held.clear();
     }
 }
 
@@ -251,12 +263,15 @@ mod tests {
 
     fn split(pieces: &[&str]) -> (String, bool) {
         let (content, calls) = split_all(pieces);
-        (content, !calls.is_empty() || pieces.concat().contains(OPEN))
+        (
+            content,
+            !calls.is_empty() || pieces.concat().contains(thorn_tools::OPEN),
+        )
     }
 
     /// Content, and the calls' deltas, of streamed pieces.
     fn split_all(pieces: &[&str]) -> (String, Vec<CallDelta>) {
-        let mut s = Splitter::default();
+        let mut s = Splitter::new(false, &ToolSet::default());
         let (mut got, mut calls) = (String::new(), Vec::new());
         let mut take = |p: Split| match p {
             Split::Content(t) => got.push_str(&t),
@@ -273,7 +288,7 @@ mod tests {
     /// Content, reasoning and call deltas of streamed pieces, for a prompt that did or did not open the
     /// reasoning block.
     fn split_thinking(opened: bool, pieces: &[&str]) -> (String, String, usize) {
-        let mut s = Splitter::new(opened);
+        let mut s = Splitter::new(opened, &ToolSet::default());
         let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), 0);
         let mut take = |p: Split| match p {
             Split::Content(t) => content.push_str(&t),

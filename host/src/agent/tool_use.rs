@@ -163,7 +163,7 @@ pub(super) fn plan(
                 })
                 .cloned()
                 .collect();
-            let mut shown = ToolSet::new(&defs)?;
+            let mut shown = ToolSet::new(&defs)?.with_format(all.format())?;
             // Values the request spells out are decoded as its own words.
             let spans = thorn_tools::request_spans(&user.content);
             for name in names.iter().filter(|_| !spans.is_empty()) {

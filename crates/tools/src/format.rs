@@ -1,0 +1,200 @@
+//! Tool-call formats: how a model family writes a call, as data the rest of the tool layer asks for (the
+//! grammar that constrains a call, its parser, its streaming lexer, how a past call is written back into a
+//! prompt). A [`ToolSet`] carries the format its model writes ([`ToolSet::with_format`]); detected from
+//! the chat template ([`ToolFormat::detect`]) unless the operator names one (`--tool-format`).
+
+pub mod qwen_xml;
+mod xml_stream;
+
+pub use xml_stream::XmlStreamer;
+
+use crate::{CallDelta, CallStreamer, ParsedCall, ToolError, ToolSet};
+use serde_json::Value;
+
+/// A family's tool-call format; each variant's doc shows the text its models write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ToolFormat {
+    /// Hermes JSON (SmolLM2, Qwen2.5, Qwen3, Hermes, and thorn's own prompt for templates without tools):
+    /// `<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>`.
+    #[default]
+    Hermes,
+    /// Qwen3's XML parameters (Qwen3-Coder, Qwen3.5/3.6):
+    /// `<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>`.
+    QwenXml,
+}
+
+impl ToolFormat {
+    /// Every format, in the order [`ToolFormat::detect`] tries them.
+    pub const ALL: [ToolFormat; 2] = [ToolFormat::QwenXml, ToolFormat::Hermes];
+
+    /// Its name (`--tool-format NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolFormat::Hermes => "hermes",
+            ToolFormat::QwenXml => "qwen3_xml",
+        }
+    }
+
+    /// The format named `name`.
+    pub fn from_name(name: &str) -> Result<ToolFormat, ToolError> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|f| f.name()).collect();
+                ToolError::Request(format!(
+                    "unknown tool-call format {name:?} (known: {})",
+                    names.join(", ")
+                ))
+            })
+    }
+
+    /// The format a chat template's own tool calls are written in (as llama.cpp tells them apart: by what
+    /// the template writes for an assistant's calls), Hermes when it shows none.
+    pub fn detect(template_source: &str) -> ToolFormat {
+        if template_source.contains("<function=") && template_source.contains("<parameter=") {
+            ToolFormat::QwenXml
+        } else {
+            ToolFormat::Hermes
+        }
+    }
+
+    /// The text that starts a call (a tool-choice `auto` grammar switches on there).
+    pub fn trigger(self) -> &'static str {
+        match self {
+            ToolFormat::Hermes => crate::OPEN,
+            ToolFormat::QwenXml => qwen_xml::OPEN,
+        }
+    }
+
+    /// Checks that `tools` can be called in this format.
+    pub fn check(self, tools: &ToolSet) -> Result<(), ToolError> {
+        match self {
+            ToolFormat::Hermes => Ok(()),
+            ToolFormat::QwenXml => qwen_xml::check_names(tools),
+        }
+    }
+
+    /// The Lark grammar of calls to `tools` (or just `only`; several with `parallel`; with `answer` a JSON
+    /// answer as the alternative).
+    pub fn calls_grammar(
+        self,
+        tools: &ToolSet,
+        only: Option<&str>,
+        parallel: bool,
+        answer: Option<&Value>,
+    ) -> String {
+        match self {
+            ToolFormat::Hermes => {
+                crate::grammar::hermes_calls_grammar(tools, only, parallel, answer)
+            }
+            ToolFormat::QwenXml => qwen_xml::calls_grammar(tools, only, parallel, answer),
+        }
+    }
+
+    /// Splits generated text into prose and calls.
+    pub fn parse(
+        self,
+        tools: &ToolSet,
+        text: &str,
+    ) -> Result<(String, Vec<ParsedCall>), ToolError> {
+        match self {
+            ToolFormat::Hermes => crate::parse_tool_calls(text),
+            ToolFormat::QwenXml => qwen_xml::parse(tools, text),
+        }
+    }
+
+    /// The part of a cut-short generation that holds only complete calls.
+    pub fn complete_prefix<'a>(self, tools: &ToolSet, text: &'a str) -> &'a str {
+        match self {
+            ToolFormat::Hermes => crate::complete_calls_prefix(text),
+            ToolFormat::QwenXml => qwen_xml::complete_prefix(tools, text),
+        }
+    }
+
+    /// A past call as this format writes it (for a template that does not render calls itself).
+    pub fn write_call(self, tools: &ToolSet, name: &str, arguments: &Value) -> String {
+        match self {
+            ToolFormat::Hermes => {
+                let call = serde_json::json!({"name": name, "arguments": arguments});
+                format!("{}{call}{}", crate::OPEN, crate::CLOSE)
+            }
+            ToolFormat::QwenXml => qwen_xml::write_call(tools, name, arguments),
+        }
+    }
+
+    /// The system-prompt block that teaches the format to a model whose template does not render tools.
+    pub fn instructions(self, list: &str) -> String {
+        match self {
+            ToolFormat::Hermes => format!(
+                "You are a function-calling assistant. You have access to the following tools:\n<tools>\n{list}\n</tools>\n\
+                 When a tool is needed, reply only with a JSON object of the form {{\"name\": <function-name>, \"arguments\": <args-object>}} \
+                 inside <tool_call></tool_call> tags."
+            ),
+            ToolFormat::QwenXml => format!(
+                "# Tools\n\nYou have access to the following functions:\n\n<tools>\n{list}\n</tools>\n\n\
+                 If you choose to call a function ONLY reply in the following format with NO suffix:\n\n\
+                 <tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n\
+                 </function>\n</tool_call>"
+            ),
+        }
+    }
+
+    /// A streaming lexer of calls to `tools` in this format.
+    pub fn streamer(self, tools: &ToolSet) -> FormatStreamer {
+        match self {
+            ToolFormat::Hermes => FormatStreamer::Hermes(CallStreamer::default()),
+            ToolFormat::QwenXml => FormatStreamer::QwenXml(XmlStreamer::new(tools)),
+        }
+    }
+}
+
+impl std::fmt::Display for ToolFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ToolFormat {
+    type Err = ToolError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ToolFormat::from_name(s)
+    }
+}
+
+/// The streaming lexer of one format (see [`ToolFormat::streamer`]).
+#[derive(Debug)]
+pub enum FormatStreamer {
+    /// Hermes JSON.
+    Hermes(CallStreamer),
+    /// Qwen3 XML.
+    QwenXml(XmlStreamer),
+}
+
+impl Default for FormatStreamer {
+    fn default() -> Self {
+        FormatStreamer::Hermes(CallStreamer::default())
+    }
+}
+
+impl FormatStreamer {
+    /// Feeds generated text (from the trigger on); `out` gets the deltas it completes.
+    pub fn push(&mut self, text: &str, out: &mut dyn FnMut(CallDelta)) {
+        match self {
+            FormatStreamer::Hermes(s) => s.push(text, out),
+            FormatStreamer::QwenXml(s) => s.push(text, out),
+        }
+    }
+
+    /// Calls begun so far.
+    pub fn begun(&self) -> usize {
+        match self {
+            FormatStreamer::Hermes(s) => s.begun(),
+            FormatStreamer::QwenXml(s) => s.begun(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
