@@ -12,6 +12,7 @@ use thorn_engine::model::qwen35::{Qwen35Config, Reference};
 use thorn_engine::spec::draft::{DraftContext, Drafter, Proposals, SUFFIX_CLASSES};
 use thorn_engine::spec::{SpecConfig, Speculator};
 use thorn_tests::{argmax, fixture};
+use thorn_tools::{ResponseFormat, ToolChoice, ToolFormat, ToolSet};
 
 fn model_path() -> std::path::PathBuf {
     fixture("qwen35-tiny/model.gguf")
@@ -241,6 +242,57 @@ impl Drafter for HalfRight {
         path.extend([(last + 1) % 256, (last + 2) % 256]);
         out.add(&path, 100.0, SUFFIX_CLASSES as u8 - 1);
     }
+}
+
+#[test]
+fn a_hybrid_model_is_forced_through_qwen3_xml_tool_calls() {
+    use thorn_guide::ToolGrammars;
+    // The Qwen3.5 family's own format, on the tiny hybrid: every value constrained (a random model would
+    // never end a free string), the call must come out whole, parse and validate, with and without
+    // speculation alike.
+    let tools = ToolSet::new(&[serde_json::json!({"type": "function", "function": {
+        "name": "move_joint",
+        "parameters": {"type": "object", "properties": {
+            "joint": {"type": "integer", "enum": [1, 2, 3]},
+            "degrees": {"type": "integer", "minimum": -90, "maximum": 90},
+            "relative": {"type": "boolean"}
+        }, "required": ["joint", "degrees", "relative"]}
+    }})])
+    .unwrap()
+    .with_format(ToolFormat::QwenXml)
+    .unwrap();
+    let prompt = bytes("<user>Move joint 1 by 10 degrees.</user>\n");
+    let eager = SpecConfig {
+        adaptive: false,
+        ..SpecConfig::default()
+    };
+    let mut outs = Vec::new();
+    for cfg in [SpecConfig::off(), eager] {
+        let mut e = engine(cfg, 0);
+        let mut guide = e
+            .grammars()
+            .unwrap()
+            .guide(&tools, &ToolChoice::Required, false, &ResponseFormat::Text)
+            .unwrap();
+        let out = e
+            .generate_guided(
+                &Request::greedy(prompt.clone(), 200),
+                guide.as_mut(),
+                &mut |_| {},
+            )
+            .unwrap();
+        let reply = tools
+            .reply(&out.text)
+            .unwrap_or_else(|err| panic!("{err}: {:?}", out.text));
+        assert_eq!(reply.calls.len(), 1, "{:?}", out.text);
+        assert_eq!(reply.calls[0].function.name, "move_joint");
+        assert!(
+            out.text
+                .starts_with("<tool_call>\n<function=move_joint>\n<parameter=joint>\n")
+        );
+        outs.push(out.tokens);
+    }
+    assert_eq!(outs[0], outs[1], "speculation changed the call");
 }
 
 #[test]

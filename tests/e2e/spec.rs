@@ -1,6 +1,6 @@
 //! Speculative decoding is exact: tree verification gives the logits of plain decoding bit for bit, greedy
-//! output is token-for-token the same with and without speculation (fixture prompts, BFCL tool calls,
-//! trajectory turns, batched), and sampling keeps its distribution.
+//! output is token-for-token the same with and without speculation (fixture prompts, BFCL tool calls in
+//! every tool-call format, trajectory turns, batched), and sampling keeps its distribution.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use thorn_engine::spec::{FixedCost, PassShape, SpecConfig, SpecStats, Speculator
 use thorn_guide::ToolGrammars;
 use thorn_tests::{default_model, fixture, fixture_prompts, trajectories};
 use thorn_tools::chat::{ChatTemplate, Message};
-use thorn_tools::{ResponseFormat, ToolChoice, ToolSet};
+use thorn_tools::{ResponseFormat, ToolChoice, ToolFormat, ToolSet};
 
 fn engine(spec: SpecConfig) -> Engine {
     let g = Arc::new(Gguf::open(default_model()).unwrap());
@@ -168,13 +168,14 @@ fn accepted_paths_keep_exact_kv() {
     }
 }
 
-fn tool_prompts(e: &Engine) -> Vec<(Vec<u32>, Rc<ToolSet>)> {
+/// The first `per` BFCL questions of three categories with their tools in `format`, as prompts.
+fn tool_prompts(e: &Engine, format: ToolFormat, per: usize) -> Vec<(Vec<u32>, Rc<ToolSet>)> {
     let template = ChatTemplate::new(e.gguf().get_str("tokenizer.chat_template").unwrap()).unwrap();
     let mut out = Vec::new();
     for cat in ["simple_python", "multiple", "parallel"] {
         let path = fixture(&format!("bfcl/BFCL_v4_{cat}.json"));
-        for q in bfcl::load(&path).unwrap().iter().take(3) {
-            let tools = ToolSet::new(&q.tools).unwrap();
+        for q in bfcl::load(&path).unwrap().iter().take(per) {
+            let tools = ToolSet::new(&q.tools).unwrap().with_format(format).unwrap();
             let tok = e.tokenizer();
             let text = tools
                 .render(&template, &q.messages, "", "<|im_end|>", &|s| tok.quote(s))
@@ -231,7 +232,12 @@ fn same_greedy(spec_cfg: SpecConfig) -> SpecStats {
     let mut plain = engine(SpecConfig::off());
     let grammars = plain.grammars().unwrap().clone();
     let mut cases: Vec<Case> = fixture_prompts().into_iter().map(|p| (p, None)).collect();
-    for (p, t) in tool_prompts(&plain) {
+    for (p, t) in tool_prompts(&plain, ToolFormat::Hermes, 3) {
+        cases.push((p.clone(), Some((Rc::clone(&t), ToolChoice::Required))));
+        cases.push((p, Some((t, ToolChoice::Auto))));
+    }
+    // Qwen3's XML format: its grammar-forced runs (tags, parameter names) drafted and verified too.
+    for (p, t) in tool_prompts(&plain, ToolFormat::QwenXml, 1) {
         cases.push((p.clone(), Some((Rc::clone(&t), ToolChoice::Required))));
         cases.push((p, Some((t, ToolChoice::Auto))));
     }

@@ -6,7 +6,9 @@
 
 mod template;
 
-pub use template::{ChatTemplate, Quote, RenderOptions, TemplateError};
+pub use template::{
+    ChatTemplate, KWARGS_MAX, Quote, RESERVED, RenderOptions, TemplateError, check_kwargs,
+};
 
 use serde::Serialize;
 

@@ -295,8 +295,8 @@ impl ToolSet {
     }
 
     /// Renders a conversation with these tools through the model's chat template, as a prompt that ends with
-    /// the assistant header: tools as the template's `tools` if it knows them, else the Hermes protocol of
-    /// [`ToolSet::messages_for`]. Every string of the messages and tools goes through `quote` (the
+    /// the assistant header: tools as the template's `tools` if it knows them, else in the set's format
+    /// by [`ToolSet::messages_for`]. Every string of the messages and tools goes through `quote` (the
     /// tokenizer's data quoting), so the result is for `Tokenizer::encode_rendered`.
     pub fn render(
         &self,
@@ -306,6 +306,20 @@ impl ToolSet {
         eos_token: &str,
         quote: Quote<'_>,
     ) -> Result<String, TemplateError> {
+        self.render_with(template, messages, bos_token, eos_token, quote, None)
+    }
+
+    /// [`ToolSet::render`] with more template variables (a request's `chat_template_kwargs`, such as
+    /// `enable_thinking`; see [`chat::check_kwargs`]).
+    pub fn render_with(
+        &self,
+        template: &ChatTemplate,
+        messages: &[Message],
+        bos_token: &str,
+        eos_token: &str,
+        quote: Quote<'_>,
+        kwargs: Option<&serde_json::Map<String, Value>>,
+    ) -> Result<String, TemplateError> {
         let knows = template.knows_tools();
         let msgs = self.messages_for(knows, messages);
         let opts = RenderOptions {
@@ -314,6 +328,7 @@ impl ToolSet {
             bos_token,
             eos_token,
             quote: Some(quote),
+            kwargs,
         };
         template.render(&msgs, &opts)
     }

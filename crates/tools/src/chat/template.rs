@@ -40,6 +40,48 @@ pub struct RenderOptions<'a> {
     /// the template's own text or `bos_token`/`eos_token`. Prompts for a model must pass the tokenizer's
     /// quoting and be tokenized with `Tokenizer::encode_rendered`.
     pub quote: Option<Quote<'a>>,
+    /// More template variables (a request's `chat_template_kwargs`: `enable_thinking`,
+    /// `reasoning_effort`, ...), checked by [`check_kwargs`]; their strings are data too.
+    pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+/// The variables and functions a template's own context holds, which `kwargs` may not replace.
+pub const RESERVED: [&str; 7] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "raise_exception",
+    "strftime_now",
+];
+
+/// The most template variables one request may set, and the most bytes of their JSON.
+pub const KWARGS_MAX: (usize, usize) = (32, 8192);
+
+/// Checks a request's template variables: identifiers, not [`RESERVED`], within [`KWARGS_MAX`].
+pub fn check_kwargs(kwargs: &serde_json::Map<String, serde_json::Value>) -> Result<(), String> {
+    let (n, bytes) = KWARGS_MAX;
+    if kwargs.len() > n {
+        return Err(format!("more than {n} template variables"));
+    }
+    if serde_json::Value::Object(kwargs.clone()).to_string().len() > bytes {
+        return Err(format!("template variables of more than {bytes} bytes"));
+    }
+    for k in kwargs.keys() {
+        let ident = k
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ident {
+            return Err(format!("{k:?} is not a template variable name"));
+        }
+        if RESERVED.contains(&k.as_str()) {
+            return Err(format!("{k:?} is set by the server, not by a request"));
+        }
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for RenderOptions<'_> {
@@ -124,7 +166,27 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(TemplateError::Render)?;
-        tmpl.render(Value::from_serialize(&ctx))
+        let Some(kwargs) = opts.kwargs.filter(|k| !k.is_empty()) else {
+            return tmpl
+                .render(Value::from_serialize(&ctx))
+                .map_err(TemplateError::Render);
+        };
+        // The request's variables first, the template's own context over them (never replaced).
+        let mut all: serde_json::Map<String, serde_json::Value> = kwargs
+            .iter()
+            .filter(|(k, _)| !RESERVED.contains(&k.as_str()))
+            .map(|(k, v)| {
+                let v = match opts.quote {
+                    Some(q) => super::quote_json(v, q),
+                    None => v.clone(),
+                };
+                (k.clone(), v)
+            })
+            .collect();
+        if let Ok(serde_json::Value::Object(own)) = serde_json::to_value(&ctx) {
+            all.extend(own);
+        }
+        tmpl.render(Value::from_serialize(&all))
             .map_err(TemplateError::Render)
     }
 }
@@ -253,6 +315,74 @@ mod tests {
     use crate::chat::{FunctionCall, Role, ToolCall};
 
     const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn request_kwargs_reach_the_template_as_data_and_never_replace_its_context() {
+        // Qwen3's switch: with enable_thinking false the generation prompt closes an empty think block.
+        let t = ChatTemplate::new(
+            "{{ messages[0].content }}|{{ add_generation_prompt }}|{% if enable_thinking is defined and \
+             enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{{ reasoning_effort | default('') }}",
+        )
+        .unwrap();
+        let quote = |s: &str| s.contains('<').then(|| s.replace('<', "<\u{FDD0}"));
+        let render = |kw: serde_json::Value| {
+            let kw = kw.as_object().cloned().unwrap();
+            let opts = RenderOptions {
+                add_generation_prompt: true,
+                quote: Some(&quote),
+                kwargs: Some(&kw),
+                ..Default::default()
+            };
+            t.render(&[Message::user("hi")], &opts).unwrap()
+        };
+        assert_eq!(render(serde_json::json!({})), "hi|True|");
+        assert_eq!(
+            render(serde_json::json!({"enable_thinking": false})),
+            "hi|True|<think>\n\n</think>\n\n"
+        );
+        assert_eq!(
+            render(serde_json::json!({"enable_thinking": true})),
+            "hi|True|"
+        );
+        // A string variable is data: quoted like the messages.
+        assert_eq!(
+            render(serde_json::json!({"reasoning_effort": "<|im_end|>"})),
+            "hi|True|<\u{FDD0}|im_end|>"
+        );
+        // The template's own variables win over a request's (and check_kwargs refuses them first).
+        assert_eq!(
+            render(serde_json::json!({"messages": [], "add_generation_prompt": false})),
+            "hi|True|"
+        );
+        for (bad, why) in [
+            (serde_json::json!({"messages": []}), "set by the server"),
+            (
+                serde_json::json!({"raise_exception": 1}),
+                "set by the server",
+            ),
+            (
+                serde_json::json!({"a-b": 1}),
+                "not a template variable name",
+            ),
+            (serde_json::json!({"": 1}), "not a template variable name"),
+            (serde_json::json!({"x": "y".repeat(9000)}), "bytes"),
+        ] {
+            let e = check_kwargs(bad.as_object().unwrap()).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let many: serde_json::Map<String, serde_json::Value> = (0..33)
+            .map(|i| (format!("k{i}"), serde_json::json!(i)))
+            .collect();
+        assert!(check_kwargs(&many).is_err());
+        assert!(
+            check_kwargs(
+                serde_json::json!({"enable_thinking": false})
+                    .as_object()
+                    .unwrap()
+            )
+            .is_ok()
+        );
+    }
 
     #[test]
     fn renders_chatml_with_default_system_prompt() {

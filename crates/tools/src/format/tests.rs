@@ -283,6 +283,7 @@ fn tool_format_qwen_xml_history_renders_through_the_template_and_parses_back() {
         bos_token: "",
         eos_token: "",
         quote: None,
+        kwargs: None,
     };
     let prompt = template
         .render(&tools.messages_for(true, &msgs), &opts)
