@@ -127,6 +127,9 @@ pub struct Agent {
     tool_use: ToolUse,
     /// How the model writes tool calls (the detected format unless the operator named one).
     tool_format: ToolFormat,
+    /// Whether a thinking model reasons when a request does not say (`--reasoning`; `None`: as its chat
+    /// template does by default).
+    reasoning: Option<bool>,
 }
 impl Agent {
     /// Moves `engine` onto its own thread (at most `queue` requests waiting) and builds the agent around it:
@@ -190,6 +193,7 @@ impl Agent {
     ) -> Self {
         Agent {
             engine,
+            reasoning: None,
             tool_format: model.tool_format,
             model: Arc::new(model),
             plugins: Arc::new(LiveSet::new(plugins)),
@@ -210,6 +214,19 @@ impl Agent {
     /// The default [`ToolUse`].
     pub fn tool_use(&self) -> ToolUse {
         self.tool_use
+    }
+
+    /// Sets whether a thinking model reasons when a request does not say (`--reasoning on|off`; `None`,
+    /// `auto`: as its chat template does by default): the template's `enable_thinking` variable.
+    pub fn with_reasoning(mut self, on: Option<bool>) -> Self {
+        self.reasoning = on;
+        self
+    }
+
+    /// The chat-template variables of `turn`: its own, and the server's reasoning default where it
+    /// leaves `enable_thinking` out.
+    fn template_kwargs(&self, turn: &Turn) -> serde_json::Map<String, serde_json::Value> {
+        with_reasoning_default(&turn.template_kwargs, self.reasoning)
     }
 
     /// Has the model write tool calls in `format` instead of the one detected from its chat template
@@ -596,6 +613,19 @@ struct RoundResult {
 fn tool_rounds(requested: Option<usize>, operator: usize) -> usize {
     requested.map_or(operator, |n| n.min(operator)).max(1)
 }
+/// `kw` with `enable_thinking` set to `on` where it leaves it out (`None`: left as it is).
+fn with_reasoning_default(
+    kw: &serde_json::Map<String, serde_json::Value>,
+    on: Option<bool>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut kw = kw.clone();
+    if let Some(on) = on {
+        kw.entry("enable_thinking")
+            .or_insert(serde_json::Value::Bool(on));
+    }
+    kw
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -630,5 +660,24 @@ mod tests {
         assert_eq!(tool_rounds(Some(1_000_000), 8), 8);
         assert_eq!(tool_rounds(Some(0), 8), 1, "0 is not unlimited");
         assert_eq!(tool_rounds(Some(usize::MAX), 1), 1);
+    }
+
+    #[test]
+    fn the_servers_reasoning_default_fills_only_what_a_request_leaves_out() {
+        use serde_json::json;
+        let none = serde_json::Map::new();
+        assert!(with_reasoning_default(&none, None).is_empty());
+        assert_eq!(
+            serde_json::Value::Object(with_reasoning_default(&none, Some(false))),
+            json!({"enable_thinking": false})
+        );
+        let asked = json!({"enable_thinking": true})
+            .as_object()
+            .cloned()
+            .unwrap();
+        assert_eq!(
+            serde_json::Value::Object(with_reasoning_default(&asked, Some(false))),
+            json!({"enable_thinking": true})
+        );
     }
 }

@@ -283,3 +283,26 @@ fn parse_tool_format(s: &str) -> Result<ToolFormatChoice, String> {
         .map(ToolFormatChoice::Named)
         .map_err(|e| e.to_string())
 }
+
+/// `--reasoning`: whether a thinking model reasons when a request does not say.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq)]
+pub enum ReasoningArg {
+    /// As its chat template does by default.
+    #[default]
+    Auto,
+    /// Reasoning on (the template's `enable_thinking` true).
+    On,
+    /// Reasoning off (`enable_thinking` false: Qwen3's template closes an empty think block).
+    Off,
+}
+
+impl ReasoningArg {
+    /// The template's `enable_thinking` default (`None`: the template's own).
+    pub fn enable_thinking(self) -> Option<bool> {
+        match self {
+            ReasoningArg::Auto => None,
+            ReasoningArg::On => Some(true),
+            ReasoningArg::Off => Some(false),
+        }
+    }
+}

@@ -1,7 +1,9 @@
 //! `thorn serve`, `thorn chat` and `thorn run`: the agent with the installed plugins, over HTTP, in a
 //! terminal, or for one task.
 
-use crate::opts::{EngineArgs, KvArgs, ModelArgs, SpecArgs, ToolFormatArgs, parse_bytes};
+use crate::opts::{
+    EngineArgs, KvArgs, ModelArgs, ReasoningArg, SpecArgs, ToolFormatArgs, parse_bytes,
+};
 use crate::plugins::Place;
 use anyhow::{Context, Result};
 use std::io::Write;
@@ -68,6 +70,16 @@ pub struct AgentArgs {
     pub tool_answers: thorn::agent::Answers,
     #[command(flatten)]
     pub tool_format: ToolFormatArgs,
+    /// Whether a thinking model reasons when a request does not say (`reasoning_effort`,
+    /// `chat_template_kwargs.enable_thinking`, Anthropic's `thinking`): `auto` (as its chat template
+    /// does), `on` or `off` (the template's `enable_thinking`).
+    #[arg(
+        long,
+        env = "THORN_REASONING",
+        default_value = "auto",
+        help_heading = "Tool use"
+    )]
+    pub reasoning: ReasoningArg,
 }
 
 impl AgentArgs {
@@ -218,7 +230,8 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
     .with_raw_special(a.completions_special)
     .with_max_host_calls(a.max_host_calls)
     .with_tool_use(a.tool_use())
-    .with_tool_format(tool_format))
+    .with_tool_format(tool_format)
+    .with_reasoning(a.reasoning.enable_thinking()))
 }
 
 /// The plugins in `place` that its policy admits (each refusal printed), and their directory; `previous`

@@ -470,6 +470,19 @@ fn bad_requests_get_openai_errors() {
                 "tool_choice": {"type": "function", "function": {"name": "g"}}}),
             "tools",
         ),
+        (
+            json!({"messages": user("hi"), "reasoning_effort": "extreme"}),
+            "reasoning_effort",
+        ),
+        // Template variables may not replace the template's own context, nor be anything but names.
+        (
+            json!({"messages": user("hi"), "chat_template_kwargs": {"messages": []}}),
+            "chat_template_kwargs",
+        ),
+        (
+            json!({"messages": user("hi"), "chat_template_kwargs": {"a b": 1}}),
+            "chat_template_kwargs",
+        ),
     ] {
         let r = chat(body.clone());
         assert_eq!(r.status, 400, "{body}: {}", r.body);

@@ -220,6 +220,14 @@ pub struct ChatRequest<'a> {
     /// upstream's model) or `small` (the local one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thorn_model_class: Option<String>,
+    /// More chat-template variables (vLLM's and SGLang's `chat_template_kwargs`), such as
+    /// `{"enable_thinking": false}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// How much a reasoning model thinks: `none` switches its reasoning off, `minimal`, `low`, `medium`
+    /// and `high` on (and reach the template as `reasoning_effort`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
 }
 
 /// thorn's `thorn_tool_use`: each field left out keeps the server's setting.

@@ -137,7 +137,7 @@ impl Agent {
         } else {
             all
         };
-        let text = self.render(&shown, &turn.messages)?;
+        let text = self.render(&shown, &turn.messages, &self.template_kwargs(turn))?;
         Ok(self.tokenize(PromptText::Chat(text)).await?.len())
     }
 
@@ -147,6 +147,7 @@ impl Agent {
         &self,
         shown: &ToolSet,
         messages: &[Message],
+        kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, AgentError> {
         let template = self.model.template.as_ref().ok_or(AgentError::NoTemplate)?;
         let data: usize = messages.iter().map(Message::data_len).sum();
@@ -157,11 +158,14 @@ impl Agent {
             });
         }
         let tok = &self.model.tokenizer;
-        Ok(
-            shown.render(template, messages, &self.model.bos, &self.model.eos, &|s| {
-                tok.quote(s)
-            })?,
-        )
+        Ok(shown.render_with(
+            template,
+            messages,
+            &self.model.bos,
+            &self.model.eos,
+            &|s| tok.quote(s),
+            Some(kwargs),
+        )?)
     }
 
     /// Runs one generation on the engine thread, streaming its text through `on_text`. A `copying`
@@ -298,7 +302,7 @@ impl Agent {
         counters: &mut Counters,
         on_event: &mut (dyn FnMut(Event) + Send),
     ) -> Result<RoundResult, AgentError> {
-        let prompt_text = self.render(r.shown, r.messages)?;
+        let prompt_text = self.render(r.shown, r.messages, &self.template_kwargs(r.turn))?;
         // A thinking model's template may open the reasoning block in the prompt itself.
         let opened = prompt_text.trim_end().ends_with(THINK_OPEN);
         let mut splitter = Splitter::new(opened, r.shown);

@@ -77,6 +77,10 @@ pub struct Turn {
     pub plugins: Arc<PluginSet>,
     /// The engine that serves it.
     pub route: Route,
+    /// More chat-template variables (`chat_template_kwargs`, `enable_thinking` from `reasoning_effort`
+    /// or Anthropic's `thinking`), checked by `thorn_tools::chat::check_kwargs`; the agent's reasoning
+    /// default fills `enable_thinking` when they leave it out.
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Turn {
@@ -105,6 +109,7 @@ impl Turn {
             tool_use: None,
             plugins,
             route: Route::Local,
+            template_kwargs: serde_json::Map::new(),
         }
     }
 }

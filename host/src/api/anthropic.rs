@@ -79,6 +79,30 @@ pub struct MessagesRequest {
     /// thorn: how host tools are put in front of the model (as on `/v1/chat/completions`).
     #[serde(default)]
     pub thorn_tool_use: Option<wire::ToolUseOpts>,
+    /// Extended thinking: `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`, the
+    /// chat template's `enable_thinking` for a reasoning model.
+    #[serde(default)]
+    pub thinking: Option<Value>,
+}
+
+/// The chat-template variables Anthropic's `thinking` asks for.
+fn thinking_kwargs(thinking: Option<&Value>) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let mut kw = serde_json::Map::new();
+    let Some(t) = thinking else {
+        return Ok(kw);
+    };
+    let on = match t.get("type").and_then(Value::as_str) {
+        Some("enabled") => true,
+        Some("disabled") => false,
+        _ => {
+            return Err(ApiError::bad(
+                "`thinking.type` must be \"enabled\" or \"disabled\"",
+                Some("thinking"),
+            ));
+        }
+    };
+    kw.insert("enable_thinking".into(), Value::Bool(on));
+    Ok(kw)
 }
 
 /// A message of the conversation.
@@ -415,6 +439,7 @@ fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, 
             .thorn_tool_use
             .map(|o| wire::tool_use_over(o, st.agent.tool_use())),
         route,
+        template_kwargs: thinking_kwargs(r.thinking.as_ref())?,
         ..Turn::new(messages_of(r.system.as_ref(), r.messages)?, plugins)
     };
     Ok((turn, r.stream.unwrap_or(false)))
@@ -536,6 +561,17 @@ mod tests {
                 content: m["content"].clone(),
             })
             .collect()
+    }
+
+    #[test]
+    fn thinking_switches_the_templates_reasoning() {
+        assert!(thinking_kwargs(None).unwrap().is_empty());
+        let on = thinking_kwargs(Some(&json!({"type": "enabled", "budget_tokens": 1024}))).unwrap();
+        assert_eq!(Value::Object(on), json!({"enable_thinking": true}));
+        let off = thinking_kwargs(Some(&json!({"type": "disabled"}))).unwrap();
+        assert_eq!(Value::Object(off), json!({"enable_thinking": false}));
+        assert!(thinking_kwargs(Some(&json!({"type": "maybe"}))).is_err());
+        assert!(thinking_kwargs(Some(&json!("on"))).is_err());
     }
 
     #[test]

@@ -344,7 +344,80 @@ pub(super) fn turn_from(
         speculation: r.speculation.unwrap_or(true),
         // `tool_use` is set by `turn_of`, over the server's default.
         route,
+        template_kwargs: template_kwargs(r.reasoning_effort.as_deref(), r.chat_template_kwargs)?,
         ..Turn::new(messages_of(r.messages)?, plugins)
     };
     Ok((turn, shape))
+}
+
+/// A request's chat-template variables: `reasoning_effort` (`none`: `enable_thinking` false; `minimal`
+/// to `high`: true, and the effort itself), then `chat_template_kwargs` over them; checked
+/// (`thorn_tools::chat::check_kwargs`).
+pub(super) fn template_kwargs(
+    effort: Option<&str>,
+    kwargs: Option<serde_json::Map<String, Value>>,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let mut kw = serde_json::Map::new();
+    match effort {
+        None => {}
+        Some("none") => {
+            kw.insert("enable_thinking".into(), Value::Bool(false));
+        }
+        Some(e @ ("minimal" | "low" | "medium" | "high")) => {
+            kw.insert("enable_thinking".into(), Value::Bool(true));
+            kw.insert("reasoning_effort".into(), Value::String(e.to_owned()));
+        }
+        Some(e) => {
+            return Err(ApiError::bad(
+                format!("`reasoning_effort` {e:?} is not one of none, minimal, low, medium, high"),
+                Some("reasoning_effort"),
+            ));
+        }
+    }
+    if let Some(extra) = kwargs {
+        thorn_tools::chat::check_kwargs(&extra)
+            .map_err(|e| ApiError::bad(e, Some("chat_template_kwargs")))?;
+        kw.extend(extra);
+    }
+    Ok(kw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kw(v: Value) -> Option<serde_json::Map<String, Value>> {
+        v.as_object().cloned()
+    }
+
+    #[test]
+    fn reasoning_effort_and_template_kwargs_become_template_variables() {
+        assert!(template_kwargs(None, None).unwrap().is_empty());
+        assert_eq!(
+            Value::Object(template_kwargs(Some("none"), None).unwrap()),
+            json!({"enable_thinking": false})
+        );
+        assert_eq!(
+            Value::Object(template_kwargs(Some("high"), None).unwrap()),
+            json!({"enable_thinking": true, "reasoning_effort": "high"})
+        );
+        // The explicit kwargs win over what reasoning_effort implies.
+        assert_eq!(
+            Value::Object(
+                template_kwargs(Some("low"), kw(json!({"enable_thinking": false, "x": 1})))
+                    .unwrap()
+            ),
+            json!({"enable_thinking": false, "reasoning_effort": "low", "x": 1})
+        );
+        for (effort, kwargs, param) in [
+            (Some("max"), None, "reasoning_effort"),
+            (None, kw(json!({"tools": []})), "chat_template_kwargs"),
+            (None, kw(json!({"1st": true})), "chat_template_kwargs"),
+        ] {
+            match template_kwargs(effort, kwargs) {
+                Err(ApiError::BadRequest { param: p, .. }) => assert_eq!(p.as_deref(), Some(param)),
+                other => panic!("{effort:?}: {other:?}"),
+            }
+        }
+    }
 }

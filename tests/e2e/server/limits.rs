@@ -82,6 +82,11 @@ fn api_keys_and_a_full_queue() {
             "messages": [{"role": "user", "content": "hi"}]}),
             "tool_choice.type",
         ),
+        (
+            json!({"model": "smollm2", "max_tokens": 2, "thinking": {"type": "maybe"},
+            "messages": [{"role": "user", "content": "hi"}]}),
+            "thinking",
+        ),
     ] {
         let r = http(
             s.addr,
