@@ -46,6 +46,7 @@ pub mod mcp;
 pub mod metrics;
 mod models;
 mod request;
+pub mod responses;
 mod status;
 pub mod wire;
 mod work;
@@ -103,6 +104,8 @@ pub struct AppState {
     bodies: Arc<tokio::sync::Semaphore>,
     /// Upstream engines.
     upstreams: Upstreams,
+    /// Responses kept for `previous_response_id`.
+    responses: responses::ResponseStore,
 }
 
 impl AppState {
@@ -119,6 +122,7 @@ impl AppState {
             started: unix_now(),
             bodies: Arc::new(tokio::sync::Semaphore::new(budget)),
             upstreams: Upstreams::default(),
+            responses: responses::ResponseStore::default(),
         }
     }
 
@@ -145,6 +149,7 @@ impl AppState {
 pub fn router(state: Arc<AppState>) -> Router {
     let openai = Router::new()
         .route("/v1/chat/completions", post(chat::chat))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models::models))
         .route("/v1/models/{id}", get(models::model))

@@ -1,4 +1,5 @@
-//! The real clients against the server: the openai SDK (a streamed tool call), the OpenAI Agents SDK,
+//! The real clients against the server: the openai SDK (a streamed tool call; the Responses API), the
+//! OpenAI Agents SDK (over chat completions and over Responses, its default),
 //! LangChain's bind_tools, and the anthropic SDK over the Messages API.
 
 use super::*;
@@ -191,4 +192,100 @@ fn the_anthropic_sdk_speaks_the_messages_api() {
             .contains("messages[0].content[0].type"),
         "{r}"
     );
+}
+
+#[test]
+fn the_openai_sdk_speaks_the_responses_api() {
+    let Some(python) = thorn_tests::client_python() else {
+        return;
+    };
+    let base = format!("http://{}", server().addr);
+    let r = thorn_tests::run_client(&python, "openai_responses.py", &[&base]);
+    // Plain text, with usage.
+    let plain = &r["plain"];
+    assert!(plain["id"].as_str().unwrap().starts_with("resp_"), "{r}");
+    assert!(!plain["text"].as_str().unwrap().is_empty(), "{r}");
+    assert!(plain["usage"]["input_tokens"].as_u64().unwrap() > 0, "{r}");
+    assert!(
+        plain["kinds"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("message")),
+        "{r}"
+    );
+    // A required call: one function_call item whose arguments parse and match the schema.
+    let calls = r["call"]["calls"].as_array().unwrap();
+    assert!(!calls.is_empty(), "{r}");
+    assert_eq!(calls[0]["name"], "get_weather", "{r}");
+    let args: Value = serde_json::from_str(calls[0]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_string(), "{r}");
+    assert!(
+        calls[0]["call_id"].as_str().unwrap().starts_with("call_"),
+        "{r}"
+    );
+    // Its result, as input items or after previous_response_id: an answer either way, the same one (the
+    // stored conversation is the one the items spell out).
+    for round in ["items_round", "previous_round"] {
+        assert!(
+            !r[round]["text"].as_str().unwrap().is_empty(),
+            "{round}: {r}"
+        );
+    }
+    assert_eq!(r["items_round"]["text"], r["previous_round"]["text"], "{r}");
+    assert_eq!(r["previous_round"]["previous"], r["call"]["id"], "{r}");
+    // Streamed: typed events from created to completed, argument deltas that join to the final call.
+    let s = &r["stream"];
+    assert_eq!(s["first"], "response.created", "{r}");
+    assert_eq!(s["last"], "response.completed", "{r}");
+    for kind in [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ] {
+        assert!(
+            s["kinds"].as_array().unwrap().contains(&json!(kind)),
+            "{kind}: {r}"
+        );
+    }
+    let joined: String = s["deltas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert_eq!(s["final"][0]["arguments"], joined, "{r}");
+    assert_eq!(s["final"][0]["arguments"], calls[0]["arguments"], "{r}");
+    // A json_schema answer is that JSON.
+    let answer: Value = serde_json::from_str(r["json"].as_str().unwrap()).unwrap();
+    assert!(answer["city"].is_string(), "{r}");
+    // A host tool ran in thorn and its result answered.
+    assert!(r["host"]["text"].as_str().unwrap().contains("51"), "{r}");
+    assert!(!r["host"]["extra"].as_array().unwrap().is_empty(), "{r}");
+    // An unknown previous_response_id is a 400 naming the field.
+    assert_eq!(r["unknown_previous"]["status"], 400, "{r}");
+    assert_eq!(
+        r["unknown_previous"]["param"], "previous_response_id",
+        "{r}"
+    );
+}
+
+#[test]
+fn the_openai_agents_sdks_default_model_runs_a_function_tool_over_responses() {
+    let Some(python) = thorn_tests::client_python() else {
+        return;
+    };
+    let base = format!("http://{}", server().addr);
+    let r = thorn_tests::run_client(&python, "openai_agents_responses.py", &[&base]);
+    for mode in ["plain", "stream"] {
+        let run = &r[mode];
+        let calls = run["calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{mode}: {r}");
+        assert!(!calls[0].as_str().unwrap().is_empty(), "{mode}: {r}");
+        assert!(!run["final"].as_str().unwrap().is_empty(), "{mode}: {r}");
+    }
+    assert_eq!(r["plain"]["calls"], r["stream"]["calls"], "{r}");
+    let items = r["plain"]["items"].as_array().unwrap();
+    assert!(items.contains(&json!("tool_call_item")), "{r}");
+    assert!(items.contains(&json!("tool_call_output_item")), "{r}");
 }

@@ -1,0 +1,744 @@
+//! OpenAI's Responses API over the same agent as chat completions: `POST /v1/responses` (what the openai
+//! SDK's `client.responses`, the openai-agents SDK's default model and Codex-style clients speak).
+//!
+//! A request has `model`, `input` (a string, or items: messages with `role` `user`, `system`, `developer`
+//! or `assistant` and text content (`input_text` / `output_text` parts or a string), `function_call`
+//! items (an earlier call) and `function_call_output` items (its result)), `instructions` (a system
+//! message), `tools` (function tools, `{"type": "function", "name", "description", "parameters",
+//! "strict"}`; a `thorn:` name asks for a host tool exactly as in chat completions), `tool_choice`
+//! (`auto`, `none`, `required`, `{"type": "function", "name"}`), `parallel_tool_calls`, `text.format`
+//! (`text`, `json_object`, `json_schema` with `name`, `schema`, `strict`), `max_output_tokens`,
+//! `temperature`, `top_p`, `reasoning.effort`, `stream`, `user`, `metadata`, `store` and
+//! `previous_response_id`: a stored response's conversation (its input and output) continues with the
+//! new input; responses are kept in memory, the newest [`STORED`] of them within [`STORED_BYTES`], and
+//! one made with `store: false` is not kept (an unknown id is a 400 naming the field).
+//!
+//! The answer is a `response` whose `output` holds a `reasoning` item (when a thinking model reasoned), a
+//! `message` with an `output_text` part (when the model wrote prose) and a `function_call` item per client
+//! call (`arguments` a JSON string), `status` `completed` or `incomplete` (`max_output_tokens`), and
+//! `usage` with cached input tokens. Host calls thorn ran are listed as `thorn_host_tool_calls`. Streamed
+//! as the typed events the SDK reads: `response.created`, `response.in_progress`, per item
+//! `response.output_item.added`, its deltas (`response.output_text.delta`,
+//! `response.reasoning_text.delta`, `response.function_call_arguments.delta`, whose fragments concatenate
+//! to the call's `arguments`) and `.done` events, then `response.completed` (or `response.incomplete`).
+
+use super::handler::{Caller, Checked, new_id};
+use super::models::route_for;
+use super::request::{
+    HOST_TOOL_PREFIX, conversation_of, in_range, sampling, template_kwargs, tools_of,
+};
+use super::work::{CancelOnDrop, account, chat_work, collect, spawn, started};
+use super::{ApiError, AppState, wire};
+use crate::agent::{Finish, Outcome, Turn};
+use axum::extract::State;
+use axum::response::{IntoResponse, Json, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use thorn_tools::chat::{FunctionCall, Message, Role, ToolCall};
+use thorn_tools::{ResponseFormat, ToolChoice};
+
+mod stream;
+
+/// The most responses kept for `previous_response_id`.
+pub const STORED: usize = 256;
+/// The most bytes of conversation the kept responses hold, all together.
+pub const STORED_BYTES: usize = 64 << 20;
+
+/// A Responses request (fields thorn does not use, such as `include` or `service_tier`, are ignored).
+#[derive(Debug, Deserialize)]
+pub struct ResponsesRequest {
+    /// The served model's name.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// A string or a list of items.
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// A system message.
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// Function tools.
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    /// `auto`, `none`, `required` or `{"type": "function", "name"}`.
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    /// Several calls at once.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// `{"format": {...}}`.
+    #[serde(default)]
+    pub text: Option<Value>,
+    /// Most tokens to generate.
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    /// 0 to 2.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    /// `{"effort": "none" | "minimal" | "low" | "medium" | "high"}`.
+    #[serde(default)]
+    pub reasoning: Option<Value>,
+    /// Stream events.
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// Keep the response for `previous_response_id` (default true).
+    #[serde(default)]
+    pub store: Option<bool>,
+    /// Continue a kept response's conversation.
+    #[serde(default)]
+    pub previous_response_id: Option<String>,
+    /// The end user (digested into the audit log's conversation id).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Echoed back.
+    #[serde(default)]
+    pub metadata: Option<Value>,
+    /// thorn: how host tools are put in front of the model (as on `/v1/chat/completions`).
+    #[serde(default)]
+    pub thorn_tool_use: Option<wire::ToolUseOpts>,
+}
+
+/// Kept responses' conversations, oldest first out.
+#[derive(Debug, Default)]
+pub struct ResponseStore {
+    inner: Mutex<Kept>,
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    map: HashMap<String, (Vec<Message>, usize)>,
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+impl ResponseStore {
+    /// The conversation of response `id`, if it is kept.
+    pub fn get(&self, id: &str) -> Option<Vec<Message>> {
+        let k = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        k.map.get(id).map(|(m, _)| m.clone())
+    }
+
+    /// Keeps `messages` as response `id`'s conversation, dropping the oldest past the limits.
+    pub fn put(&self, id: String, messages: Vec<Message>) {
+        let bytes: usize = messages.iter().map(Message::data_len).sum();
+        if bytes > STORED_BYTES {
+            return;
+        }
+        let mut k = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        while k.order.len() >= STORED || k.bytes + bytes > STORED_BYTES {
+            let Some(old) = k.order.pop_front() else {
+                break;
+            };
+            if let Some((_, b)) = k.map.remove(&old) {
+                k.bytes -= b;
+            }
+        }
+        k.bytes += bytes;
+        k.order.push_back(id.clone());
+        k.map.insert(id, (messages, bytes));
+    }
+}
+
+/// What a response echoes of its request.
+#[derive(Debug, Clone)]
+pub(super) struct Echo {
+    instructions: Option<String>,
+    tools: Vec<Value>,
+    tool_choice: Value,
+    parallel: bool,
+    text: Value,
+    max_output_tokens: Option<u64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    previous_response_id: Option<String>,
+    store: bool,
+    metadata: Value,
+    created_at: u64,
+}
+
+/// The text of a content value: a string, or parts with `text`.
+fn text_of(v: &Value, at: &str) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut s = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p["type"].as_str(), p["text"].as_str()) {
+                    (Some("input_text" | "output_text" | "text" | "summary_text"), Some(t)) => {
+                        s.push_str(t)
+                    }
+                    (kind, _) => {
+                        return Err(ApiError::bad(
+                            format!(
+                                "content parts of type {kind:?} are not supported (input_text, output_text)"
+                            ),
+                            Some(&format!("{at}[{j}].type")),
+                        ));
+                    }
+                }
+            }
+            Ok(s)
+        }
+        Value::Null => Ok(String::new()),
+        _ => Err(ApiError::bad(
+            "content must be a string or a list of text parts",
+            Some(at),
+        )),
+    }
+}
+
+/// The conversation a request's `input` adds.
+fn input_messages(input: Option<&Value>) -> Result<Vec<Message>, ApiError> {
+    let items = match input {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => return Ok(vec![Message::user(s.as_str())]),
+        Some(Value::Array(items)) => items,
+        Some(_) => {
+            return Err(ApiError::bad(
+                "`input` must be a string or a list of items",
+                Some("input"),
+            ));
+        }
+    };
+    let mut out: Vec<Message> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("input[{i}]");
+        match (item["type"].as_str(), item["role"].as_str()) {
+            (Some("message") | None, Some(role)) => {
+                let role = match role {
+                    "user" => Role::User,
+                    "system" | "developer" => Role::System,
+                    "assistant" => Role::Assistant,
+                    other => {
+                        return Err(ApiError::bad(
+                            format!(
+                                "a message's role {other:?} is not user, system, developer or assistant"
+                            ),
+                            Some(&format!("{at}.role")),
+                        ));
+                    }
+                };
+                let text = text_of(&item["content"], &format!("{at}.content"))?;
+                out.push(Message::new(role, text));
+            }
+            (Some("function_call"), _) => {
+                let (Some(call_id), Some(name)) = (item["call_id"].as_str(), item["name"].as_str())
+                else {
+                    return Err(ApiError::bad(
+                        "a function_call item needs `call_id` and `name`",
+                        Some(&at),
+                    ));
+                };
+                let arguments = match &item["arguments"] {
+                    Value::String(s) => serde_json::from_str(s).map_err(|e| {
+                        ApiError::bad(
+                            format!("`arguments` is not JSON: {e}"),
+                            Some(&format!("{at}.arguments")),
+                        )
+                    })?,
+                    Value::Null => json!({}),
+                    v => v.clone(),
+                };
+                let call = ToolCall {
+                    id: call_id.to_owned(),
+                    kind: "function",
+                    function: FunctionCall {
+                        name: name
+                            .strip_prefix(HOST_TOOL_PREFIX)
+                            .unwrap_or(name)
+                            .to_owned(),
+                        arguments,
+                    },
+                };
+                // Calls of one turn join the assistant message before them.
+                match out.last_mut() {
+                    Some(m) if m.role == Role::Assistant => m.tool_calls.push(call),
+                    _ => {
+                        let mut m = Message::assistant("");
+                        m.tool_calls.push(call);
+                        out.push(m);
+                    }
+                }
+            }
+            (Some("function_call_output"), _) => {
+                let Some(call_id) = item["call_id"].as_str() else {
+                    return Err(ApiError::bad(
+                        "a function_call_output item needs `call_id`",
+                        Some(&at),
+                    ));
+                };
+                let mut m = Message::new(
+                    Role::Tool,
+                    text_of(&item["output"], &format!("{at}.output"))?,
+                );
+                m.tool_call_id = Some(call_id.to_owned());
+                out.push(m);
+            }
+            // Reasoning the client hands back is not rendered again.
+            (Some("reasoning"), _) => {}
+            (kind, _) => {
+                return Err(ApiError::bad(
+                    format!(
+                        "input items of type {kind:?} are not supported (message, function_call, function_call_output)"
+                    ),
+                    Some(&format!("{at}.type")),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Responses function tools as chat-completion tool definitions.
+fn tool_defs(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let at = format!("tools[{i}]");
+            if t["type"] != "function" {
+                return Err(ApiError::bad(
+                    format!("tools of type {:?} are not supported (function)", t["type"]),
+                    Some(&format!("{at}.type")),
+                ));
+            }
+            let Some(name) = t["name"].as_str() else {
+                return Err(ApiError::bad("a function tool needs a `name`", Some(&at)));
+            };
+            let mut f = json!({"name": name});
+            for k in ["description", "parameters", "strict"] {
+                if !t[k].is_null() {
+                    f[k] = t[k].clone();
+                }
+            }
+            Ok(json!({"type": "function", "function": f}))
+        })
+        .collect()
+}
+
+/// `tool_choice` as the agent's.
+fn choice_of(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
+    let bad = |m: &str| ApiError::bad(m, Some("tool_choice"));
+    Ok(match v {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            _ => {
+                return Err(bad(
+                    "`tool_choice` must be auto, none, required or a function",
+                ));
+            }
+        },
+        Some(v) if v["type"] == "function" => match v["name"].as_str() {
+            Some(n) => {
+                ToolChoice::Function(n.strip_prefix(HOST_TOOL_PREFIX).unwrap_or(n).to_owned())
+            }
+            None => return Err(bad("a function `tool_choice` needs a `name`")),
+        },
+        Some(_) => {
+            return Err(bad(
+                "`tool_choice` must be auto, none, required or a function",
+            ));
+        }
+    })
+}
+
+/// `text.format` as the agent's answer format.
+fn format_of(text: Option<&Value>) -> Result<ResponseFormat, ApiError> {
+    let f = match text.map(|t| &t["format"]) {
+        None | Some(Value::Null) => return Ok(ResponseFormat::Text),
+        Some(f) => f,
+    };
+    let as_chat = match f["type"].as_str() {
+        Some("json_schema") => json!({"type": "json_schema", "json_schema": {
+            "name": f["name"].as_str().unwrap_or("answer"), "schema": f["schema"],
+            "strict": f["strict"].as_bool().unwrap_or(false)}}),
+        _ => f.clone(),
+    };
+    ResponseFormat::from_openai(&as_chat)
+        .map_err(|e| ApiError::bad(e.to_string(), Some("text.format")))
+}
+
+/// The agent's turn for a Responses request, what the response echoes, and whether it streams.
+fn turn_of(
+    st: &AppState,
+    r: ResponsesRequest,
+    caller: &Caller,
+) -> Result<(Turn, Echo, bool), ApiError> {
+    let route = route_for(st, r.model.as_deref(), None, caller.key.as_ref())?;
+    if r.max_output_tokens == Some(0) {
+        return Err(ApiError::bad(
+            "`max_output_tokens` must be at least 1",
+            Some("max_output_tokens"),
+        ));
+    }
+    in_range(r.temperature, 0.0, 2.0, "temperature")?;
+    let sampling = sampling(r.temperature, r.top_p, None, None, None)?;
+    let plugins = st.agent.plugins();
+    let given_tools = r.tools.clone().unwrap_or_default();
+    let (tools, host_tools) = tools_of(&plugins, tool_defs(&given_tools)?, caller.key.as_ref())?;
+    let tool_choice = choice_of(r.tool_choice.as_ref())?;
+    let response_format = format_of(r.text.as_ref())?;
+    let effort = r.reasoning.as_ref().and_then(|v| v["effort"].as_str());
+    let template_kwargs = template_kwargs(effort, None).map_err(|e| match e {
+        ApiError::BadRequest { msg, .. } => ApiError::bad(msg, Some("reasoning.effort")),
+        e => e,
+    })?;
+    let mut messages = match &r.previous_response_id {
+        Some(id) => st.responses.get(id).ok_or_else(|| {
+            ApiError::bad(
+                format!(
+                    "no response {id:?} is kept here (made with store: false, evicted, or unknown)"
+                ),
+                Some("previous_response_id"),
+            )
+        })?,
+        None => Vec::new(),
+    };
+    messages.extend(input_messages(r.input.as_ref())?);
+    if messages.is_empty() {
+        return Err(ApiError::bad("`input` is empty", Some("input")));
+    }
+    let mut all = Vec::with_capacity(messages.len() + 1);
+    if let Some(i) = &r.instructions {
+        all.push(Message::system(i.as_str()));
+    }
+    all.extend(messages);
+    let echo = Echo {
+        instructions: r.instructions.clone(),
+        tools: given_tools,
+        tool_choice: r.tool_choice.clone().unwrap_or(json!("auto")),
+        parallel: r.parallel_tool_calls.unwrap_or(true),
+        text: r
+            .text
+            .clone()
+            .unwrap_or(json!({"format": {"type": "text"}})),
+        max_output_tokens: r.max_output_tokens,
+        temperature: r.temperature,
+        top_p: r.top_p,
+        previous_response_id: r.previous_response_id.clone(),
+        store: r.store.unwrap_or(true),
+        metadata: r.metadata.clone().unwrap_or(json!({})),
+        created_at: crate::api::unix_now(),
+    };
+    let turn = Turn {
+        tools,
+        host_tools,
+        tool_choice,
+        parallel_tool_calls: echo.parallel,
+        response_format,
+        sampling,
+        max_tokens: r
+            .max_output_tokens
+            .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        conversation: conversation_of(None, r.user)?,
+        key_id: caller.key.as_ref().map(|k| k.id().to_owned()),
+        peer: caller.peer.map(|p| p.to_string()),
+        tool_use: r
+            .thorn_tool_use
+            .map(|o| wire::tool_use_over(o, st.agent.tool_use())),
+        route,
+        template_kwargs,
+        ..Turn::new(all, plugins)
+    };
+    Ok((turn, echo, r.stream.unwrap_or(false)))
+}
+
+/// The conversation a response leaves for `previous_response_id`: its input (without the instructions,
+/// which a later request gives again) and the assistant's answer.
+fn kept_conversation(turn_messages: &[Message], instructions: bool, out: &Outcome) -> Vec<Message> {
+    let mut m: Vec<Message> = turn_messages[usize::from(instructions)..].to_vec();
+    let mut answer = Message::assistant(out.content.as_str());
+    answer.tool_calls = out.tool_calls.clone();
+    m.push(answer);
+    m
+}
+
+/// Ids of a response's output items.
+#[derive(Debug, Clone)]
+pub(super) struct ItemIds {
+    reasoning: String,
+    message: String,
+}
+
+impl ItemIds {
+    fn new() -> Self {
+        ItemIds {
+            reasoning: new_id("rs").replacen('-', "_", 1),
+            message: new_id("msg").replacen('-', "_", 1),
+        }
+    }
+}
+
+/// A function call's item id.
+fn call_item_id(call_id: &str) -> String {
+    format!("fc_{}", call_id.trim_start_matches("call_"))
+}
+
+fn reasoning_item(ids: &ItemIds, text: &str) -> Value {
+    json!({"type": "reasoning", "id": ids.reasoning, "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}]})
+}
+
+fn message_item(ids: &ItemIds, text: &str, status: &str) -> Value {
+    json!({"type": "message", "id": ids.message, "status": status, "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}]})
+}
+
+fn call_item(call: &ToolCall, status: &str) -> Value {
+    json!({"type": "function_call", "id": call_item_id(&call.id), "call_id": call.id,
+        "name": call.function.name, "arguments": call.function.arguments.to_string(), "status": status})
+}
+
+fn usage_of(out: &Outcome) -> Value {
+    let u = out.usage;
+    json!({
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    })
+}
+
+/// The `response` object: `out` finished (or `None` while in progress).
+pub(super) fn response_json(
+    id: &str,
+    model: &str,
+    echo: &Echo,
+    ids: &ItemIds,
+    out: Option<&Outcome>,
+) -> Value {
+    let (status, incomplete, output, usage) = match out {
+        None => ("in_progress", Value::Null, Vec::new(), Value::Null),
+        Some(o) => {
+            let mut output = Vec::new();
+            if !o.reasoning.is_empty() {
+                output.push(reasoning_item(ids, &o.reasoning));
+            }
+            if !o.content.is_empty() || o.tool_calls.is_empty() {
+                output.push(message_item(ids, &o.content, "completed"));
+            }
+            output.extend(o.tool_calls.iter().map(|c| call_item(c, "completed")));
+            let (status, incomplete) = match o.finish {
+                Finish::Length => ("incomplete", json!({"reason": "max_output_tokens"})),
+                _ => ("completed", Value::Null),
+            };
+            (status, incomplete, output, usage_of(o))
+        }
+    };
+    let mut r = json!({
+        "id": id,
+        "object": "response",
+        "created_at": echo.created_at,
+        "status": status,
+        "error": null,
+        "incomplete_details": incomplete,
+        "instructions": echo.instructions,
+        "max_output_tokens": echo.max_output_tokens,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": echo.parallel,
+        "previous_response_id": echo.previous_response_id,
+        "reasoning": {"effort": null, "summary": null},
+        "store": echo.store,
+        "temperature": echo.temperature.unwrap_or(1.0),
+        "text": echo.text,
+        "tool_choice": echo.tool_choice,
+        "tools": echo.tools,
+        "top_p": echo.top_p.unwrap_or(1.0),
+        "truncation": "disabled",
+        "usage": usage,
+        "metadata": echo.metadata,
+    });
+    if let Some(o) = out
+        && !o.host_calls.is_empty()
+    {
+        r["thorn_host_tool_calls"] =
+            json!(o.host_calls.iter().map(wire::host_call).collect::<Vec<_>>());
+    }
+    r
+}
+
+/// `POST /v1/responses`.
+pub(super) async fn responses(
+    State(st): State<Arc<AppState>>,
+    caller: Caller,
+    Checked(req): Checked<ResponsesRequest>,
+) -> Result<Response, ApiError> {
+    let (turn, echo, stream) = turn_of(&st, req, &caller)?;
+    let kept_input = echo.store.then(|| turn.messages.clone());
+    let t0 = Instant::now();
+    let (mut rx, cancel) = spawn(&st, chat_work(turn));
+    let guard = CancelOnDrop(cancel);
+    let early = started(&mut rx).await?;
+    let id = new_id("resp").replacen('-', "_", 1);
+    let keep = {
+        let st = Arc::clone(&st);
+        let id = id.clone();
+        let instructions = echo.instructions.is_some();
+        move |out: &Outcome| {
+            if let Some(input) = &kept_input {
+                st.responses
+                    .put(id.clone(), kept_conversation(input, instructions, out));
+            }
+        }
+    };
+    if stream {
+        return Ok(stream::stream_response(
+            Arc::clone(&st),
+            rx,
+            guard,
+            id,
+            echo,
+            t0,
+            early,
+            keep,
+        ));
+    }
+    let out = match early.outcome() {
+        Some(o) => o,
+        None => collect(&mut rx).await?,
+    };
+    account(&st, &out, t0);
+    drop(guard);
+    keep(&out);
+    let model = out.served.model.clone();
+    Ok(Json(response_json(
+        &id,
+        &model,
+        &echo,
+        &ItemIds::new(),
+        Some(&out),
+    ))
+    .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_items_become_the_agents_messages() {
+        let m = input_messages(Some(&json!([
+            {"role": "developer", "content": "Be brief."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in "},
+                {"type": "input_text", "text": "Paris?"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+            {"type": "function_call", "call_id": "call_2", "name": "thorn:clock", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "21 C"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "It is 21 C."}]}
+        ])))
+        .unwrap();
+        assert_eq!(m.len(), 5);
+        assert_eq!(
+            (m[0].role, m[0].content.as_str()),
+            (Role::System, "Be brief.")
+        );
+        assert_eq!(m[1].content, "Weather in Paris?");
+        assert_eq!(m[2].role, Role::Assistant);
+        assert_eq!(
+            m[2].tool_calls.len(),
+            2,
+            "one turn's calls join one message"
+        );
+        assert_eq!(
+            m[2].tool_calls[0].function.arguments,
+            json!({"city": "Paris"})
+        );
+        assert_eq!(m[2].tool_calls[1].function.name, "clock");
+        assert_eq!(
+            (m[3].role, m[3].tool_call_id.as_deref()),
+            (Role::Tool, Some("call_1"))
+        );
+        assert_eq!(m[4].content, "It is 21 C.");
+        assert_eq!(input_messages(Some(&json!("hi"))).unwrap()[0].content, "hi");
+        for (bad, param) in [
+            (json!([{"role": "robot", "content": "x"}]), "input[0].role"),
+            (
+                json!([{"type": "input_image", "image_url": "x"}]),
+                "input[0].type",
+            ),
+            (
+                json!([{"role": "user", "content": [{"type": "input_image"}]}]),
+                "input[0].content[0].type",
+            ),
+            (
+                json!([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]),
+                "input[0].arguments",
+            ),
+            (
+                json!([{"type": "function_call_output", "output": "x"}]),
+                "input[0]",
+            ),
+            (json!(5), "input"),
+        ] {
+            match input_messages(Some(&bad)) {
+                Err(ApiError::BadRequest { param: p, .. }) => {
+                    assert_eq!(p.as_deref(), Some(param), "{bad}")
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn tools_choices_and_formats_map_to_the_agents() {
+        let defs = tool_defs(
+            &[json!({"type": "function", "name": "f", "description": "d",
+            "parameters": {"type": "object"}, "strict": true})],
+        )
+        .unwrap();
+        assert_eq!(
+            defs[0],
+            json!({"type": "function", "function": {"name": "f", "description": "d",
+                "parameters": {"type": "object"}, "strict": true}})
+        );
+        assert!(tool_defs(&[json!({"type": "web_search"})]).is_err());
+        assert_eq!(
+            choice_of(Some(&json!("required"))).unwrap(),
+            ToolChoice::Required
+        );
+        assert_eq!(
+            choice_of(Some(&json!({"type": "function", "name": "thorn:clock"}))).unwrap(),
+            ToolChoice::Function("clock".into())
+        );
+        assert!(choice_of(Some(&json!("sometimes"))).is_err());
+        assert_eq!(format_of(None).unwrap(), ResponseFormat::Text);
+        let f = format_of(Some(&json!({"format": {"type": "json_schema", "name": "a",
+            "schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}})))
+        .unwrap();
+        assert!(f.schema().is_some());
+        assert!(format_of(Some(&json!({"format": {"type": "yaml"}}))).is_err());
+    }
+
+    #[test]
+    fn the_store_keeps_the_newest_within_its_limits() {
+        let s = ResponseStore::default();
+        for i in 0..STORED + 3 {
+            s.put(format!("r{i}"), vec![Message::user(format!("m{i}"))]);
+        }
+        assert!(
+            s.get("r0").is_none() && s.get("r2").is_none(),
+            "the oldest went"
+        );
+        assert_eq!(
+            s.get(&format!("r{}", STORED + 2)).unwrap()[0].content,
+            format!("m{}", STORED + 2)
+        );
+        // One too big for the whole budget is not kept (and drops nothing).
+        s.put(
+            "huge".into(),
+            vec![Message::user("x".repeat(STORED_BYTES + 1))],
+        );
+        assert!(s.get("huge").is_none() && s.get("r3").is_some());
+    }
+}

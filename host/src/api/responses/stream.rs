@@ -1,0 +1,302 @@
+//! A response streamed as the Responses API's typed events: `response.created` and `response.in_progress`,
+//! per output item `response.output_item.added`, its deltas and `.done` events, then `response.completed`
+//! (or `response.incomplete`); thorn's host calls as `thorn.host_tool_call` / `thorn.host_tool_result`.
+//! Every event carries its `type` and a `sequence_number`.
+
+use super::*;
+use crate::agent::{Event, StreamedCalls};
+use crate::api::work::{Early, Msg, stream_error};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use std::convert::Infallible;
+use tokio::sync::mpsc;
+
+/// The item being streamed.
+#[derive(Debug, Clone, PartialEq)]
+enum Open {
+    None,
+    Reasoning(String),
+    Message(String),
+    Call {
+        call_id: String,
+        name: String,
+        args: String,
+    },
+}
+
+/// A stream's output items: which is open, and the events gathered.
+struct Items {
+    ids: ItemIds,
+    seq: u64,
+    index: usize,
+    open: Open,
+    events: Vec<(String, Value)>,
+}
+
+impl Items {
+    fn push(&mut self, kind: &str, mut v: Value) {
+        v["type"] = json!(kind);
+        v["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        self.events.push((kind.to_owned(), v));
+    }
+
+    fn close(&mut self) {
+        let index = self.index;
+        match std::mem::replace(&mut self.open, Open::None) {
+            Open::None => return,
+            Open::Reasoning(text) => {
+                let id = self.ids.reasoning.clone();
+                self.push(
+                    "response.reasoning_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+                );
+                let item = reasoning_item(&self.ids, &text);
+                self.push(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                );
+            }
+            Open::Message(text) => {
+                let id = self.ids.message.clone();
+                self.push(
+                    "response.output_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+                );
+                self.push(
+                    "response.content_part.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                        "part": {"type": "output_text", "text": text, "annotations": []}}),
+                );
+                let item = message_item(&self.ids, &text, "completed");
+                self.push(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                );
+            }
+            Open::Call {
+                call_id,
+                name,
+                args,
+            } => {
+                let id = call_item_id(&call_id);
+                self.push(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": index, "arguments": args}),
+                );
+                let item = json!({"type": "function_call", "id": id, "call_id": call_id, "name": name,
+                    "arguments": args, "status": "completed"});
+                self.push(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                );
+            }
+        }
+        self.index += 1;
+    }
+
+    fn reasoning(&mut self, t: &str) {
+        if !matches!(self.open, Open::Reasoning(_)) {
+            self.close();
+            let item = json!({"type": "reasoning", "id": self.ids.reasoning, "summary": [], "content": []});
+            self.push(
+                "response.output_item.added",
+                json!({"output_index": self.index, "item": item}),
+            );
+            self.open = Open::Reasoning(String::new());
+        }
+        if let Open::Reasoning(s) = &mut self.open {
+            s.push_str(t);
+        }
+        let id = self.ids.reasoning.clone();
+        self.push(
+            "response.reasoning_text.delta",
+            json!({"item_id": id, "output_index": self.index, "content_index": 0, "delta": t}),
+        );
+    }
+
+    fn text(&mut self, t: &str) {
+        if !matches!(self.open, Open::Message(_)) {
+            self.close();
+            let id = self.ids.message.clone();
+            let item = json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant",
+                "content": []});
+            self.push(
+                "response.output_item.added",
+                json!({"output_index": self.index, "item": item}),
+            );
+            self.push(
+                "response.content_part.added",
+                json!({"item_id": id, "output_index": self.index, "content_index": 0,
+                    "part": {"type": "output_text", "text": "", "annotations": []}}),
+            );
+            self.open = Open::Message(String::new());
+        }
+        if let Open::Message(s) = &mut self.open {
+            s.push_str(t);
+        }
+        let id = self.ids.message.clone();
+        self.push(
+            "response.output_text.delta",
+            json!({"item_id": id, "output_index": self.index, "content_index": 0, "delta": t,
+                "logprobs": []}),
+        );
+    }
+
+    fn call(&mut self, call_id: &str, name: &str) {
+        self.close();
+        let item = json!({"type": "function_call", "id": call_item_id(call_id), "call_id": call_id,
+            "name": name, "arguments": "", "status": "in_progress"});
+        self.push(
+            "response.output_item.added",
+            json!({"output_index": self.index, "item": item}),
+        );
+        self.open = Open::Call {
+            call_id: call_id.to_owned(),
+            name: name.to_owned(),
+            args: String::new(),
+        };
+    }
+
+    fn arguments(&mut self, delta: &str) {
+        let Open::Call { call_id, args, .. } = &mut self.open else {
+            return;
+        };
+        args.push_str(delta);
+        let id = call_item_id(call_id);
+        self.push(
+            "response.function_call_arguments.delta",
+            json!({"item_id": id, "output_index": self.index, "delta": delta}),
+        );
+    }
+}
+
+fn sse(name: String, v: &Value) -> Result<SseEvent, Infallible> {
+    Ok(SseEvent::default().event(name).data(v.to_string()))
+}
+
+fn error_event(e: &ApiError, seq: u64) -> Value {
+    json!({"type": "error", "code": null, "message": e.to_string(), "param": null, "sequence_number": seq})
+}
+
+#[expect(clippy::too_many_arguments, reason = "a stream's parts, spelled out")]
+pub(super) fn stream_response(
+    st: Arc<AppState>,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+    guard: CancelOnDrop,
+    id: String,
+    echo: Echo,
+    t0: Instant,
+    early: Early,
+    keep: impl FnOnce(&Outcome) + Send + 'static,
+) -> Response {
+    let (model, early) = early.split(&st);
+    let (tx, out_rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
+    tokio::spawn(async move {
+        let _guard = guard;
+        let flush = |b: &mut Items| {
+            let events = std::mem::take(&mut b.events);
+            let tx = tx.clone();
+            async move {
+                for (name, v) in events {
+                    if tx.send(sse(name, &v)).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            }
+        };
+        let mut b = Items {
+            ids: ItemIds::new(),
+            seq: 0,
+            index: 0,
+            open: Open::None,
+            events: Vec::new(),
+        };
+        let pending = response_json(&id, &model, &echo, &b.ids, None);
+        b.push("response.created", json!({"response": pending}));
+        b.push("response.in_progress", json!({"response": pending}));
+        if !flush(&mut b).await {
+            return;
+        }
+        let mut calls = 0usize;
+        let outcome = match early {
+            Some(o) => Ok(o),
+            None => loop {
+                match rx.recv().await {
+                    Some(Msg::Event(Event::Content(t))) => b.text(&t),
+                    Some(Msg::Event(Event::Reasoning(t))) => b.reasoning(&t),
+                    Some(Msg::Event(Event::CallStart {
+                        host: false,
+                        id,
+                        name,
+                        ..
+                    })) => {
+                        calls += 1;
+                        b.call(&id, &name);
+                    }
+                    Some(Msg::Event(Event::CallArguments {
+                        host: false, text, ..
+                    })) => b.arguments(&text),
+                    Some(Msg::Event(Event::HostCall(c))) => {
+                        b.close();
+                        b.push(
+                            "thorn.host_tool_call",
+                            json!({"call": wire::host_call_started(&c)}),
+                        );
+                    }
+                    Some(Msg::Event(Event::HostResult(h))) => b.push(
+                        "thorn.host_tool_result",
+                        json!({"call": wire::host_call(&h)}),
+                    ),
+                    Some(Msg::Event(_)) => {}
+                    Some(Msg::Done(o)) => break *o,
+                    None => {
+                        break Err(ApiError::Internal(
+                            "the request ended without an answer".into(),
+                        ));
+                    }
+                }
+                if !flush(&mut b).await {
+                    return;
+                }
+            },
+        };
+        let out = match outcome {
+            Ok(out) => {
+                account(&st, &out, t0);
+                if let Some(e) = stream_error(&out) {
+                    let _ = tx.send(sse("error".into(), &error_event(&e, b.seq))).await;
+                    return;
+                }
+                out
+            }
+            Err(e) => {
+                let _ = tx.send(sse("error".into(), &error_event(&e, b.seq))).await;
+                return;
+            }
+        };
+        // Calls not streamed as they were generated (none, unless this is a bug) go out whole.
+        for c in out.tool_calls.iter().skip(calls) {
+            b.call(&c.id, &c.function.name);
+            b.arguments(&c.function.arguments.to_string());
+        }
+        b.close();
+        keep(&out);
+        let mut full = response_json(&id, &out.served.model, &echo, &b.ids, Some(&out));
+        // A call cut off by max_output_tokens was streamed in part: the response is incomplete.
+        if matches!(out.streamed, StreamedCalls::Truncated) {
+            full["status"] = json!("incomplete");
+            full["incomplete_details"] = json!({"reason": "max_output_tokens"});
+        }
+        let kind = if full["status"] == "incomplete" {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        b.push(kind, json!({"response": full}));
+        let _ = flush(&mut b).await;
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(out_rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
