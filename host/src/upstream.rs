@@ -690,6 +690,7 @@ mod tests {
             max_tokens: Some(1),
             stop: &[],
             logprobs: false,
+            template_kwargs: &serde_json::Map::new(),
         };
         let cancel = AtomicBool::new(false);
         for _ in 0..2 {

@@ -24,6 +24,7 @@ impl Agent {
         on_event: &mut (dyn FnMut(Event) + Send),
     ) -> Result<RoundResult, AgentError> {
         let turn = r.turn;
+        let kwargs = self.template_kwargs(turn);
         let spec = RoundSpec {
             model: &target.model,
             messages: r.messages,
@@ -35,6 +36,7 @@ impl Agent {
             max_tokens: (turn.max_tokens != usize::MAX).then_some(turn.max_tokens),
             stop: &turn.stop,
             logprobs: turn.logprobs,
+            template_kwargs: &kwargs,
         };
         let mut calls: Vec<UpCall> = Vec::new();
         let first_round = r.first_round;

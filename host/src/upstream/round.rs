@@ -40,6 +40,9 @@ pub struct RoundSpec<'a> {
     pub stop: &'a [String],
     /// Ask for log-probabilities.
     pub logprobs: bool,
+    /// Chat-template variables (`enable_thinking`, ...), sent as `chat_template_kwargs` (vLLM and SGLang
+    /// take them; others ignore the field) when there are any.
+    pub template_kwargs: &'a serde_json::Map<String, Value>,
 }
 
 /// A message in the wire form (arguments as JSON text; an assistant message that only calls tools has
@@ -127,6 +130,7 @@ pub fn request_body<'a>(r: &RoundSpec<'a>) -> openai::ChatRequest<'a> {
         stop: (!r.stop.is_empty()).then(|| openai::Stop::Many(r.stop.to_vec())),
         logprobs: r.logprobs.then_some(true),
         top_logprobs: (r.logprobs && s.top_logprobs > 0).then(|| count(s.top_logprobs)),
+        chat_template_kwargs: (!r.template_kwargs.is_empty()).then(|| r.template_kwargs.clone()),
         ..openai::ChatRequest::default()
     }
 }
@@ -475,6 +479,7 @@ mod tests {
             max_tokens: Some(64),
             stop: &["END".into()],
             logprobs: false,
+            template_kwargs: json!({"enable_thinking": false}).as_object().unwrap(),
         }))
         .unwrap();
         assert_eq!(
@@ -498,7 +503,8 @@ mod tests {
                 "seed": 7,
                 "top_k": 5,
                 "max_tokens": 64,
-                "stop": ["END"]
+                "stop": ["END"],
+                "chat_template_kwargs": {"enable_thinking": false}
             })
         );
         // No tools: no tool fields (some servers refuse a tool_choice without tools).
@@ -513,10 +519,12 @@ mod tests {
             max_tokens: None,
             stop: &[],
             logprobs: true,
+            template_kwargs: &serde_json::Map::new(),
         }))
         .unwrap();
         assert!(body.get("tools").is_none() && body.get("tool_choice").is_none());
         assert!(body.get("max_tokens").is_none() && body.get("response_format").is_none());
+        assert!(body.get("chat_template_kwargs").is_none());
         assert_eq!(body["logprobs"], true);
     }
 
