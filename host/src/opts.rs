@@ -247,8 +247,9 @@ mod tests {
 #[command(next_help_heading = "Tool use")]
 pub struct ToolFormatArgs {
     /// The tool-call format the model writes: `auto` (detected from its chat template), `hermes`
-    /// (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`) or `qwen3_xml` (Qwen3's
-    /// `<function=NAME><parameter=KEY>` blocks). The grammar, the parser and the streamed deltas follow it.
+    /// (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`), `qwen3_xml` (Qwen3's
+    /// `<function=NAME><parameter=KEY>` blocks) or `llama3_json` (Llama 3's bare `{"name": ...,
+    /// "parameters": ...}`). The grammar, the parser and the streamed deltas follow it.
     #[arg(long, env = "THORN_TOOL_FORMAT", default_value = "auto", value_parser = parse_tool_format)]
     pub tool_format: ToolFormatChoice,
 }

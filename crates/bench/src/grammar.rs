@@ -20,7 +20,7 @@ use thorn_engine::engine::{Engine, EngineConfig, FinishReason, Request};
 use thorn_engine::sample::{Sampler, SamplingParams};
 use thorn_guide::ToolGrammars;
 use thorn_tools::chat::ChatTemplate;
-use thorn_tools::{ResponseFormat, ToolChoice, ToolSet, complete_calls_prefix};
+use thorn_tools::{ResponseFormat, ToolChoice, ToolFormat, ToolSet};
 
 /// Options of a run.
 #[derive(clap::Args, Debug, Clone)]
@@ -50,6 +50,10 @@ pub struct Opts {
     /// tool_choice: auto, required or a function name.
     #[arg(long, default_value = "required", value_parser = tool_choice)]
     pub tool_choice: ToolChoice,
+    /// The tool-call format the calls are decoded in (`hermes`, `qwen3_xml`, `llama3_json`): its prompt,
+    /// grammar and parser.
+    #[arg(long, default_value = "hermes")]
+    pub tool_format: ToolFormat,
     /// Questions per category in the speed comparison (greedy; 0 = none).
     #[arg(long, default_value_t = 10)]
     pub speed_questions: usize,
@@ -161,7 +165,7 @@ pub fn run(o: &Opts, model: &Path, bfcl_dir: &Path) -> Result<()> {
                     started.elapsed().as_secs_f64()
                 );
             }
-            let tools = match ToolSet::new(&q.tools) {
+            let tools = match ToolSet::new(&q.tools).and_then(|t| t.with_format(o.tool_format)) {
                 Ok(t) => t,
                 Err(err) => {
                     t.rejected_tool_sets.push(format!("{}: {err}", q.id));
@@ -190,7 +194,10 @@ pub fn run(o: &Opts, model: &Path, bfcl_dir: &Path) -> Result<()> {
                 continue;
             }
             if qi < o.speed_questions {
-                speed_set.push((prompt.clone(), ToolSet::new(&q.tools)?));
+                speed_set.push((
+                    prompt.clone(),
+                    ToolSet::new(&q.tools)?.with_format(o.tool_format)?,
+                ));
             }
             for seed in 0..o.seeds {
                 let mut g = grammars
@@ -217,11 +224,11 @@ pub fn run(o: &Opts, model: &Path, bfcl_dir: &Path) -> Result<()> {
                 // A call cut short by max_tokens is not an emitted call; the complete ones before it are.
                 let text = if out.finish == FinishReason::Length && !g.is_done() {
                     t.truncated += 1;
-                    complete_calls_prefix(&out.text)
+                    tools.complete_prefix(&out.text)
                 } else {
                     &out.text
                 };
-                let n_open = text.matches(thorn_tools::OPEN).count();
+                let n_open = text.matches(o.tool_format.trigger()).count();
                 t.calls += n_open;
                 match tools.reply(text) {
                     Ok(r) => {
@@ -308,6 +315,7 @@ pub fn run(o: &Opts, model: &Path, bfcl_dir: &Path) -> Result<()> {
         "model": model.display().to_string(),
         "threads": e.device().threads(),
         "tool_choice": format!("{:?}", o.tool_choice),
+        "tool_format": o.tool_format.name(),
         "temperature": o.temperature,
         "seeds": o.seeds,
         "max_tokens": o.max_tokens,

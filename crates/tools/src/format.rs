@@ -3,6 +3,7 @@
 //! prompt). A [`ToolSet`] carries the format its model writes ([`ToolSet::with_format`]); detected from
 //! the chat template ([`ToolFormat::detect`]) unless the operator names one (`--tool-format`).
 
+pub mod llama_json;
 pub mod qwen_xml;
 mod xml_stream;
 
@@ -21,17 +22,25 @@ pub enum ToolFormat {
     /// Qwen3's XML parameters (Qwen3-Coder, Qwen3.5/3.6):
     /// `<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>`.
     QwenXml,
+    /// Llama 3.x's bare JSON objects, several separated by `; `:
+    /// `{"name": "get_weather", "parameters": {"city": "Paris"}}`.
+    Llama3Json,
 }
 
 impl ToolFormat {
     /// Every format, in the order [`ToolFormat::detect`] tries them.
-    pub const ALL: [ToolFormat; 2] = [ToolFormat::QwenXml, ToolFormat::Hermes];
+    pub const ALL: [ToolFormat; 3] = [
+        ToolFormat::QwenXml,
+        ToolFormat::Llama3Json,
+        ToolFormat::Hermes,
+    ];
 
     /// Its name (`--tool-format NAME`).
     pub fn name(self) -> &'static str {
         match self {
             ToolFormat::Hermes => "hermes",
             ToolFormat::QwenXml => "qwen3_xml",
+            ToolFormat::Llama3Json => "llama3_json",
         }
     }
 
@@ -54,6 +63,8 @@ impl ToolFormat {
     pub fn detect(template_source: &str) -> ToolFormat {
         if template_source.contains("<function=") && template_source.contains("<parameter=") {
             ToolFormat::QwenXml
+        } else if template_source.contains(llama_json::PYTHON_TAG) {
+            ToolFormat::Llama3Json
         } else {
             ToolFormat::Hermes
         }
@@ -64,13 +75,14 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes => crate::OPEN,
             ToolFormat::QwenXml => qwen_xml::OPEN,
+            ToolFormat::Llama3Json => llama_json::TRIGGER,
         }
     }
 
     /// Checks that `tools` can be called in this format.
     pub fn check(self, tools: &ToolSet) -> Result<(), ToolError> {
         match self {
-            ToolFormat::Hermes => Ok(()),
+            ToolFormat::Hermes | ToolFormat::Llama3Json => Ok(()),
             ToolFormat::QwenXml => qwen_xml::check_names(tools),
         }
     }
@@ -89,6 +101,7 @@ impl ToolFormat {
                 crate::grammar::hermes_calls_grammar(tools, only, parallel, answer)
             }
             ToolFormat::QwenXml => qwen_xml::calls_grammar(tools, only, parallel, answer),
+            ToolFormat::Llama3Json => llama_json::calls_grammar(tools, only, parallel, answer),
         }
     }
 
@@ -101,6 +114,7 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes => crate::parse_tool_calls(text),
             ToolFormat::QwenXml => qwen_xml::parse(tools, text),
+            ToolFormat::Llama3Json => llama_json::parse(text),
         }
     }
 
@@ -109,6 +123,7 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes => crate::complete_calls_prefix(text),
             ToolFormat::QwenXml => qwen_xml::complete_prefix(tools, text),
+            ToolFormat::Llama3Json => llama_json::complete_prefix(text),
         }
     }
 
@@ -120,6 +135,7 @@ impl ToolFormat {
                 format!("{}{call}{}", crate::OPEN, crate::CLOSE)
             }
             ToolFormat::QwenXml => qwen_xml::write_call(tools, name, arguments),
+            ToolFormat::Llama3Json => llama_json::write_call(name, arguments),
         }
     }
 
@@ -137,6 +153,7 @@ impl ToolFormat {
                  <tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n\
                  </function>\n</tool_call>"
             ),
+            ToolFormat::Llama3Json => llama_json::instructions(list),
         }
     }
 
@@ -145,6 +162,7 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes => FormatStreamer::Hermes(CallStreamer::default()),
             ToolFormat::QwenXml => FormatStreamer::QwenXml(XmlStreamer::new(tools)),
+            ToolFormat::Llama3Json => FormatStreamer::Hermes(CallStreamer::bare()),
         }
     }
 }
@@ -166,7 +184,7 @@ impl std::str::FromStr for ToolFormat {
 /// The streaming lexer of one format (see [`ToolFormat::streamer`]).
 #[derive(Debug)]
 pub enum FormatStreamer {
-    /// Hermes JSON.
+    /// JSON calls (Hermes' tagged objects, Llama 3's bare ones).
     Hermes(CallStreamer),
     /// Qwen3 XML.
     QwenXml(XmlStreamer),

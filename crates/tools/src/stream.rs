@@ -233,6 +233,9 @@ pub struct CallStreamer {
     pending: String,
     begun: bool,
     index: usize,
+    /// Calls are bare JSON objects (Llama 3's `{"name": ..., "parameters": ...}`): an object opened
+    /// between calls starts one, no tag around it.
+    bare: bool,
 }
 
 impl Default for CallStreamer {
@@ -253,6 +256,7 @@ impl Default for CallStreamer {
             pending: String::new(),
             begun: false,
             index: 0,
+            bare: false,
         }
     }
 }
@@ -263,7 +267,11 @@ impl CallStreamer {
     /// end of the text).
     pub fn push(&mut self, text: &str, out: &mut dyn FnMut(CallDelta)) {
         for c in text.chars() {
+            if self.bare && c == '{' && matches!(self.at, At::Outside { .. }) {
+                self.start_call();
+            }
             match self.at {
+                At::Outside { .. } if self.bare => {}
                 At::Outside { matched } => {
                     let open = crate::OPEN.as_bytes();
                     let matched = if open[matched] as char == c {
@@ -294,11 +302,21 @@ impl CallStreamer {
         self.index + usize::from(self.begun)
     }
 
+    /// A streamer of bare JSON calls (Llama 3's): each object written between calls is one, with no tag
+    /// around it.
+    pub fn bare() -> Self {
+        CallStreamer {
+            bare: true,
+            ..CallStreamer::default()
+        }
+    }
+
     fn start_call(&mut self) {
-        let index = self.index;
+        let (index, bare) = (self.index, self.bare);
         *self = CallStreamer {
             at: At::Call,
             index,
+            bare,
             ..CallStreamer::default()
         };
     }
@@ -472,9 +490,10 @@ impl CallStreamer {
             out(CallDelta::End { index: self.index });
             self.index += 1;
         }
-        let index = self.index;
+        let (index, bare) = (self.index, self.bare);
         *self = CallStreamer {
             index,
+            bare,
             ..CallStreamer::default()
         };
     }

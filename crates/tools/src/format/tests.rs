@@ -318,6 +318,109 @@ fn tool_format_qwen_xml_rejects_parameter_names_it_cannot_write() {
     ));
 }
 
+/// A Llama-3.1-style template written for these tests (it renders past calls as that family's templates
+/// do: the bare object with `"parameters"`, results as `ipython` turns), not Meta's own text.
+const LLAMA3_LIKE: &str = "{% for m in messages %}<|start_header_id|>{% if m.role == 'tool' %}ipython\
+{% else %}{{ m.role }}{% endif %}<|end_header_id|>\n\n{% if m.tool_calls %}{% for c in m.tool_calls %}\
+{{ '{\"name\": \"' + c.function.name + '\", \"parameters\": ' + (c.function.arguments | tojson) + '}' }}\
+{% endfor %}{% else %}{{ m.content }}{% endif %}<|eot_id|>{% endfor %}{# <|python_tag|> #}\
+{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+
+#[test]
+fn tool_format_llama3_json_parses_writes_and_streams_bare_calls() {
+    let tools = weather_tools(ToolFormat::Llama3Json);
+    assert_eq!(ToolFormat::detect(LLAMA3_LIKE), ToolFormat::Llama3Json);
+    let text = "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"days\": 2}}; \
+                {\"name\": \"note\", \"parameters\": {\"text\": \"a;b\"}}";
+    let reply = tools.reply(text).unwrap();
+    assert_eq!(reply.content, "");
+    assert_eq!(reply.calls.len(), 2);
+    assert_eq!(
+        reply.calls[0].function.arguments,
+        json!({"city": "Oslo", "days": 2})
+    );
+    assert_eq!(reply.calls[1].function.arguments, json!({"text": "a;b"}));
+    // Prose before the call stays prose; text after a call that is not another is an error.
+    let (prose, calls) = tools
+        .format()
+        .parse(
+            &tools,
+            "Sure. {\"name\": \"note\", \"parameters\": {\"text\": \"x\"}}",
+        )
+        .unwrap();
+    assert_eq!((prose.as_str(), calls.len()), ("Sure.", 1));
+    assert!(matches!(
+        tools
+            .format()
+            .parse(&tools, "{\"name\": \"note\", \"parameters\": {}} and more"),
+        Err(ToolError::Malformed(_))
+    ));
+    // Written calls read back; a cut-short answer keeps its complete calls.
+    let one = tools
+        .format()
+        .write_call(&tools, "note", &json!({"text": "hi"}));
+    assert_eq!(one, "{\"name\":\"note\",\"parameters\":{\"text\":\"hi\"}}");
+    let cut = format!("{one}; {}", &one[..one.len() - 5]);
+    assert_eq!(tools.complete_prefix(&cut), one);
+    // The grammar: compact calls, several with parallel, each the tool's schema.
+    let lark = tools.format().calls_grammar(&tools, None, true, None);
+    let two = format!(
+        "{one}; {}",
+        tools
+            .format()
+            .write_call(&tools, "get_weather", &json!({"city": "Rome", "days": 1}))
+    );
+    assert!(accepts(&lark, &one) && accepts(&lark, &two), "{lark}");
+    assert!(
+        !accepts(&lark, "{\"name\":\"note\",\"arguments\":{\"text\":\"hi\"}}"),
+        "the Hermes key"
+    );
+    assert!(
+        !accepts(&lark, &one.replace("hi\"", "hi\",\"x\":1")),
+        "an extra argument"
+    );
+    assert!(!accepts(
+        &tools.format().calls_grammar(&tools, None, false, None),
+        &two
+    ));
+    // Streamed from the trigger on: the deltas join to the parsed arguments.
+    let (_, parsed) = tools.format().parse(&tools, &two).unwrap();
+    for size in [1, 3, 8, two.len()] {
+        let (calls, ended) = stream(&tools, &two, size);
+        assert_eq!(ended, 2);
+        for (c, p) in calls.iter().zip(&parsed) {
+            assert_eq!(
+                (c.0.as_str(), c.1.clone()),
+                (p.name.as_str(), p.arguments.to_string())
+            );
+        }
+    }
+    // Past calls through the family's template read back as calls.
+    let template = ChatTemplate::new(LLAMA3_LIKE).unwrap();
+    let mut call = Message::assistant("");
+    call.tool_calls.push(ToolCall {
+        id: "call_1".into(),
+        kind: "function",
+        function: FunctionCall {
+            name: "note".into(),
+            arguments: json!({"text": "hi"}),
+        },
+    });
+    let opts = RenderOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let prompt = template
+        .render(&[Message::user("note hi"), call], &opts)
+        .unwrap();
+    let past = &prompt[prompt.find("{\"name\"").unwrap()..];
+    let past = &past[..past.find("<|eot_id|>").unwrap()];
+    assert_eq!(
+        tools.format().parse(&tools, past).unwrap().1[0].arguments,
+        json!({"text": "hi"})
+    );
+}
+
 #[test]
 fn tool_format_hermes_is_the_json_protocol_through_the_same_interface() {
     let tools = weather_tools(ToolFormat::Hermes);
