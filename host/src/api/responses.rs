@@ -10,7 +10,8 @@
 //! (`text`, `json_object`, `json_schema` with `name`, `schema`, `strict`), `max_output_tokens`,
 //! `temperature`, `top_p`, `reasoning.effort`, `stream`, `user`, `metadata`, `store` and
 //! `previous_response_id`: a stored response's conversation (its input and output) continues with the
-//! new input; responses are kept in memory, the newest [`STORED`] of them within [`STORED_BYTES`], and
+//! new input; responses are kept in memory, the newest [`STORED`] of them within [`STORED_BYTES`], each
+//! for the API key that made it (ids are random, and another key's id is as unknown as a made-up one), and
 //! one made with `store: false` is not kept (an unknown id is a 400 naming the field).
 //!
 //! The answer is a `response` whose `output` holds a `reasoning` item (when a thinking model reasoned), a
@@ -111,20 +112,25 @@ pub struct ResponseStore {
 
 #[derive(Debug, Default)]
 struct Kept {
-    map: HashMap<String, (Vec<Message>, usize)>,
+    /// Per response id: the key that made it, its conversation and that conversation's bytes.
+    map: HashMap<String, (Option<String>, Vec<Message>, usize)>,
     order: VecDeque<String>,
     bytes: usize,
 }
 
 impl ResponseStore {
-    /// The conversation of response `id`, if it is kept.
-    pub fn get(&self, id: &str) -> Option<Vec<Message>> {
+    /// The conversation of response `id`, if it is kept and was made with the API key `key` (its id).
+    pub fn get(&self, id: &str, key: Option<&str>) -> Option<Vec<Message>> {
         let k = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        k.map.get(id).map(|(m, _)| m.clone())
+        k.map
+            .get(id)
+            .filter(|(owner, _, _)| owner.as_deref() == key)
+            .map(|(_, m, _)| m.clone())
     }
 
-    /// Keeps `messages` as response `id`'s conversation, dropping the oldest past the limits.
-    pub fn put(&self, id: String, messages: Vec<Message>) {
+    /// Keeps `messages` as the conversation of response `id`, made with the API key `key`, dropping the
+    /// oldest past the limits.
+    pub fn put(&self, id: String, key: Option<String>, messages: Vec<Message>) {
         let bytes: usize = messages.iter().map(Message::data_len).sum();
         if bytes > STORED_BYTES {
             return;
@@ -134,13 +140,13 @@ impl ResponseStore {
             let Some(old) = k.order.pop_front() else {
                 break;
             };
-            if let Some((_, b)) = k.map.remove(&old) {
+            if let Some((_, _, b)) = k.map.remove(&old) {
                 k.bytes -= b;
             }
         }
         k.bytes += bytes;
         k.order.push_back(id.clone());
-        k.map.insert(id, (messages, bytes));
+        k.map.insert(id, (key, messages, bytes));
     }
 }
 
@@ -392,7 +398,7 @@ fn turn_of(
         e => e,
     })?;
     let mut messages = match &r.previous_response_id {
-        Some(id) => st.responses.get(id).ok_or_else(|| {
+        Some(id) => st.responses.get(id, caller.key.as_ref().map(|k| k.id())).ok_or_else(|| {
             ApiError::bad(
                 format!(
                     "no response {id:?} is kept here (made with store: false, evicted, or unknown)"
@@ -575,19 +581,27 @@ pub(super) async fn responses(
 ) -> Result<Response, ApiError> {
     let (turn, echo, stream) = turn_of(&st, req, &caller)?;
     let kept_input = echo.store.then(|| turn.messages.clone());
+    let owner = turn.key_id.clone();
     let t0 = Instant::now();
     let (mut rx, cancel) = spawn(&st, chat_work(turn));
     let guard = CancelOnDrop(cancel);
     let early = started(&mut rx).await?;
-    let id = new_id("resp").replacen('-', "_", 1);
+    // Random: it names a stored conversation (`resp_` and the random part of a call id).
+    let id = format!(
+        "resp_{}",
+        thorn_tools::call_id().trim_start_matches("call_")
+    );
     let keep = {
         let st = Arc::clone(&st);
         let id = id.clone();
         let instructions = echo.instructions.is_some();
         move |out: &Outcome| {
             if let Some(input) = &kept_input {
-                st.responses
-                    .put(id.clone(), kept_conversation(input, instructions, out));
+                st.responses.put(
+                    id.clone(),
+                    owner.clone(),
+                    kept_conversation(input, instructions, out),
+                );
             }
         }
     };
@@ -724,21 +738,31 @@ mod tests {
     fn the_store_keeps_the_newest_within_its_limits() {
         let s = ResponseStore::default();
         for i in 0..STORED + 3 {
-            s.put(format!("r{i}"), vec![Message::user(format!("m{i}"))]);
+            s.put(format!("r{i}"), None, vec![Message::user(format!("m{i}"))]);
         }
         assert!(
-            s.get("r0").is_none() && s.get("r2").is_none(),
+            s.get("r0", None).is_none() && s.get("r2", None).is_none(),
             "the oldest went"
         );
+        let last = format!("r{}", STORED + 2);
         assert_eq!(
-            s.get(&format!("r{}", STORED + 2)).unwrap()[0].content,
+            s.get(&last, None).unwrap()[0].content,
             format!("m{}", STORED + 2)
         );
         // One too big for the whole budget is not kept (and drops nothing).
         s.put(
             "huge".into(),
+            None,
             vec![Message::user("x".repeat(STORED_BYTES + 1))],
         );
-        assert!(s.get("huge").is_none() && s.get("r3").is_some());
+        assert!(s.get("huge", None).is_none() && s.get("r3", None).is_some());
+        // A response is its key's: another key (or none) does not see it.
+        s.put(
+            "mine".into(),
+            Some("robot".into()),
+            vec![Message::user("secret")],
+        );
+        assert!(s.get("mine", Some("robot")).is_some());
+        assert!(s.get("mine", Some("ops")).is_none() && s.get("mine", None).is_none());
     }
 }
