@@ -130,6 +130,8 @@ pub struct Agent {
     /// Whether a thinking model reasons when a request does not say (`--reasoning`; `None`: as its chat
     /// template does by default).
     reasoning: Option<bool>,
+    /// Most reasoning tokens when a request does not say (`--reasoning-budget`).
+    reasoning_budget: Option<usize>,
 }
 impl Agent {
     /// Moves `engine` onto its own thread (at most `queue` requests waiting) and builds the agent around it:
@@ -194,6 +196,7 @@ impl Agent {
         Agent {
             engine,
             reasoning: None,
+            reasoning_budget: None,
             tool_format: model.tool_format,
             model: Arc::new(model),
             plugins: Arc::new(LiveSet::new(plugins)),
@@ -220,6 +223,13 @@ impl Agent {
     /// `auto`: as its chat template does by default): the template's `enable_thinking` variable.
     pub fn with_reasoning(mut self, on: Option<bool>) -> Self {
         self.reasoning = on;
+        self
+    }
+
+    /// Sets the most tokens a thinking model writes inside its think block, when a request does not say,
+    /// before the engine closes the block for it (`--reasoning-budget`; `None`: no limit).
+    pub fn with_reasoning_budget(mut self, tokens: Option<usize>) -> Self {
+        self.reasoning_budget = tokens;
         self
     }
 

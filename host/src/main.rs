@@ -402,6 +402,7 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
         ignore_eos: false,
         cancel: None,
         speculate: true,
+        think_budget: None,
     };
     let mut stdout = std::io::stdout().lock();
     let out = engine.generate_guided(&req, guide.as_mut(), &mut |t| {

@@ -80,6 +80,10 @@ pub struct AgentArgs {
         help_heading = "Tool use"
     )]
     pub reasoning: ReasoningArg,
+    /// Most tokens a thinking model writes inside its think block before thorn closes it for the model,
+    /// when a request does not say (Anthropic's `thinking.budget_tokens` does); unset: no limit.
+    #[arg(long, env = "THORN_REASONING_BUDGET", help_heading = "Tool use")]
+    pub reasoning_budget: Option<usize>,
 }
 
 impl AgentArgs {
@@ -231,7 +235,8 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
     .with_max_host_calls(a.max_host_calls)
     .with_tool_use(a.tool_use())
     .with_tool_format(tool_format)
-    .with_reasoning(a.reasoning.enable_thinking()))
+    .with_reasoning(a.reasoning.enable_thinking())
+    .with_reasoning_budget(a.reasoning_budget))
 }
 
 /// The plugins in `place` that its policy admits (each refusal printed), and their directory; `previous`

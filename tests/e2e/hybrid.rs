@@ -422,3 +422,46 @@ fn the_server_serves_a_hybrid_base_model_with_snapshots() {
     assert!(metric("thorn_kv_snapshots_restored_total") >= 3.0);
     assert!(metric("thorn_kv_snapshot_bytes") > 0.0);
 }
+
+#[test]
+fn a_reasoning_budget_closes_the_think_block_the_same_with_speculation() {
+    use thorn_engine::engine::think::ThinkBudget;
+    // A prompt that opened the block; the random model never closes it by itself.
+    let prompt = bytes("<user>Think, then move joint 1.</user>\n<think>\n");
+    let close = bytes("\n</think>\n\n");
+    let budget = ThinkBudget {
+        tokens: 12,
+        opened: true,
+        open: "<think>".into(),
+        close: "</think>".into(),
+        close_tokens: close.clone(),
+    };
+    let eager = SpecConfig {
+        adaptive: false,
+        ..SpecConfig::default()
+    };
+    let run = |cfg: SpecConfig, b: Option<ThinkBudget>| {
+        let mut e = engine(cfg, 0);
+        let mut req = Request::greedy(prompt.clone(), 40);
+        req.ignore_eos = true;
+        req.think_budget = b;
+        e.generate(&req, &mut |_| {}).unwrap()
+    };
+    let plain = run(SpecConfig::off(), Some(budget.clone()));
+    // The closing tag right after the 12th token, then the model goes on.
+    assert_eq!(
+        &plain.tokens[12..12 + close.len()],
+        &close[..],
+        "{:?}",
+        plain.text
+    );
+    assert_eq!(plain.tokens.len(), 40);
+    assert!(!plain.text[..plain.text.find("</think>").unwrap()].contains("</think>"));
+    // Speculation forces it at the same token: the same output.
+    let spec = run(eager, Some(budget));
+    assert_eq!(spec.tokens, plain.tokens);
+    // Without a budget the same prefix, and no tag there.
+    let free = run(SpecConfig::off(), None);
+    assert_eq!(free.tokens[..12], plain.tokens[..12]);
+    assert_ne!(&free.tokens[12..12 + close.len()], &close[..]);
+}

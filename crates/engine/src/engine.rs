@@ -22,6 +22,7 @@ pub mod service;
 mod session;
 pub mod step;
 mod stop;
+pub mod think;
 
 pub use decoder::{Decoded, Decoder, GuideSlot};
 pub use session::Session;
@@ -249,6 +250,8 @@ pub struct Request {
     pub cancel: Option<Arc<AtomicBool>>,
     /// Whether this request may speculate (when the engine does; the output is the same either way).
     pub speculate: bool,
+    /// A thinking model's reasoning budget: the engine closes the think block when it is spent.
+    pub think_budget: Option<think::ThinkBudget>,
 }
 
 impl Request {
@@ -263,6 +266,7 @@ impl Request {
             ignore_eos: false,
             cancel: None,
             speculate: true,
+            think_budget: None,
         }
     }
 

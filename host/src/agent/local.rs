@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use thorn_engine::engine::scheduler::{Sink, Submission};
+use thorn_engine::engine::think::ThinkBudget;
 use thorn_engine::engine::{Engine, EngineError, FinishReason, Generation, Request};
 use thorn_engine::tokenizer::TokenId;
 use thorn_guide::ToolGrammars;
@@ -11,7 +12,9 @@ use thorn_tools::chat::Message;
 use thorn_tools::{CallDelta, ToolChoice, ToolSet, call_id};
 use tokio::sync::mpsc;
 
-use super::split::{Counters, RoundCalls, Split, Splitter, Streamed, THINK_OPEN, answer_part};
+use super::split::{
+    Counters, RoundCalls, Split, Splitter, Streamed, THINK_CLOSE, THINK_OPEN, answer_part,
+};
 use super::{Agent, AgentError, Event, Outcome, RoundCtx, RoundResult, Served, StreamedCalls};
 use super::{TokenLogprob, Turn, Usage};
 
@@ -185,6 +188,22 @@ impl Agent {
         cancel: &Arc<AtomicBool>,
         on: &mut (dyn FnMut(Piece<'_>) + Send),
     ) -> Result<(Generation, Vec<TokenLogprob>), AgentError> {
+        // A think block the prompt opened (or the output opens) is closed when the budget is spent.
+        let opened = matches!(&prompt, PromptText::Chat(t) if t.trim_end().ends_with(THINK_OPEN));
+        let think_budget = match turn.reasoning_budget.or(self.reasoning_budget) {
+            Some(tokens) => Some(ThinkBudget {
+                tokens,
+                opened,
+                open: THINK_OPEN.into(),
+                close: THINK_CLOSE.into(),
+                close_tokens: self
+                    .model
+                    .tokenizer
+                    .encode(&format!("\n{THINK_CLOSE}\n\n"), true)
+                    .map_err(EngineError::from)?,
+            }),
+            None => None,
+        };
         let prompt = self.encode(prompt).await?;
         let (tx, mut rx) = mpsc::unbounded_channel::<Gen>();
         let parallel = turn.parallel_tool_calls;
@@ -195,6 +214,7 @@ impl Agent {
             stop: turn.stop.clone(),
             cancel: Some(Arc::clone(cancel)),
             speculate: turn.speculation,
+            think_budget,
             ..Request::greedy(prompt, turn.max_tokens)
         };
         if copying {

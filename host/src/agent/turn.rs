@@ -81,6 +81,9 @@ pub struct Turn {
     /// or Anthropic's `thinking`), checked by `thorn_tools::chat::check_kwargs`; the agent's reasoning
     /// default fills `enable_thinking` when they leave it out.
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Most tokens a thinking model writes inside its think block before the engine closes it (`None`:
+    /// the agent's default, [`Agent::with_reasoning_budget`]).
+    pub reasoning_budget: Option<usize>,
 }
 
 impl Turn {
@@ -110,6 +113,7 @@ impl Turn {
             plugins,
             route: Route::Local,
             template_kwargs: serde_json::Map::new(),
+            reasoning_budget: None,
         }
     }
 }

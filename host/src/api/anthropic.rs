@@ -80,7 +80,8 @@ pub struct MessagesRequest {
     #[serde(default)]
     pub thorn_tool_use: Option<wire::ToolUseOpts>,
     /// Extended thinking: `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`, the
-    /// chat template's `enable_thinking` for a reasoning model.
+    /// chat template's `enable_thinking` for a reasoning model; the engine closes the think block after
+    /// `budget_tokens`.
     #[serde(default)]
     pub thinking: Option<Value>,
 }
@@ -440,6 +441,11 @@ fn turn_of(st: &AppState, r: MessagesRequest, caller: &Caller) -> Result<(Turn, 
             .map(|o| wire::tool_use_over(o, st.agent.tool_use())),
         route,
         template_kwargs: thinking_kwargs(r.thinking.as_ref())?,
+        reasoning_budget: r
+            .thinking
+            .as_ref()
+            .and_then(|t| t["budget_tokens"].as_u64())
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         ..Turn::new(messages_of(r.system.as_ref(), r.messages)?, plugins)
     };
     Ok((turn, r.stream.unwrap_or(false)))

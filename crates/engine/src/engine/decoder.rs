@@ -9,6 +9,7 @@
 //! produce the same tokens.
 
 use super::stop::StopBuffer;
+use super::think::{ThinkBudget, ThinkState};
 use super::{EngineError, FinishReason, Request};
 use crate::model::LogitRows;
 use crate::sample::grammar::GrammarError;
@@ -93,6 +94,9 @@ pub struct Decoder<'g> {
     step: Vec<Sampled>,
     forced: Vec<TokenId>,
     spec: Option<Box<SpecState>>,
+    /// The reasoning budget and where the output is with respect to the think block (none under a
+    /// grammar active from the first token, which leaves no room for one).
+    think: Option<(ThinkBudget, ThinkState)>,
 }
 
 /// A request's speculation: its drafter, the tree in flight and the path accepted from the last one.
@@ -128,6 +132,14 @@ impl<'g> Decoder<'g> {
             Vec::new()
         };
         stops.extend(trigger.clone());
+        let think = req
+            .think_budget
+            .clone()
+            .filter(|_| guide.get().is_none_or(|g| !g.is_active()))
+            .map(|b| {
+                let s = ThinkState::new(&b);
+                (b, s)
+            });
         let history = std::mem::take(&mut req.prompt);
         let prompt_len = history.len();
         let limit = req.max_tokens.min(context.saturating_sub(prompt_len));
@@ -153,6 +165,7 @@ impl<'g> Decoder<'g> {
             step: Vec::with_capacity(16),
             forced: Vec::with_capacity(64),
             spec: None,
+            think,
         };
         if d.req.speculate {
             d.spec = Some(Box::default());
@@ -330,6 +343,24 @@ impl<'g> Decoder<'g> {
             return Ok(());
         }
         debug_assert!(self.pending.is_empty(), "pending tokens were not run");
+        if let Some((b, st)) = &self.think
+            && st.spent(b, self.tokens.len())
+        {
+            // The budget is spent inside the block: the closing tag instead of a pick.
+            let close = b.close_tokens.clone();
+            for t in close {
+                if let Some(f) = self.take_token(forced_sample(t), tok, on_text)? {
+                    self.finish = Some(f);
+                    return Ok(());
+                }
+            }
+            // Written: the block is over whatever the tag's text did to the tracking.
+            if let Some((_, st)) = &mut self.think {
+                *st = ThinkState::Done;
+            }
+            self.check_end();
+            return Ok(());
+        }
         let s = match self.pick_best(rows, i, tok)? {
             Some(s) => s,
             None => match self.pick_top(rows, i) {
@@ -467,6 +498,9 @@ impl<'g> Decoder<'g> {
         }
         self.delta.clear();
         self.detok.push(tok, t, &mut self.delta);
+        if let Some((b, st)) = &mut self.think {
+            st.push(b, self.tokens.len(), &self.delta);
+        }
         if !self.stop.push(&self.delta, on_text) {
             self.pending.push(t);
             return Ok(None);
