@@ -96,9 +96,17 @@ pub(crate) fn hermes_calls_grammar(
     parallel: bool,
     answer: Option<&Value>,
 ) -> String {
-    let schema = call_schema(tools, only);
-    let call = json_body(&schema);
-    let repeat = if parallel { "+" } else { "" };
+    let call = json_body(&call_schema(tools, only));
+    let mut g = calls_head(answer, parallel, "");
+    g.push_str("block: \"<tool_call>\" call \"</tool_call>\"\n");
+    g.push_str(&format!("call: %json {call}\n"));
+    g
+}
+
+/// The head every format's calls grammar starts with: `start` (the calls, or with `answer` a JSON answer
+/// matching that schema as the alternative) and `calls`, one `block`, or with `parallel` several with
+/// `separator` between them. The format's grammar then defines `block`.
+pub(crate) fn calls_head(answer: Option<&Value>, parallel: bool, separator: &str) -> String {
     let mut g = String::new();
     match answer {
         Some(a) => {
@@ -107,15 +115,22 @@ pub(crate) fn hermes_calls_grammar(
         }
         None => g.push_str("start: calls\n"),
     }
-    g.push_str(&format!("calls: block{repeat}\n"));
-    g.push_str("block: \"<tool_call>\" call \"</tool_call>\"\n");
-    g.push_str(&format!("call: %json {call}\n"));
+    match (parallel, separator) {
+        (false, _) => g.push_str("calls: block\n"),
+        (true, "") => g.push_str("calls: block+\n"),
+        (true, sep) => g.push_str(&format!("calls: block ({} block)*\n", Value::from(sep))),
+    }
     g
 }
 
 /// The schema of a call object: `{"name": <const>, "arguments": <that tool's parameters>}`, one branch per tool
 /// (or only the tool named `only`).
 pub fn call_schema(tools: &ToolSet, only: Option<&str>) -> Value {
+    call_schema_keyed(tools, only, "arguments")
+}
+
+/// [`call_schema`] with the arguments under `key` (Llama 3 writes them as `"parameters"`).
+pub(crate) fn call_schema_keyed(tools: &ToolSet, only: Option<&str>, key: &str) -> Value {
     let branches: Vec<Value> = tools
         .tools()
         .iter()
@@ -123,8 +138,8 @@ pub fn call_schema(tools: &ToolSet, only: Option<&str>) -> Value {
         .map(|t| {
             json!({
                 "type": "object",
-                "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                "required": ["name", "arguments"],
+                "properties": {"name": {"const": t.name}, key: t.parameters},
+                "required": ["name", key],
                 "additionalProperties": false
             })
         })

@@ -6,7 +6,7 @@
 //! ```
 
 use super::{ParsedCall, ToolError, ToolSet};
-use crate::grammar::json_body;
+use crate::grammar::{call_schema_keyed, calls_head, json_body};
 use serde_json::{Value, json};
 use std::fmt::Write as _;
 
@@ -14,28 +14,6 @@ use std::fmt::Write as _;
 pub const TRIGGER: &str = "{\"name\"";
 /// What the model may write before its calls (a control token in Llama 3's vocabulary).
 pub const PYTHON_TAG: &str = "<|python_tag|>";
-
-/// The schema of one call object: `{"name": <const>, "parameters": <that tool's parameters>}`, a branch per
-/// tool (or only `only`).
-fn call_schema(tools: &ToolSet, only: Option<&str>) -> Value {
-    let branches: Vec<Value> = tools
-        .tools()
-        .iter()
-        .filter(|t| only.is_none_or(|n| n == t.name))
-        .map(|t| {
-            json!({
-                "type": "object",
-                "properties": {"name": {"const": t.name}, "parameters": t.parameters},
-                "required": ["name", "parameters"],
-                "additionalProperties": false
-            })
-        })
-        .collect();
-    match <[Value; 1]>::try_from(branches) {
-        Ok([one]) => one,
-        Err(many) => json!({"anyOf": many}),
-    }
-}
 
 /// The Lark grammar of calls (one, or with `parallel` several separated by `; `), with `answer` (a JSON
 /// schema) as the alternative.
@@ -45,20 +23,9 @@ pub fn calls_grammar(
     parallel: bool,
     answer: Option<&Value>,
 ) -> String {
-    let mut g = String::new();
-    match answer {
-        Some(a) => {
-            g.push_str("start: answer | calls\n");
-            let _ = writeln!(g, "answer: %json {}", json_body(a));
-        }
-        None => g.push_str("start: calls\n"),
-    }
-    if parallel {
-        g.push_str("calls: call (\"; \" call)*\n");
-    } else {
-        g.push_str("calls: call\n");
-    }
-    let _ = writeln!(g, "call: %json {}", json_body(&call_schema(tools, only)));
+    let mut g = calls_head(answer, parallel, "; ");
+    let call = call_schema_keyed(tools, only, "parameters");
+    let _ = writeln!(g, "block: %json {}", json_body(&call));
     g
 }
 

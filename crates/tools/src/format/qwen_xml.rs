@@ -19,7 +19,7 @@
 //! template writes them through Jinja's `string` filter).
 
 use super::{ParsedCall, ToolError, ToolSet};
-use crate::grammar::json_body;
+use crate::grammar::{calls_head, json_body};
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
 
@@ -202,19 +202,7 @@ pub fn calls_grammar(
     parallel: bool,
     answer: Option<&Value>,
 ) -> String {
-    let mut g = String::new();
-    match answer {
-        Some(a) => {
-            g.push_str("start: answer | calls\n");
-            let _ = writeln!(g, "answer: %json {}", json_body(a));
-        }
-        None => g.push_str("start: calls\n"),
-    }
-    if parallel {
-        g.push_str("calls: block (\"\\n\" block)*\n");
-    } else {
-        g.push_str("calls: block\n");
-    }
+    let mut g = calls_head(answer, parallel, "\n");
     let chosen: Vec<(usize, &crate::Tool)> = tools
         .tools()
         .iter()
