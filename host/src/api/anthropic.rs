@@ -24,7 +24,8 @@ use super::handler::{Caller, Checked, new_id};
 use super::models::route_for;
 use super::request::{HOST_TOOL_PREFIX, conversation_of, in_range, sampling, stops, tools_of};
 use super::work::{
-    CancelOnDrop, Early, Msg, account, chat_work, collect, spawn, started, stream_error,
+    CancelOnDrop, Early, Gather, Msg, account, chat_work, collect, pump, send_gathered, spawn,
+    started, stream_error,
 };
 use super::{ApiError, AppState, wire};
 

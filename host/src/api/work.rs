@@ -177,3 +177,56 @@ pub(super) fn sse_json(v: &impl serde::Serialize) -> Result<SseEvent, Infallible
     });
     Ok(SseEvent::default().data(text))
 }
+
+/// What a stream of typed events (Anthropic's content blocks, the Responses API's output items) makes of
+/// the agent's events: the server-sent events each one produces, gathered until they are sent.
+pub(super) trait Gather {
+    /// Takes in one of the agent's events.
+    fn event(&mut self, ev: Event);
+    /// The events gathered since the last take, in order.
+    fn take(&mut self) -> Vec<SseEvent>;
+}
+
+/// Sends what `g` has gathered; false once the client is gone.
+pub(super) async fn send_gathered(
+    g: &mut impl Gather,
+    tx: &mpsc::Sender<Result<SseEvent, Infallible>>,
+) -> bool {
+    for ev in g.take() {
+        if tx.send(Ok(ev)).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Sends what `g` has gathered so far, then feeds it the turn's events as they arrive, sending what each
+/// one gathers, until the turn's outcome (`early`, when it ended before the stream began). `None` once the
+/// client is gone.
+pub(super) async fn pump(
+    g: &mut impl Gather,
+    rx: &mut mpsc::UnboundedReceiver<Msg>,
+    early: Option<Outcome>,
+    tx: &mpsc::Sender<Result<SseEvent, Infallible>>,
+) -> Option<Result<Outcome, ApiError>> {
+    if !send_gathered(g, tx).await {
+        return None;
+    }
+    if let Some(o) = early {
+        return Some(Ok(o));
+    }
+    loop {
+        match rx.recv().await {
+            Some(Msg::Event(ev)) => g.event(ev),
+            Some(Msg::Done(o)) => return Some(*o),
+            None => {
+                return Some(Err(ApiError::Internal(
+                    "the request ended without an answer".into(),
+                )));
+            }
+        }
+        if !send_gathered(g, tx).await {
+            return None;
+        }
+    }
+}

@@ -17,12 +17,54 @@ pub(super) enum Open {
     ToolUse,
 }
 
-/// A stream's content blocks: which is open, and the events that open, extend and close them.
+/// A stream's content blocks: which is open, the events that open, extend and close them, and how many
+/// client calls were streamed as they were generated.
 #[derive(Debug)]
 pub(super) struct Blocks {
     index: usize,
     open: Open,
     events: Vec<(&'static str, Value)>,
+    calls: usize,
+}
+
+impl Gather for Blocks {
+    fn event(&mut self, ev: Event) {
+        match ev {
+            Event::Content(t) => self.text(t),
+            Event::Reasoning(t) => self.thinking(t),
+            Event::CallStart {
+                host: false,
+                id,
+                name,
+                ..
+            } => {
+                self.calls += 1;
+                self.tool_use(&id, &name);
+            }
+            Event::CallArguments {
+                host: false, text, ..
+            } => self.input(text),
+            Event::HostCall(c) => {
+                self.close();
+                self.events.push((
+                    "thorn_host_tool_call",
+                    json!({"type": "thorn_host_tool_call", "call": wire::host_call_started(&c)}),
+                ));
+            }
+            Event::HostResult(h) => self.events.push((
+                "thorn_host_tool_result",
+                json!({"type": "thorn_host_tool_result", "call": wire::host_call(&h)}),
+            )),
+            _ => {}
+        }
+    }
+
+    fn take(&mut self) -> Vec<SseEvent> {
+        self.events
+            .drain(..)
+            .map(|(name, v)| SseEvent::default().event(name).data(v.to_string()))
+            .collect()
+    }
 }
 
 impl Blocks {
@@ -96,19 +138,6 @@ pub(super) fn stream_messages(
     let (tx, out_rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
     tokio::spawn(async move {
         let _guard = guard;
-        // Sends the events gathered so far; false once the client is gone.
-        let flush = |b: &mut Blocks| {
-            let events = std::mem::take(&mut b.events);
-            let tx = tx.clone();
-            async move {
-                for (name, v) in events {
-                    if tx.send(sse(name, &v)).await.is_err() {
-                        return false;
-                    }
-                }
-                true
-            }
-        };
         let mut b = Blocks {
             index: 0,
             open: Open::None,
@@ -121,55 +150,11 @@ pub(super) fn stream_messages(
                 ),
                 ("ping", json!({"type": "ping"})),
             ],
+            calls: 0,
         };
-        if !flush(&mut b).await {
+        // Client calls are streamed as tool_use blocks as they are generated.
+        let Some(outcome) = pump(&mut b, &mut rx, early, &tx).await else {
             return;
-        }
-        // Client calls streamed as tool_use blocks as they were generated.
-        let mut calls = 0usize;
-        let outcome = match early {
-            Some(o) => Ok(o),
-            None => loop {
-                match rx.recv().await {
-                    Some(Msg::Event(Event::Content(t))) => b.text(t),
-                    Some(Msg::Event(Event::Reasoning(t))) => b.thinking(t),
-                    Some(Msg::Event(Event::CallStart {
-                        host: false,
-                        id,
-                        name,
-                        ..
-                    })) => {
-                        calls += 1;
-                        b.tool_use(&id, &name);
-                    }
-                    Some(Msg::Event(Event::CallArguments {
-                        host: false, text, ..
-                    })) => b.input(text),
-                    Some(Msg::Event(Event::HostCall(c))) => {
-                        b.close();
-                        b.events.push((
-                            "thorn_host_tool_call",
-                            json!({"type": "thorn_host_tool_call",
-                                "call": wire::host_call_started(&c)}),
-                        ));
-                    }
-                    Some(Msg::Event(Event::HostResult(h))) => b.events.push((
-                        "thorn_host_tool_result",
-                        json!({"type": "thorn_host_tool_result",
-                            "call": wire::host_call(&h)}),
-                    )),
-                    Some(Msg::Event(_)) => {}
-                    Some(Msg::Done(o)) => break *o,
-                    None => {
-                        break Err(ApiError::Internal(
-                            "the request ended without an answer".into(),
-                        ));
-                    }
-                }
-                if !flush(&mut b).await {
-                    return;
-                }
-            },
         };
         let out = match outcome {
             Ok(out) => {
@@ -186,7 +171,7 @@ pub(super) fn stream_messages(
             }
         };
         // Calls not streamed as they were generated (none, unless this is a bug) go out whole.
-        for c in out.tool_calls.iter().skip(calls) {
+        for c in out.tool_calls.iter().skip(b.calls) {
             b.tool_use(&c.id, &c.function.name);
             b.input(c.function.arguments.to_string());
         }
@@ -203,7 +188,7 @@ pub(super) fn stream_messages(
         ));
         b.events
             .push(("message_stop", json!({"type": "message_stop"})));
-        let _ = flush(&mut b).await;
+        let _ = send_gathered(&mut b, &tx).await;
     });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(out_rx))
         .keep_alive(KeepAlive::default())

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::agent::{Event, StreamedCalls};
-use crate::api::work::{Early, Msg, stream_error};
+use crate::api::work::{Early, Gather, Msg, pump, send_gathered, stream_error};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use std::convert::Infallible;
 use tokio::sync::mpsc;
@@ -23,13 +23,55 @@ enum Open {
     },
 }
 
-/// A stream's output items: which is open, and the events gathered.
+/// A stream's output items: which is open, the events gathered, and how many client calls were streamed
+/// as they were generated.
 struct Items {
     ids: ItemIds,
     seq: u64,
     index: usize,
     open: Open,
     events: Vec<(String, Value)>,
+    calls: usize,
+}
+
+impl Gather for Items {
+    fn event(&mut self, ev: Event) {
+        match ev {
+            Event::Content(t) => self.text(&t),
+            Event::Reasoning(t) => self.reasoning(&t),
+            Event::CallStart {
+                host: false,
+                id,
+                name,
+                ..
+            } => {
+                self.calls += 1;
+                self.call(&id, &name);
+            }
+            Event::CallArguments {
+                host: false, text, ..
+            } => self.arguments(&text),
+            Event::HostCall(c) => {
+                self.close();
+                self.push(
+                    "thorn.host_tool_call",
+                    json!({"call": wire::host_call_started(&c)}),
+                );
+            }
+            Event::HostResult(h) => self.push(
+                "thorn.host_tool_result",
+                json!({"call": wire::host_call(&h)}),
+            ),
+            _ => {}
+        }
+    }
+
+    fn take(&mut self) -> Vec<SseEvent> {
+        self.events
+            .drain(..)
+            .map(|(name, v)| SseEvent::default().event(name).data(v.to_string()))
+            .collect()
+    }
 }
 
 impl Items {
@@ -193,73 +235,19 @@ pub(super) fn stream_response(
     let (tx, out_rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
     tokio::spawn(async move {
         let _guard = guard;
-        let flush = |b: &mut Items| {
-            let events = std::mem::take(&mut b.events);
-            let tx = tx.clone();
-            async move {
-                for (name, v) in events {
-                    if tx.send(sse(name, &v)).await.is_err() {
-                        return false;
-                    }
-                }
-                true
-            }
-        };
         let mut b = Items {
             ids: ItemIds::new(),
             seq: 0,
             index: 0,
             open: Open::None,
             events: Vec::new(),
+            calls: 0,
         };
         let pending = response_json(&id, &model, &echo, &b.ids, None);
         b.push("response.created", json!({"response": pending}));
         b.push("response.in_progress", json!({"response": pending}));
-        if !flush(&mut b).await {
+        let Some(outcome) = pump(&mut b, &mut rx, early, &tx).await else {
             return;
-        }
-        let mut calls = 0usize;
-        let outcome = match early {
-            Some(o) => Ok(o),
-            None => loop {
-                match rx.recv().await {
-                    Some(Msg::Event(Event::Content(t))) => b.text(&t),
-                    Some(Msg::Event(Event::Reasoning(t))) => b.reasoning(&t),
-                    Some(Msg::Event(Event::CallStart {
-                        host: false,
-                        id,
-                        name,
-                        ..
-                    })) => {
-                        calls += 1;
-                        b.call(&id, &name);
-                    }
-                    Some(Msg::Event(Event::CallArguments {
-                        host: false, text, ..
-                    })) => b.arguments(&text),
-                    Some(Msg::Event(Event::HostCall(c))) => {
-                        b.close();
-                        b.push(
-                            "thorn.host_tool_call",
-                            json!({"call": wire::host_call_started(&c)}),
-                        );
-                    }
-                    Some(Msg::Event(Event::HostResult(h))) => b.push(
-                        "thorn.host_tool_result",
-                        json!({"call": wire::host_call(&h)}),
-                    ),
-                    Some(Msg::Event(_)) => {}
-                    Some(Msg::Done(o)) => break *o,
-                    None => {
-                        break Err(ApiError::Internal(
-                            "the request ended without an answer".into(),
-                        ));
-                    }
-                }
-                if !flush(&mut b).await {
-                    return;
-                }
-            },
         };
         let out = match outcome {
             Ok(out) => {
@@ -276,7 +264,7 @@ pub(super) fn stream_response(
             }
         };
         // Calls not streamed as they were generated (none, unless this is a bug) go out whole.
-        for c in out.tool_calls.iter().skip(calls) {
+        for c in out.tool_calls.iter().skip(b.calls) {
             b.call(&c.id, &c.function.name);
             b.arguments(&c.function.arguments.to_string());
         }
@@ -294,7 +282,7 @@ pub(super) fn stream_response(
             "response.completed"
         };
         b.push(kind, json!({"response": full}));
-        let _ = flush(&mut b).await;
+        let _ = send_gathered(&mut b, &tx).await;
     });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(out_rx))
         .keep_alive(KeepAlive::default())
