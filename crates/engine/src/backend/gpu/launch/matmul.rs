@@ -23,6 +23,45 @@ pub const GEMM_TOKENS: usize = 32;
 /// Rows one block of a tensor-core product takes (`GEMM_ROWS`).
 const GEMM_ROWS: usize = 64;
 
+/// A block format's kernels in the GGUF layout, one table for all of them.
+#[derive(Debug, Clone, Copy)]
+struct BlockKernels {
+    ty: GgmlType,
+    matvec: &'static str,
+    gemm: &'static str,
+    embed: &'static str,
+}
+
+impl BlockKernels {
+    const ALL: [BlockKernels; 6] = [
+        BlockKernels::new(GgmlType::Q4_0, "matvec_q4_0", "gemm_q4_0", "embed_q4_0"),
+        BlockKernels::new(GgmlType::Q4_1, "matvec_q4_1", "gemm_q4_1", "embed_q4_1"),
+        BlockKernels::new(GgmlType::Q8_0, "matvec_q8_0", "gemm_q8_0", "embed_q8_0"),
+        BlockKernels::new(GgmlType::Q4_K, "matvec_q4_k", "gemm_q4_k", "embed_q4_k"),
+        BlockKernels::new(GgmlType::Q6_K, "matvec_q6_k", "gemm_q6_k", "embed_q6_k"),
+        BlockKernels::new(GgmlType::NVFP4, "matvec_nvfp4", "gemm_nvfp4", "embed_nvfp4"),
+    ];
+
+    const fn new(
+        ty: GgmlType,
+        matvec: &'static str,
+        gemm: &'static str,
+        embed: &'static str,
+    ) -> Self {
+        BlockKernels {
+            ty,
+            matvec,
+            gemm,
+            embed,
+        }
+    }
+
+    /// The kernels of block format `ty` (`None`: not a block format the kernels take).
+    fn of(ty: GgmlType) -> Option<BlockKernels> {
+        Self::ALL.into_iter().find(|k| k.ty == ty)
+    }
+}
+
 /// A matrix product's input: `tokens` rows of `cols` values, prepared as [`Prep`] says: quantized into `q`,
 /// one int8 per value, and `ds`, per block of 32 the pair `(d, d * Σq)` as two floats (by
 /// [`quantize_q8_1`] or a fused kernel), or left for each product to prepare in its prologue from the floats
@@ -217,13 +256,10 @@ impl Weights {
                 ty => Err(unsupported(format!("packed weights of type {ty}"))),
             };
         }
+        if let Some(k) = BlockKernels::of(self.ty) {
+            return Ok((k.matvec, true));
+        }
         Ok(match self.ty {
-            GgmlType::Q4_0 => ("matvec_q4_0", true),
-            GgmlType::Q4_1 => ("matvec_q4_1", true),
-            GgmlType::Q8_0 => ("matvec_q8_0", true),
-            GgmlType::Q4_K => ("matvec_q4_k", true),
-            GgmlType::Q6_K => ("matvec_q6_k", true),
-            GgmlType::NVFP4 => ("matvec_nvfp4", true),
             GgmlType::F32 => ("matvec_f32", false),
             GgmlType::F16 => ("matvec_f16", false),
             ty => return Err(unsupported(format!("weights of type {ty}"))),
@@ -233,17 +269,11 @@ impl Weights {
     /// The tensor-core product's kernel for this matrix (batches of more than [`MATVEC_TOKENS`] quantized
     /// tokens): every block format has one.
     pub fn gemm_kernel(&self) -> Option<&'static str> {
-        Some(match (self.layout, self.ty) {
-            (Layout::Packed, GgmlType::Q4_1) => "gemm_q4_1p",
-            (Layout::Packed, _) => return None,
-            (_, GgmlType::Q4_0) => "gemm_q4_0",
-            (_, GgmlType::Q4_1) => "gemm_q4_1",
-            (_, GgmlType::Q8_0) => "gemm_q8_0",
-            (_, GgmlType::Q4_K) => "gemm_q4_k",
-            (_, GgmlType::Q6_K) => "gemm_q6_k",
-            (_, GgmlType::NVFP4) => "gemm_nvfp4",
-            _ => return None,
-        })
+        match (self.layout, self.ty) {
+            (Layout::Packed, GgmlType::Q4_1) => Some("gemm_q4_1p"),
+            (Layout::Packed, _) => None,
+            (_, ty) => BlockKernels::of(ty).map(|k| k.gemm),
+        }
     }
 
     /// Checks that the kernels can take this matrix: a known type and whole blocks per row.
@@ -470,15 +500,10 @@ pub fn embed(
         layout: Layout::Gguf,
     };
     w.check()?;
-    let (kernel, quantized) = match ty {
-        GgmlType::Q4_0 => ("embed_q4_0", true),
-        GgmlType::Q4_1 => ("embed_q4_1", true),
-        GgmlType::Q8_0 => ("embed_q8_0", true),
-        GgmlType::Q4_K => ("embed_q4_k", true),
-        GgmlType::Q6_K => ("embed_q6_k", true),
-        GgmlType::NVFP4 => ("embed_nvfp4", true),
-        GgmlType::F16 => ("embed_f16", false),
-        _ => ("embed_f32", false),
+    let (kernel, quantized) = match (BlockKernels::of(ty), ty) {
+        (Some(k), _) => (k.embed, true),
+        (None, GgmlType::F16) => ("embed_f16", false),
+        (None, _) => ("embed_f32", false),
     };
     let threads = if quantized { n * d / 8 } else { n * d };
     let args = [
