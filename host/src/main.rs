@@ -403,6 +403,7 @@ fn generate(cache: &std::path::Path, a: GenerateArgs) -> Result<()> {
         cancel: None,
         speculate: true,
         think_budget: None,
+        shown_controls: thorn_guide::shown_controls(engine.tokenizer(), tools.format()),
     };
     let mut stdout = std::io::stdout().lock();
     let out = engine.generate_guided(&req, guide.as_mut(), &mut |t| {

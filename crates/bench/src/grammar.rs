@@ -50,7 +50,7 @@ pub struct Opts {
     /// tool_choice: auto, required or a function name.
     #[arg(long, default_value = "required", value_parser = tool_choice)]
     pub tool_choice: ToolChoice,
-    /// The tool-call format the calls are decoded in (`hermes`, `qwen3_xml`, `llama3_json`): its prompt,
+    /// The tool-call format the calls are decoded in (`hermes`, `qwen3_xml`, `llama3_json`, `mistral`): its prompt,
     /// grammar and parser.
     #[arg(long, default_value = "hermes")]
     pub tool_format: ToolFormat,
@@ -212,6 +212,7 @@ pub fn run(o: &Opts, model: &Path, bfcl_dir: &Path) -> Result<()> {
                         seed: Some(seed),
                         ..SamplingParams::default()
                     },
+                    shown_controls: thorn_guide::shown_controls(e.tokenizer(), o.tool_format),
                     ..Request::greedy(prompt.clone(), o.max_tokens)
                 };
                 let out = e.generate_guided(&req, Some(&mut g), &mut |_| {})?;

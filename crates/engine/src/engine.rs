@@ -252,6 +252,9 @@ pub struct Request {
     pub speculate: bool,
     /// A thinking model's reasoning budget: the engine closes the think block when it is spent.
     pub think_budget: Option<think::ThinkBudget>,
+    /// Control tokens the output shows as their text (a tool-call format's syntax, such as Mistral's
+    /// `[TOOL_CALLS]` or harmony's `<|channel|>`); every other control token is left out of the text.
+    pub shown_controls: Vec<TokenId>,
 }
 
 impl Request {
@@ -267,6 +270,7 @@ impl Request {
             cancel: None,
             speculate: true,
             think_budget: None,
+            shown_controls: vec![],
         }
     }
 

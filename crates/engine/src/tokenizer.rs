@@ -340,6 +340,40 @@ impl Tokenizer {
         Ok(out)
     }
 
+    /// Tokenizes generated text the way it was generated: the texts of the control tokens in `shown` (those
+    /// the output shows, see `Request::shown_controls`) become those tokens, the rest is plain text.
+    pub fn encode_showing(
+        &self,
+        text: &str,
+        shown: &[TokenId],
+    ) -> Result<Vec<TokenId>, TokenizerError> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        let mut rest = text;
+        loop {
+            let next = shown
+                .iter()
+                .filter_map(|&id| {
+                    let t = std::str::from_utf8(self.token_bytes(id)).ok()?;
+                    Some((rest.find(t).filter(|_| !t.is_empty())?, t.len(), id))
+                })
+                .min_by_key(|&(at, len, _)| (at, std::cmp::Reverse(len)));
+            let Some((at, len, id)) = next else { break };
+            self.encode_plain(&rest[..at], &mut out)?;
+            out.push(id);
+            rest = &rest[at + len..];
+        }
+        self.encode_plain(rest, &mut out)?;
+        Ok(out)
+    }
+
+    /// The control token whose text is exactly `text`, if the vocabulary has one.
+    pub fn control_id(&self, text: &str) -> Option<TokenId> {
+        self.specials
+            .iter()
+            .find(|(t, id, _)| t == text && self.is_control(*id))
+            .map(|(_, id, _)| *id)
+    }
+
     fn encode_plain(&self, text: &str, out: &mut Vec<TokenId>) -> Result<(), TokenizerError> {
         if text.is_empty() {
             return Ok(());

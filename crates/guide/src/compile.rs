@@ -3,8 +3,9 @@
 
 use thorn_engine::sample::grammar::{Constraint, GrammarError, GrammarFactory};
 use thorn_engine::sample::guide::Guide;
-use thorn_tools::grammar::{GuideSpec, calls_grammar, guide_spec};
-use thorn_tools::{ResponseFormat, ToolChoice, ToolError, ToolSet};
+use thorn_engine::tokenizer::{TokenId, Tokenizer};
+use thorn_tools::grammar::{GuideSpec, calls_grammar, guide_spec, resolve_controls};
+use thorn_tools::{ResponseFormat, ToolChoice, ToolError, ToolFormat, ToolSet};
 
 /// The tool-call grammars of a [`GrammarFactory`].
 pub trait ToolGrammars {
@@ -28,9 +29,24 @@ pub trait ToolGrammars {
     ) -> Result<Option<Guide>, GuideError>;
 }
 
+/// The control tokens of `format`'s syntax that the model's vocabulary has: a request decoded in that
+/// format shows them as text (`Request::shown_controls`), so its parser sees them.
+pub fn shown_controls(tok: &Tokenizer, format: ToolFormat) -> Vec<TokenId> {
+    format
+        .controls()
+        .iter()
+        .filter_map(|t| tok.control_id(t))
+        .collect()
+}
+
+/// The grammar with its control tokens resolved against the model's vocabulary.
+fn resolved<'a>(f: &GrammarFactory, lark: &'a str) -> std::borrow::Cow<'a, str> {
+    resolve_controls(lark, &|text| f.control_token(text))
+}
+
 impl ToolGrammars for GrammarFactory {
     fn tool_call(&self, tools: &ToolSet) -> Result<Constraint, GrammarError> {
-        self.lark(&calls_grammar(tools, None, false, None))
+        self.lark(&resolved(self, &calls_grammar(tools, None, false, None)))
     }
 
     fn check_tools(&self, tools: &ToolSet) -> Result<(), ToolGrammarError> {
@@ -39,7 +55,7 @@ impl ToolGrammars for GrammarFactory {
         }
         for t in tools.tools() {
             let one = calls_grammar(tools, Some(&t.name), false, None);
-            if let Err(e) = self.lark_uncached(&one) {
+            if let Err(e) = self.lark_uncached(&resolved(self, &one)) {
                 let msg = match e {
                     GrammarError::Compile(m) | GrammarError::Matcher(m) => m,
                 };
@@ -66,7 +82,7 @@ impl ToolGrammars for GrammarFactory {
             return Ok(None);
         };
         // One compile on the happy path; on failure, find the tool to blame (an answer has none).
-        let constraint = self.lark(&spec.lark).map_err(|e| {
+        let constraint = self.lark(&resolved(self, &spec.lark)).map_err(|e| {
             if spec.answer {
                 return ToolGrammarError::Grammar(e);
             }

@@ -8,4 +8,4 @@
 
 mod compile;
 
-pub use compile::{GuideError, ToolGrammarError, ToolGrammars};
+pub use compile::{GuideError, ToolGrammarError, ToolGrammars, shown_controls};

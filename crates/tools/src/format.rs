@@ -4,6 +4,7 @@
 //! the chat template ([`ToolFormat::detect`]) unless the operator names one (`--tool-format`).
 
 pub mod llama_json;
+pub mod mistral;
 pub mod qwen_xml;
 mod xml_stream;
 
@@ -25,12 +26,16 @@ pub enum ToolFormat {
     /// Llama 3.x's bare JSON objects, several separated by `; `:
     /// `{"name": "get_weather", "parameters": {"city": "Paris"}}`.
     Llama3Json,
+    /// Mistral's control token and a JSON array of calls (Mistral 7B v0.3, Nemo, Small 3.x, Devstral):
+    /// `[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]`.
+    Mistral,
 }
 
 impl ToolFormat {
     /// Every format, in the order [`ToolFormat::detect`] tries them.
-    pub const ALL: [ToolFormat; 3] = [
+    pub const ALL: [ToolFormat; 4] = [
         ToolFormat::QwenXml,
+        ToolFormat::Mistral,
         ToolFormat::Llama3Json,
         ToolFormat::Hermes,
     ];
@@ -41,6 +46,7 @@ impl ToolFormat {
             ToolFormat::Hermes => "hermes",
             ToolFormat::QwenXml => "qwen3_xml",
             ToolFormat::Llama3Json => "llama3_json",
+            ToolFormat::Mistral => "mistral",
         }
     }
 
@@ -63,6 +69,8 @@ impl ToolFormat {
     pub fn detect(template_source: &str) -> ToolFormat {
         if template_source.contains("<function=") && template_source.contains("<parameter=") {
             ToolFormat::QwenXml
+        } else if template_source.contains(mistral::OPEN) {
+            ToolFormat::Mistral
         } else if template_source.contains(llama_json::PYTHON_TAG) {
             ToolFormat::Llama3Json
         } else {
@@ -76,13 +84,31 @@ impl ToolFormat {
             ToolFormat::Hermes => crate::OPEN,
             ToolFormat::QwenXml => qwen_xml::OPEN,
             ToolFormat::Llama3Json => llama_json::TRIGGER,
+            ToolFormat::Mistral => mistral::OPEN,
+        }
+    }
+
+    /// The control tokens this format writes as part of its syntax: the output shows them as text (a
+    /// model without them writes the same text in ordinary tokens).
+    pub fn controls(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Llama3Json => &[],
+            ToolFormat::Mistral => &[mistral::OPEN],
+        }
+    }
+
+    /// A call id as this format's templates need it (Mistral's take nine letters and digits).
+    pub fn template_id(self, id: &str) -> String {
+        match self {
+            ToolFormat::Mistral => mistral::template_id(id),
+            _ => id.to_owned(),
         }
     }
 
     /// Checks that `tools` can be called in this format.
     pub fn check(self, tools: &ToolSet) -> Result<(), ToolError> {
         match self {
-            ToolFormat::Hermes | ToolFormat::Llama3Json => Ok(()),
+            ToolFormat::Hermes | ToolFormat::Llama3Json | ToolFormat::Mistral => Ok(()),
             ToolFormat::QwenXml => qwen_xml::check_names(tools),
         }
     }
@@ -102,6 +128,7 @@ impl ToolFormat {
             }
             ToolFormat::QwenXml => qwen_xml::calls_grammar(tools, only, parallel, answer),
             ToolFormat::Llama3Json => llama_json::calls_grammar(tools, only, parallel, answer),
+            ToolFormat::Mistral => mistral::calls_grammar(tools, only, parallel, answer),
         }
     }
 
@@ -115,6 +142,7 @@ impl ToolFormat {
             ToolFormat::Hermes => crate::parse_tool_calls(text),
             ToolFormat::QwenXml => qwen_xml::parse(tools, text),
             ToolFormat::Llama3Json => llama_json::parse(text),
+            ToolFormat::Mistral => mistral::parse(text),
         }
     }
 
@@ -124,6 +152,7 @@ impl ToolFormat {
             ToolFormat::Hermes => crate::complete_calls_prefix(text),
             ToolFormat::QwenXml => qwen_xml::complete_prefix(tools, text),
             ToolFormat::Llama3Json => llama_json::complete_prefix(text),
+            ToolFormat::Mistral => mistral::complete_prefix(text),
         }
     }
 
@@ -136,6 +165,7 @@ impl ToolFormat {
             }
             ToolFormat::QwenXml => qwen_xml::write_call(tools, name, arguments),
             ToolFormat::Llama3Json => llama_json::write_call(name, arguments),
+            ToolFormat::Mistral => mistral::write_call(name, arguments),
         }
     }
 
@@ -154,6 +184,11 @@ impl ToolFormat {
                  </function>\n</tool_call>"
             ),
             ToolFormat::Llama3Json => llama_json::instructions(list),
+            ToolFormat::Mistral => format!(
+                "You have access to the following tools:\n{list}\n\nTo call tools, reply only with {} followed by a JSON \
+                 array of calls: [{{\"name\": <function-name>, \"arguments\": <args-object>}}].",
+                mistral::OPEN
+            ),
         }
     }
 
@@ -162,7 +197,10 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes => FormatStreamer::Hermes(CallStreamer::default()),
             ToolFormat::QwenXml => FormatStreamer::QwenXml(XmlStreamer::new(tools)),
-            ToolFormat::Llama3Json => FormatStreamer::Hermes(CallStreamer::bare()),
+            // Every object written after the trigger is a call (the array's brackets and commas are not).
+            ToolFormat::Llama3Json | ToolFormat::Mistral => {
+                FormatStreamer::Hermes(CallStreamer::bare())
+            }
         }
     }
 }

@@ -70,6 +70,39 @@ pub fn guide_spec(
     }))
 }
 
+/// Marks a control token in a grammar (see [`control`]).
+const CONTROL_MARK: char = '\u{1}';
+
+/// A control token in a grammar, by its text (Mistral's `[TOOL_CALLS]`, harmony's `<|call|>`): written
+/// between two U+0001 marks, a form no string a grammar quotes can hold (JSON and Lark strings escape
+/// control characters), and resolved against the model's vocabulary by [`resolve_controls`].
+pub fn control(text: &str) -> String {
+    format!("{CONTROL_MARK}{text}{CONTROL_MARK}")
+}
+
+/// The grammar with its [`control`] tokens resolved: `<[ID]>` (that token and no spelling of its text)
+/// where `id_of` finds the text as a control token of the model's vocabulary, else the text itself as a
+/// literal (a model without the token writes it as text).
+pub fn resolve_controls<'a>(
+    lark: &'a str,
+    id_of: &dyn Fn(&str) -> Option<u32>,
+) -> std::borrow::Cow<'a, str> {
+    if !lark.contains(CONTROL_MARK) {
+        return lark.into();
+    }
+    let mut out = String::with_capacity(lark.len());
+    let mut parts = lark.split(CONTROL_MARK);
+    out.push_str(parts.next().unwrap_or_default());
+    while let Some(text) = parts.next() {
+        match id_of(text) {
+            Some(id) => out.push_str(&format!("<[{id}]>")),
+            None => out.push_str(&Value::from(text).to_string()),
+        }
+        out.push_str(parts.next().unwrap_or_default());
+    }
+    out.into()
+}
+
 /// The Lark grammar of an answer that must be one JSON value matching `schema`, with compact separators.
 /// Objects that list their properties admit only those (see [`close_objects`]).
 pub fn answer_grammar(schema: &Value) -> String {

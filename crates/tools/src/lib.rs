@@ -261,9 +261,18 @@ impl ToolSet {
     /// The conversation as a template that does not know tools must see it: the tool list appended to the
     /// system message (or a new one), each assistant tool call written out in the set's format after its
     /// content, and each tool result wrapped in `<tool_response>` tags. A template that knows tools gets
-    /// the messages unchanged (and the definitions as `tools`).
+    /// the messages unchanged (and the definitions as `tools`). Either way call ids take the form the
+    /// format's templates need ([`ToolFormat::template_id`]).
     pub fn messages_for(&self, template_knows_tools: bool, messages: &[Message]) -> Vec<Message> {
         let mut out = messages.to_vec();
+        for m in &mut out {
+            for c in &mut m.tool_calls {
+                c.id = self.format.template_id(&c.id);
+            }
+            if let Some(id) = &mut m.tool_call_id {
+                *id = self.format.template_id(id);
+            }
+        }
         if template_knows_tools {
             return out;
         }

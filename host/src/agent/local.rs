@@ -215,6 +215,7 @@ impl Agent {
             cancel: Some(Arc::clone(cancel)),
             speculate: turn.speculation,
             think_budget,
+            shown_controls: thorn_guide::shown_controls(&self.model.tokenizer, tools.format()),
             ..Request::greedy(prompt, turn.max_tokens)
         };
         if copying {

@@ -141,6 +141,7 @@ impl<'g> Decoder<'g> {
                 (b, s)
             });
         let history = std::mem::take(&mut req.prompt);
+        let detok = DetokState::showing(&req.shown_controls);
         let prompt_len = history.len();
         let limit = req.max_tokens.min(context.saturating_sub(prompt_len));
         let mut d = Decoder {
@@ -156,7 +157,7 @@ impl<'g> Decoder<'g> {
             stop: StopBuffer::new(stops),
             prose: String::new(),
             gen_bytes: Vec::new(),
-            detok: DetokState::new(false),
+            detok,
             delta: String::new(),
             finish: None,
             limit,
@@ -493,7 +494,7 @@ impl<'g> Decoder<'g> {
         if eog {
             return Ok(Some(FinishReason::Stop));
         }
-        if self.trigger.is_some() && !tok.is_control(t) {
+        if self.trigger.is_some() && (!tok.is_control(t) || self.req.shown_controls.contains(&t)) {
             self.gen_bytes.extend_from_slice(tok.token_bytes(t));
         }
         self.delta.clear();
@@ -516,7 +517,7 @@ impl<'g> Decoder<'g> {
         let tail = trigger_tail(&self.gen_bytes, trig.as_bytes());
         let kept = std::str::from_utf8(tail)
             .ok()
-            .map(|x| tok.encode(x, false))
+            .map(|x| tok.encode_showing(x, &self.req.shown_controls))
             .transpose()?
             .map(|toks| g.activate(&toks, tok))
             .transpose()?
@@ -537,7 +538,7 @@ impl<'g> Decoder<'g> {
                         "cannot re-spell the token that completed the trigger {trig:?}"
                     ))
                 })?;
-            let respelled = tok.encode(head, false)?;
+            let respelled = tok.encode_showing(head, &self.req.shown_controls)?;
             self.tokens.pop();
             self.history.pop();
             self.sampled.pop();
@@ -546,7 +547,7 @@ impl<'g> Decoder<'g> {
             self.sampled
                 .extend(respelled.iter().map(|&x| forced_sample(x)));
             self.pending.extend_from_slice(&respelled);
-            let trig_toks = tok.encode(&trig, false)?;
+            let trig_toks = tok.encode_showing(&trig, &self.req.shown_controls)?;
             if !g.activate(&trig_toks, tok)? {
                 return Err(GrammarError::Matcher(format!(
                     "the grammar does not start with its trigger {trig:?}"
@@ -555,7 +556,7 @@ impl<'g> Decoder<'g> {
             }
             self.stop.push(&trig, on_text);
         }
-        self.detok = DetokState::new(false);
+        self.detok = DetokState::showing(&self.req.shown_controls);
         // What the grammar forces right after the trigger joins this step.
         g.take_forced(
             self.limit.saturating_sub(self.tokens.len()),
@@ -602,3 +603,6 @@ fn trigger_tail<'a>(bytes: &'a [u8], trigger: &[u8]) -> &'a [u8] {
         .unwrap_or(bytes.len().saturating_sub(trigger.len()));
     &bytes[at..]
 }
+
+#[cfg(test)]
+mod tests;

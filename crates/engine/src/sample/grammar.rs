@@ -100,6 +100,7 @@ const CACHE_ENTRIES: usize = 64;
 #[derive(Clone)]
 pub struct GrammarFactory {
     factory: Arc<ParserFactory>,
+    tok: Arc<Tokenizer>,
     cache: Arc<std::sync::Mutex<std::collections::HashMap<String, Constraint>>>,
 }
 
@@ -132,12 +133,16 @@ impl GrammarFactory {
         let mut info = TokRxInfo::new(n as u32, eos);
         info.tok_bos = tok.bos();
         let trie = TokTrie::from(&info, &words);
-        let env: TokEnv = Arc::new(Env { trie, tok });
+        let env: TokEnv = Arc::new(Env {
+            trie,
+            tok: Arc::clone(&tok),
+        });
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Compile(e.to_string()))?;
         factory.quiet();
         Ok(GrammarFactory {
             factory: Arc::new(factory),
+            tok,
             cache: Arc::default(),
         })
     }
@@ -178,6 +183,12 @@ impl GrammarFactory {
         }
         cache.insert(src.to_owned(), c.fork());
         Ok(c)
+    }
+
+    /// The control token whose text is `text`, if the model's vocabulary has one (a grammar names it as
+    /// `<[ID]>`).
+    pub fn control_token(&self, text: &str) -> Option<TokenId> {
+        self.tok.control_id(text)
     }
 
     /// Grammars in the compile cache.

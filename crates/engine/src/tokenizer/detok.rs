@@ -43,6 +43,8 @@ impl<'t> Detokenizer<'t> {
 #[derive(Debug, Default, Clone)]
 pub struct DetokState {
     render_special: bool,
+    /// Control tokens rendered even without `render_special`.
+    shown: Vec<TokenId>,
     pending: Vec<u8>,
 }
 
@@ -51,13 +53,22 @@ impl DetokState {
     pub fn new(render_special: bool) -> Self {
         DetokState {
             render_special,
+            shown: Vec::new(),
             pending: Vec::with_capacity(8),
+        }
+    }
+
+    /// A fresh stream that renders only the control tokens in `shown` as text.
+    pub fn showing(shown: &[TokenId]) -> Self {
+        DetokState {
+            shown: shown.to_vec(),
+            ..DetokState::new(false)
         }
     }
 
     /// [`Detokenizer::push`] with `tok` as the tokenizer.
     pub fn push(&mut self, tok: &Tokenizer, id: TokenId, out: &mut String) -> usize {
-        if !self.render_special && tok.is_control(id) {
+        if !self.render_special && tok.is_control(id) && !self.shown.contains(&id) {
             return 0;
         }
         self.pending.extend_from_slice(tok.token_bytes(id));

@@ -35,15 +35,49 @@ fn weather_tools(format: ToolFormat) -> ToolSet {
 
 /// Whether `text` is in the language of the Lark grammar `lark` (the whole of it, token by byte).
 fn accepts(lark: &str, text: &str) -> bool {
+    accepts_with(lark, text, &[])
+}
+
+/// [`accepts`] over a byte-level vocabulary that also has `controls` as control tokens (ids 256 on): the
+/// grammar's control tokens resolve to them, and their texts in `text` are those tokens.
+fn accepts_with(lark: &str, text: &str, controls: &[&str]) -> bool {
     use llguidance::api::TopLevelGrammar;
     use llguidance::{Matcher, ParserFactory};
-    let env = toktrie::ApproximateTokEnv::single_byte_env();
+    use toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+    let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    for c in controls {
+        words.push([&[TokTrie::SPECIAL_TOKEN_MARKER], c.as_bytes()].concat());
+    }
+    words.push(b"\xFF<eos>".to_vec());
+    let info = TokRxInfo::new(words.len() as u32, words.len() as u32 - 1);
+    let env: TokEnv = std::sync::Arc::new(ApproximateTokEnv::new(TokTrie::from(&info, &words)));
+    let id_of = |t: &str| {
+        controls
+            .iter()
+            .position(|c| *c == t)
+            .map(|i| 256 + i as u32)
+    };
+    let lark = crate::grammar::resolve_controls(lark, &id_of);
     let factory = ParserFactory::new_simple(&env).expect("a factory");
     let parser = factory
-        .create_parser(TopLevelGrammar::from_lark(lark.to_owned()))
+        .create_parser(TopLevelGrammar::from_lark(lark.clone().into_owned()))
         .unwrap_or_else(|e| panic!("the grammar compiles: {e}\n{lark}"));
     let mut m = Matcher::new(Ok(parser));
-    let tokens = env.tokenize_bytes(text.as_bytes());
+    let mut tokens = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        match controls.iter().position(|c| rest.starts_with(c)) {
+            Some(i) => {
+                tokens.push(256 + i as u32);
+                rest = &rest[controls[i].len()..];
+            }
+            None => {
+                let n = rest.chars().next().map_or(1, char::len_utf8);
+                tokens.extend(env.tokenize_bytes(&rest.as_bytes()[..n]));
+                rest = &rest[n..];
+            }
+        }
+    }
     match m.try_consume_tokens(&tokens) {
         Ok(n) if n == tokens.len() => m.is_accepting().unwrap_or(false),
         _ => false,
@@ -455,6 +489,8 @@ fn tool_format_hermes_is_the_json_protocol_through_the_same_interface() {
             .contains("<function=example_function_name>")
     );
 }
+
+mod mistral;
 
 mod props {
     use super::*;

@@ -1,0 +1,188 @@
+//! Mistral's tool calls (Mistral 7B v0.3, Nemo, Small 3.x, Devstral): the control token `[TOOL_CALLS]`
+//! and a JSON array of call objects, each with its arguments under `"arguments"`:
+//!
+//! ```text
+//! [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]
+//! ```
+//!
+//! Parallel calls are more objects in the same array. The templates write past calls back with an `"id"`
+//! of exactly nine letters and digits (Nemo refuses any other), so the ids a conversation carries are
+//! given a nine-character form when it is rendered ([`template_id`]).
+
+use super::{ParsedCall, ToolError, ToolSet};
+use crate::grammar::{call_schema, control, json_body};
+use serde_json::{Value, json};
+use std::fmt::Write as _;
+
+/// The control token that starts the calls (and the tool-choice `auto` trigger).
+pub const OPEN: &str = "[TOOL_CALLS]";
+
+/// The Lark grammar of the calls: `[TOOL_CALLS]` and an array of one call object (with `parallel`, one or
+/// more), with `answer` (a JSON schema) as the alternative.
+pub fn calls_grammar(
+    tools: &ToolSet,
+    only: Option<&str>,
+    parallel: bool,
+    answer: Option<&Value>,
+) -> String {
+    let mut g = String::new();
+    match answer {
+        Some(a) => {
+            g.push_str("start: answer | calls\n");
+            let _ = writeln!(g, "answer: %json {}", json_body(a));
+        }
+        None => g.push_str("start: calls\n"),
+    }
+    let more = if parallel { " (\", \" call)*" } else { "" };
+    // Nemo's template writes `[TOOL_CALLS][`, Small 3's `[TOOL_CALLS] [`.
+    let _ = writeln!(g, "calls: {} \" \"? \"[\" call{more} \"]\"", control(OPEN));
+    let _ = writeln!(g, "call: %json {}", json_body(&call_schema(tools, only)));
+    g
+}
+
+/// The prose before the calls and the calls: after each `[TOOL_CALLS]`, an array of call objects (or one
+/// bare object). A last array cut short after a complete object still gives that object (see
+/// [`complete_prefix`]).
+pub fn parse(text: &str) -> Result<(String, Vec<ParsedCall>), ToolError> {
+    let Some(start) = text.find(OPEN) else {
+        return Ok((text.trim().to_owned(), Vec::new()));
+    };
+    let prose = text[..start].trim().to_owned();
+    let mut calls = Vec::new();
+    let mut rest = &text[start..];
+    while let Some(r) = rest.strip_prefix(OPEN) {
+        let (objects, after) = read_calls(r.trim_start())?;
+        calls.extend(objects);
+        rest = after.trim_start();
+    }
+    if !rest.is_empty() {
+        return Err(ToolError::Malformed(format!(
+            "text after the mistral calls: {:?}",
+            &rest[..rest.floor_char_boundary(40)]
+        )));
+    }
+    Ok((prose, calls))
+}
+
+/// The calls of one `[TOOL_CALLS]` section and the text after it.
+fn read_calls(text: &str) -> Result<(Vec<ParsedCall>, &str), ToolError> {
+    let malformed = |e: &dyn std::fmt::Display| ToolError::Malformed(format!("mistral call: {e}"));
+    if text.starts_with('{') {
+        let (v, end) = first_value(text).map_err(|e| malformed(&e))?;
+        return Ok((vec![call_of(v)?], &text[end..]));
+    }
+    let Some(mut rest) = text.strip_prefix('[') else {
+        return Err(malformed(&"no array of calls after [TOOL_CALLS]"));
+    };
+    let mut calls = Vec::new();
+    loop {
+        rest = rest.trim_start();
+        if let Some(r) = rest.strip_prefix(']') {
+            return Ok((calls, r));
+        }
+        if rest.is_empty() && !calls.is_empty() {
+            // Cut short after a complete call (the closing bracket never came).
+            return Ok((calls, rest));
+        }
+        let (v, end) = first_value(rest).map_err(|e| malformed(&e))?;
+        calls.push(call_of(v)?);
+        rest = rest[end..].trim_start();
+        if let Some(r) = rest.strip_prefix(',') {
+            rest = r;
+        } else if !rest.starts_with(']') && !rest.is_empty() {
+            return Err(malformed(&"calls not separated by \",\""));
+        }
+    }
+}
+
+/// The first JSON value of `text` and where it ends.
+fn first_value(text: &str) -> Result<(Value, usize), String> {
+    let mut values = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+    match values.next() {
+        Some(Ok(v)) => Ok((v, values.byte_offset())),
+        Some(Err(e)) => Err(e.to_string()),
+        None => Err("no call object".into()),
+    }
+}
+
+fn call_of(v: Value) -> Result<ParsedCall, ToolError> {
+    let name = v["name"]
+        .as_str()
+        .ok_or_else(|| ToolError::Malformed(format!("no string \"name\" in {v}")))?
+        .to_owned();
+    let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
+        None => json!({}),
+        Some(Value::String(s)) => serde_json::from_str(s)
+            .map_err(|e| ToolError::Malformed(format!("arguments string is not JSON: {e}")))?,
+        Some(a) => a.clone(),
+    };
+    if !arguments.is_object() {
+        return Err(ToolError::Malformed(format!(
+            "arguments of {name:?} are not a JSON object"
+        )));
+    }
+    Ok(ParsedCall { name, arguments })
+}
+
+/// The text up to the end of the last complete call (a partial `[TOOL_CALLS]` is not prose either).
+pub fn complete_prefix(text: &str) -> &str {
+    let Some(start) = text.find(OPEN) else {
+        return (1..OPEN.len())
+            .rev()
+            .find(|&k| text.ends_with(&OPEN[..k]))
+            .map_or(text, |k| &text[..text.len() - k]);
+    };
+    let mut good = start;
+    let mut at = start;
+    while let Some(r) = text[at..].strip_prefix(OPEN) {
+        let mut rest = r.trim_start();
+        let Some(r) = rest.strip_prefix('[') else {
+            return &text[..good];
+        };
+        rest = r;
+        loop {
+            rest = rest.trim_start();
+            if let Some(r) = rest.strip_prefix(']') {
+                good = text.len() - r.len();
+                at = text.len() - r.trim_start().len();
+                break;
+            }
+            match first_value(rest) {
+                Ok((v, end)) if call_of(v.clone()).is_ok() => {
+                    good = text.len() - rest.len() + end;
+                    rest = rest[end..].trim_start();
+                    rest = rest.strip_prefix(',').unwrap_or(rest);
+                }
+                _ => return &text[..good],
+            }
+        }
+    }
+    &text[..good]
+}
+
+/// One call's text in this format.
+pub fn write_call(name: &str, arguments: &Value) -> String {
+    format!("{OPEN}{}", json!([{"name": name, "arguments": arguments}]))
+}
+
+/// A call id as Mistral's templates require it: nine letters and digits. An id that already is one stays;
+/// any other is given one derived from it (the same id always gives the same form, so a conversation's
+/// prompt stays a prefix of the next round's).
+pub fn template_id(id: &str) -> String {
+    if id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return id.to_owned();
+    }
+    // FNV-1a over the id, written in base 62.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    const DIGITS: &[u8; 62] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    (0..9)
+        .map(|_| {
+            let d = DIGITS[(h % 62) as usize] as char;
+            h /= 62;
+            d
+        })
+        .collect()
+}
