@@ -249,8 +249,9 @@ pub struct ToolFormatArgs {
     /// The tool-call format the model writes: `auto` (detected from its chat template), `hermes`
     /// (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`), `qwen3_xml` (Qwen3's
     /// `<function=NAME><parameter=KEY>` blocks), `llama3_json` (Llama 3's bare `{"name": ...,
-    /// "parameters": ...}`) or `mistral` (`[TOOL_CALLS][{"name": ..., "arguments": ...}]`). The grammar,
-    /// the parser and the streamed deltas follow it.
+    /// "parameters": ...}`), `mistral` (`[TOOL_CALLS][{"name": ..., "arguments": ...}]`) or `harmony`
+    /// (gpt-oss's messages on channels: `to=functions.NAME ... <|message|>{...}`). The grammar, the parser,
+    /// the streamed deltas and where reasoning is read follow it.
     #[arg(long, env = "THORN_TOOL_FORMAT", default_value = "auto", value_parser = parse_tool_format)]
     pub tool_format: ToolFormatChoice,
 }

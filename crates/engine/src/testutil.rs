@@ -182,3 +182,40 @@ fn llama_gguf(shape: LlamaShape, ty: GgmlType, seed: Option<u64>) -> crate::gguf
     }
     crate::gguf::Gguf::from_bytes(b.build()).expect("a well-formed skeleton")
 }
+
+/// The repository's tiny byte-level tokenizer (256 tokens, from tests/data/qwen35-tiny) in a GGUF of its
+/// own, with `controls` appended as control tokens (ids 256 on; the last is the end-of-sequence token).
+pub(crate) fn tokenizer_with(controls: &[&str]) -> std::sync::Arc<crate::gguf::Gguf> {
+    use crate::gguf::{Array, Gguf, GgufBuilder, Value};
+    let base = Gguf::open(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/data/qwen35-tiny/model.gguf"),
+    )
+    .expect("the tiny test model");
+    let mut tokens = base
+        .get_str_array("tokenizer.ggml.tokens")
+        .unwrap()
+        .to_vec();
+    let mut kinds = base
+        .get_i32_array("tokenizer.ggml.token_type")
+        .unwrap()
+        .to_vec();
+    for c in controls {
+        tokens.push((*c).to_owned());
+        kinds.push(3); // control
+    }
+    let merges = base
+        .get_str_array("tokenizer.ggml.merges")
+        .unwrap()
+        .to_vec();
+    let eos = tokens.len() as u32 - 1;
+    let b = GgufBuilder::new()
+        .kv("general.architecture", Value::String("llama".into()))
+        .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .kv("tokenizer.ggml.pre", Value::String("qwen2".into()))
+        .kv("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))
+        .kv("tokenizer.ggml.token_type", Value::Array(Array::I32(kinds)))
+        .kv("tokenizer.ggml.merges", Value::Array(Array::String(merges)))
+        .kv("tokenizer.ggml.eos_token_id", Value::U32(eos));
+    std::sync::Arc::new(Gguf::from_bytes(b.build()).expect("a well-formed tokenizer"))
+}

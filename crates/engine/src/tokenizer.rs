@@ -116,7 +116,12 @@ const EOG_TEXTS: &[&str] = &[
     "<|end|>",
     "<end_of_turn>",
     "<|eom_id|>",
+    "<|return|>",
+    "<|call|>",
 ];
+
+/// Harmony's turn ends (gpt-oss): with them in the vocabulary `<|end|>` ends a message, not the turn.
+const HARMONY_TURN_ENDS: [&str; 2] = ["<|return|>", "<|call|>"];
 
 /// Pre-tokenizers with their own split regex (as in the models' `tokenizer.json`).
 const REGEX_PRE: &[(&str, &str)] = &[
@@ -182,6 +187,12 @@ impl Tokenizer {
             {
                 t.eog.push(i as TokenId);
             }
+        }
+        if HARMONY_TURN_ENDS.iter().all(|e| t.control_id(e).is_some())
+            && let Some(end) = t.control_id("<|end|>")
+            && Some(end) != t.eos
+        {
+            t.eog.retain(|&i| i != end);
         }
         t.eog.sort_unstable();
         Ok(t)

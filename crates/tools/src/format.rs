@@ -3,6 +3,7 @@
 //! prompt). A [`ToolSet`] carries the format its model writes ([`ToolSet::with_format`]); detected from
 //! the chat template ([`ToolFormat::detect`]) unless the operator names one (`--tool-format`).
 
+pub mod harmony;
 pub mod llama_json;
 pub mod mistral;
 pub mod qwen_xml;
@@ -29,11 +30,16 @@ pub enum ToolFormat {
     /// Mistral's control token and a JSON array of calls (Mistral 7B v0.3, Nemo, Small 3.x, Devstral):
     /// `[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]`.
     Mistral,
+    /// OpenAI's harmony messages (gpt-oss): a call is a message to its recipient on the commentary
+    /// channel, `<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":
+    /// "Paris"}<|call|>`; reasoning is the analysis channel, the answer the final one.
+    Harmony,
 }
 
 impl ToolFormat {
     /// Every format, in the order [`ToolFormat::detect`] tries them.
-    pub const ALL: [ToolFormat; 4] = [
+    pub const ALL: [ToolFormat; 5] = [
+        ToolFormat::Harmony,
         ToolFormat::QwenXml,
         ToolFormat::Mistral,
         ToolFormat::Llama3Json,
@@ -47,6 +53,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => "qwen3_xml",
             ToolFormat::Llama3Json => "llama3_json",
             ToolFormat::Mistral => "mistral",
+            ToolFormat::Harmony => "harmony",
         }
     }
 
@@ -67,7 +74,10 @@ impl ToolFormat {
     /// The format a chat template's own tool calls are written in (as llama.cpp tells them apart: by what
     /// the template writes for an assistant's calls), Hermes when it shows none.
     pub fn detect(template_source: &str) -> ToolFormat {
-        if template_source.contains("<function=") && template_source.contains("<parameter=") {
+        if template_source.contains(harmony::CHANNEL) && template_source.contains(harmony::CALL) {
+            ToolFormat::Harmony
+        } else if template_source.contains("<function=") && template_source.contains("<parameter=")
+        {
             ToolFormat::QwenXml
         } else if template_source.contains(mistral::OPEN) {
             ToolFormat::Mistral
@@ -85,6 +95,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => qwen_xml::OPEN,
             ToolFormat::Llama3Json => llama_json::TRIGGER,
             ToolFormat::Mistral => mistral::OPEN,
+            ToolFormat::Harmony => harmony::TRIGGER,
         }
     }
 
@@ -94,7 +105,31 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Llama3Json => &[],
             ToolFormat::Mistral => &[mistral::OPEN],
+            ToolFormat::Harmony => &harmony::CONTROLS,
         }
+    }
+
+    /// How the model's reasoning is marked in its output: harmony's analysis channel, `<think>` for the
+    /// rest.
+    pub fn reasoning(self) -> ReasoningTags {
+        match self {
+            ToolFormat::Harmony => ReasoningTags {
+                open: harmony::THINK_OPEN,
+                close: harmony::END,
+                closing: harmony::CLOSE_ANALYSIS,
+            },
+            _ => ReasoningTags {
+                open: "<think>",
+                close: "</think>",
+                closing: "\n</think>\n\n",
+            },
+        }
+    }
+
+    /// Whether the output is messages on channels (harmony), which [`harmony::HarmonyStreamer`] splits
+    /// into reasoning, answer text and calls.
+    pub fn has_channels(self) -> bool {
+        self == ToolFormat::Harmony
     }
 
     /// A call id as this format's templates need it (Mistral's take nine letters and digits).
@@ -108,7 +143,10 @@ impl ToolFormat {
     /// Checks that `tools` can be called in this format.
     pub fn check(self, tools: &ToolSet) -> Result<(), ToolError> {
         match self {
-            ToolFormat::Hermes | ToolFormat::Llama3Json | ToolFormat::Mistral => Ok(()),
+            ToolFormat::Hermes
+            | ToolFormat::Llama3Json
+            | ToolFormat::Mistral
+            | ToolFormat::Harmony => Ok(()),
             ToolFormat::QwenXml => qwen_xml::check_names(tools),
         }
     }
@@ -129,6 +167,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => qwen_xml::calls_grammar(tools, only, parallel, answer),
             ToolFormat::Llama3Json => llama_json::calls_grammar(tools, only, parallel, answer),
             ToolFormat::Mistral => mistral::calls_grammar(tools, only, parallel, answer),
+            ToolFormat::Harmony => harmony::calls_grammar(tools, only, parallel, answer),
         }
     }
 
@@ -143,6 +182,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => qwen_xml::parse(tools, text),
             ToolFormat::Llama3Json => llama_json::parse(text),
             ToolFormat::Mistral => mistral::parse(text),
+            ToolFormat::Harmony => harmony::parse(text),
         }
     }
 
@@ -153,6 +193,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => qwen_xml::complete_prefix(tools, text),
             ToolFormat::Llama3Json => llama_json::complete_prefix(text),
             ToolFormat::Mistral => mistral::complete_prefix(text),
+            ToolFormat::Harmony => harmony::complete_prefix(text),
         }
     }
 
@@ -166,6 +207,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => qwen_xml::write_call(tools, name, arguments),
             ToolFormat::Llama3Json => llama_json::write_call(name, arguments),
             ToolFormat::Mistral => mistral::write_call(name, arguments),
+            ToolFormat::Harmony => harmony::write_call(name, arguments),
         }
     }
 
@@ -189,6 +231,7 @@ impl ToolFormat {
                  array of calls: [{{\"name\": <function-name>, \"arguments\": <args-object>}}].",
                 mistral::OPEN
             ),
+            ToolFormat::Harmony => harmony::instructions(list),
         }
     }
 
@@ -198,11 +241,22 @@ impl ToolFormat {
             ToolFormat::Hermes => FormatStreamer::Hermes(CallStreamer::default()),
             ToolFormat::QwenXml => FormatStreamer::QwenXml(XmlStreamer::new(tools)),
             // Every object written after the trigger is a call (the array's brackets and commas are not).
-            ToolFormat::Llama3Json | ToolFormat::Mistral => {
+            ToolFormat::Llama3Json | ToolFormat::Mistral | ToolFormat::Harmony => {
                 FormatStreamer::Hermes(CallStreamer::bare())
             }
         }
     }
+}
+
+/// Where a model's reasoning starts and ends in its output (see [`ToolFormat::reasoning`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningTags {
+    /// What opens it.
+    pub open: &'static str,
+    /// What closes it.
+    pub close: &'static str,
+    /// The text the engine writes to close it when a reasoning budget is spent (control tokens as text).
+    pub closing: &'static str,
 }
 
 impl std::fmt::Display for ToolFormat {

@@ -25,7 +25,7 @@ mod stream;
 pub mod usage;
 
 pub use choice::{ResponseFormat, ToolChoice};
-pub use format::{FormatStreamer, ToolFormat};
+pub use format::{FormatStreamer, ReasoningTags, ToolFormat};
 pub use grammar::{GuideSpec, guide_spec};
 pub use parse::{CLOSE, OPEN, ParsedCall, complete_calls_prefix, parse_tool_calls};
 pub use route::{Ranked, RouteConfig, RouteDoc, Router};

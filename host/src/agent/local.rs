@@ -12,9 +12,7 @@ use thorn_tools::chat::Message;
 use thorn_tools::{CallDelta, ToolChoice, ToolSet, call_id};
 use tokio::sync::mpsc;
 
-use super::split::{
-    Counters, RoundCalls, Split, Splitter, Streamed, THINK_CLOSE, THINK_OPEN, answer_part,
-};
+use super::split::{Counters, RoundCalls, Split, Splitter, Streamed, THINK_OPEN, answer_part};
 use super::{Agent, AgentError, Event, Outcome, RoundCtx, RoundResult, Served, StreamedCalls};
 use super::{TokenLogprob, Turn, Usage};
 
@@ -189,17 +187,18 @@ impl Agent {
         on: &mut (dyn FnMut(Piece<'_>) + Send),
     ) -> Result<(Generation, Vec<TokenLogprob>), AgentError> {
         // A think block the prompt opened (or the output opens) is closed when the budget is spent.
-        let opened = matches!(&prompt, PromptText::Chat(t) if t.trim_end().ends_with(THINK_OPEN));
+        let tags = tools.format().reasoning();
+        let opened = matches!(&prompt, PromptText::Chat(t) if t.trim_end().ends_with(tags.open));
         let think_budget = match turn.reasoning_budget.or(self.reasoning_budget) {
             Some(tokens) => Some(ThinkBudget {
                 tokens,
                 opened,
-                open: THINK_OPEN.into(),
-                close: THINK_CLOSE.into(),
+                open: tags.open.into(),
+                close: tags.close.into(),
                 close_tokens: self
                     .model
                     .tokenizer
-                    .encode(&format!("\n{THINK_CLOSE}\n\n"), true)
+                    .encode(tags.closing, true)
                     .map_err(EngineError::from)?,
             }),
             None => None,

@@ -2,6 +2,7 @@
 //! deltas as it streams, and the record of the calls streamed that the validated reply is checked against.
 
 use thorn_tools::chat::ToolCall;
+use thorn_tools::format::harmony::{HarmonyStreamer, Part};
 use thorn_tools::{CallDelta, FormatStreamer, ToolSet};
 
 use super::StreamedCalls;
@@ -68,6 +69,8 @@ pub(super) struct Splitter {
     think: Think,
     /// Reasoning (or the output's start) held back: it may be the start of a tag.
     think_held: String,
+    /// A format whose output is messages on channels (harmony) has its own lexer for all of it.
+    channels: Option<HarmonyStreamer>,
 }
 
 impl Splitter {
@@ -81,10 +84,15 @@ impl Splitter {
             open: tools.format().trigger(),
             think: if opened { Think::Inside } else { Think::Maybe },
             think_held: String::new(),
+            channels: tools.format().has_channels().then(HarmonyStreamer::new),
         }
     }
 
     pub(super) fn push(&mut self, text: &str, active: bool, out: &mut dyn FnMut(Split)) {
+        if let Some(ch) = &mut self.channels {
+            ch.push(text, &mut |p| channel_part(p, active, out));
+            return;
+        }
         if self.think != Think::Off {
             let Some(rest) = self.reason(text, out) else {
                 return;
@@ -163,6 +171,11 @@ impl Splitter {
     }
 
     pub(super) fn finish(&mut self, out: &mut dyn FnMut(Split)) {
+        if let Some(ch) = &mut self.channels {
+            // Whether calls were possible no longer matters: a cut-short call is not streamed on.
+            ch.finish(&mut |p| channel_part(p, true, out));
+            return;
+        }
         match self.think {
             // Output shorter than the tag: it was answer text.
             Think::Maybe if !self.think_held.is_empty() => {
@@ -182,6 +195,17 @@ impl Splitter {
         self.in_calls = false;
         self.think = Think::Maybe;
         self.think_held.clear();
+    }
+}
+
+/// A channel lexer's part as the splitter's (a call when calls are not possible is dropped: no guide made
+/// it and no reply will carry it).
+fn channel_part(p: Part, calls: bool, out: &mut dyn FnMut(Split)) {
+    match p {
+        Part::Reasoning(r) => out(Split::Reasoning(r)),
+        Part::Content(c) => out(Split::Content(c)),
+        Part::Call(d) if calls => out(Split::Call(d)),
+        Part::Call(_) => {}
     }
 }
 
@@ -344,6 +368,34 @@ mod tests {
             answer_part("plain </think> text", false),
             "plain </think> text"
         );
+    }
+
+    #[test]
+    fn a_harmony_splitter_reads_channels_and_drops_calls_it_cannot_make() {
+        let tools = ToolSet::default()
+            .with_format(thorn_tools::ToolFormat::Harmony)
+            .unwrap();
+        let run = |active: bool| {
+            let mut s = Splitter::new(false, &tools);
+            let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), 0);
+            let mut take = |p: Split| match p {
+                Split::Content(t) => content.push_str(&t),
+                Split::Reasoning(t) => reasoning.push_str(&t),
+                Split::Call(CallDelta::Begin { .. }) => calls += 1,
+                Split::Call(_) => {}
+            };
+            for p in [
+                "<|channel|>analysis<|mess",
+                "age|>Think <b>.<|end|><|start|>assistant<|channel|>final<|message|>Hi",
+                " there.<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}",
+            ] {
+                s.push(p, active, &mut take);
+            }
+            s.finish(&mut take);
+            (content, reasoning, calls)
+        };
+        assert_eq!(run(true), ("Hi there.".into(), "Think <b>.".into(), 1));
+        assert_eq!(run(false).2, 0, "no calls where none can be made");
     }
 
     #[test]

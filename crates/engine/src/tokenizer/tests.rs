@@ -162,3 +162,19 @@ fn the_data_mark_itself_round_trips() {
         vec![0, 258, 1]
     );
 }
+
+#[test]
+fn harmony_ends_its_turns_with_return_and_call_not_end() {
+    use crate::testutil::tokenizer_with;
+    // gpt-oss: `<|end|>` closes a message (reasoning, then the answer follows); the turn ends at
+    // `<|return|>` or `<|call|>`.
+    let g = tokenizer_with(&["<|start|>", "<|end|>", "<|return|>", "<|call|>"]);
+    let t = Tokenizer::from_gguf(&g).unwrap();
+    let id = |s: &str| t.control_id(s).unwrap();
+    assert!(t.is_eog(id("<|return|>")) && t.is_eog(id("<|call|>")));
+    assert!(!t.is_eog(id("<|end|>")) && !t.is_eog(id("<|start|>")));
+    // Elsewhere (Phi-3), `<|end|>` ends the turn.
+    let g = tokenizer_with(&["<|end|>", "<|endoftext|>"]);
+    let t = Tokenizer::from_gguf(&g).unwrap();
+    assert!(t.is_eog(t.control_id("<|end|>").unwrap()));
+}

@@ -4,48 +4,12 @@
 
 use crate::backend::Device;
 use crate::engine::{Engine, EngineConfig, Request};
-use crate::gguf::{Array, Gguf, GgufBuilder, Value};
 use crate::model::{Model, llama::Llama};
 use crate::quant::GgmlType;
 use crate::sample::guide::Guide;
 use crate::spec::SpecConfig;
-use crate::testutil::{LlamaShape, random_llama};
+use crate::testutil::{LlamaShape, random_llama, tokenizer_with};
 use std::sync::Arc;
-
-/// The repository's tiny byte-level tokenizer (256 tokens) with `controls` appended as control tokens.
-fn tokenizer_with(controls: &[&str]) -> Arc<Gguf> {
-    let base = Gguf::open(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/data/qwen35-tiny/model.gguf"),
-    )
-    .unwrap();
-    let mut tokens = base
-        .get_str_array("tokenizer.ggml.tokens")
-        .unwrap()
-        .to_vec();
-    let mut kinds = base
-        .get_i32_array("tokenizer.ggml.token_type")
-        .unwrap()
-        .to_vec();
-    for c in controls {
-        tokens.push((*c).to_owned());
-        kinds.push(3); // control
-    }
-    let merges = base
-        .get_str_array("tokenizer.ggml.merges")
-        .unwrap()
-        .to_vec();
-    let eos = tokens.len() as u32 - 1;
-    let b = GgufBuilder::new()
-        .kv("general.architecture", Value::String("llama".into()))
-        .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
-        .kv("tokenizer.ggml.pre", Value::String("qwen2".into()))
-        .kv("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))
-        .kv("tokenizer.ggml.token_type", Value::Array(Array::I32(kinds)))
-        .kv("tokenizer.ggml.merges", Value::Array(Array::String(merges)))
-        .kv("tokenizer.ggml.eos_token_id", Value::U32(eos));
-    Arc::new(Gguf::from_bytes(b.build()).unwrap())
-}
 
 /// A random 2-layer Llama over [`tokenizer_with`]`(["[TOOL_CALLS]", "</s>"])`: `[TOOL_CALLS]` is token
 /// 256, the end of generation 257.
