@@ -30,6 +30,9 @@ pub enum ToolFormat {
     /// Mistral's control token and a JSON array of calls (Mistral 7B v0.3, Nemo, Small 3.x, Devstral):
     /// `[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]`.
     Mistral,
+    /// Mistral's newer form (Small 3.2, Devstral, Magistral), a control token between name and arguments:
+    /// `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`.
+    MistralArgs,
     /// OpenAI's harmony messages (gpt-oss): a call is a message to its recipient on the commentary
     /// channel, `<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":
     /// "Paris"}<|call|>`; reasoning is the analysis channel, the answer the final one.
@@ -38,9 +41,10 @@ pub enum ToolFormat {
 
 impl ToolFormat {
     /// Every format, in the order [`ToolFormat::detect`] tries them.
-    pub const ALL: [ToolFormat; 5] = [
+    pub const ALL: [ToolFormat; 6] = [
         ToolFormat::Harmony,
         ToolFormat::QwenXml,
+        ToolFormat::MistralArgs,
         ToolFormat::Mistral,
         ToolFormat::Llama3Json,
         ToolFormat::Hermes,
@@ -53,6 +57,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => "qwen3_xml",
             ToolFormat::Llama3Json => "llama3_json",
             ToolFormat::Mistral => "mistral",
+            ToolFormat::MistralArgs => "mistral_args",
             ToolFormat::Harmony => "harmony",
         }
     }
@@ -79,6 +84,9 @@ impl ToolFormat {
         } else if template_source.contains("<function=") && template_source.contains("<parameter=")
         {
             ToolFormat::QwenXml
+        } else if template_source.contains(mistral::OPEN) && template_source.contains(mistral::ARGS)
+        {
+            ToolFormat::MistralArgs
         } else if template_source.contains(mistral::OPEN) {
             ToolFormat::Mistral
         } else if template_source.contains(llama_json::PYTHON_TAG) {
@@ -94,7 +102,7 @@ impl ToolFormat {
             ToolFormat::Hermes => crate::OPEN,
             ToolFormat::QwenXml => qwen_xml::OPEN,
             ToolFormat::Llama3Json => llama_json::TRIGGER,
-            ToolFormat::Mistral => mistral::OPEN,
+            ToolFormat::Mistral | ToolFormat::MistralArgs => mistral::OPEN,
             ToolFormat::Harmony => harmony::TRIGGER,
         }
     }
@@ -105,6 +113,7 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Llama3Json => &[],
             ToolFormat::Mistral => &[mistral::OPEN],
+            ToolFormat::MistralArgs => &[mistral::OPEN, mistral::ARGS, mistral::CALL_ID],
             ToolFormat::Harmony => &harmony::CONTROLS,
         }
     }
@@ -135,7 +144,7 @@ impl ToolFormat {
     /// A call id as this format's templates need it (Mistral's take nine letters and digits).
     pub fn template_id(self, id: &str) -> String {
         match self {
-            ToolFormat::Mistral => mistral::template_id(id),
+            ToolFormat::Mistral | ToolFormat::MistralArgs => mistral::template_id(id),
             _ => id.to_owned(),
         }
     }
@@ -146,6 +155,7 @@ impl ToolFormat {
             ToolFormat::Hermes
             | ToolFormat::Llama3Json
             | ToolFormat::Mistral
+            | ToolFormat::MistralArgs
             | ToolFormat::Harmony => Ok(()),
             ToolFormat::QwenXml => qwen_xml::check_names(tools),
         }
@@ -167,6 +177,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => qwen_xml::calls_grammar(tools, only, parallel, answer),
             ToolFormat::Llama3Json => llama_json::calls_grammar(tools, only, parallel, answer),
             ToolFormat::Mistral => mistral::calls_grammar(tools, only, parallel, answer),
+            ToolFormat::MistralArgs => mistral::args_calls_grammar(tools, only, parallel, answer),
             ToolFormat::Harmony => harmony::calls_grammar(tools, only, parallel, answer),
         }
     }
@@ -182,6 +193,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => qwen_xml::parse(tools, text),
             ToolFormat::Llama3Json => llama_json::parse(text),
             ToolFormat::Mistral => mistral::parse(text),
+            ToolFormat::MistralArgs => mistral::args_parse(text),
             ToolFormat::Harmony => harmony::parse(text),
         }
     }
@@ -193,6 +205,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => qwen_xml::complete_prefix(tools, text),
             ToolFormat::Llama3Json => llama_json::complete_prefix(text),
             ToolFormat::Mistral => mistral::complete_prefix(text),
+            ToolFormat::MistralArgs => mistral::args_complete_prefix(text),
             ToolFormat::Harmony => harmony::complete_prefix(text),
         }
     }
@@ -207,6 +220,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => qwen_xml::write_call(tools, name, arguments),
             ToolFormat::Llama3Json => llama_json::write_call(name, arguments),
             ToolFormat::Mistral => mistral::write_call(name, arguments),
+            ToolFormat::MistralArgs => mistral::args_write_call(name, arguments),
             ToolFormat::Harmony => harmony::write_call(name, arguments),
         }
     }
@@ -231,6 +245,12 @@ impl ToolFormat {
                  array of calls: [{{\"name\": <function-name>, \"arguments\": <args-object>}}].",
                 mistral::OPEN
             ),
+            ToolFormat::MistralArgs => format!(
+                "You have access to the following tools:\n{list}\n\nTo call a tool, reply only with {}, its name, {} \
+                 and its arguments as a JSON object; repeat for more calls.",
+                mistral::OPEN,
+                mistral::ARGS
+            ),
             ToolFormat::Harmony => harmony::instructions(list),
         }
     }
@@ -244,6 +264,7 @@ impl ToolFormat {
             ToolFormat::Llama3Json | ToolFormat::Mistral | ToolFormat::Harmony => {
                 FormatStreamer::Hermes(CallStreamer::bare())
             }
+            ToolFormat::MistralArgs => FormatStreamer::MistralArgs(mistral::ArgsStreamer::new()),
         }
     }
 }
@@ -280,6 +301,8 @@ pub enum FormatStreamer {
     Hermes(CallStreamer),
     /// Qwen3 XML.
     QwenXml(XmlStreamer),
+    /// Mistral's `[TOOL_CALLS]NAME[ARGS]{...}`.
+    MistralArgs(mistral::ArgsStreamer),
 }
 
 impl Default for FormatStreamer {
@@ -294,6 +317,7 @@ impl FormatStreamer {
         match self {
             FormatStreamer::Hermes(s) => s.push(text, out),
             FormatStreamer::QwenXml(s) => s.push(text, out),
+            FormatStreamer::MistralArgs(s) => s.push(text, out),
         }
     }
 
@@ -302,6 +326,7 @@ impl FormatStreamer {
         match self {
             FormatStreamer::Hermes(s) => s.begun(),
             FormatStreamer::QwenXml(s) => s.begun(),
+            FormatStreamer::MistralArgs(s) => s.begun(),
         }
     }
 }

@@ -177,3 +177,121 @@ fn tool_format_mistral_history_renders_through_nemos_template_with_its_ids() {
         ("note", &json!({"text": "hi"}))
     );
 }
+
+/// Mistral-Small-3.2-24B-Instruct-2506's chat template (Apache-2.0; see tests/templates/README.md).
+const SMALL_32: &str = include_str!("../../../tests/templates/mistral-small-3.2.jinja");
+
+#[test]
+fn tool_format_mistral_args_parses_grammar_checks_and_streams_name_args_calls() {
+    assert_eq!(ToolFormat::detect(SMALL_32), ToolFormat::MistralArgs);
+    let tools = weather_tools(ToolFormat::MistralArgs);
+    let text = "On it.[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{\"city\": \"Oslo [TOOL\", \"days\": 2}\
+                [TOOL_CALLS]note[ARGS]{\"text\": \"x\"}";
+    let reply = tools.reply(text).unwrap();
+    assert_eq!(reply.content, "On it.");
+    assert_eq!(reply.calls.len(), 2);
+    assert_eq!(
+        reply.calls[0].function.arguments,
+        json!({"city": "Oslo [TOOL", "days": 2})
+    );
+    for bad in [
+        "[TOOL_CALLS]note{\"text\": \"x\"}",
+        "[TOOL_CALLS][ARGS]{}",
+        "[TOOL_CALLS]note[ARGS][1]",
+        "[TOOL_CALLS]note[ARGS]{\"text\": \"x\"} more",
+    ] {
+        assert!(
+            matches!(
+                tools.format().parse(&tools, bad),
+                Err(ToolError::Malformed(_))
+            ),
+            "{bad}"
+        );
+    }
+    // Cut short: the complete call stays.
+    let second = text.rfind("[TOOL_CALLS]").unwrap();
+    assert_eq!(
+        tools.complete_prefix(&text[..text.len() - 3]),
+        &text[..second]
+    );
+    // The grammar: control tokens by id, an optional id, each call its tool's schema.
+    let ctl = &[fmt::OPEN, fmt::ARGS, fmt::CALL_ID];
+    let parallel = tools.format().calls_grammar(&tools, None, true, None);
+    let one = tools
+        .format()
+        .write_call(&tools, "note", &json!({"text": "hi"}));
+    assert_eq!(one, "[TOOL_CALLS]note[ARGS]{\"text\":\"hi\"}");
+    let two = format!(
+        "{one}[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{{\"city\":\"Rome\",\"days\":1}}"
+    );
+    assert!(accepts_with(&parallel, &one, ctl) && accepts_with(&parallel, &two, ctl));
+    assert!(!accepts_with(
+        &tools.format().calls_grammar(&tools, None, false, None),
+        &two,
+        ctl
+    ));
+    assert!(!accepts_with(
+        &parallel,
+        &two.replace("a1b2c3d4e", "a1b2"),
+        ctl
+    ));
+    assert!(!accepts_with(
+        &parallel,
+        &one.replace("hi\"", "hi\",\"x\":1"),
+        ctl
+    ));
+    assert!(
+        accepts(&parallel, &two),
+        "spelled as text by a model without the tokens"
+    );
+    // Streamed: the deltas join to the parsed arguments in any pieces.
+    let (_, parsed) = tools.format().parse(&tools, text).unwrap();
+    for size in [1, 4, 11, text.len()] {
+        let (calls, _) = stream(&tools, &text[text.find("[TOOL_CALLS]").unwrap()..], size);
+        assert_eq!(calls.len(), 2, "piece size {size}");
+        for (c, p) in calls.iter().zip(&parsed) {
+            assert_eq!(
+                (c.0.as_str(), c.1.clone()),
+                (p.name.as_str(), p.arguments.to_string())
+            );
+        }
+    }
+}
+
+#[test]
+fn tool_format_mistral_args_history_renders_through_small_32s_template() {
+    let tools = weather_tools(ToolFormat::MistralArgs);
+    let template = ChatTemplate::new(SMALL_32).unwrap();
+    let mut call = Message::assistant("");
+    call.tool_calls.push(ToolCall {
+        id: "toolu_01ABCDEFG".into(),
+        kind: "function",
+        function: FunctionCall {
+            name: "note".into(),
+            arguments: json!({"text": "hi"}),
+        },
+    });
+    let mut result = Message::new(Role::Tool, "ok");
+    result.tool_call_id = Some("toolu_01ABCDEFG".into());
+    let prompt = tools
+        .render(
+            &template,
+            &[Message::user("note hi"), call, result],
+            "<s>",
+            "</s>",
+            &|_| None,
+        )
+        .unwrap();
+    let id = fmt::template_id("toolu_01ABCDEFG");
+    assert!(
+        prompt.contains(&format!("[TOOL_CALLS]note[CALL_ID]{id}[ARGS]")),
+        "{prompt}"
+    );
+    assert!(prompt.contains(&format!(
+        "[TOOL_RESULTS]{id}[TOOL_CONTENT]ok[/TOOL_RESULTS]"
+    )));
+    let past = &prompt[prompt.find("[TOOL_CALLS]").unwrap()..];
+    let past = &past[..past.find("</s>").unwrap()];
+    let (_, calls) = tools.format().parse(&tools, past).unwrap();
+    assert_eq!(calls[0].arguments, json!({"text": "hi"}));
+}
