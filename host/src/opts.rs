@@ -249,9 +249,10 @@ pub struct ToolFormatArgs {
     /// The tool-call format the model writes: `auto` (detected from its chat template), `hermes`
     /// (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`), `qwen3_xml` (Qwen3's
     /// `<function=NAME><parameter=KEY>` blocks), `llama3_json` (Llama 3's bare `{"name": ...,
-    /// "parameters": ...}`), `mistral` (`[TOOL_CALLS][{"name": ..., "arguments": ...}]`) or `harmony`
-    /// (gpt-oss's messages on channels: `to=functions.NAME ... <|message|>{...}`). The grammar, the parser,
-    /// the streamed deltas and where reasoning is read follow it.
+    /// "parameters": ...}`), `mistral` (`[TOOL_CALLS][{"name": ..., "arguments": ...}]`), `mistral_args`
+    /// (`[TOOL_CALLS]NAME[ARGS]{...}`), `harmony` (gpt-oss's messages on channels: `to=functions.NAME ...
+    /// <|message|>{...}`), `gemma` (Gemma 4's `<|tool_call>call:NAME{key:value}<tool_call|>`) or
+    /// `functiongemma`. The grammar, the parser, the streamed deltas and where reasoning is read follow it.
     #[arg(long, env = "THORN_TOOL_FORMAT", default_value = "auto", value_parser = parse_tool_format)]
     pub tool_format: ToolFormatChoice,
 }

@@ -50,7 +50,7 @@ pub struct Opts {
     /// tool_choice: auto, required or a function name.
     #[arg(long, default_value = "required", value_parser = tool_choice)]
     pub tool_choice: ToolChoice,
-    /// The tool-call format the calls are decoded in (`hermes`, `qwen3_xml`, `llama3_json`, `mistral`, `harmony`): its prompt,
+    /// The tool-call format the calls are decoded in (`hermes`, `qwen3_xml`, `llama3_json`, `mistral`, `mistral_args`, `harmony`, `gemma`, `functiongemma`): its prompt,
     /// grammar and parser.
     #[arg(long, default_value = "hermes")]
     pub tool_format: ToolFormat,

@@ -3,6 +3,7 @@
 //! prompt). A [`ToolSet`] carries the format its model writes ([`ToolSet::with_format`]); detected from
 //! the chat template ([`ToolFormat::detect`]) unless the operator names one (`--tool-format`).
 
+pub mod gemma;
 pub mod harmony;
 pub mod llama_json;
 pub mod mistral;
@@ -33,6 +34,12 @@ pub enum ToolFormat {
     /// Mistral's newer form (Small 3.2, Devstral, Magistral), a control token between name and arguments:
     /// `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}`.
     MistralArgs,
+    /// Gemma 4's calls, keys bare and strings quoted by a control token:
+    /// `<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>`.
+    Gemma,
+    /// FunctionGemma's, the same with other delimiters:
+    /// `<start_function_call>call:get_weather{city:<escape>Paris<escape>}<end_function_call>`.
+    FunctionGemma,
     /// OpenAI's harmony messages (gpt-oss): a call is a message to its recipient on the commentary
     /// channel, `<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":
     /// "Paris"}<|call|>`; reasoning is the analysis channel, the answer the final one.
@@ -41,8 +48,10 @@ pub enum ToolFormat {
 
 impl ToolFormat {
     /// Every format, in the order [`ToolFormat::detect`] tries them.
-    pub const ALL: [ToolFormat; 6] = [
+    pub const ALL: [ToolFormat; 8] = [
         ToolFormat::Harmony,
+        ToolFormat::Gemma,
+        ToolFormat::FunctionGemma,
         ToolFormat::QwenXml,
         ToolFormat::MistralArgs,
         ToolFormat::Mistral,
@@ -59,6 +68,8 @@ impl ToolFormat {
             ToolFormat::Mistral => "mistral",
             ToolFormat::MistralArgs => "mistral_args",
             ToolFormat::Harmony => "harmony",
+            ToolFormat::Gemma => "gemma",
+            ToolFormat::FunctionGemma => "functiongemma",
         }
     }
 
@@ -81,6 +92,10 @@ impl ToolFormat {
     pub fn detect(template_source: &str) -> ToolFormat {
         if template_source.contains(harmony::CHANNEL) && template_source.contains(harmony::CALL) {
             ToolFormat::Harmony
+        } else if template_source.contains(gemma::GEMMA4.open) {
+            ToolFormat::Gemma
+        } else if template_source.contains(gemma::FUNCTION_GEMMA.open) {
+            ToolFormat::FunctionGemma
         } else if template_source.contains("<function=") && template_source.contains("<parameter=")
         {
             ToolFormat::QwenXml
@@ -104,6 +119,17 @@ impl ToolFormat {
             ToolFormat::Llama3Json => llama_json::TRIGGER,
             ToolFormat::Mistral | ToolFormat::MistralArgs => mistral::OPEN,
             ToolFormat::Harmony => harmony::TRIGGER,
+            ToolFormat::Gemma => gemma::GEMMA4.open,
+            ToolFormat::FunctionGemma => gemma::FUNCTION_GEMMA.open,
+        }
+    }
+
+    /// The Gemma dialect of this format, if it is one.
+    fn gemma(self) -> Option<gemma::Dialect> {
+        match self {
+            ToolFormat::Gemma => Some(gemma::GEMMA4),
+            ToolFormat::FunctionGemma => Some(gemma::FUNCTION_GEMMA),
+            _ => None,
         }
     }
 
@@ -115,17 +141,34 @@ impl ToolFormat {
             ToolFormat::Mistral => &[mistral::OPEN],
             ToolFormat::MistralArgs => &[mistral::OPEN, mistral::ARGS, mistral::CALL_ID],
             ToolFormat::Harmony => &harmony::CONTROLS,
+            ToolFormat::Gemma => &[
+                gemma::GEMMA4.open,
+                gemma::GEMMA4.close,
+                gemma::GEMMA4.quote,
+                "<|channel>",
+                gemma::THINK_CLOSE,
+            ],
+            ToolFormat::FunctionGemma => &[
+                gemma::FUNCTION_GEMMA.open,
+                gemma::FUNCTION_GEMMA.close,
+                gemma::FUNCTION_GEMMA.quote,
+            ],
         }
     }
 
     /// How the model's reasoning is marked in its output: harmony's analysis channel, `<think>` for the
     /// rest.
-    pub fn reasoning(self) -> ReasoningTags {
+    pub const fn reasoning(self) -> ReasoningTags {
         match self {
             ToolFormat::Harmony => ReasoningTags {
                 open: harmony::THINK_OPEN,
                 close: harmony::END,
                 closing: harmony::CLOSE_ANALYSIS,
+            },
+            ToolFormat::Gemma => ReasoningTags {
+                open: gemma::THINK_OPEN,
+                close: gemma::THINK_CLOSE,
+                closing: gemma::THINK_CLOSE,
             },
             _ => ReasoningTags {
                 open: "<think>",
@@ -156,7 +199,9 @@ impl ToolFormat {
             | ToolFormat::Llama3Json
             | ToolFormat::Mistral
             | ToolFormat::MistralArgs
-            | ToolFormat::Harmony => Ok(()),
+            | ToolFormat::Harmony
+            | ToolFormat::Gemma
+            | ToolFormat::FunctionGemma => Ok(()),
             ToolFormat::QwenXml => qwen_xml::check_names(tools),
         }
     }
@@ -179,6 +224,10 @@ impl ToolFormat {
             ToolFormat::Mistral => mistral::calls_grammar(tools, only, parallel, answer),
             ToolFormat::MistralArgs => mistral::args_calls_grammar(tools, only, parallel, answer),
             ToolFormat::Harmony => harmony::calls_grammar(tools, only, parallel, answer),
+            ToolFormat::Gemma => gemma::GEMMA4.calls_grammar(tools, only, parallel, answer),
+            ToolFormat::FunctionGemma => {
+                gemma::FUNCTION_GEMMA.calls_grammar(tools, only, parallel, answer)
+            }
         }
     }
 
@@ -195,6 +244,8 @@ impl ToolFormat {
             ToolFormat::Mistral => mistral::parse(text),
             ToolFormat::MistralArgs => mistral::args_parse(text),
             ToolFormat::Harmony => harmony::parse(text),
+            ToolFormat::Gemma => gemma::GEMMA4.parse(text),
+            ToolFormat::FunctionGemma => gemma::FUNCTION_GEMMA.parse(text),
         }
     }
 
@@ -207,6 +258,8 @@ impl ToolFormat {
             ToolFormat::Mistral => mistral::complete_prefix(text),
             ToolFormat::MistralArgs => mistral::args_complete_prefix(text),
             ToolFormat::Harmony => harmony::complete_prefix(text),
+            ToolFormat::Gemma => gemma::GEMMA4.complete_prefix(text),
+            ToolFormat::FunctionGemma => gemma::FUNCTION_GEMMA.complete_prefix(text),
         }
     }
 
@@ -222,6 +275,8 @@ impl ToolFormat {
             ToolFormat::Mistral => mistral::write_call(name, arguments),
             ToolFormat::MistralArgs => mistral::args_write_call(name, arguments),
             ToolFormat::Harmony => harmony::write_call(name, arguments),
+            ToolFormat::Gemma => gemma::GEMMA4.write_call(name, arguments),
+            ToolFormat::FunctionGemma => gemma::FUNCTION_GEMMA.write_call(name, arguments),
         }
     }
 
@@ -252,6 +307,14 @@ impl ToolFormat {
                 mistral::ARGS
             ),
             ToolFormat::Harmony => harmony::instructions(list),
+            ToolFormat::Gemma | ToolFormat::FunctionGemma => {
+                let d = self.gemma().unwrap_or(gemma::GEMMA4);
+                format!(
+                    "You have access to the following functions:\n{list}\n\nTo call one, write {}call:NAME{{key:value,...}}{} \
+                     with the arguments' keys bare and every string between {} marks.",
+                    d.open, d.close, d.quote
+                )
+            }
         }
     }
 
@@ -265,6 +328,9 @@ impl ToolFormat {
                 FormatStreamer::Hermes(CallStreamer::bare())
             }
             ToolFormat::MistralArgs => FormatStreamer::MistralArgs(mistral::ArgsStreamer::new()),
+            ToolFormat::Gemma | ToolFormat::FunctionGemma => FormatStreamer::Gemma(
+                gemma::GemmaStreamer::new(self.gemma().unwrap_or(gemma::GEMMA4)),
+            ),
         }
     }
 }
@@ -303,6 +369,8 @@ pub enum FormatStreamer {
     QwenXml(XmlStreamer),
     /// Mistral's `[TOOL_CALLS]NAME[ARGS]{...}`.
     MistralArgs(mistral::ArgsStreamer),
+    /// Gemma's `call:NAME{...}`.
+    Gemma(gemma::GemmaStreamer),
 }
 
 impl Default for FormatStreamer {
@@ -318,6 +386,7 @@ impl FormatStreamer {
             FormatStreamer::Hermes(s) => s.push(text, out),
             FormatStreamer::QwenXml(s) => s.push(text, out),
             FormatStreamer::MistralArgs(s) => s.push(text, out),
+            FormatStreamer::Gemma(s) => s.push(text, out),
         }
     }
 
@@ -327,6 +396,7 @@ impl FormatStreamer {
             FormatStreamer::Hermes(s) => s.begun(),
             FormatStreamer::QwenXml(s) => s.begun(),
             FormatStreamer::MistralArgs(s) => s.begun(),
+            FormatStreamer::Gemma(s) => s.begun(),
         }
     }
 }

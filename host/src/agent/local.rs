@@ -12,7 +12,7 @@ use thorn_tools::chat::Message;
 use thorn_tools::{CallDelta, ToolChoice, ToolSet, call_id};
 use tokio::sync::mpsc;
 
-use super::split::{Counters, RoundCalls, Split, Splitter, Streamed, THINK_OPEN, answer_part};
+use super::split::{Counters, RoundCalls, Split, Splitter, Streamed, answer_part};
 use super::{Agent, AgentError, Event, Outcome, RoundCtx, RoundResult, Served, StreamedCalls};
 use super::{TokenLogprob, Turn, Usage};
 
@@ -324,7 +324,8 @@ impl Agent {
     ) -> Result<RoundResult, AgentError> {
         let prompt_text = self.render(r.shown, r.messages, &self.template_kwargs(r.turn))?;
         // A thinking model's template may open the reasoning block in the prompt itself.
-        let opened = prompt_text.trim_end().ends_with(THINK_OPEN);
+        let tags = r.shown.format().reasoning();
+        let opened = prompt_text.trim_end().ends_with(tags.open);
         let mut splitter = Splitter::new(opened, r.shown);
         let mut content = String::new();
         let mut reasoning = String::new();
@@ -422,7 +423,7 @@ impl Agent {
             return Ok(res);
         }
         // Calls are read from the answer only, never from the reasoning before it.
-        let answer = answer_part(&generation.text, opened);
+        let answer = answer_part(&generation.text, opened, tags);
         let truncated = generation.finish == FinishReason::Length;
         let text = if truncated {
             r.shown.complete_prefix(answer)

@@ -3,24 +3,19 @@
 
 use thorn_tools::chat::ToolCall;
 use thorn_tools::format::harmony::{HarmonyStreamer, Part};
-use thorn_tools::{CallDelta, FormatStreamer, ToolSet};
+use thorn_tools::{CallDelta, FormatStreamer, ReasoningTags, ToolSet};
 
 use super::StreamedCalls;
 
-/// Where a thinking model's reasoning starts and ends.
-pub(super) const THINK_OPEN: &str = "<think>";
-/// See [`THINK_OPEN`].
-pub(super) const THINK_CLOSE: &str = "</think>";
-
 /// The part of a generation that answers (calls included): after the reasoning, if the model reasoned
-/// (`opened`: the prompt opened the reasoning block itself).
-pub(super) fn answer_part(text: &str, opened: bool) -> &str {
-    let starts = opened || text.trim_start().starts_with(THINK_OPEN);
+/// (`opened`: the prompt opened the reasoning block itself), as the format's `tags` mark it.
+pub(super) fn answer_part(text: &str, opened: bool, tags: ReasoningTags) -> &str {
+    let starts = opened || text.trim_start().starts_with(tags.open);
     if !starts {
         return text;
     }
-    match text.find(THINK_CLOSE) {
-        Some(i) => text[i + THINK_CLOSE.len()..].trim_start(),
+    match text.find(tags.close) {
+        Some(i) => text[i + tags.close.len()..].trim_start(),
         None => "",
     }
 }
@@ -67,6 +62,8 @@ pub(super) struct Splitter {
     /// The format's trigger.
     open: &'static str,
     think: Think,
+    /// Where the format's reasoning starts and ends.
+    tags: ReasoningTags,
     /// Reasoning (or the output's start) held back: it may be the start of a tag.
     think_held: String,
     /// A format whose output is messages on channels (harmony) has its own lexer for all of it.
@@ -83,6 +80,7 @@ impl Splitter {
             calls: tools.streamer(),
             open: tools.format().trigger(),
             think: if opened { Think::Inside } else { Think::Maybe },
+            tags: tools.format().reasoning(),
             think_held: String::new(),
             channels: tools.format().has_channels().then(HarmonyStreamer::new),
         }
@@ -111,19 +109,19 @@ impl Splitter {
         self.think_held.push_str(text);
         if self.think == Think::Maybe {
             let t = self.think_held.trim_start();
-            if let Some(after) = t.strip_prefix(THINK_OPEN) {
+            if let Some(after) = t.strip_prefix(self.tags.open) {
                 self.think_held = after.to_owned();
                 self.think = Think::Inside;
-            } else if THINK_OPEN.starts_with(t) {
+            } else if self.tags.open.starts_with(t) {
                 return None;
             } else {
                 self.think = Think::Off;
                 return Some(std::mem::take(&mut self.think_held));
             }
         }
-        if let Some(i) = self.think_held.find(THINK_CLOSE) {
+        if let Some(i) = self.think_held.find(self.tags.close) {
             let reasoning = self.think_held[..i].to_owned();
-            let rest = self.think_held[i + THINK_CLOSE.len()..]
+            let rest = self.think_held[i + self.tags.close.len()..]
                 .trim_start()
                 .to_owned();
             self.think_held.clear();
@@ -133,7 +131,7 @@ impl Splitter {
             }
             return Some(rest);
         }
-        let cut = self.think_held.len() - tag_prefix_len(&self.think_held, THINK_CLOSE);
+        let cut = self.think_held.len() - tag_prefix_len(&self.think_held, self.tags.close);
         if cut > 0 {
             let r: String = self.think_held.drain(..cut).collect();
             out(Split::Reasoning(r));
@@ -285,6 +283,8 @@ mod tests {
     use super::*;
     use serde_json::Value;
 
+    const THINK: ReasoningTags = thorn_tools::ToolFormat::Hermes.reasoning();
+
     fn split(pieces: &[&str]) -> (String, bool) {
         let (content, calls) = split_all(pieces);
         (
@@ -361,11 +361,14 @@ mod tests {
             (String::new(), "still going</".into(), 0)
         );
         // The reply's calls are read after the reasoning only.
-        assert_eq!(answer_part("<think>a <tool_call></think> b", false), "b");
-        assert_eq!(answer_part("x</think>y", true), "y");
-        assert_eq!(answer_part("<think>unfinished", false), "");
         assert_eq!(
-            answer_part("plain </think> text", false),
+            answer_part("<think>a <tool_call></think> b", false, THINK),
+            "b"
+        );
+        assert_eq!(answer_part("x</think>y", true, THINK), "y");
+        assert_eq!(answer_part("<think>unfinished", false, THINK), "");
+        assert_eq!(
+            answer_part("plain </think> text", false, THINK),
             "plain </think> text"
         );
     }

@@ -490,6 +490,7 @@ fn tool_format_hermes_is_the_json_protocol_through_the_same_interface() {
     );
 }
 
+mod gemma;
 mod harmony;
 mod mistral;
 
