@@ -245,54 +245,83 @@ impl Drafter for HalfRight {
 }
 
 #[test]
-fn a_hybrid_model_is_forced_through_qwen3_xml_tool_calls() {
+fn a_hybrid_model_is_forced_through_every_formats_tool_calls() {
     use thorn_guide::ToolGrammars;
-    // The Qwen3.5 family's own format, on the tiny hybrid: every value constrained (a random model would
-    // never end a free string), the call must come out whole, parse and validate, with and without
-    // speculation alike.
-    let tools = ToolSet::new(&[serde_json::json!({"type": "function", "function": {
+    use thorn_tools::CallDelta;
+    use thorn_tools::format::harmony::{HarmonyStreamer, Part};
+    // Every family's own format, on the tiny hybrid (a byte vocabulary: the formats' control tokens are
+    // written as text): every value constrained (a random model would never end a free value), the calls
+    // must come out whole, parse and validate, the same with and without speculation, and a second call
+    // where the format allows parallel calls.
+    let def = serde_json::json!({"type": "function", "function": {
         "name": "move_joint",
         "parameters": {"type": "object", "properties": {
             "joint": {"type": "integer", "enum": [1, 2, 3]},
-            "degrees": {"type": "integer", "minimum": -90, "maximum": 90},
+            "degrees": {"type": "integer", "enum": [-10, 0, 10]},
             "relative": {"type": "boolean"}
         }, "required": ["joint", "degrees", "relative"]}
-    }})])
-    .unwrap()
-    .with_format(ToolFormat::QwenXml)
-    .unwrap();
+    }});
     let prompt = bytes("<user>Move joint 1 by 10 degrees.</user>\n");
     let eager = SpecConfig {
         adaptive: false,
         ..SpecConfig::default()
     };
-    let mut outs = Vec::new();
-    for cfg in [SpecConfig::off(), eager] {
-        let mut e = engine(cfg, 0);
-        let mut guide = e
-            .grammars()
+    for format in ToolFormat::ALL {
+        let tools = ToolSet::new(std::slice::from_ref(&def))
             .unwrap()
-            .guide(&tools, &ToolChoice::Required, false, &ResponseFormat::Text)
+            .with_format(format)
             .unwrap();
-        let out = e
-            .generate_guided(
-                &Request::greedy(prompt.clone(), 200),
-                guide.as_mut(),
-                &mut |_| {},
-            )
-            .unwrap();
-        let reply = tools
-            .reply(&out.text)
-            .unwrap_or_else(|err| panic!("{err}: {:?}", out.text));
-        assert_eq!(reply.calls.len(), 1, "{:?}", out.text);
-        assert_eq!(reply.calls[0].function.name, "move_joint");
-        assert!(
-            out.text
-                .starts_with("<tool_call>\n<function=move_joint>\n<parameter=joint>\n")
-        );
-        outs.push(out.tokens);
+        let mut outs = Vec::new();
+        for cfg in [SpecConfig::off(), eager.clone()] {
+            let mut e = engine(cfg, 0);
+            let mut guide = e
+                .grammars()
+                .unwrap()
+                .guide(&tools, &ToolChoice::Required, false, &ResponseFormat::Text)
+                .unwrap();
+            let out = e
+                .generate_guided(
+                    &Request::greedy(prompt.clone(), 200),
+                    guide.as_mut(),
+                    &mut |_| {},
+                )
+                .unwrap();
+            let reply = tools
+                .reply(&out.text)
+                .unwrap_or_else(|err| panic!("{format}: {err}: {:?}", out.text));
+            assert_eq!(reply.calls.len(), 1, "{format}: {:?}", out.text);
+            assert_eq!(reply.calls[0].function.name, "move_joint");
+            // The streamed deltas join to the validated arguments.
+            let mut args = String::new();
+            let mut on = |d| {
+                if let CallDelta::Arguments { text, .. } = d {
+                    args.push_str(&text)
+                }
+            };
+            if format.has_channels() {
+                let mut s = HarmonyStreamer::new();
+                s.push(&out.text, &mut |p| {
+                    if let Part::Call(d) = p {
+                        on(d)
+                    }
+                });
+            } else {
+                let from = out.text.find(format.trigger()).unwrap_or(0);
+                tools.streamer().push(&out.text[from..], &mut on);
+            }
+            assert_eq!(
+                args,
+                reply.calls[0].function.arguments.to_string(),
+                "{format}"
+            );
+            outs.push(out.tokens);
+        }
+        assert_eq!(outs[0], outs[1], "{format}: speculation changed the call");
+        if format == ToolFormat::QwenXml {
+            let text = String::from_utf8(outs[0].iter().map(|&t| t as u8).collect()).unwrap();
+            assert!(text.starts_with("<tool_call>\n<function=move_joint>\n<parameter=joint>\n"));
+        }
     }
-    assert_eq!(outs[0], outs[1], "speculation changed the call");
 }
 
 #[test]

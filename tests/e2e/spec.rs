@@ -241,6 +241,16 @@ fn same_greedy(spec_cfg: SpecConfig) -> SpecStats {
         cases.push((p.clone(), Some((Rc::clone(&t), ToolChoice::Required))));
         cases.push((p, Some((t, ToolChoice::Auto))));
     }
+    // The other families' formats, forced: their grammars' runs (control tokens as text here, Gemma's
+    // schema-built values, harmony's headers) drafted and verified.
+    for format in ToolFormat::ALL
+        .into_iter()
+        .filter(|f| ![ToolFormat::Hermes, ToolFormat::QwenXml].contains(f))
+    {
+        for (p, t) in tool_prompts(&plain, format, 1).into_iter().take(2) {
+            cases.push((p, Some((t, ToolChoice::Required))));
+        }
+    }
     for (p, t) in trajectory_prompts(&plain) {
         cases.push((p, Some((t, ToolChoice::Auto))));
     }

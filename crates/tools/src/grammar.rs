@@ -80,18 +80,18 @@ pub fn control(text: &str) -> String {
     format!("{CONTROL_MARK}{text}{CONTROL_MARK}")
 }
 
-/// Marks text quoted by a delimiter in a grammar (see [`quoted_text`]).
-const QUOTED_MARK: char = '\u{2}';
+/// Marks free text up to a delimiter in a grammar (see [`text_until`]).
+const UNTIL_MARK: char = '\u{2}';
 
-/// Free text between two `delimiter`s (Gemma's `<|"|>`-quoted strings), resolved by
-/// [`resolve_controls`]: where the delimiter is a control token, any text between two of them; where it
-/// is text, any text that does not contain it (one lexeme from delimiter to delimiter, so the lexer never
-/// takes the closing one for more of the string).
-pub fn quoted_text(delimiter: &str) -> String {
-    format!("{QUOTED_MARK}{delimiter}{QUOTED_MARK}")
+/// Free text and then `delimiter` (which ends it: Gemma's closing `<|"|>`, harmony's `<|end|>`),
+/// resolved by [`resolve_controls`]: where the delimiter is a control token, any text and then that
+/// token; where it is text, one lexeme of any text that does not contain it and then the delimiter (so
+/// the lexer never takes the delimiter for more of the text, and the text can always end).
+pub fn text_until(delimiter: &str) -> String {
+    format!("{UNTIL_MARK}{delimiter}{UNTIL_MARK}")
 }
 
-/// The grammar with its [`control`] tokens and [`quoted_text`]s resolved: a control token becomes
+/// The grammar with its [`control`] tokens and [`text_until`]s resolved: a control token becomes
 /// `<[ID]>` (that token and no spelling of its text) where `id_of` finds its text as a control token of
 /// the model's vocabulary, else the text itself as a literal (a model without the token writes it as
 /// text).
@@ -99,19 +99,19 @@ pub fn resolve_controls<'a>(
     lark: &'a str,
     id_of: &dyn Fn(&str) -> Option<u32>,
 ) -> std::borrow::Cow<'a, str> {
-    if !lark.contains(CONTROL_MARK) && !lark.contains(QUOTED_MARK) {
+    if !lark.contains(CONTROL_MARK) && !lark.contains(UNTIL_MARK) {
         return lark.into();
     }
     let mut terminals: Vec<String> = Vec::new();
     let mut out = String::with_capacity(lark.len());
-    let mut parts = lark.split(QUOTED_MARK);
+    let mut parts = lark.split(UNTIL_MARK);
     out.push_str(parts.next().unwrap_or_default());
     while let Some(delim) = parts.next() {
         match id_of(delim) {
-            Some(id) => out.push_str(&format!("<[{id}]> /(?s:.*)/ <[{id}]>")),
+            Some(id) => out.push_str(&format!("/(?s:.*)/ <[{id}]>")),
             None => {
-                let q = Value::from(delim).to_string();
-                let def = format!("({q} (/(?s:.*)/ & ~(/(?s:.*)/ {q} /(?s:.*)/)) {q})");
+                let d = Value::from(delim).to_string();
+                let def = format!("(/(?s:.*)/ & ~(/(?s:.*)/ {d} /(?s:.*)/)) {d}");
                 let k = match terminals.iter().position(|t| *t == def) {
                     Some(k) => k,
                     None => {
@@ -119,13 +119,13 @@ pub fn resolve_controls<'a>(
                         terminals.len() - 1
                     }
                 };
-                out.push_str(&format!("QUOTED_TEXT_{k}"));
+                out.push_str(&format!("TEXT_UNTIL_{k}"));
             }
         }
         out.push_str(parts.next().unwrap_or_default());
     }
     for (k, def) in terminals.iter().enumerate() {
-        out.push_str(&format!("\nQUOTED_TEXT_{k}: {def}\n"));
+        out.push_str(&format!("\nTEXT_UNTIL_{k}: {def}\n"));
     }
     let lark = out;
     let mut out = String::with_capacity(lark.len());

@@ -12,7 +12,7 @@
 //! format's do.
 
 use super::{ParsedCall, ToolError, ToolSet};
-use crate::grammar::{calls_head, control, quoted_text};
+use crate::grammar::{calls_head, control, text_until};
 use crate::{CallDelta, CallStreamer};
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -230,7 +230,7 @@ impl Rules {
     }
 
     fn string(&self) -> String {
-        quoted_text(self.quote)
+        format!("({} {})", control(self.quote), text_until(self.quote))
     }
 
     /// A literal value (`const`, `enum`).

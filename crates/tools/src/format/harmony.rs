@@ -13,7 +13,7 @@
 //! not in the text; `<|end|>` ends a message only.
 
 use super::{ParsedCall, ToolError, ToolSet};
-use crate::grammar::{control, json_body};
+use crate::grammar::{control, json_body, text_until};
 use crate::{CallDelta, CallStreamer};
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -68,16 +68,15 @@ pub fn calls_grammar(
         }
         None => g.push_str("start: analysis? call\n"),
     }
+    // Reasoning is free text up to `<|end|>`.
     let _ = writeln!(
         g,
-        "analysis: {} \"analysis\" {} THINK {} {} \"assistant\"",
+        "analysis: {} \"analysis\" {} {} {} \"assistant\"",
         c(CHANNEL),
         c(MESSAGE),
-        c(END),
+        text_until(END),
         c(START)
     );
-    // Reasoning is free text: control tokens are never part of a text lexeme, so `<|end|>` ends it.
-    g.push_str("THINK: /(?s:.*)/\n");
     let _ = writeln!(
         g,
         "call: (\" \" | {} \"commentary \")? {:?} target {}",

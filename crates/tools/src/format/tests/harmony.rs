@@ -148,8 +148,9 @@ fn tool_format_harmony_grammar_takes_reasoning_then_one_call() {
     assert!(!accepts_with(&required, &format!("{first}{call}"), ctl));
     assert!(!accepts_with(&required, &first.replace("\"hi\"", "3"), ctl));
     assert!(!accepts_with(&required, &format!("x{first}"), ctl));
-    // A model without the tokens writes them as text.
+    // A model without the tokens writes them as text, reasoning and all.
     assert!(accepts(&required, first));
+    assert!(accepts(&required, &format!("{think}{first}")));
     // With an answer schema, a final message holding that JSON is the alternative.
     let answer =
         tools
