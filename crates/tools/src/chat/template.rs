@@ -138,7 +138,7 @@ impl ChatTemplate {
     ) -> Result<String, TemplateError> {
         #[derive(Serialize)]
         struct Ctx<'a> {
-            messages: &'a [Message],
+            messages: Vec<serde_json::Value>,
             tools: Option<&'a [serde_json::Value]>,
             add_generation_prompt: bool,
             bos_token: &'a str,
@@ -156,7 +156,7 @@ impl ChatTemplate {
             None => (messages, opts.tools),
         };
         let ctx = Ctx {
-            messages,
+            messages: messages.iter().map(template_message).collect(),
             tools,
             add_generation_prompt: opts.add_generation_prompt,
             bos_token: opts.bos_token,
@@ -189,6 +189,19 @@ impl ChatTemplate {
         tmpl.render(Value::from_serialize(&all))
             .map_err(TemplateError::Render)
     }
+}
+
+/// A message as templates read it: its fields, and its reasoning also as `thinking` (gpt-oss's template
+/// reads that name, and refuses a message with tool calls that has both text and thinking, so such a
+/// message keeps its text only).
+fn template_message(m: &Message) -> serde_json::Value {
+    let mut v = serde_json::to_value(m).unwrap_or_default();
+    if let (Some(r), Some(o)) = (&m.reasoning_content, v.as_object_mut())
+        && (m.tool_calls.is_empty() || m.content.is_empty())
+    {
+        o.insert("thinking".into(), serde_json::Value::from(r.as_str()));
+    }
+    v
 }
 
 fn raise_exception(msg: String) -> Result<Value, JinjaError> {

@@ -193,6 +193,8 @@ fn tool_format_harmony_history_renders_through_gpt_oss_template_and_parses_back(
             arguments: json!({"city": "Oslo", "days": 2}),
         },
     });
+    // The reasoning before a call goes back as the analysis message the template writes for it.
+    call.reasoning_content = Some("Need Oslo's weather.".into());
     let mut result = Message::new(Role::Tool, "{\"temp\": 3}");
     result.tool_call_id = Some("call_1".into());
     let prompt = tools
@@ -207,6 +209,9 @@ fn tool_format_harmony_history_renders_through_gpt_oss_template_and_parses_back(
     assert!(prompt.contains("namespace functions {"), "{prompt}");
     assert!(prompt.contains("type get_weather = (_: {"));
     assert!(prompt.ends_with("<|start|>assistant"));
+    assert!(prompt.contains(
+        "<|start|>assistant<|channel|>analysis<|message|>Need Oslo's weather.<|end|><|start|>assistant to=functions.get_weather"
+    ));
     // The past call as the template wrote it reads back as the call.
     let at = prompt.find("<|start|>assistant to=").unwrap();
     let past = &prompt[at + "<|start|>assistant".len()..];
