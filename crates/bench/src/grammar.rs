@@ -229,8 +229,7 @@ pub fn run(o: &Opts, model: &Path, bfcl_dir: &Path) -> Result<()> {
                 } else {
                     &out.text
                 };
-                let n_open = text.matches(o.tool_format.trigger()).count();
-                t.calls += n_open;
+                t.calls += o.tool_format.calls_begun(&tools, text);
                 match tools.reply(text) {
                     Ok(r) => {
                         t.valid += r.calls.len();

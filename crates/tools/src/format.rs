@@ -318,6 +318,21 @@ impl ToolFormat {
         }
     }
 
+    /// How many calls `text` begins (complete or not), as this format's streaming lexer reads it.
+    pub fn calls_begun(self, tools: &ToolSet, text: &str) -> usize {
+        if self.has_channels() {
+            let mut s = harmony::HarmonyStreamer::new();
+            s.push(text, &mut |_| {});
+            return s.begun();
+        }
+        let Some(at) = text.find(self.trigger()) else {
+            return 0;
+        };
+        let mut s = self.streamer(tools);
+        s.push(&text[at..], &mut |_| {});
+        s.begun()
+    }
+
     /// A streaming lexer of calls to `tools` in this format.
     pub fn streamer(self, tools: &ToolSet) -> FormatStreamer {
         match self {

@@ -125,6 +125,21 @@ fn tool_format_names_round_trip_and_an_unknown_one_is_an_error() {
 }
 
 #[test]
+fn tool_format_counts_the_calls_a_text_begins_in_every_format() {
+    for f in ToolFormat::ALL {
+        let tools = weather_tools(f);
+        let one = f.write_call(&tools, "note", &json!({"text": "a"}));
+        let two = format!("Sure. {one}{one}");
+        assert_eq!(f.calls_begun(&tools, "Sure."), 0, "{f}");
+        assert_eq!(f.calls_begun(&tools, &one), 1, "{f}");
+        assert_eq!(f.calls_begun(&tools, &two), 2, "{f}: {two}");
+        // Cut inside the second call's arguments: still begun.
+        let cut = &two[..two.rfind("a").unwrap()];
+        assert_eq!(f.calls_begun(&tools, cut), 2, "{f}: {cut}");
+    }
+}
+
+#[test]
 fn tool_format_is_detected_from_the_chat_template() {
     assert_eq!(ToolFormat::detect(QWEN3_CODER), ToolFormat::QwenXml);
     // A template that writes Hermes calls, and one that knows no tools.
