@@ -25,9 +25,7 @@
 
 use super::handler::{Caller, Checked, new_id};
 use super::models::route_for;
-use super::request::{
-    HOST_TOOL_PREFIX, conversation_of, in_range, sampling, template_kwargs, tools_of,
-};
+use super::request::{conversation_of, in_range, sampling, template_kwargs, tools_of};
 use super::work::{CancelOnDrop, account, chat_work, collect, spawn, started};
 use super::{ApiError, AppState, wire};
 use crate::agent::{Finish, Outcome, Turn};
@@ -38,10 +36,12 @@ use serde_json::{Value, json};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use thorn_tools::chat::{FunctionCall, Message, Role, ToolCall};
-use thorn_tools::{ResponseFormat, ToolChoice};
+use thorn_tools::chat::{Message, ToolCall};
 
+mod input;
 mod stream;
+
+use input::{choice_of, format_of, input_messages, tool_defs};
 
 /// The most responses kept for `previous_response_id`.
 pub const STORED: usize = 256;
@@ -165,211 +165,6 @@ pub(super) struct Echo {
     store: bool,
     metadata: Value,
     created_at: u64,
-}
-
-/// The text of a content value: a string, or parts with `text`.
-fn text_of(v: &Value, at: &str) -> Result<String, ApiError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) => {
-            let mut s = String::new();
-            for (j, p) in parts.iter().enumerate() {
-                match (p["type"].as_str(), p["text"].as_str()) {
-                    (Some("input_text" | "output_text" | "text" | "summary_text"), Some(t)) => {
-                        s.push_str(t)
-                    }
-                    (kind, _) => {
-                        return Err(ApiError::bad(
-                            format!(
-                                "content parts of type {kind:?} are not supported (input_text, output_text)"
-                            ),
-                            Some(&format!("{at}[{j}].type")),
-                        ));
-                    }
-                }
-            }
-            Ok(s)
-        }
-        Value::Null => Ok(String::new()),
-        _ => Err(ApiError::bad(
-            "content must be a string or a list of text parts",
-            Some(at),
-        )),
-    }
-}
-
-/// The conversation a request's `input` adds.
-fn input_messages(input: Option<&Value>) -> Result<Vec<Message>, ApiError> {
-    let items = match input {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::String(s)) => return Ok(vec![Message::user(s.as_str())]),
-        Some(Value::Array(items)) => items,
-        Some(_) => {
-            return Err(ApiError::bad(
-                "`input` must be a string or a list of items",
-                Some("input"),
-            ));
-        }
-    };
-    let mut out: Vec<Message> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("input[{i}]");
-        match (item["type"].as_str(), item["role"].as_str()) {
-            (Some("message") | None, Some(role)) => {
-                let role = match role {
-                    "user" => Role::User,
-                    "system" | "developer" => Role::System,
-                    "assistant" => Role::Assistant,
-                    other => {
-                        return Err(ApiError::bad(
-                            format!(
-                                "a message's role {other:?} is not user, system, developer or assistant"
-                            ),
-                            Some(&format!("{at}.role")),
-                        ));
-                    }
-                };
-                let text = text_of(&item["content"], &format!("{at}.content"))?;
-                out.push(Message::new(role, text));
-            }
-            (Some("function_call"), _) => {
-                let (Some(call_id), Some(name)) = (item["call_id"].as_str(), item["name"].as_str())
-                else {
-                    return Err(ApiError::bad(
-                        "a function_call item needs `call_id` and `name`",
-                        Some(&at),
-                    ));
-                };
-                let arguments = match &item["arguments"] {
-                    Value::String(s) => serde_json::from_str(s).map_err(|e| {
-                        ApiError::bad(
-                            format!("`arguments` is not JSON: {e}"),
-                            Some(&format!("{at}.arguments")),
-                        )
-                    })?,
-                    Value::Null => json!({}),
-                    v => v.clone(),
-                };
-                let call = ToolCall {
-                    id: call_id.to_owned(),
-                    kind: "function",
-                    function: FunctionCall {
-                        name: name
-                            .strip_prefix(HOST_TOOL_PREFIX)
-                            .unwrap_or(name)
-                            .to_owned(),
-                        arguments,
-                    },
-                };
-                // Calls of one turn join the assistant message before them.
-                match out.last_mut() {
-                    Some(m) if m.role == Role::Assistant => m.tool_calls.push(call),
-                    _ => {
-                        let mut m = Message::assistant("");
-                        m.tool_calls.push(call);
-                        out.push(m);
-                    }
-                }
-            }
-            (Some("function_call_output"), _) => {
-                let Some(call_id) = item["call_id"].as_str() else {
-                    return Err(ApiError::bad(
-                        "a function_call_output item needs `call_id`",
-                        Some(&at),
-                    ));
-                };
-                let mut m = Message::new(
-                    Role::Tool,
-                    text_of(&item["output"], &format!("{at}.output"))?,
-                );
-                m.tool_call_id = Some(call_id.to_owned());
-                out.push(m);
-            }
-            // Reasoning the client hands back is not rendered again.
-            (Some("reasoning"), _) => {}
-            (kind, _) => {
-                return Err(ApiError::bad(
-                    format!(
-                        "input items of type {kind:?} are not supported (message, function_call, function_call_output)"
-                    ),
-                    Some(&format!("{at}.type")),
-                ));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Responses function tools as chat-completion tool definitions.
-fn tool_defs(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let at = format!("tools[{i}]");
-            if t["type"] != "function" {
-                return Err(ApiError::bad(
-                    format!("tools of type {:?} are not supported (function)", t["type"]),
-                    Some(&format!("{at}.type")),
-                ));
-            }
-            let Some(name) = t["name"].as_str() else {
-                return Err(ApiError::bad("a function tool needs a `name`", Some(&at)));
-            };
-            let mut f = json!({"name": name});
-            for k in ["description", "parameters", "strict"] {
-                if !t[k].is_null() {
-                    f[k] = t[k].clone();
-                }
-            }
-            Ok(json!({"type": "function", "function": f}))
-        })
-        .collect()
-}
-
-/// `tool_choice` as the agent's.
-fn choice_of(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
-    let bad = |m: &str| ApiError::bad(m, Some("tool_choice"));
-    Ok(match v {
-        None | Some(Value::Null) => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            _ => {
-                return Err(bad(
-                    "`tool_choice` must be auto, none, required or a function",
-                ));
-            }
-        },
-        Some(v) if v["type"] == "function" => match v["name"].as_str() {
-            Some(n) => {
-                ToolChoice::Function(n.strip_prefix(HOST_TOOL_PREFIX).unwrap_or(n).to_owned())
-            }
-            None => return Err(bad("a function `tool_choice` needs a `name`")),
-        },
-        Some(_) => {
-            return Err(bad(
-                "`tool_choice` must be auto, none, required or a function",
-            ));
-        }
-    })
-}
-
-/// `text.format` as the agent's answer format.
-fn format_of(text: Option<&Value>) -> Result<ResponseFormat, ApiError> {
-    let f = match text.map(|t| &t["format"]) {
-        None | Some(Value::Null) => return Ok(ResponseFormat::Text),
-        Some(f) => f,
-    };
-    let as_chat = match f["type"].as_str() {
-        Some("json_schema") => json!({"type": "json_schema", "json_schema": {
-            "name": f["name"].as_str().unwrap_or("answer"), "schema": f["schema"],
-            "strict": f["strict"].as_bool().unwrap_or(false)}}),
-        _ => f.clone(),
-    };
-    ResponseFormat::from_openai(&as_chat)
-        .map_err(|e| ApiError::bad(e.to_string(), Some("text.format")))
 }
 
 /// The agent's turn for a Responses request, what the response echoes, and whether it streams.
@@ -638,101 +433,6 @@ pub(super) async fn responses(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn input_items_become_the_agents_messages() {
-        let m = input_messages(Some(&json!([
-            {"role": "developer", "content": "Be brief."},
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in "},
-                {"type": "input_text", "text": "Paris?"}]},
-            {"type": "reasoning", "id": "rs_1", "summary": []},
-            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
-            {"type": "function_call", "call_id": "call_2", "name": "thorn:clock", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": "call_1", "output": "21 C"},
-            {"role": "assistant", "content": [{"type": "output_text", "text": "It is 21 C."}]}
-        ])))
-        .unwrap();
-        assert_eq!(m.len(), 5);
-        assert_eq!(
-            (m[0].role, m[0].content.as_str()),
-            (Role::System, "Be brief.")
-        );
-        assert_eq!(m[1].content, "Weather in Paris?");
-        assert_eq!(m[2].role, Role::Assistant);
-        assert_eq!(
-            m[2].tool_calls.len(),
-            2,
-            "one turn's calls join one message"
-        );
-        assert_eq!(
-            m[2].tool_calls[0].function.arguments,
-            json!({"city": "Paris"})
-        );
-        assert_eq!(m[2].tool_calls[1].function.name, "clock");
-        assert_eq!(
-            (m[3].role, m[3].tool_call_id.as_deref()),
-            (Role::Tool, Some("call_1"))
-        );
-        assert_eq!(m[4].content, "It is 21 C.");
-        assert_eq!(input_messages(Some(&json!("hi"))).unwrap()[0].content, "hi");
-        for (bad, param) in [
-            (json!([{"role": "robot", "content": "x"}]), "input[0].role"),
-            (
-                json!([{"type": "input_image", "image_url": "x"}]),
-                "input[0].type",
-            ),
-            (
-                json!([{"role": "user", "content": [{"type": "input_image"}]}]),
-                "input[0].content[0].type",
-            ),
-            (
-                json!([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]),
-                "input[0].arguments",
-            ),
-            (
-                json!([{"type": "function_call_output", "output": "x"}]),
-                "input[0]",
-            ),
-            (json!(5), "input"),
-        ] {
-            match input_messages(Some(&bad)) {
-                Err(ApiError::BadRequest { param: p, .. }) => {
-                    assert_eq!(p.as_deref(), Some(param), "{bad}")
-                }
-                other => panic!("{bad}: {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn tools_choices_and_formats_map_to_the_agents() {
-        let defs = tool_defs(
-            &[json!({"type": "function", "name": "f", "description": "d",
-            "parameters": {"type": "object"}, "strict": true})],
-        )
-        .unwrap();
-        assert_eq!(
-            defs[0],
-            json!({"type": "function", "function": {"name": "f", "description": "d",
-                "parameters": {"type": "object"}, "strict": true}})
-        );
-        assert!(tool_defs(&[json!({"type": "web_search"})]).is_err());
-        assert_eq!(
-            choice_of(Some(&json!("required"))).unwrap(),
-            ToolChoice::Required
-        );
-        assert_eq!(
-            choice_of(Some(&json!({"type": "function", "name": "thorn:clock"}))).unwrap(),
-            ToolChoice::Function("clock".into())
-        );
-        assert!(choice_of(Some(&json!("sometimes"))).is_err());
-        assert_eq!(format_of(None).unwrap(), ResponseFormat::Text);
-        let f = format_of(Some(&json!({"format": {"type": "json_schema", "name": "a",
-            "schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}})))
-        .unwrap();
-        assert!(f.schema().is_some());
-        assert!(format_of(Some(&json!({"format": {"type": "yaml"}}))).is_err());
-    }
 
     #[test]
     fn the_store_keeps_the_newest_within_its_limits() {
