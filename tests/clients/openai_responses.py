@@ -1,7 +1,8 @@
 """The openai SDK's Responses API against thorn: plain text, a required function call and its
 function_call_output round (as input items and through previous_response_id), a streamed call whose
-argument deltas the SDK accumulates, a json_schema answer, a thorn: host tool, and an unknown
-previous_response_id (a 400).
+argument deltas the SDK accumulates, a custom (freeform) tool as Codex declares apply_patch, called,
+streamed and answered with a custom_tool_call_output, a json_schema answer, a thorn: host tool, and an
+unknown previous_response_id (a 400).
 
 Usage: python openai_responses.py BASE_URL
 Prints one JSON object of what the SDK saw, for the Rust test to assert on.
@@ -88,6 +89,50 @@ with client.responses.stream(
 fc = [o for o in final.output if o.type == "function_call"]
 out["stream"] = {"deltas": deltas, "kinds": sorted(set(kinds)), "first": kinds[0], "last": kinds[-1],
                  "final": [{"name": f.name, "arguments": f.arguments} for f in fc]}
+
+# A custom tool (freeform text in), as Codex declares apply_patch.
+patch = {"type": "custom", "name": "apply_patch", "description": "Apply a patch to the files.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: /(.|\\n)+/"}}
+r = client.responses.create(
+    model=served,
+    input="Add a line 'hello' to README.md.",
+    tools=[patch],
+    tool_choice={"type": "custom", "name": "apply_patch"},
+    temperature=0,
+    max_output_tokens=48,
+)
+cc = [o for o in r.output if o.type == "custom_tool_call"]
+out["custom"] = {"status": r.status, "calls": [{"name": c.name, "input": c.input, "call_id": c.call_id} for c in cc]}
+if cc:
+    r2 = client.responses.create(
+        model=served,
+        input=[
+            {"role": "user", "content": "Add a line 'hello' to README.md."},
+            {"type": "custom_tool_call", "call_id": cc[0].call_id, "name": "apply_patch", "input": cc[0].input},
+            {"type": "custom_tool_call_output", "call_id": cc[0].call_id, "output": "Done."},
+        ],
+        tools=[patch],
+        temperature=0,
+        max_output_tokens=32,
+    )
+    out["custom"]["answer"] = r2.output_text
+deltas, done = [], None
+with client.responses.stream(
+    model=served,
+    input="Add a line 'hello' to README.md.",
+    tools=[patch],
+    tool_choice={"type": "custom", "name": "apply_patch"},
+    temperature=0,
+    max_output_tokens=48,
+) as s:
+    for ev in s:
+        if ev.type == "response.custom_tool_call_input.delta":
+            deltas.append(ev.delta)
+        elif ev.type == "response.custom_tool_call_input.done":
+            done = ev.input
+    final = s.get_final_response()
+out["custom_stream"] = {"deltas": deltas, "done": done,
+                        "final": [o.input for o in final.output if o.type == "custom_tool_call"]}
 
 r = client.responses.create(
     model=served,

@@ -5,8 +5,10 @@
 //! or `assistant` and text content (`input_text` / `output_text` parts or a string), `function_call`
 //! items (an earlier call) and `function_call_output` items (its result)), `instructions` (a system
 //! message), `tools` (function tools, `{"type": "function", "name", "description", "parameters",
-//! "strict"}`; a `thorn:` name asks for a host tool exactly as in chat completions), `tool_choice`
-//! (`auto`, `none`, `required`, `{"type": "function", "name"}`), `parallel_tool_calls`, `text.format`
+//! "strict"}`; a `thorn:` name asks for a host tool exactly as in chat completions; custom tools,
+//! `{"type": "custom", "name", "description", "format"}`, freeform text in as Codex's `apply_patch`),
+//! `tool_choice` (`auto`, `none`, `required`, `{"type": "function" | "custom", "name"}`),
+//! `parallel_tool_calls`, `text.format`
 //! (`text`, `json_object`, `json_schema` with `name`, `schema`, `strict`), `max_output_tokens`,
 //! `temperature`, `top_p`, `reasoning.effort`, `stream`, `user`, `metadata`, `store` and
 //! `previous_response_id`: a stored response's conversation (its input and output) continues with the
@@ -16,12 +18,13 @@
 //!
 //! The answer is a `response` whose `output` holds a `reasoning` item (when a thinking model reasoned), a
 //! `message` with an `output_text` part (when the model wrote prose) and a `function_call` item per client
-//! call (`arguments` a JSON string), `status` `completed` or `incomplete` (`max_output_tokens`), and
+//! call (`arguments` a JSON string; a `custom_tool_call` with its `input` text for a custom tool, whose
+//! result comes back as a `custom_tool_call_output` item), `status` `completed` or `incomplete` (`max_output_tokens`), and
 //! `usage` with cached input tokens. Host calls thorn ran are listed as `thorn_host_tool_calls`. Streamed
 //! as the typed events the SDK reads: `response.created`, `response.in_progress`, per item
 //! `response.output_item.added`, its deltas (`response.output_text.delta`,
 //! `response.reasoning_text.delta`, `response.function_call_arguments.delta`, whose fragments concatenate
-//! to the call's `arguments`) and `.done` events, then `response.completed` (or `response.incomplete`).
+//! to the call's `arguments`, `response.custom_tool_call_input.delta` to its `input`) and `.done` events, then `response.completed` (or `response.incomplete`).
 
 use super::handler::{Caller, Checked, new_id};
 use super::models::route_for;
@@ -165,6 +168,10 @@ pub(super) struct Echo {
     store: bool,
     metadata: Value,
     created_at: u64,
+    /// The request's `reasoning` (`effort`, `summary`), echoed.
+    reasoning: Value,
+    /// The custom tools' names: their calls are `custom_tool_call` items.
+    custom: Vec<String>,
 }
 
 /// The agent's turn for a Responses request, what the response echoes, and whether it streams.
@@ -184,7 +191,8 @@ fn turn_of(
     let sampling = sampling(r.temperature, r.top_p, None, None, None)?;
     let plugins = st.agent.plugins();
     let given_tools = r.tools.clone().unwrap_or_default();
-    let (tools, host_tools) = tools_of(&plugins, tool_defs(&given_tools)?, caller.key.as_ref())?;
+    let (defs, custom) = tool_defs(&given_tools)?;
+    let (tools, host_tools) = tools_of(&plugins, defs, caller.key.as_ref())?;
     let tool_choice = choice_of(r.tool_choice.as_ref())?;
     let response_format = format_of(r.text.as_ref())?;
     let effort = r.reasoning.as_ref().and_then(|v| v["effort"].as_str());
@@ -228,6 +236,11 @@ fn turn_of(
         store: r.store.unwrap_or(true),
         metadata: r.metadata.clone().unwrap_or(json!({})),
         created_at: crate::api::unix_now(),
+        reasoning: json!({
+            "effort": r.reasoning.as_ref().map_or(Value::Null, |v| v["effort"].clone()),
+            "summary": r.reasoning.as_ref().map_or(Value::Null, |v| v["summary"].clone()),
+        }),
+        custom,
     };
     let turn = Turn {
         tools,
@@ -293,7 +306,15 @@ fn message_item(ids: &ItemIds, text: &str, status: &str) -> Value {
         "content": [{"type": "output_text", "text": text, "annotations": []}]})
 }
 
-fn call_item(call: &ToolCall, status: &str) -> Value {
+/// A client call's output item: a `function_call`, or a `custom_tool_call` with its freeform `input`.
+fn call_item(call: &ToolCall, status: &str, custom: &[String]) -> Value {
+    if custom.contains(&call.function.name) {
+        let input = call.function.arguments["input"]
+            .as_str()
+            .unwrap_or_default();
+        return json!({"type": "custom_tool_call", "id": call_item_id(&call.id), "call_id": call.id,
+            "name": call.function.name, "input": input, "status": status});
+    }
     json!({"type": "function_call", "id": call_item_id(&call.id), "call_id": call.id,
         "name": call.function.name, "arguments": call.function.arguments.to_string(), "status": status})
 }
@@ -327,7 +348,11 @@ pub(super) fn response_json(
             if !o.content.is_empty() || o.tool_calls.is_empty() {
                 output.push(message_item(ids, &o.content, "completed"));
             }
-            output.extend(o.tool_calls.iter().map(|c| call_item(c, "completed")));
+            output.extend(
+                o.tool_calls
+                    .iter()
+                    .map(|c| call_item(c, "completed", &echo.custom)),
+            );
             let (status, incomplete) = match o.finish {
                 Finish::Length => ("incomplete", json!({"reason": "max_output_tokens"})),
                 _ => ("completed", Value::Null),
@@ -348,7 +373,7 @@ pub(super) fn response_json(
         "output": output,
         "parallel_tool_calls": echo.parallel,
         "previous_response_id": echo.previous_response_id,
-        "reasoning": {"effort": null, "summary": null},
+        "reasoning": echo.reasoning,
         "store": echo.store,
         "temperature": echo.temperature.unwrap_or(1.0),
         "text": echo.text,

@@ -256,6 +256,25 @@ fn the_openai_sdk_speaks_the_responses_api() {
         .collect();
     assert_eq!(s["final"][0]["arguments"], joined, "{r}");
     assert_eq!(s["final"][0]["arguments"], calls[0]["arguments"], "{r}");
+    // A custom tool: a custom_tool_call item with freeform input (a string, whatever the model wrote),
+    // answered through a custom_tool_call_output item; streamed, its input deltas join to the input.
+    let custom = &r["custom"]["calls"];
+    assert_eq!(custom[0]["name"], "apply_patch", "{r}");
+    assert!(custom[0]["input"].is_string(), "{r}");
+    assert!(r["custom"]["answer"].is_string(), "{r}");
+    let cs = &r["custom_stream"];
+    let joined: String = cs["deltas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert_eq!(cs["done"], json!(joined), "{r}");
+    assert_eq!(cs["final"][0], json!(joined), "{r}");
+    assert_eq!(
+        cs["final"][0], custom[0]["input"],
+        "the same greedy call: {r}"
+    );
     // A json_schema answer is that JSON.
     let answer: Value = serde_json::from_str(r["json"].as_str().unwrap()).unwrap();
     assert!(answer["city"].is_string(), "{r}");

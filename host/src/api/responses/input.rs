@@ -90,31 +90,23 @@ pub(super) fn input_messages(input: Option<&Value>) -> Result<Vec<Message>, ApiE
                     Value::Null => json!({}),
                     v => v.clone(),
                 };
-                let call = ToolCall {
-                    id: call_id.to_owned(),
-                    kind: "function",
-                    function: FunctionCall {
-                        name: name
-                            .strip_prefix(HOST_TOOL_PREFIX)
-                            .unwrap_or(name)
-                            .to_owned(),
-                        arguments,
-                    },
-                };
-                // Calls of one turn join the assistant message before them.
-                match out.last_mut() {
-                    Some(m) if m.role == Role::Assistant => m.tool_calls.push(call),
-                    _ => {
-                        let mut m = Message::assistant("");
-                        m.tool_calls.push(call);
-                        out.push(m);
-                    }
-                }
+                push_call(&mut out, call_id, name, arguments);
             }
-            (Some("function_call_output"), _) => {
+            (Some("custom_tool_call"), _) => {
+                let (Some(call_id), Some(name)) = (item["call_id"].as_str(), item["name"].as_str())
+                else {
+                    return Err(ApiError::bad(
+                        "a custom_tool_call item needs `call_id` and `name`",
+                        Some(&at),
+                    ));
+                };
+                let input = item["input"].as_str().unwrap_or_default();
+                push_call(&mut out, call_id, name, json!({"input": input}));
+            }
+            (Some("function_call_output" | "custom_tool_call_output"), _) => {
                 let Some(call_id) = item["call_id"].as_str() else {
                     return Err(ApiError::bad(
-                        "a function_call_output item needs `call_id`",
+                        "an output item needs the `call_id` of its call",
                         Some(&at),
                     ));
                 };
@@ -130,7 +122,7 @@ pub(super) fn input_messages(input: Option<&Value>) -> Result<Vec<Message>, ApiE
             (kind, _) => {
                 return Err(ApiError::bad(
                     format!(
-                        "input items of type {kind:?} are not supported (message, function_call, function_call_output)"
+                        "input items of type {kind:?} are not supported (message, function_call, function_call_output, custom_tool_call, custom_tool_call_output)"
                     ),
                     Some(&format!("{at}.type")),
                 ));
@@ -140,31 +132,77 @@ pub(super) fn input_messages(input: Option<&Value>) -> Result<Vec<Message>, ApiE
     Ok(out)
 }
 
-/// Responses function tools as chat-completion tool definitions.
-pub(super) fn tool_defs(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let at = format!("tools[{i}]");
-            if t["type"] != "function" {
-                return Err(ApiError::bad(
-                    format!("tools of type {:?} are not supported (function)", t["type"]),
-                    Some(&format!("{at}.type")),
-                ));
-            }
-            let Some(name) = t["name"].as_str() else {
-                return Err(ApiError::bad("a function tool needs a `name`", Some(&at)));
-            };
-            let mut f = json!({"name": name});
-            for k in ["description", "parameters", "strict"] {
+/// Adds an earlier call to the conversation: calls of one turn join the assistant message before them.
+fn push_call(out: &mut Vec<Message>, call_id: &str, name: &str, arguments: Value) {
+    let call = ToolCall {
+        id: call_id.to_owned(),
+        kind: "function",
+        function: FunctionCall {
+            name: name
+                .strip_prefix(HOST_TOOL_PREFIX)
+                .unwrap_or(name)
+                .to_owned(),
+            arguments,
+        },
+    };
+    match out.last_mut() {
+        Some(m) if m.role == Role::Assistant => m.tool_calls.push(call),
+        _ => {
+            let mut m = Message::assistant("");
+            m.tool_calls.push(call);
+            out.push(m);
+        }
+    }
+}
+
+/// The parameters a custom tool's call is given as a function's: its freeform text as `input`.
+fn custom_parameters() -> Value {
+    json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"],
+        "additionalProperties": false})
+}
+
+/// Responses tools as chat-completion tool definitions, and the names of the custom ones: a `custom`
+/// tool (freeform text in, as Codex's `apply_patch`) is a function of one string, `input`, and its calls
+/// go back as `custom_tool_call` items. Its `format` (text, or a Lark or regex grammar) is accepted; the
+/// text is not constrained by that grammar (the client checks what it receives, as it must anyway).
+pub(super) fn tool_defs(tools: &[Value]) -> Result<(Vec<Value>, Vec<String>), ApiError> {
+    let mut defs = Vec::with_capacity(tools.len());
+    let mut custom = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let kind = t["type"].as_str().unwrap_or_default();
+        if kind != "function" && kind != "custom" {
+            return Err(ApiError::bad(
+                format!(
+                    "tools of type {} are not supported here (function, custom)",
+                    t["type"]
+                ),
+                Some(&format!("{at}.type")),
+            ));
+        }
+        let Some(name) = t["name"].as_str() else {
+            return Err(ApiError::bad(
+                format!("a {kind} tool needs a `name`"),
+                Some(&at),
+            ));
+        };
+        let mut f = json!({"name": name});
+        if !t["description"].is_null() {
+            f["description"] = t["description"].clone();
+        }
+        if kind == "custom" {
+            f["parameters"] = custom_parameters();
+            custom.push(name.to_owned());
+        } else {
+            for k in ["parameters", "strict"] {
                 if !t[k].is_null() {
                     f[k] = t[k].clone();
                 }
             }
-            Ok(json!({"type": "function", "function": f}))
-        })
-        .collect()
+        }
+        defs.push(json!({"type": "function", "function": f}));
+    }
+    Ok((defs, custom))
 }
 
 /// `tool_choice` as the agent's.
@@ -182,7 +220,7 @@ pub(super) fn choice_of(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
                 ));
             }
         },
-        Some(v) if v["type"] == "function" => match v["name"].as_str() {
+        Some(v) if v["type"] == "function" || v["type"] == "custom" => match v["name"].as_str() {
             Some(n) => {
                 ToolChoice::Function(n.strip_prefix(HOST_TOOL_PREFIX).unwrap_or(n).to_owned())
             }
@@ -283,17 +321,20 @@ mod tests {
 
     #[test]
     fn tools_choices_and_formats_map_to_the_agents() {
-        let defs = tool_defs(
-            &[json!({"type": "function", "name": "f", "description": "d",
+        let (defs, custom) =
+            tool_defs(
+                &[json!({"type": "function", "name": "f", "description": "d",
             "parameters": {"type": "object"}, "strict": true})],
-        )
-        .unwrap();
+            )
+            .unwrap();
+        assert!(custom.is_empty());
         assert_eq!(
             defs[0],
             json!({"type": "function", "function": {"name": "f", "description": "d",
                 "parameters": {"type": "object"}, "strict": true}})
         );
-        assert!(tool_defs(&[json!({"type": "web_search"})]).is_err());
+        let e = tool_defs(&[json!({"type": "web_search"})]).unwrap_err();
+        assert!(e.to_string().contains("\"web_search\""), "{e}");
         assert_eq!(
             choice_of(Some(&json!("required"))).unwrap(),
             ToolChoice::Required
@@ -309,5 +350,44 @@ mod tests {
         .unwrap();
         assert!(f.schema().is_some());
         assert!(format_of(Some(&json!({"format": {"type": "yaml"}}))).is_err());
+    }
+
+    #[test]
+    fn custom_tools_are_functions_of_one_string_and_their_items_round_trip() {
+        let (defs, custom) = tool_defs(&[json!({"type": "custom", "name": "apply_patch",
+            "description": "Patch files.", "format": {"type": "grammar", "syntax": "lark",
+            "definition": "start: /.+/"}})])
+        .unwrap();
+        assert_eq!(custom, vec!["apply_patch".to_owned()]);
+        assert_eq!(
+            defs[0]["function"]["parameters"]["required"],
+            json!(["input"])
+        );
+        assert_eq!(defs[0]["function"]["description"], "Patch files.");
+        assert_eq!(
+            choice_of(Some(&json!({"type": "custom", "name": "apply_patch"}))).unwrap(),
+            ToolChoice::Function("apply_patch".into())
+        );
+        let m = input_messages(Some(&json!([
+            {"role": "user", "content": "Patch it."},
+            {"type": "custom_tool_call", "call_id": "call_9", "name": "apply_patch", "input": "*** Begin Patch"},
+            {"type": "custom_tool_call_output", "call_id": "call_9", "output": "Done."}
+        ])))
+        .unwrap();
+        assert_eq!(
+            m[1].tool_calls[0].function.arguments,
+            json!({"input": "*** Begin Patch"})
+        );
+        assert_eq!(
+            (
+                m[2].role,
+                m[2].tool_call_id.as_deref(),
+                m[2].content.as_str()
+            ),
+            (Role::Tool, Some("call_9"), "Done.")
+        );
+        assert!(
+            input_messages(Some(&json!([{"type": "custom_tool_call", "input": "x"}]))).is_err()
+        );
     }
 }

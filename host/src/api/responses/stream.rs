@@ -20,6 +20,8 @@ enum Open {
         call_id: String,
         name: String,
         args: String,
+        /// A custom tool's call: how much of `args` has been sent as freeform input.
+        custom: Option<usize>,
     },
 }
 
@@ -32,6 +34,8 @@ struct Items {
     open: Open,
     events: Vec<(String, Value)>,
     calls: usize,
+    /// The custom tools' names.
+    custom: Vec<String>,
 }
 
 impl Gather for Items {
@@ -119,6 +123,29 @@ impl Items {
                 call_id,
                 name,
                 args,
+                custom: Some(_),
+            } => {
+                let id = call_item_id(&call_id);
+                let input = serde_json::from_str::<Value>(&args)
+                    .ok()
+                    .and_then(|v| v["input"].as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                self.push(
+                    "response.custom_tool_call_input.done",
+                    json!({"item_id": id, "output_index": index, "input": input}),
+                );
+                let item = json!({"type": "custom_tool_call", "id": id, "call_id": call_id, "name": name,
+                    "input": input, "status": "completed"});
+                self.push(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                );
+            }
+            Open::Call {
+                call_id,
+                name,
+                args,
+                custom: None,
             } => {
                 let id = call_item_id(&call_id);
                 self.push(
@@ -186,8 +213,14 @@ impl Items {
 
     fn call(&mut self, call_id: &str, name: &str) {
         self.close();
-        let item = json!({"type": "function_call", "id": call_item_id(call_id), "call_id": call_id,
-            "name": name, "arguments": "", "status": "in_progress"});
+        let custom = self.custom.iter().any(|c| c == name);
+        let item = if custom {
+            json!({"type": "custom_tool_call", "id": call_item_id(call_id), "call_id": call_id,
+                "name": name, "input": "", "status": "in_progress"})
+        } else {
+            json!({"type": "function_call", "id": call_item_id(call_id), "call_id": call_id,
+                "name": name, "arguments": "", "status": "in_progress"})
+        };
         self.push(
             "response.output_item.added",
             json!({"output_index": self.index, "item": item}),
@@ -196,20 +229,57 @@ impl Items {
             call_id: call_id.to_owned(),
             name: name.to_owned(),
             args: String::new(),
+            custom: custom.then_some(0),
         };
     }
 
     fn arguments(&mut self, delta: &str) {
-        let Open::Call { call_id, args, .. } = &mut self.open else {
+        let Open::Call {
+            call_id,
+            args,
+            custom,
+            ..
+        } = &mut self.open
+        else {
             return;
         };
         args.push_str(delta);
         let id = call_item_id(call_id);
+        if let Some(done) = custom {
+            let more = input_delta(args, done);
+            if !more.is_empty() {
+                self.push(
+                    "response.custom_tool_call_input.delta",
+                    json!({"item_id": id, "output_index": self.index, "delta": more}),
+                );
+            }
+            return;
+        }
         self.push(
             "response.function_call_arguments.delta",
             json!({"item_id": id, "output_index": self.index, "delta": delta}),
         );
     }
+}
+
+/// The freeform input a custom call's arguments (`{"input":"...`, streamed as compact JSON whose every
+/// escape arrives whole) add past the `done` bytes of the string already sent; `done` moves on.
+fn input_delta(args: &str, done: &mut usize) -> String {
+    let Some(rest) = args.strip_prefix("{\"input\":\"") else {
+        return String::new();
+    };
+    // The end may hold the closing `"}` or an escape not yet whole: try the longest piece that decodes.
+    for cut in 0..=6.min(rest.len()) {
+        let end = rest.len() - cut;
+        if end < *done || !rest.is_char_boundary(end) {
+            continue;
+        }
+        if let Ok(s) = serde_json::from_str::<String>(&format!("\"{}\"", &rest[*done..end])) {
+            *done = end;
+            return s;
+        }
+    }
+    String::new()
 }
 
 fn sse(name: String, v: &Value) -> Result<SseEvent, Infallible> {
@@ -242,6 +312,7 @@ pub(super) fn stream_response(
             open: Open::None,
             events: Vec::new(),
             calls: 0,
+            custom: echo.custom.clone(),
         };
         let pending = response_json(&id, &model, &echo, &b.ids, None);
         b.push("response.created", json!({"response": pending}));
@@ -287,4 +358,30 @@ pub(super) fn stream_response(
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(out_rx))
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_custom_calls_input_streams_as_its_decoded_text() {
+        // The compact JSON of `{"input": "a\"b\\c é\n"}` in the fragments a call streamer makes,
+        // cut inside an escape too: the deltas join to the decoded input, nothing sent twice.
+        let whole = serde_json::to_string(&json!({"input": "a\"b\\c é\n"})).unwrap();
+        for size in 1..whole.len() {
+            let (mut args, mut done, mut joined) = (String::new(), 0, String::new());
+            let mut at = 0;
+            while at < whole.len() {
+                let mut end = (at + size).min(whole.len());
+                while !whole.is_char_boundary(end) {
+                    end += 1;
+                }
+                args.push_str(&whole[at..end]);
+                joined.push_str(&input_delta(&args, &mut done));
+                at = end;
+            }
+            assert_eq!(joined, "a\"b\\c é\n", "pieces of {size}");
+        }
+    }
 }
