@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use thorn_tools::chat::{Message, ToolCall};
+use thorn_tools::chat::Message;
 
 mod input;
 mod stream;
@@ -172,6 +172,10 @@ pub(super) struct Echo {
     reasoning: Value,
     /// The custom tools' names: their calls are `custom_tool_call` items.
     custom: Vec<String>,
+    /// Namespaced functions and their namespaces: their calls name them.
+    namespaced: Vec<(String, String)>,
+    /// The hosted tools left out.
+    ignored: Vec<String>,
 }
 
 /// The agent's turn for a Responses request, what the response echoes, and whether it streams.
@@ -191,8 +195,11 @@ fn turn_of(
     let sampling = sampling(r.temperature, r.top_p, None, None, None)?;
     let plugins = st.agent.plugins();
     let given_tools = r.tools.clone().unwrap_or_default();
-    let (defs, custom) = tool_defs(&given_tools)?;
-    let (tools, host_tools) = tools_of(&plugins, defs, caller.key.as_ref())?;
+    let given = tool_defs(&given_tools)?;
+    if !given.ignored.is_empty() {
+        tracing::info!(tools = ?given.ignored, "hosted tools left out of a Responses request");
+    }
+    let (tools, host_tools) = tools_of(&plugins, given.defs, caller.key.as_ref())?;
     let tool_choice = choice_of(r.tool_choice.as_ref())?;
     let response_format = format_of(r.text.as_ref())?;
     let effort = r.reasoning.as_ref().and_then(|v| v["effort"].as_str());
@@ -240,7 +247,9 @@ fn turn_of(
             "effort": r.reasoning.as_ref().map_or(Value::Null, |v| v["effort"].clone()),
             "summary": r.reasoning.as_ref().map_or(Value::Null, |v| v["summary"].clone()),
         }),
-        custom,
+        custom: given.custom,
+        namespaced: given.namespaced,
+        ignored: given.ignored,
     };
     let turn = Turn {
         tools,
@@ -306,17 +315,24 @@ fn message_item(ids: &ItemIds, text: &str, status: &str) -> Value {
         "content": [{"type": "output_text", "text": text, "annotations": []}]})
 }
 
-/// A client call's output item: a `function_call`, or a `custom_tool_call` with its freeform `input`.
-fn call_item(call: &ToolCall, status: &str, custom: &[String]) -> Value {
-    if custom.contains(&call.function.name) {
-        let input = call.function.arguments["input"]
-            .as_str()
+/// A client call's output item: a `function_call` (naming its namespace, if it has one), or a
+/// `custom_tool_call` with its freeform `input`; `args` the arguments' JSON text.
+fn call_item(echo: &Echo, call_id: &str, name: &str, args: &str, status: &str) -> Value {
+    let id = call_item_id(call_id);
+    if echo.custom.iter().any(|c| c == name) {
+        let input = serde_json::from_str::<Value>(args)
+            .ok()
+            .and_then(|v| v["input"].as_str().map(str::to_owned))
             .unwrap_or_default();
-        return json!({"type": "custom_tool_call", "id": call_item_id(&call.id), "call_id": call.id,
-            "name": call.function.name, "input": input, "status": status});
+        return json!({"type": "custom_tool_call", "id": id, "call_id": call_id, "name": name,
+            "input": input, "status": status});
     }
-    json!({"type": "function_call", "id": call_item_id(&call.id), "call_id": call.id,
-        "name": call.function.name, "arguments": call.function.arguments.to_string(), "status": status})
+    let mut item = json!({"type": "function_call", "id": id, "call_id": call_id, "name": name,
+        "arguments": args, "status": status});
+    if let Some((_, ns)) = echo.namespaced.iter().find(|(n, _)| n == name) {
+        item["namespace"] = json!(ns);
+    }
+    item
 }
 
 fn usage_of(out: &Outcome) -> Value {
@@ -348,11 +364,10 @@ pub(super) fn response_json(
             if !o.content.is_empty() || o.tool_calls.is_empty() {
                 output.push(message_item(ids, &o.content, "completed"));
             }
-            output.extend(
-                o.tool_calls
-                    .iter()
-                    .map(|c| call_item(c, "completed", &echo.custom)),
-            );
+            output.extend(o.tool_calls.iter().map(|c| {
+                let args = c.function.arguments.to_string();
+                call_item(echo, &c.id, &c.function.name, &args, "completed")
+            }));
             let (status, incomplete) = match o.finish {
                 Finish::Length => ("incomplete", json!({"reason": "max_output_tokens"})),
                 _ => ("completed", Value::Null),
@@ -384,6 +399,9 @@ pub(super) fn response_json(
         "usage": usage,
         "metadata": echo.metadata,
     });
+    if !echo.ignored.is_empty() {
+        r["thorn_ignored_tools"] = json!(echo.ignored);
+    }
     if let Some(o) = out
         && !o.host_calls.is_empty()
     {

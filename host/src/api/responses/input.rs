@@ -161,48 +161,93 @@ fn custom_parameters() -> Value {
         "additionalProperties": false})
 }
 
-/// Responses tools as chat-completion tool definitions, and the names of the custom ones: a `custom`
-/// tool (freeform text in, as Codex's `apply_patch`) is a function of one string, `input`, and its calls
-/// go back as `custom_tool_call` items. Its `format` (text, or a Lark or regex grammar) is accepted; the
-/// text is not constrained by that grammar (the client checks what it receives, as it must anyway).
-pub(super) fn tool_defs(tools: &[Value]) -> Result<(Vec<Value>, Vec<String>), ApiError> {
-    let mut defs = Vec::with_capacity(tools.len());
-    let mut custom = Vec::new();
+/// A request's tools as the agent takes them.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Tools {
+    /// Chat-completion tool definitions.
+    pub(super) defs: Vec<Value>,
+    /// The custom tools' names: their calls are `custom_tool_call` items.
+    pub(super) custom: Vec<String>,
+    /// Each namespaced function's name and its namespace (its calls name the namespace).
+    pub(super) namespaced: Vec<(String, String)>,
+    /// The types of the hosted tools left out (web search, file search, code interpreter and the
+    /// like: tools OpenAI runs on its side, which thorn does not have).
+    pub(super) ignored: Vec<String>,
+}
+
+/// Responses tools as the agent's: function tools as they are; a `custom` tool (freeform text in, as
+/// Codex's `apply_patch`) as a function of one string, `input`, whose calls go back as `custom_tool_call`
+/// items (its `format`, text or a Lark or regex grammar, is accepted; the text is not constrained by that
+/// grammar: the client checks what it receives, as it must anyway); a `namespace`'s functions as
+/// functions; hosted tools left out (listed in the response as `thorn_ignored_tools`, so a client such as
+/// Codex, which offers web search by default, still runs).
+pub(super) fn tool_defs(tools: &[Value]) -> Result<Tools, ApiError> {
+    let mut out = Tools::default();
     for (i, t) in tools.iter().enumerate() {
         let at = format!("tools[{i}]");
-        let kind = t["type"].as_str().unwrap_or_default();
-        if kind != "function" && kind != "custom" {
-            return Err(ApiError::bad(
-                format!(
-                    "tools of type {} are not supported here (function, custom)",
-                    t["type"]
-                ),
-                Some(&format!("{at}.type")),
-            ));
-        }
-        let Some(name) = t["name"].as_str() else {
-            return Err(ApiError::bad(
-                format!("a {kind} tool needs a `name`"),
-                Some(&at),
-            ));
-        };
-        let mut f = json!({"name": name});
-        if !t["description"].is_null() {
-            f["description"] = t["description"].clone();
-        }
-        if kind == "custom" {
-            f["parameters"] = custom_parameters();
-            custom.push(name.to_owned());
-        } else {
-            for k in ["parameters", "strict"] {
-                if !t[k].is_null() {
-                    f[k] = t[k].clone();
+        match t["type"].as_str() {
+            Some("function" | "custom") => out.defs.push(tool_def(t, &at, &mut out.custom)?),
+            Some("namespace") => {
+                let Some(ns) = t["name"].as_str() else {
+                    return Err(ApiError::bad("a namespace needs a `name`", Some(&at)));
+                };
+                let members = t["tools"].as_array().map(Vec::as_slice).unwrap_or_default();
+                for (j, m) in members.iter().enumerate() {
+                    let at = format!("{at}.tools[{j}]");
+                    if !matches!(m["type"].as_str(), Some("function" | "custom")) {
+                        return Err(ApiError::bad(
+                            format!(
+                                "a namespace's tools of type {} are not supported here (function, custom)",
+                                m["type"]
+                            ),
+                            Some(&format!("{at}.type")),
+                        ));
+                    }
+                    let def = tool_def(m, &at, &mut out.custom)?;
+                    let name = def["function"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    out.namespaced.push((name, ns.to_owned()));
+                    out.defs.push(def);
                 }
             }
+            Some(hosted) => out.ignored.push(hosted.to_owned()),
+            None => {
+                return Err(ApiError::bad(
+                    "a tool needs a `type`",
+                    Some(&format!("{at}.type")),
+                ));
+            }
         }
-        defs.push(json!({"type": "function", "function": f}));
     }
-    Ok((defs, custom))
+    Ok(out)
+}
+
+/// One function or custom tool as a chat-completion tool definition (a custom one's name joins `custom`).
+fn tool_def(t: &Value, at: &str, custom: &mut Vec<String>) -> Result<Value, ApiError> {
+    let kind = t["type"].as_str().unwrap_or_default();
+    let Some(name) = t["name"].as_str() else {
+        return Err(ApiError::bad(
+            format!("a {kind} tool needs a `name`"),
+            Some(at),
+        ));
+    };
+    let mut f = json!({"name": name});
+    if !t["description"].is_null() {
+        f["description"] = t["description"].clone();
+    }
+    if kind == "custom" {
+        f["parameters"] = custom_parameters();
+        custom.push(name.to_owned());
+    } else {
+        for k in ["parameters", "strict"] {
+            if !t[k].is_null() {
+                f[k] = t[k].clone();
+            }
+        }
+    }
+    Ok(json!({"type": "function", "function": f}))
 }
 
 /// `tool_choice` as the agent's.
@@ -321,20 +366,29 @@ mod tests {
 
     #[test]
     fn tools_choices_and_formats_map_to_the_agents() {
-        let (defs, custom) =
-            tool_defs(
-                &[json!({"type": "function", "name": "f", "description": "d",
-            "parameters": {"type": "object"}, "strict": true})],
-            )
-            .unwrap();
+        let Tools { defs, custom, .. } = tool_defs(&[json!({"type": "function", "name": "f",
+            "description": "d", "parameters": {"type": "object"}, "strict": true})])
+        .unwrap();
         assert!(custom.is_empty());
         assert_eq!(
             defs[0],
             json!({"type": "function", "function": {"name": "f", "description": "d",
                 "parameters": {"type": "object"}, "strict": true}})
         );
-        let e = tool_defs(&[json!({"type": "web_search"})]).unwrap_err();
-        assert!(e.to_string().contains("\"web_search\""), "{e}");
+        // Hosted tools are left out and listed; a tool without a type is an error.
+        let t = tool_defs(&[
+            json!({"type": "web_search", "external_web_access": false}),
+            json!({"type": "namespace", "name": "agents", "tools": [
+                {"type": "function", "name": "close_agent", "parameters": {"type": "object"}}]}),
+        ])
+        .unwrap();
+        assert_eq!(t.ignored, vec!["web_search".to_owned()]);
+        assert_eq!(t.defs[0]["function"]["name"], "close_agent");
+        assert_eq!(
+            t.namespaced,
+            vec![("close_agent".to_owned(), "agents".to_owned())]
+        );
+        assert!(tool_defs(&[json!({"name": "x"})]).is_err());
         assert_eq!(
             choice_of(Some(&json!("required"))).unwrap(),
             ToolChoice::Required
@@ -354,10 +408,11 @@ mod tests {
 
     #[test]
     fn custom_tools_are_functions_of_one_string_and_their_items_round_trip() {
-        let (defs, custom) = tool_defs(&[json!({"type": "custom", "name": "apply_patch",
+        let Tools { defs, custom, .. } =
+            tool_defs(&[json!({"type": "custom", "name": "apply_patch",
             "description": "Patch files.", "format": {"type": "grammar", "syntax": "lark",
             "definition": "start: /.+/"}})])
-        .unwrap();
+            .unwrap();
         assert_eq!(custom, vec!["apply_patch".to_owned()]);
         assert_eq!(
             defs[0]["function"]["parameters"]["required"],

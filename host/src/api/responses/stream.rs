@@ -34,8 +34,8 @@ struct Items {
     open: Open,
     events: Vec<(String, Value)>,
     calls: usize,
-    /// The custom tools' names.
-    custom: Vec<String>,
+    /// What the response echoes (which tools are custom or namespaced).
+    echo: Echo,
 }
 
 impl Gather for Items {
@@ -123,37 +123,21 @@ impl Items {
                 call_id,
                 name,
                 args,
-                custom: Some(_),
+                custom,
             } => {
                 let id = call_item_id(&call_id);
-                let input = serde_json::from_str::<Value>(&args)
-                    .ok()
-                    .and_then(|v| v["input"].as_str().map(str::to_owned))
-                    .unwrap_or_default();
-                self.push(
-                    "response.custom_tool_call_input.done",
-                    json!({"item_id": id, "output_index": index, "input": input}),
-                );
-                let item = json!({"type": "custom_tool_call", "id": id, "call_id": call_id, "name": name,
-                    "input": input, "status": "completed"});
-                self.push(
-                    "response.output_item.done",
-                    json!({"output_index": index, "item": item}),
-                );
-            }
-            Open::Call {
-                call_id,
-                name,
-                args,
-                custom: None,
-            } => {
-                let id = call_item_id(&call_id);
-                self.push(
-                    "response.function_call_arguments.done",
-                    json!({"item_id": id, "output_index": index, "arguments": args}),
-                );
-                let item = json!({"type": "function_call", "id": id, "call_id": call_id, "name": name,
-                    "arguments": args, "status": "completed"});
+                let item = call_item(&self.echo, &call_id, &name, &args, "completed");
+                if custom.is_some() {
+                    self.push(
+                        "response.custom_tool_call_input.done",
+                        json!({"item_id": id, "output_index": index, "input": item["input"]}),
+                    );
+                } else {
+                    self.push(
+                        "response.function_call_arguments.done",
+                        json!({"item_id": id, "output_index": index, "arguments": args}),
+                    );
+                }
                 self.push(
                     "response.output_item.done",
                     json!({"output_index": index, "item": item}),
@@ -213,14 +197,8 @@ impl Items {
 
     fn call(&mut self, call_id: &str, name: &str) {
         self.close();
-        let custom = self.custom.iter().any(|c| c == name);
-        let item = if custom {
-            json!({"type": "custom_tool_call", "id": call_item_id(call_id), "call_id": call_id,
-                "name": name, "input": "", "status": "in_progress"})
-        } else {
-            json!({"type": "function_call", "id": call_item_id(call_id), "call_id": call_id,
-                "name": name, "arguments": "", "status": "in_progress"})
-        };
+        let custom = self.echo.custom.iter().any(|c| c == name);
+        let item = call_item(&self.echo, call_id, name, "", "in_progress");
         self.push(
             "response.output_item.added",
             json!({"output_index": self.index, "item": item}),
@@ -312,7 +290,7 @@ pub(super) fn stream_response(
             open: Open::None,
             events: Vec::new(),
             calls: 0,
-            custom: echo.custom.clone(),
+            echo: echo.clone(),
         };
         let pending = response_json(&id, &model, &echo, &b.ids, None);
         b.push("response.created", json!({"response": pending}));
