@@ -333,32 +333,75 @@ fn put(sink: &mut Sink, line: &[u8]) -> std::io::Result<()> {
 
 /// Opens `path` for appending, creating it `0600`; an existing regular file is narrowed to `0600`, and one
 /// left ending in a torn line (a crash mid-write) gets a newline so the next record starts on its own line.
+/// Never through a symbolic link, and only a regular file: a FIFO (whose open for writing would wait for a
+/// reader, holding the server's start), a device or a directory is refused with an error that says so.
 fn open_file(path: &Path) -> std::io::Result<File> {
     let mut o = std::fs::OpenOptions::new();
-    o.create(true).append(true);
+    o.create(true).append(true).read(true);
     #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
-    let file = o.open(path)?;
-    let meta = file.metadata()?;
-    if meta.is_file() {
+    {
+        use rustix::fs::OFlags;
+        use std::os::unix::fs::OpenOptionsExt;
+        o.mode(0o600);
+        // NONBLOCK: opening a FIFO returns at once (and is then refused below); no effect on a file.
+        o.custom_flags((OFlags::NOFOLLOW | OFlags::NONBLOCK).bits() as i32);
+    }
+    let file = o.open(path).map_err(|e| {
         #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            if meta.permissions().mode() & 0o077 != 0 {
-                tracing::warn!(path = %path.display(), "the audit log was readable by others; narrowing it to 0600");
-                file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-            }
-            let len = meta.len();
-            let mut last = [0u8; 1];
-            if len > 0 {
-                std::os::unix::fs::FileExt::read_exact_at(&File::open(path)?, &mut last, len - 1)?;
-                if last[0] != b'\n' {
-                    (&file).write_all(b"\n")?;
-                }
+        if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+            return std::io::Error::other(
+                "is a symbolic link: the audit log is never opened through one (name the file itself)",
+            );
+        }
+        e
+    })?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(format!(
+            "is not a regular file ({}): the audit log must be one",
+            kind_of(&meta)
+        )));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if meta.permissions().mode() & 0o077 != 0 {
+            tracing::warn!(path = %path.display(), "the audit log was readable by others; narrowing it to 0600");
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        }
+        let len = meta.len();
+        let mut last = [0u8; 1];
+        if len > 0 {
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut last, len - 1)?;
+            if last[0] != b'\n' {
+                (&file).write_all(b"\n")?;
             }
         }
     }
     Ok(file)
+}
+
+/// What kind of file `meta` describes, in words.
+fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+    let t = meta.file_type();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_char_device() || t.is_block_device() {
+            return "a device";
+        }
+    }
+    if t.is_dir() {
+        "a directory"
+    } else {
+        "not a file"
+    }
 }
 
 #[cfg(test)]
@@ -570,5 +613,43 @@ mod tests {
         });
         assert_eq!(lines(log.path()).len(), 64);
         assert_eq!(*log.synced.blocking_lock(), 64);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_log_is_never_opened_through_a_symlink_nor_as_a_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        // A symlink to a file elsewhere: refused, and the target is untouched.
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, "keep\n").unwrap();
+        let link = dir.path().join("audit.jsonl");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = AuditLog::open(&link).err().expect("a symlink is refused");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep\n");
+        // A FIFO: refused at once (opening one to write would wait for a reader), saying what it is.
+        let fifo = dir.path().join("fifo.jsonl");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(AuditLog::open(&fifo).err().map(|e| e.to_string()));
+        });
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("opening a FIFO returns instead of waiting for a reader")
+            .expect("a FIFO is refused");
+        assert!(e.contains("not a regular file (a FIFO)"), "{e}");
+        // A directory too.
+        let e = AuditLog::open(dir.path())
+            .err()
+            .expect("a directory is refused");
+        assert!(e.to_string().to_lowercase().contains("directory"), "{e}");
     }
 }
