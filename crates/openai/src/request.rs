@@ -207,7 +207,7 @@ pub struct ChatRequest<'a> {
     /// An end-user id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
-    /// thorn: most rounds of host (plugin) tool calls.
+    /// thorn: most rounds of host (plugin) tool calls (at least 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tool_rounds: Option<u32>,
     /// thorn: conversation id for the plugin audit log (1 to 128 of `A-Z a-z 0-9 . _ : -`).

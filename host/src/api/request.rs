@@ -336,7 +336,18 @@ pub(super) fn turn_from(
         sampling,
         max_tokens: max_tokens.map_or(usize::MAX, |n| n as usize),
         stop: stops(r.stop)?,
-        max_tool_rounds: r.max_tool_rounds.map(|n| n as usize),
+        max_tool_rounds: match r.max_tool_rounds {
+            // Zero rounds of host calls would still run the first (the last round is the one without
+            // tools): refused rather than read as one.
+            Some(0) => {
+                return Err(ApiError::bad(
+                    "`max_tool_rounds` must be at least 1 (for no host calls, leave out `thorn:` tools or \
+                     send tool_choice none)",
+                    Some("max_tool_rounds"),
+                ));
+            }
+            n => n.map(|n| n as usize),
+        },
         conversation: conversation_of(r.conversation_id, r.user)?,
         key_id: caller.key.as_ref().map(|k| k.id().to_owned()),
         peer: caller.peer.map(|p| p.to_string()),

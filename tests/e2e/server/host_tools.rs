@@ -221,6 +221,26 @@ fn client_tools_are_never_run_as_host_plugins() {
 }
 
 #[test]
+fn zero_tool_rounds_is_a_400_and_runs_no_host_call() {
+    let s = start_tuned(1024, 8, 2, ServerConfig::default(), |a| a);
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": user("What is 17 * 3?"), "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "thorn:calculator"}}],
+            "temperature": 0, "max_tokens": 64, "max_tool_rounds": 0}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "max_tool_rounds", "{}", r.body);
+    let m = http(s.addr, "GET", "/metrics", &[], b"");
+    assert!(
+        !m.body.contains("tool=\"evaluate\""),
+        "the plugin never ran: {}",
+        m.body
+    );
+}
+
+#[test]
 fn host_calls_past_the_budget_are_not_run() {
     let s = start_tuned(1024, 8, 2, ServerConfig::default(), |a| {
         a.with_max_host_calls(0)
