@@ -28,6 +28,8 @@
 //! plugin while thorn runs, every session is told with `notifications/tools/list_changed`, over the
 //! session's stream for the 2025 revisions and over `subscriptions/listen` for 2026-07-28.
 
+pub mod stdio;
+
 use crate::auth::ApiKey;
 use rmcp::ServerHandler;
 use rmcp::model::{

@@ -362,7 +362,7 @@ pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) 
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let running = tools.serve(rmcp::transport::stdio()).await?;
+        let running = tools.serve(thorn::mcp::stdio::transport()).await?;
         running.waiting().await?;
         anyhow::Ok(())
     })

@@ -104,6 +104,40 @@ struct Installed {
     entries: serde_json::Map<String, Value>,
 }
 
+/// `thorn mcp` answers a line that is not JSON with JSON-RPC's parse error (id null) and goes on serving:
+/// a client that sent garbage learns why instead of waiting for a reply that never comes.
+#[test]
+fn thorn_mcp_answers_a_line_that_is_not_json_with_a_parse_error() {
+    use std::io::{BufRead, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(thorn_tests::thorn_binary())
+        .args(["mcp", "--plugin-poll", "0", "--plugins"])
+        .arg(dir.path())
+        .arg("--policy")
+        .arg(dir.path().join("policy.json"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}});
+    writeln!(stdin, "this is not json\n{init}").unwrap();
+    drop(stdin);
+    let lines: Vec<Value> = std::io::BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    let _ = child.wait();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["error"]["code"], -32700, "{lines:?}");
+    assert!(lines[0]["id"].is_null());
+    assert_eq!(lines[1]["id"], 1);
+    assert_eq!(lines[1]["result"]["serverInfo"]["name"], "thorn");
+}
+
 fn install(names: &[&str]) -> Installed {
     let dir = tempfile::tempdir().unwrap();
     let plugins = dir.path().join("plugins");
