@@ -156,6 +156,12 @@ pub struct ServeArgs {
     /// Most MCP sessions open at once.
     #[arg(long, default_value_t = 256, help_heading = "MCP")]
     pub mcp_max_sessions: usize,
+    /// Most MCP sessions one API key holds at once (so one client cannot take them all).
+    #[arg(long, default_value_t = 32, help_heading = "MCP")]
+    pub mcp_max_sessions_per_key: usize,
+    /// Most MCP sessions one client address holds at once.
+    #[arg(long, default_value_t = 16, help_heading = "MCP")]
+    pub mcp_max_sessions_per_peer: usize,
     /// An OpenAI-compatible engine behind thorn's agent loop (vLLM, SGLang, llama-server, another
     /// thorn): `NAME=URL[,OPTION=VALUE...]`, repeatable. Its models are served as `NAME/MODEL`; host
     /// tools stay local and sandboxed. Options: key_env, key_file, models, connect_timeout, timeout,
@@ -427,6 +433,8 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
             allowed_hosts: a.mcp_allowed_host.clone(),
             allowed_origins: a.mcp_allowed_origin.clone(),
             max_sessions: a.mcp_max_sessions.max(1),
+            max_sessions_per_key: a.mcp_max_sessions_per_key.max(1),
+            max_sessions_per_peer: a.mcp_max_sessions_per_peer.max(1),
         },
     };
     if !a.no_mcp && !is_loopback(&a.host) && a.mcp_allowed_host.is_empty() {

@@ -759,3 +759,85 @@ fn mcp_sessions_are_bounded() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// One client cannot take every MCP session: with `--mcp-max-sessions-per-peer 2` a third `initialize`
+/// from the same address is a 429 naming the bound, and with keys a key is bounded the same way
+/// (`--mcp-max-sessions-per-key 1`) while another key still gets its session.
+#[test]
+fn mcp_sessions_are_bounded_per_key_and_per_address() {
+    let Installed {
+        plugins: installed,
+        dir,
+        entries,
+        ..
+    } = install(&["calculator"]);
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, json!({ "plugins": entries }).to_string()).unwrap();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}})
+    .to_string();
+    let open = |addr, key: Option<&str>| {
+        let bearer = key.map(|k| format!("Bearer {k}"));
+        let mut headers = vec![
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ];
+        if let Some(b) = &bearer {
+            headers.push(("Authorization", b.as_str()));
+        }
+        thorn_tests::http(addr, "POST", "/mcp", &headers, init.as_bytes())
+    };
+    // Per address.
+    let server = thorn_tests::ServeProcess::start(&[
+        "--context",
+        "1024",
+        "--plugins",
+        &path_str(&installed),
+        "--policy",
+        &path_str(&policy),
+        "--mcp-max-sessions-per-peer",
+        "2",
+    ]);
+    for _ in 0..2 {
+        let r = open(server.addr, None);
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let third = open(server.addr, None);
+    assert_eq!(third.status, 429, "{}", third.body);
+    assert!(
+        third.body.contains("this address has 2 MCP sessions"),
+        "{}",
+        third.body
+    );
+    assert!(third.header("retry-after").is_some());
+    drop(server);
+    // Per key.
+    let server = thorn_tests::ServeProcess::start(&[
+        "--context",
+        "1024",
+        "--plugins",
+        &path_str(&installed),
+        "--policy",
+        &path_str(&policy),
+        "--api-key",
+        "sk-one",
+        "--api-key",
+        "sk-two",
+        "--mcp-max-sessions-per-key",
+        "1",
+    ]);
+    assert_eq!(open(server.addr, Some("sk-one")).status, 200);
+    let again = open(server.addr, Some("sk-one"));
+    assert_eq!(again.status, 429, "{}", again.body);
+    assert!(
+        again.body.contains("this API key has 1 MCP sessions"),
+        "{}",
+        again.body
+    );
+    assert_eq!(
+        open(server.addr, Some("sk-two")).status,
+        200,
+        "another key is served"
+    );
+}

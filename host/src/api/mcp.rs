@@ -12,9 +12,11 @@
 //!   header (a browser's) is refused unless that origin is allowed (`--mcp-allowed-origin`; none by
 //!   default). Both answer 403.
 //! - **Bounds.** A POST's body is read here as the chat routes read theirs (`--max-body`, the body
-//!   timeout, the budget shared by all bodies in flight) before rmcp parses it; at most `max_sessions` sessions (the 2025
-//!   revisions keep one per client) live at once, a new one past that is a 429 with `Retry-After`, and
-//!   an idle session is dropped after five minutes.
+//!   timeout, the budget shared by all bodies in flight) before rmcp parses it; at most `max_sessions`
+//!   sessions (the 2025 revisions keep one per client) live at once, at most `max_sessions_per_key` of
+//!   them for one API key and `max_sessions_per_peer` for one client address (so one client cannot lock
+//!   the others out); a new one past a bound is a 429 with `Retry-After`, and an idle session is dropped
+//!   after five minutes.
 
 use super::listen::Peer;
 use super::{ApiError, AppState};
@@ -27,6 +29,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use std::collections::HashMap;
 use std::sync::Arc;
 use thorn_plugin::Caller;
 
@@ -42,6 +45,10 @@ pub struct McpHttp {
     pub allowed_origins: Vec<String>,
     /// Most live sessions.
     pub max_sessions: usize,
+    /// Most live sessions of one API key.
+    pub max_sessions_per_key: usize,
+    /// Most live sessions of one client address.
+    pub max_sessions_per_peer: usize,
 }
 
 impl Default for McpHttp {
@@ -51,6 +58,8 @@ impl Default for McpHttp {
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             max_sessions: 256,
+            max_sessions_per_key: 32,
+            max_sessions_per_peer: 16,
         }
     }
 }
@@ -63,6 +72,16 @@ const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 struct Guard {
     state: Arc<AppState>,
     sessions: Arc<LocalSessionManager>,
+    /// Who opened each session (its key and address), and a lock that makes opening one (the bound
+    /// checked, the session made, its owner noted) one step.
+    owners: Arc<tokio::sync::Mutex<HashMap<String, Owner>>>,
+}
+
+/// Who opened a session.
+#[derive(Debug, Clone, PartialEq)]
+struct Owner {
+    key: Option<String>,
+    peer: Option<std::net::IpAddr>,
 }
 
 /// The `/mcp` route over `state` (nothing when it is disabled).
@@ -95,6 +114,7 @@ pub(super) fn routes(state: &Arc<AppState>) -> Router {
     let guard = Guard {
         state: Arc::clone(state),
         sessions,
+        owners: Arc::default(),
     };
     Router::new()
         .route_service("/mcp", service)
@@ -110,27 +130,96 @@ async fn admit(State(g): State<Guard>, req: Request<Body>, next: Next) -> Respon
         Err(e) => return e.into_response(),
     };
     let (mut parts, body) = req.into_parts();
+    let peer_addr = parts.extensions.get::<Peer>().map(|Peer(p)| *p);
+    let owner = Owner {
+        key: key.as_ref().map(|k| k.id().to_owned()),
+        peer: peer_addr.map(|p| p.ip()),
+    };
     let mut held = None;
+    // A POST without a session opens one: its body read, it holds the owners' lock until the session
+    // exists (so the bounds hold under concurrent opens).
+    let mut opening = None;
     let body = if parts.method == axum::http::Method::POST {
-        if !parts.headers.contains_key("mcp-session-id") {
+        let new = !parts.headers.contains_key("mcp-session-id");
+        if new {
             let live = g.sessions.sessions.read().await.len();
             if live >= g.state.config.mcp.max_sessions {
                 return ApiError::Busy(format!("{live} MCP sessions are open")).into_response();
             }
         }
-        match super::handler::read_body(&g.state, &parts.headers, body).await {
+        let body = match super::handler::read_body(&g.state, &parts.headers, body).await {
             Ok((bytes, permit)) => {
                 held = Some(permit);
                 Body::from(bytes)
             }
             Err(e) => return e.into_response(),
+        };
+        if new {
+            let owners = Arc::clone(&g.owners).lock_owned().await;
+            match admit_session(&g, owners, &owner).await {
+                Ok(o) => opening = Some(o),
+                Err(e) => return e.into_response(),
+            }
         }
+        body
     } else {
         body
     };
-    let peer = parts.extensions.get::<Peer>().map(|Peer(p)| p.to_string());
-    parts.extensions.insert(McpIdentity { key, peer });
+    parts.extensions.insert(McpIdentity {
+        key,
+        peer: peer_addr.map(|p| p.to_string()),
+    });
     let response = next.run(Request::from_parts(parts, body)).await;
+    if let (Some(mut owners), Some(id)) = (
+        opening,
+        response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok()),
+    ) {
+        owners.insert(id.to_owned(), owner);
+    }
     drop(held);
     response
+}
+
+/// Checks the session bounds for a new session of `owner` (pruning the owners of sessions that ended),
+/// keeping the lock for the caller to note the new session's owner.
+async fn admit_session(
+    g: &Guard,
+    mut owners: tokio::sync::OwnedMutexGuard<HashMap<String, Owner>>,
+    owner: &Owner,
+) -> Result<tokio::sync::OwnedMutexGuard<HashMap<String, Owner>>, ApiError> {
+    let cfg = &g.state.config.mcp;
+    let live = g.sessions.sessions.read().await;
+    if live.len() >= cfg.max_sessions {
+        return Err(ApiError::Busy(format!(
+            "{} MCP sessions are open",
+            live.len()
+        )));
+    }
+    owners.retain(|id, _| live.contains_key(id.as_str()));
+    drop(live);
+    if let Some(k) = &owner.key {
+        let n = owners
+            .values()
+            .filter(|o| o.key.as_ref() == Some(k))
+            .count();
+        if n >= cfg.max_sessions_per_key {
+            return Err(ApiError::Busy(format!(
+                "this API key has {n} MCP sessions open (at most {})",
+                cfg.max_sessions_per_key
+            )));
+        }
+    }
+    if let Some(p) = owner.peer {
+        let n = owners.values().filter(|o| o.peer == Some(p)).count();
+        if n >= cfg.max_sessions_per_peer {
+            return Err(ApiError::Busy(format!(
+                "this address has {n} MCP sessions open (at most {})",
+                cfg.max_sessions_per_peer
+            )));
+        }
+    }
+    Ok(owners)
 }
