@@ -454,8 +454,26 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
                 std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
             let c = host(cache)?.open_bytes(&file, &bytes)?;
             let name = c.manifest().name.clone();
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let dest = dir.join(format!("{name}.wasm"));
+            // Without --approve, never replace the file of an approved plugin with other bytes: the server
+            // would refuse the changed file, taking the approved tool away (or run what was never
+            // approved, were the pin ever moved to follow the file).
+            if !approve
+                && dest.exists()
+                && let Some(pinned) = policy(&policy_path)?.pinned(&name)
+                && pinned.bytes().any(|b| b != b'0')
+                && pinned != c.sha256()
+            {
+                bail!(
+                    "{name} is approved in {} (sha256 {pinned}); this file is another (sha256 {}), and installing \
+                     it without approval would replace the approved one. To install and approve it: `thorn \
+                     plugins install {} --approve`",
+                    policy_path.display(),
+                    c.sha256(),
+                    file.display()
+                );
+            }
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
             std::io::Write::write_all(&mut tmp, &bytes)?;
             tmp.as_file().sync_all()?;

@@ -992,3 +992,67 @@ fn sockets_count_against_the_resource_cap() {
     drop(std::net::TcpStream::connect(addr));
     acceptor.join().unwrap();
 }
+
+/// `thorn plugins install FILE` without `--approve` never replaces the file of an approved plugin with
+/// other bytes (the server would then refuse it, taking the approved tool away): it refuses, naming the
+/// command that installs and approves, and the approved file stays as it was.
+#[test]
+fn installing_over_an_approved_plugin_needs_approval() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    let policy = dir.path().join("policy.json");
+    let thorn = |args: &[&str]| {
+        std::process::Command::new(thorn_tests::thorn_binary())
+            .arg("plugins")
+            .args(args)
+            .arg("--plugins")
+            .arg(&plugins)
+            .arg("--policy")
+            .arg(&policy)
+            .output()
+            .unwrap()
+    };
+    let original = plugin_wasm("calculator");
+    let out = thorn(&["install", original.to_str().unwrap(), "--approve"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let installed = plugins.join("calculator.wasm");
+    let approved = std::fs::read(&installed).unwrap();
+    // The same plugin with other bytes (a custom section appended: still a valid component).
+    let mut other = approved.clone();
+    other.extend_from_slice(&[0, 4, 3, b'x', b'y', b'z']);
+    let other_path = dir.path().join("calculator-2.wasm");
+    std::fs::write(&other_path, &other).unwrap();
+    let out = thorn(&["install", other_path.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused");
+    assert!(
+        err.contains("--approve") && err.contains("is approved"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&installed).unwrap(),
+        approved,
+        "the approved file stays"
+    );
+    // With approval it goes in, pinned.
+    let out = thorn(&["install", other_path.to_str().unwrap(), "--approve"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&installed).unwrap(), other);
+    let p = Policy::load(&policy).unwrap();
+    assert_eq!(p.pinned("calculator"), Some(sha256_hex(&other).as_str()));
+    // The same bytes as approved install without a word (nothing changes).
+    let out = thorn(&["install", other_path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
