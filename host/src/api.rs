@@ -40,6 +40,7 @@ pub mod anthropic;
 mod chat;
 mod completions;
 pub mod error;
+mod estop;
 mod handler;
 pub mod listen;
 pub mod mcp;
@@ -79,6 +80,8 @@ pub struct ServerConfig {
     pub http: HttpLimits,
     /// `/mcp` ([`mcp`]).
     pub mcp: mcp::McpHttp,
+    /// The e-stop latch of the plugins this server runs (`/v1/thorn/estop`, `/health`).
+    pub estop: Arc<thorn_plugin::Estop>,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +92,7 @@ impl Default for ServerConfig {
             metrics_auth: false,
             http: HttpLimits::default(),
             mcp: mcp::McpHttp::default(),
+            estop: Arc::default(),
         }
     }
 }
@@ -154,6 +158,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models::models))
         .route("/v1/models/{id}", get(models::model))
         .route("/health", get(status::health))
+        .route("/v1/thorn/estop", get(estop::estop).post(estop::set_estop))
         .route("/metrics", get(status::metrics_text))
         .fallback(handler::not_found)
         .layer(from_fn_with_state(

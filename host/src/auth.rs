@@ -5,13 +5,14 @@
 //! about how much of a key was right. Each key has an id (recorded in the audit log, never the secret), an
 //! optional allow-list of host tools (plugin names or plugin function names; absent = every installed
 //! plugin), an optional allow-list of upstream engines (absent = every `--upstream`; `[]` = none, so its
-//! requests stay local) and whether it may read `/metrics`.
+//! requests stay local), whether it may read `/metrics`, and whether it is an operator's (`operator`:
+//! it may latch and release the e-stop).
 //!
 //! The key file (`thorn serve --api-keys FILE`) is JSON:
 //! `{"keys": [{"id": "robot-1", "sha256": "<hex of the key>", "tools": ["calculator"], "upstreams": [],
-//! "metrics": false}]}`
+//! "metrics": false, "operator": false}]}`
 //! (`printf %s "$KEY" | sha256sum` gives the digest). Keys given on the command line (`--api-key`) or in
-//! `THORN_API_KEYS` may use every tool and read `/metrics`.
+//! `THORN_API_KEYS` may use every tool, read `/metrics` and operate the e-stop.
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -47,6 +48,7 @@ pub struct ApiKey {
     tools: Option<Vec<String>>,
     upstreams: Option<Vec<String>>,
     metrics: bool,
+    operator: bool,
 }
 
 impl ApiKey {
@@ -58,6 +60,7 @@ impl ApiKey {
             tools: None,
             upstreams: None,
             metrics: true,
+            operator: true,
         }
     }
 
@@ -102,6 +105,17 @@ impl ApiKey {
     pub fn may_read_metrics(&self) -> bool {
         self.metrics
     }
+
+    /// Whether the key is an operator's (it may latch and release the e-stop).
+    pub fn may_operate(&self) -> bool {
+        self.operator
+    }
+
+    /// Whether the key is an operator's.
+    pub fn with_operator(mut self, on: bool) -> Self {
+        self.operator = on;
+        self
+    }
 }
 
 /// The accepted keys (none: no authentication).
@@ -127,6 +141,8 @@ struct KeyEntry {
     upstreams: Option<Vec<String>>,
     #[serde(default)]
     metrics: bool,
+    #[serde(default)]
+    operator: bool,
 }
 
 impl Keys {
@@ -178,6 +194,7 @@ impl Keys {
                 tools: e.tools,
                 upstreams: e.upstreams,
                 metrics: e.metrics,
+                operator: e.operator,
             });
         }
         Ok(keys)

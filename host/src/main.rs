@@ -10,6 +10,7 @@ use thorn_guide::ToolGrammars;
 use thorn_tools::chat::{ChatTemplate, Message};
 
 mod bench;
+mod estop;
 mod opts;
 mod plugins;
 mod serve;
@@ -88,6 +89,14 @@ enum Cmd {
         /// is told (`notifications/tools/list_changed`); 0: load once.
         #[arg(long, default_value_t = 2)]
         plugin_poll: u64,
+    },
+    /// The running server's e-stop latch: `on` refuses every call that can move or change anything
+    /// (stop and read-only functions still run), `off` releases it, `status` shows it.
+    Estop {
+        #[command(subcommand)]
+        cmd: estop::EstopCmd,
+        #[command(flatten)]
+        server: estop::EstopArgs,
     },
     /// Tool plugins: list, inspect, check, call, install, approve, grant.
     Plugins {
@@ -274,6 +283,7 @@ fn main() -> Result<()> {
             cmd: ModelCmd::Info { path, tensors },
         } => info(&resolve(&cache, path)?, tensors),
         Cmd::Plugins { place, cmd } => plugins::run(&cache, &place, cmd),
+        Cmd::Estop { cmd, server } => estop::run(cmd, &server),
         Cmd::Mcp {
             place,
             conversation,

@@ -21,9 +21,24 @@ pub struct Place {
     /// The operator's policy file (default: <data dir>/policy.json).
     #[arg(long, global = true)]
     pub policy: Option<PathBuf>,
+    /// Where the e-stop latch is kept across restarts (default: estop.json beside the policy file).
+    #[arg(long, global = true)]
+    pub estop_file: Option<PathBuf>,
 }
 
 impl Place {
+    /// The e-stop latch's file.
+    pub fn estop_path(&self) -> PathBuf {
+        self.estop_file
+            .clone()
+            .unwrap_or_else(|| self.resolve().1.with_file_name("estop.json"))
+    }
+
+    /// The e-stop latch, as the file keeps it.
+    pub fn estop(&self) -> std::sync::Arc<thorn_plugin::Estop> {
+        std::sync::Arc::new(thorn_plugin::Estop::load(&self.estop_path()))
+    }
+
     /// The plugin directory and the policy file.
     pub fn resolve(&self) -> (PathBuf, PathBuf) {
         let data = thorn::store::data_dir(None);

@@ -18,6 +18,7 @@ use thorn::auth::Keys;
 use thorn::upstream::{UpstreamSpec, Upstreams};
 use thorn_engine::engine::{Engine, EngineConfig};
 use thorn_engine::sample::SamplingParams;
+use thorn_plugin::Estop;
 use thorn_plugin::{Fingerprint, GrammarCheck, HostConfig, LiveSet, PluginHost, PluginSet, Policy};
 use thorn_tools::chat::Message;
 
@@ -177,7 +178,7 @@ pub struct ServeArgs {
 }
 
 /// Loads the model onto its engine thread and the plugins under the policy.
-pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
+pub fn build_agent(cache: &Path, a: &AgentArgs, estop: &Arc<Estop>) -> Result<Agent> {
     let default = thorn::store::default_model(cache);
     let (path, default_name) = match &a.model.model {
         Some(p) => (p.clone(), None),
@@ -218,7 +219,7 @@ pub fn build_agent(cache: &Path, a: &AgentArgs) -> Result<Agent> {
         .resolve(engine.gguf().get_str("tokenizer.chat_template").ok());
     eprintln!("tool calls: {tool_format} format");
     let check = grammar_check(engine.tokenizer_arc())?;
-    let (plugins, dir) = load_plugins(cache, &a.place, None, Some(&*check))?;
+    let (plugins, dir) = load_plugins(cache, &a.place, None, Some(&*check), estop)?;
     eprintln!(
         "model {name} ({context} tokens of context, {threads} threads); {} plugin(s){} with {} tool(s) from {}",
         plugins.plugins().len(),
@@ -252,12 +253,14 @@ fn load_plugins(
     place: &Place,
     previous: Option<&PluginSet>,
     grammar: Option<&GrammarCheck>,
+    estop: &Arc<Estop>,
 ) -> Result<(PluginSet, PathBuf)> {
     let (dir, policy_path) = place.resolve();
     let host = PluginHost::with_config(HostConfig {
         cache_dir: Some(cache.join("cwasm")),
         ..HostConfig::default()
-    })?;
+    })?
+    .with_estop(Arc::clone(estop));
     let policy = Policy::load(&policy_path)?;
     let plugins = PluginSet::load_checked(&host, &dir, &policy, previous, grammar)?;
     for r in plugins.refused() {
@@ -296,6 +299,7 @@ pub fn watch_plugins(
     live: Arc<LiveSet>,
     every: Duration,
     grammar: Option<Arc<GrammarCheck>>,
+    estop: Arc<Estop>,
 ) {
     if every.is_zero() {
         return;
@@ -314,7 +318,7 @@ pub fn watch_plugins(
                 }
                 seen = now;
                 let previous = live.current();
-                match load_plugins(&cache, &place, Some(&previous), grammar.as_deref()) {
+                match load_plugins(&cache, &place, Some(&previous), grammar.as_deref(), &estop) {
                     Ok((set, _)) => {
                         let (n, tools) = (set.plugins().len(), set.tools().tools().len());
                         let changed = live.replace(Arc::new(set));
@@ -342,7 +346,8 @@ pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) 
     use rmcp::ServiceExt;
     thorn_plugin::validate_conversation_id(&conversation)?;
     // No model here: the policy's external MCP servers are for the agent, and are not started.
-    let (plugins, dir) = load_plugins(cache, place, None, None)?;
+    let estop = place.estop();
+    let (plugins, dir) = load_plugins(cache, place, None, None, &estop)?;
     eprintln!(
         "thorn mcp: {} plugin(s) with {} tool(s) from {} on stdio",
         plugins.plugins().len(),
@@ -361,6 +366,7 @@ pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) 
         Arc::clone(&live),
         Duration::from_secs(plugin_poll),
         None,
+        estop,
     );
     let tools = thorn::mcp::McpTools::new(live, caller);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -372,6 +378,26 @@ pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) 
         running.waiting().await?;
         anyhow::Ok(())
     })
+}
+
+/// SIGUSR1 latches the e-stop (a wired button or a watchdog can send it; releasing is always a
+/// decision, through the API or `thorn estop off`).
+fn latch_on_sigusr1(estop: Arc<Estop>) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut usr1 = signal(SignalKind::user_defined1()).context("listening for SIGUSR1")?;
+        tokio::spawn(async move {
+            while usr1.recv().await.is_some() {
+                if let Err(e) = estop.set(true, "signal") {
+                    eprintln!("e-stop latched by SIGUSR1, but its state could not be kept: {e}");
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = estop;
+    Ok(())
 }
 
 /// Whether `host` (the `--host` flag) only accepts local clients.
@@ -392,7 +418,8 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         .map(|s| UpstreamSpec::parse(s))
         .collect::<Result<Vec<_>, _>>()?;
     let upstreams = Upstreams::new(specs, a.local_first.as_deref())?;
-    let agent = build_agent(cache, &a.agent)?;
+    let estop = a.agent.place.estop();
+    let agent = build_agent(cache, &a.agent, &estop)?;
     let mut secrets = a.api_key;
     if let Ok(env) = std::env::var("THORN_API_KEYS") {
         secrets.extend(
@@ -436,6 +463,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
             max_sessions_per_key: a.mcp_max_sessions_per_key.max(1),
             max_sessions_per_peer: a.mcp_max_sessions_per_peer.max(1),
         },
+        estop: Arc::clone(&estop),
     };
     if !a.no_mcp && !is_loopback(&a.host) && a.mcp_allowed_host.is_empty() {
         eprintln!(
@@ -448,6 +476,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         Arc::clone(agent.live_plugins()),
         Duration::from_secs(a.plugin_poll),
         Some(grammar_check(Arc::clone(&agent.model().tokenizer))?),
+        Arc::clone(&estop),
     );
     let live = Arc::clone(agent.live_plugins());
     let state = Arc::new(AppState::new(agent, config).with_upstreams(upstreams.clone()));
@@ -456,6 +485,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
+        latch_on_sigusr1(Arc::clone(&estop))?;
         let addr = format!("{}:{}", a.host, a.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
@@ -552,7 +582,7 @@ fn printer() -> impl FnMut(Event) + Send {
 
 /// `thorn run "task"`: one agent run, transcript on stdout.
 pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Result<()> {
-    let agent = build_agent(cache, a)?;
+    let agent = build_agent(cache, a, &a.place.estop())?;
     let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
     messages.push(Message::user(task));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -585,7 +615,7 @@ pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Res
 
 /// `thorn chat`: an interactive conversation in the terminal.
 pub fn chat(cache: &Path, a: &AgentArgs, system: Option<&str>, temperature: f32) -> Result<()> {
-    let agent = build_agent(cache, a)?;
+    let agent = build_agent(cache, a, &a.place.estop())?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -8,6 +8,7 @@ mod hybrid;
 mod mcp;
 mod model_file;
 mod plugins;
+mod safety;
 mod server;
 mod spec;
 mod tokenizer;

@@ -1056,3 +1056,66 @@ fn installing_over_an_approved_plugin_needs_approval() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The e-stop latch at the plugin: latched, a move is refused (`estopped`, before the plugin runs) while
+/// reading the arm and its stop run; calls already running (a guest spinning, one sleeping in a host call)
+/// end at once when it latches; released, moves run again.
+#[test]
+fn a_latched_estop_refuses_moves_runs_stops_and_interrupts_running_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let estop = Arc::new(thorn_plugin::Estop::load(&dir.path().join("estop.json")));
+    let host = PluginHost::with_config(HostConfig {
+        cache_dir: None,
+        pool_slots: 8,
+        max_memory: 256 << 20,
+    })
+    .unwrap()
+    .with_estop(Arc::clone(&estop));
+    let arm = host
+        .load_with(
+            &plugin_wasm("robot_arm"),
+            dir_grant(dir.path(), "/state", true),
+        )
+        .unwrap();
+    let stop = arm
+        .manifest()
+        .functions
+        .iter()
+        .find(|f| f.name == "arm_stop")
+        .unwrap();
+    assert!(stop.stop, "the SDK's marker reaches the manifest");
+    estop.set(true, "test").unwrap();
+    let err = arm.call("move_joints", &json!({"base": 10})).unwrap_err();
+    assert_eq!(err.kind(), "estopped", "{err}");
+    assert_eq!(arm.call("arm_state", &json!({})).unwrap()["base"], 0.0);
+    assert_eq!(arm.call("arm_stop", &json!({})).unwrap()["stops"], 1);
+    assert!(arm.call("arm_home", &json!({})).is_ok(), "home is a stop");
+    estop.set(false, "test").unwrap();
+    assert_eq!(
+        arm.call("move_joints", &json!({"base": 10})).unwrap()["base"],
+        10.0
+    );
+    // Running calls end when it latches: one spinning in the guest, one asleep in a host call.
+    let limits = Limits {
+        timeout: Duration::from_secs(60),
+        ..Limits::default()
+    };
+    let hostile = Arc::new(
+        host.load_with(&plugin_wasm("hostile"), Grant::none(limits))
+            .unwrap(),
+    );
+    for (function, args) in [("spin", json!({"n": 0})), ("sleep", json!({"n": 60_000}))] {
+        let p = Arc::clone(&hostile);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let _ = tx.send((p.call(function, &args), t0.elapsed()));
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        estop.set(true, "test").unwrap();
+        let (out, took) = rx.recv_timeout(Duration::from_secs(30)).expect("ended");
+        assert_eq!(out.unwrap_err().kind(), "estopped", "{function}");
+        assert!(took < Duration::from_secs(30), "{function}: {took:?}");
+        estop.set(false, "test").unwrap();
+    }
+}

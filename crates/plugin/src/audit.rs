@@ -624,7 +624,9 @@ mod tests {
         std::fs::write(&target, "keep\n").unwrap();
         let link = dir.path().join("audit.jsonl");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        let e = AuditLog::open(&link).err().expect("a symlink is refused");
+        let Err(e) = AuditLog::open(&link) else {
+            panic!("a symlink is refused")
+        };
         assert!(e.to_string().contains("symbolic link"), "{e}");
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep\n");
         // A FIFO: refused at once (opening one to write would wait for a reader), saying what it is.
@@ -647,9 +649,9 @@ mod tests {
             .expect("a FIFO is refused");
         assert!(e.contains("not a regular file (a FIFO)"), "{e}");
         // A directory too.
-        let e = AuditLog::open(dir.path())
-            .err()
-            .expect("a directory is refused");
+        let Err(e) = AuditLog::open(dir.path()) else {
+            panic!("a directory is refused")
+        };
         assert!(e.to_string().to_lowercase().contains("directory"), "{e}");
     }
 }

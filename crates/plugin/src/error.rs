@@ -102,6 +102,16 @@ pub enum PluginError {
     /// The caller's conversation id, key id or peer address is malformed (an API maps it to 400).
     #[error(transparent)]
     Caller(#[from] CallerError),
+    /// The e-stop is latched and the function is neither a stop nor read-only (see [`crate::Estop`]).
+    #[error(
+        "the e-stop is latched: {plugin:?}'s {function:?} was not run (only stop and read-only functions run until it is released)"
+    )]
+    Estopped {
+        /// The plugin (or MCP server).
+        plugin: String,
+        /// The function.
+        function: String,
+    },
     /// An external MCP server could not be started, or failed a call (exited, malformed JSON-RPC).
     #[error("MCP server {server:?}: {msg}")]
     Server {
@@ -140,6 +150,7 @@ impl PluginError {
             PluginError::Caller(_) => "caller",
             PluginError::ResourceLimit { .. } => "resource_limit",
             PluginError::Server { .. } => "mcp_server",
+            PluginError::Estopped { .. } => "estopped",
         }
     }
 }

@@ -66,6 +66,9 @@ pub struct McpServer {
     session: Mutex<Option<Session>>,
     slots: Semaphore,
     audit: Option<Arc<AuditLog>>,
+    /// The process's e-stop latch: while it is latched no call goes out (a server outside the sandbox
+    /// promises nothing about what its tools do).
+    estop: Option<Arc<crate::Estop>>,
     refused: Vec<String>,
     /// The runtime its session's tasks run on (kept alive while it is), for blocking calls.
     runtime: Option<(tokio::runtime::Handle, Arc<crate::sandbox::Shared>)>,
@@ -160,6 +163,7 @@ impl McpServer {
             remote,
             session: Mutex::new(Some(session)),
             audit: None,
+            estop: None,
             refused,
             runtime: None,
         })
@@ -308,8 +312,20 @@ impl McpServer {
         .await
     }
 
-    /// The server's name for `function`, once the arguments satisfy its schema.
+    /// Refuses every call while `estop` is latched.
+    pub fn with_estop(mut self, estop: Arc<crate::Estop>) -> Self {
+        self.estop = Some(estop);
+        self
+    }
+
+    /// The server's name for `function`, once the e-stop lets it out and the arguments satisfy its schema.
     fn admit_call(&self, function: &str, args: &Value) -> Result<String, PluginError> {
+        if self.estop.as_ref().is_some_and(|e| e.latched()) {
+            return Err(PluginError::Estopped {
+                plugin: self.spec.name.clone(),
+                function: function.to_owned(),
+            });
+        }
         let remote = self
             .remote
             .get(function)
@@ -508,6 +524,8 @@ fn function_of(server: &str, t: &Tool) -> Result<(FunctionDef, Value), String> {
         examples: Vec::new(),
         answer: None,
         from_request: Vec::new(),
+        // A server outside the sandbox cannot promise to stop anything.
+        stop: false,
         annotations,
     };
     let def = crate::manifest::tool_definition(&f);

@@ -3,7 +3,9 @@
 
 use crate::manifest::{self, Limits, Manifest};
 use crate::sandbox::{self, Shared, State, ToolPre};
-use crate::{CallReport, Grant, Plugin, PluginError, Policy, PolicyError, Requests, cache, linker};
+use crate::{
+    CallReport, Estop, Grant, Plugin, PluginError, Policy, PolicyError, Requests, cache, linker,
+};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -47,6 +49,7 @@ pub struct PluginHost {
     pub(crate) handle: tokio::runtime::Handle,
     shared: Arc<Shared>,
     manifest_validator: jsonschema::Validator,
+    estop: Arc<Estop>,
 }
 
 impl PluginHost {
@@ -127,7 +130,20 @@ impl PluginHost {
             handle,
             shared: Arc::new(shared),
             manifest_validator,
+            estop: Arc::default(),
         })
+    }
+
+    /// The host with `estop` as the e-stop latch of every plugin it loads from now on (by default one
+    /// kept in memory, released).
+    pub fn with_estop(mut self, estop: Arc<Estop>) -> Self {
+        self.estop = estop;
+        self
+    }
+
+    /// The e-stop latch of the plugins this host loads.
+    pub fn estop(&self) -> &Arc<Estop> {
+        &self.estop
     }
 
     /// Whether the pooling allocator is in use.
@@ -233,6 +249,7 @@ impl PluginHost {
             slots: Arc::clone(&self.slots),
             own: Arc::new(Semaphore::new(1)),
             audit: None,
+            estop: Arc::clone(&self.estop),
             max_memory: self.config.max_memory,
             lookup_names: Vec::new().into(),
         };

@@ -63,6 +63,8 @@ pub struct FunctionDef {
     pub from_request: Vec<String>,
     /// What a call does, as hints for clients (MCP tool annotations).
     pub annotations: Annotations,
+    /// It makes an actuator safe (`"stop": true`): it always runs, the e-stop latched included.
+    pub stop: bool,
 }
 
 /// A function's MCP tool annotations: hints for clients (an agent asking a person before a destructive
@@ -159,6 +161,7 @@ pub(crate) fn parse(
             .collect();
         functions.push(FunctionDef {
             annotations: Annotations::from_manifest(&f["annotations"]),
+            stop: f["stop"].as_bool().unwrap_or(false),
             from_request,
             description: f["description"].as_str().unwrap_or("").to_owned(),
             parameters: f["parameters"].clone(),
@@ -238,6 +241,7 @@ mod usage_tests {
                 answer: None,
                 from_request: from_request.iter().map(|s| (*s).to_owned()).collect(),
                 annotations: Annotations::default(),
+                stop: false,
             }],
             capabilities: Value::Null,
         };

@@ -3,7 +3,7 @@
 
 use crate::manifest::Manifest;
 use crate::sandbox::{self, Shared, State, ToolPre};
-use crate::{AuditLog, Caller, Grant, PluginError, trail};
+use crate::{AuditLog, Caller, Estop, Grant, PluginError, trail};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,6 +28,8 @@ pub struct Plugin {
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) own: Arc<Semaphore>,
     pub(crate) audit: Option<Arc<AuditLog>>,
+    /// The process's e-stop latch (the host's).
+    pub(crate) estop: Arc<Estop>,
     pub(crate) max_memory: usize,
     /// The granted host names (not addresses): the only names the guest may look up.
     pub(crate) lookup_names: Arc<[String]>,
@@ -177,7 +179,7 @@ impl Plugin {
         .await
     }
 
-    /// Checks the function exists and the arguments satisfy its schema.
+    /// Checks the function exists, the e-stop lets it run, and the arguments satisfy its schema.
     fn admit_call(&self, function: &str, args: &Value) -> Result<(), PluginError> {
         if self.tools.get(function).is_none() {
             return Err(PluginError::UnknownFunction {
@@ -185,12 +187,31 @@ impl Plugin {
                 function: function.to_owned(),
             });
         }
+        if self.estop.latched() && !self.always_runs(function) {
+            return Err(self.estopped(function));
+        }
         let call = thorn_tools::ParsedCall {
             name: function.to_owned(),
             arguments: args.clone(),
         };
         self.tools.check(&call)?;
         Ok(())
+    }
+
+    /// Whether `function` runs whatever the e-stop says (a stop, or read-only).
+    fn always_runs(&self, function: &str) -> bool {
+        self.manifest
+            .functions
+            .iter()
+            .find(|f| f.name == function)
+            .is_some_and(Estop::always_runs)
+    }
+
+    fn estopped(&self, function: &str) -> PluginError {
+        PluginError::Estopped {
+            plugin: self.name.clone(),
+            function: function.to_owned(),
+        }
     }
 
     /// Waits (at most the call's time limit) for one of the plugin's own slots and then a pool slot.
@@ -239,7 +260,15 @@ impl Plugin {
             let used = store.get_fuel().ok().map(|left| fuel - left);
             wasmtime::Result::Ok((out, used))
         };
-        let res = tokio::time::timeout(lim.timeout, fut).await;
+        // A call the e-stop stops ends when it latches: the guest yields every epoch tick (and a host
+        // call such as `sleep` is a wait), so the instance is dropped within a tick.
+        let interruptible = function.is_some_and(|f| !self.always_runs(f));
+        let res = tokio::select! {
+            r = tokio::time::timeout(lim.timeout, fut) => r,
+            () = self.estop.until_latched(), if interruptible => {
+                return Err(self.estopped(function.unwrap_or_default()));
+            }
+        };
         report.stdout = String::from_utf8_lossy(&stdout.contents()).into_owned();
         report.stderr = String::from_utf8_lossy(&stderr.contents()).into_owned();
         let plugin = || self.name.clone();

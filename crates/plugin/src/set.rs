@@ -258,7 +258,8 @@ impl PluginSet {
             let server = match &set.audit {
                 Some(log) => server.with_audit(Arc::clone(log)),
                 None => server,
-            };
+            }
+            .with_estop(Arc::clone(host.estop()));
             let index = set.servers.len();
             let mut kept = Vec::new();
             for f in &server.manifest().functions {

@@ -171,6 +171,8 @@ pub struct Health<'a> {
     pub mcp_servers: usize,
     /// Upstream engines (their state never changes `status`: the local model serves on).
     pub upstreams: Vec<UpstreamHealth>,
+    /// The e-stop latch.
+    pub estop: thorn_plugin::EstopState,
 }
 
 #[cfg(test)]

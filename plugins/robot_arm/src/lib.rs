@@ -59,6 +59,9 @@ pub struct Pose {
     pub joints: [f64; 4],
     /// Gripper opening, percent.
     pub gripper: f64,
+    /// Stops commanded so far (the simulator's record that a stop reached the arm).
+    #[serde(default)]
+    pub stops: u64,
 }
 
 impl Default for Pose {
@@ -66,6 +69,7 @@ impl Default for Pose {
         Pose {
             joints: [0.0, 0.0, 90.0, 0.0],
             gripper: 100.0,
+            stops: 0,
         }
     }
 }
@@ -87,6 +91,8 @@ pub struct Status {
     pub tool: [f64; 3],
     /// Simulated time the last motion took, seconds.
     pub motion_seconds: f64,
+    /// Stops commanded so far.
+    pub stops: u64,
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -123,6 +129,7 @@ fn status(p: &Pose, motion_seconds: f64) -> Status {
         gripper: p.gripper,
         tool: tool_position(&p.joints).0,
         motion_seconds: round(motion_seconds, 3),
+        stops: p.stops,
     }
 }
 
@@ -197,10 +204,21 @@ pub fn state(_: Nothing) -> Result<Status, String> {
     Ok(status(&load()?, 0.0))
 }
 
+/// Stops all motion where the arm is (the simulator records that the stop arrived).
+pub fn stop(_: Nothing) -> Result<Status, String> {
+    let mut p = load()?;
+    p.stops += 1;
+    save(&p)?;
+    Ok(status(&p, 0.0))
+}
+
 /// Returns to the home pose.
 pub fn home(_: Nothing) -> Result<Status, String> {
     let from = load()?;
-    let h = Pose::default();
+    let h = Pose {
+        stops: from.stops,
+        ..Pose::default()
+    };
     let (to, secs) = plan(
         &from,
         &Move {
@@ -250,6 +268,12 @@ thorn_plugin_sdk::plugin!(
     .example("Return the arm to its rest pose.", json!({}))
     .answer("Back home in {{ result.motion_seconds | num }} s: base {{ result.base | num }}°, shoulder {{ result.shoulder | num }}°, elbow {{ result.elbow | num }}°, wrist {{ result.wrist | num }}°, gripper {{ result.gripper | num }}% open, tool tip at ({{ result.tool | map('num') | join(', ') }}) m.")
     .destructive(true)
+    .stop()
+    .function("arm_stop", "Stops (halts, freezes) all of the arm's motion at once, where it is.", stop)
+    .example("Stop the arm now!", json!({}))
+    .answer("Stopped: base {{ result.base | num }}°, shoulder {{ result.shoulder | num }}°, elbow {{ result.elbow | num }}°, wrist {{ result.wrist | num }}°.")
+    .destructive(true)
+    .stop()
 );
 
 #[cfg(test)]

@@ -64,6 +64,7 @@ struct Function {
     answer: Option<String>,
     from_request: Vec<String>,
     annotations: serde_json::Map<String, Value>,
+    stop: bool,
     run: Handler,
 }
 
@@ -124,6 +125,7 @@ impl Plugin {
             answer: None,
             from_request: Vec::new(),
             annotations: serde_json::Map::new(),
+            stop: false,
             run,
         });
         self
@@ -145,6 +147,7 @@ impl Plugin {
             answer: None,
             from_request: Vec::new(),
             annotations: serde_json::Map::new(),
+            stop: false,
             run: Box::new(f),
         });
         self
@@ -195,6 +198,16 @@ impl Plugin {
             ("idempotentHint", idempotent),
         ] {
             self.hint(k, v);
+        }
+        self
+    }
+
+    /// Marks the function added last as one that makes the actuator safe (a stop, a return home): the
+    /// host always runs it, the e-stop latched included. A promise the host relies on, unlike the hints:
+    /// mark only functions that stop or park.
+    pub fn stop(mut self) -> Self {
+        if let Some(f) = self.functions.last_mut() {
+            f.stop = true;
         }
         self
     }
@@ -259,6 +272,9 @@ impl Plugin {
                 }
                 if !f.annotations.is_empty() {
                     v["annotations"] = Value::Object(f.annotations.clone());
+                }
+                if f.stop {
+                    v["stop"] = json!(true);
                 }
                 v
             })
