@@ -149,7 +149,7 @@ struct Sink {
     /// A failed write could not be cut back: the length the file must be cut to before the next write.
     torn_at: Option<u64>,
     /// Test hook: the next write puts this many bytes of its line and then fails.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "faults"))]
     fault: Option<usize>,
 }
 
@@ -193,7 +193,7 @@ impl AuditLog {
                 file: Arc::new(file),
                 written: 0,
                 torn_at: None,
-                #[cfg(test)]
+                #[cfg(any(test, feature = "faults"))]
                 fault: None,
             }),
             synced: tokio::sync::Mutex::new(0),
@@ -303,6 +303,13 @@ impl AuditLog {
         Ok(())
     }
 
+    /// Makes the next write fail after `bytes` bytes of its line (fault injection: the `faults` feature,
+    /// for tests of what happens when a record cannot be written).
+    #[cfg(any(test, feature = "faults"))]
+    pub fn fail_next_write(&self, bytes: usize) {
+        self.sink.lock().unwrap_or_else(|e| e.into_inner()).fault = Some(bytes);
+    }
+
     /// [`AuditLog::append`] for async callers: the sync runs on a blocking thread, and while it runs other
     /// calls go on and queue their lines, which the next sync then covers together.
     pub async fn append_async(&self, record: &Record<'_>) -> Result<(), AuditError> {
@@ -323,7 +330,7 @@ impl AuditLog {
 
 /// Writes `line` with one call (or, under test, fails partway as told).
 fn put(sink: &mut Sink, line: &[u8]) -> std::io::Result<()> {
-    #[cfg(test)]
+    #[cfg(any(test, feature = "faults"))]
     if let Some(n) = sink.fault.take() {
         (&*sink.file).write_all(&line[..n.min(line.len())])?;
         return Err(std::io::Error::other("injected write failure"));
