@@ -694,6 +694,23 @@ fn an_external_mcp_server_over_http_with_a_token() {
     );
 }
 
+/// An MCP `initialize` over HTTP to `/mcp` (with `key` as a bearer key): a new session.
+fn initialize(addr: std::net::SocketAddr, key: Option<&str>) -> thorn_tests::HttpResponse {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}})
+    .to_string();
+    let bearer = key.map(|k| format!("Bearer {k}"));
+    let mut headers = vec![
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    if let Some(b) = &bearer {
+        headers.push(("Authorization", b.as_str()));
+    }
+    thorn_tests::http(addr, "POST", "/mcp", &headers, init.as_bytes())
+}
+
 /// `/mcp`'s session bound: with `--mcp-max-sessions 1` a second `initialize` is a 429 with
 /// `Retry-After` while the first session lives, and is served once that session is closed (DELETE).
 #[test]
@@ -716,15 +733,7 @@ fn mcp_sessions_are_bounded() {
         "--mcp-max-sessions",
         "1",
     ]);
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"}}})
-    .to_string();
-    let headers = [
-        ("Content-Type", "application/json"),
-        ("Accept", "application/json, text/event-stream"),
-    ];
-    let open = || thorn_tests::http(server.addr, "POST", "/mcp", &headers, init.as_bytes());
+    let open = || initialize(server.addr, None);
     let first = open();
     assert_eq!(first.status, 200, "{}\n{}", first.body, server.log());
     assert!(first.body.contains("\"serverInfo\""), "{}", first.body);
@@ -773,21 +782,7 @@ fn mcp_sessions_are_bounded_per_key_and_per_address() {
     } = install(&["calculator"]);
     let policy = dir.path().join("policy.json");
     std::fs::write(&policy, json!({ "plugins": entries }).to_string()).unwrap();
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"}}})
-    .to_string();
-    let open = |addr, key: Option<&str>| {
-        let bearer = key.map(|k| format!("Bearer {k}"));
-        let mut headers = vec![
-            ("Content-Type", "application/json"),
-            ("Accept", "application/json, text/event-stream"),
-        ];
-        if let Some(b) = &bearer {
-            headers.push(("Authorization", b.as_str()));
-        }
-        thorn_tests::http(addr, "POST", "/mcp", &headers, init.as_bytes())
-    };
+    let open = initialize;
     // Per address.
     let server = thorn_tests::ServeProcess::start(&[
         "--context",

@@ -178,20 +178,21 @@ pub(crate) fn hermes_calls_grammar(
 /// matching that schema as the alternative) and `calls`, one `block`, or with `parallel` several with
 /// `separator` between them. The format's grammar then defines `block`.
 pub(crate) fn calls_head(answer: Option<&Value>, parallel: bool, separator: &str) -> String {
-    let mut g = String::new();
-    match answer {
-        Some(a) => {
-            g.push_str("start: answer | calls\n");
-            g.push_str(&format!("answer: %json {}\n", json_body(a)));
-        }
-        None => g.push_str("start: calls\n"),
-    }
+    let mut g = start_rule(answer);
     match (parallel, separator) {
         (false, _) => g.push_str("calls: block\n"),
         (true, "") => g.push_str("calls: block+\n"),
         (true, sep) => g.push_str(&format!("calls: block ({} block)*\n", Value::from(sep))),
     }
     g
+}
+
+/// `start`: the format's `calls`, or with `answer` a JSON answer matching that schema as the alternative.
+pub(crate) fn start_rule(answer: Option<&Value>) -> String {
+    match answer {
+        Some(a) => format!("start: answer | calls\nanswer: %json {}\n", json_body(a)),
+        None => "start: calls\n".to_owned(),
+    }
 }
 
 /// The schema of a call object: `{"name": <const>, "arguments": <that tool's parameters>}`, one branch per tool

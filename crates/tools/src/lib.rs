@@ -27,7 +27,7 @@ pub mod usage;
 pub use choice::{ResponseFormat, ToolChoice};
 pub use format::{FormatStreamer, ReasoningTags, ToolFormat};
 pub use grammar::{GuideSpec, guide_spec};
-pub use parse::{CLOSE, OPEN, ParsedCall, complete_calls_prefix, parse_tool_calls};
+pub use parse::{CLOSE, OPEN, ParsedCall, complete_calls_prefix, parse_tool_calls, tag_prefix_len};
 pub use route::{Ranked, RouteConfig, RouteDoc, Router};
 pub use stream::{CallDelta, CallStreamer};
 pub use usage::{AnswerError, AnswerTemplate, Example, quote_from_request, request_spans};

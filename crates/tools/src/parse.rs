@@ -114,15 +114,19 @@ fn split_block(after: &str) -> Result<Block<'_>, ToolError> {
 fn parse_one(body: &str) -> Result<ParsedCall, ToolError> {
     let v: Value =
         serde_json::from_str(body).map_err(|e| ToolError::Malformed(format!("{e} in {body:?}")))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| ToolError::Malformed(format!("{body:?} is not a JSON object")))?;
-    let name = obj
+    call_object(v)
+}
+
+/// A call written as a JSON object: a string `"name"` and the arguments under `"arguments"` (or Llama's
+/// `"parameters"`), an object or a JSON string holding one (none: `{}`). Every JSON call format reads
+/// its calls through this.
+pub(crate) fn call_object(v: Value) -> Result<ParsedCall, ToolError> {
+    let name = v
         .get("name")
         .and_then(Value::as_str)
-        .ok_or_else(|| ToolError::Malformed(format!("no string \"name\" in {body:?}")))?
+        .ok_or_else(|| ToolError::Malformed(format!("no string \"name\" in {v}")))?
         .to_owned();
-    let arguments = match obj.get("arguments").or_else(|| obj.get("parameters")) {
+    let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
         None => Value::Object(Default::default()),
         Some(Value::String(s)) => serde_json::from_str(s)
             .map_err(|e| ToolError::Malformed(format!("arguments string is not JSON: {e}")))?,
@@ -134,4 +138,13 @@ fn parse_one(body: &str) -> Result<ParsedCall, ToolError> {
         )));
     }
     Ok(ParsedCall { name, arguments })
+}
+
+/// How long the longest end of `s` is that is the start of `tag` but not all of it: text to hold back
+/// while it may still become the tag (a streamed trigger, an end token cut between two pieces).
+pub fn tag_prefix_len(s: &str, tag: &str) -> usize {
+    (1..tag.len().min(s.len() + 1))
+        .rev()
+        .find(|&k| s.is_char_boundary(s.len() - k) && tag.starts_with(&s[s.len() - k..]))
+        .unwrap_or(0)
 }

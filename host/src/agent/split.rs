@@ -3,7 +3,7 @@
 
 use thorn_tools::chat::ToolCall;
 use thorn_tools::format::harmony::{HarmonyStreamer, Part};
-use thorn_tools::{CallDelta, FormatStreamer, ReasoningTags, ToolSet};
+use thorn_tools::{CallDelta, FormatStreamer, ReasoningTags, ToolSet, tag_prefix_len};
 
 use super::StreamedCalls;
 
@@ -18,14 +18,6 @@ pub(super) fn answer_part(text: &str, opened: bool, tags: ReasoningTags) -> &str
         Some(i) => text[i + tags.close.len()..].trim_start(),
         None => "",
     }
-}
-
-/// The longest suffix of `s` that is a proper prefix of `tag` (text to hold back: it may become the tag).
-pub(super) fn tag_prefix_len(s: &str, tag: &str) -> usize {
-    (1..tag.len().min(s.len() + 1))
-        .rev()
-        .find(|&k| s.is_char_boundary(s.len() - k) && tag.starts_with(&s[s.len() - k..]))
-        .unwrap_or(0)
 }
 
 /// Whether the [`Splitter`] is in a reasoning block.
@@ -312,7 +304,18 @@ mod tests {
     /// Content, reasoning and call deltas of streamed pieces, for a prompt that did or did not open the
     /// reasoning block.
     fn split_thinking(opened: bool, pieces: &[&str]) -> (String, String, usize) {
-        let mut s = Splitter::new(opened, &ToolSet::default());
+        split_in(opened, &ToolSet::default(), pieces, true)
+    }
+
+    /// The answer, the reasoning and the calls begun of `pieces`, split for `tools` (calls possible:
+    /// `active`).
+    fn split_in(
+        opened: bool,
+        tools: &ToolSet,
+        pieces: &[&str],
+        active: bool,
+    ) -> (String, String, usize) {
+        let mut s = Splitter::new(opened, tools);
         let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), 0);
         let mut take = |p: Split| match p {
             Split::Content(t) => content.push_str(&t),
@@ -321,7 +324,7 @@ mod tests {
             Split::Call(_) => {}
         };
         for p in pieces {
-            s.push(p, true, &mut take);
+            s.push(p, active, &mut take);
         }
         s.finish(&mut take);
         (content, reasoning, calls)
@@ -378,25 +381,12 @@ mod tests {
         let tools = ToolSet::default()
             .with_format(thorn_tools::ToolFormat::Harmony)
             .unwrap();
-        let run = |active: bool| {
-            let mut s = Splitter::new(false, &tools);
-            let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), 0);
-            let mut take = |p: Split| match p {
-                Split::Content(t) => content.push_str(&t),
-                Split::Reasoning(t) => reasoning.push_str(&t),
-                Split::Call(CallDelta::Begin { .. }) => calls += 1,
-                Split::Call(_) => {}
-            };
-            for p in [
-                "<|channel|>analysis<|mess",
-                "age|>Think <b>.<|end|><|start|>assistant<|channel|>final<|message|>Hi",
-                " there.<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}",
-            ] {
-                s.push(p, active, &mut take);
-            }
-            s.finish(&mut take);
-            (content, reasoning, calls)
-        };
+        let pieces = [
+            "<|channel|>analysis<|mess",
+            "age|>Think <b>.<|end|><|start|>assistant<|channel|>final<|message|>Hi",
+            " there.<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}",
+        ];
+        let run = |active: bool| split_in(false, &tools, &pieces, active);
         assert_eq!(run(true), ("Hi there.".into(), "Think <b>.".into(), 1));
         assert_eq!(run(false).2, 0, "no calls where none can be made");
     }

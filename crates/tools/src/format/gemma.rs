@@ -13,6 +13,7 @@
 
 use super::{ParsedCall, ToolError, ToolSet};
 use crate::grammar::{calls_head, control, text_until};
+use crate::parse::tag_prefix_len;
 use crate::{CallDelta, CallStreamer};
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -144,10 +145,7 @@ impl Dialect {
     /// The text up to the end of the last complete call.
     pub fn complete_prefix(self, text: &str) -> &str {
         let Some(start) = text.find(self.open) else {
-            return (1..self.open.len())
-                .rev()
-                .find(|&k| text.ends_with(&self.open[..k]))
-                .map_or(text, |k| &text[..text.len() - k]);
+            return &text[..text.len() - tag_prefix_len(text, self.open)];
         };
         let mut good = start;
         let mut rest = &text[start..];
@@ -531,16 +529,7 @@ impl GemmaStreamer {
                         self.at = At::Head;
                     }
                     None => {
-                        let keep = (1..self.dialect.open.len().min(self.held.len() + 1))
-                            .rev()
-                            .find(|&k| {
-                                self.held.is_char_boundary(self.held.len() - k)
-                                    && self
-                                        .dialect
-                                        .open
-                                        .starts_with(&self.held[self.held.len() - k..])
-                            })
-                            .unwrap_or(0);
+                        let keep = tag_prefix_len(&self.held, self.dialect.open);
                         self.held.drain(..self.held.len() - keep);
                         return;
                     }

@@ -14,6 +14,7 @@
 
 use super::{ParsedCall, ToolError, ToolSet};
 use crate::grammar::{control, json_body, text_until};
+use crate::parse::tag_prefix_len;
 use crate::{CallDelta, CallStreamer};
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -367,12 +368,7 @@ fn may_be_header(s: &str) -> bool {
 fn held_back(s: &str) -> usize {
     BODY_ENDS
         .iter()
-        .map(|e| {
-            (1..e.len().min(s.len() + 1))
-                .rev()
-                .find(|&k| s.is_char_boundary(s.len() - k) && e.starts_with(&s[s.len() - k..]))
-                .unwrap_or(0)
-        })
+        .map(|e| tag_prefix_len(s, e))
         .max()
         .unwrap_or(0)
 }

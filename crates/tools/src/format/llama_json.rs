@@ -7,6 +7,7 @@
 
 use super::{ParsedCall, ToolError, ToolSet};
 use crate::grammar::{call_schema_keyed, calls_head, json_body};
+use crate::parse::{call_object as call_of, tag_prefix_len};
 use serde_json::{Value, json};
 use std::fmt::Write as _;
 
@@ -62,33 +63,11 @@ pub fn parse(text: &str) -> Result<(String, Vec<ParsedCall>), ToolError> {
     Ok((prose.to_owned(), calls))
 }
 
-fn call_of(v: Value) -> Result<ParsedCall, ToolError> {
-    let name = v["name"]
-        .as_str()
-        .ok_or_else(|| ToolError::Malformed(format!("no string \"name\" in {v}")))?
-        .to_owned();
-    let arguments = match v.get("parameters").or_else(|| v.get("arguments")) {
-        None => json!({}),
-        Some(Value::String(s)) => serde_json::from_str(s)
-            .map_err(|e| ToolError::Malformed(format!("parameters string is not JSON: {e}")))?,
-        Some(a) => a.clone(),
-    };
-    if !arguments.is_object() {
-        return Err(ToolError::Malformed(format!(
-            "parameters of {name:?} are not a JSON object"
-        )));
-    }
-    Ok(ParsedCall { name, arguments })
-}
-
 /// The text before the first call that is unfinished or malformed.
 pub fn complete_prefix(text: &str) -> &str {
     let Some(start) = text.find(TRIGGER) else {
         // A trigger cut off in the middle is not prose either.
-        return (1..TRIGGER.len())
-            .rev()
-            .find(|&k| text.ends_with(&TRIGGER[..k]))
-            .map_or(text, |k| &text[..text.len() - k]);
+        return &text[..text.len() - tag_prefix_len(text, TRIGGER)];
     };
     let mut rest = &text[start..];
     let mut good = start;

@@ -13,7 +13,8 @@
 //! given a nine-character form when it is rendered ([`template_id`]).
 
 use super::{ParsedCall, ToolError, ToolSet};
-use crate::grammar::{call_schema, control, json_body};
+use crate::grammar::{call_schema, control, json_body, start_rule};
+use crate::parse::{call_object as call_of, tag_prefix_len};
 use crate::{CallDelta, CallStreamer};
 use serde_json::{Value, json};
 use std::fmt::Write as _;
@@ -29,14 +30,7 @@ pub fn calls_grammar(
     parallel: bool,
     answer: Option<&Value>,
 ) -> String {
-    let mut g = String::new();
-    match answer {
-        Some(a) => {
-            g.push_str("start: answer | calls\n");
-            let _ = writeln!(g, "answer: %json {}", json_body(a));
-        }
-        None => g.push_str("start: calls\n"),
-    }
+    let mut g = start_rule(answer);
     let more = if parallel { " (\", \" call)*" } else { "" };
     // Nemo's template writes `[TOOL_CALLS][`, Small 3's `[TOOL_CALLS] [`.
     let _ = writeln!(g, "calls: {} \" \"? \"[\" call{more} \"]\"", control(OPEN));
@@ -109,32 +103,10 @@ fn first_value(text: &str) -> Result<(Value, usize), String> {
     }
 }
 
-fn call_of(v: Value) -> Result<ParsedCall, ToolError> {
-    let name = v["name"]
-        .as_str()
-        .ok_or_else(|| ToolError::Malformed(format!("no string \"name\" in {v}")))?
-        .to_owned();
-    let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
-        None => json!({}),
-        Some(Value::String(s)) => serde_json::from_str(s)
-            .map_err(|e| ToolError::Malformed(format!("arguments string is not JSON: {e}")))?,
-        Some(a) => a.clone(),
-    };
-    if !arguments.is_object() {
-        return Err(ToolError::Malformed(format!(
-            "arguments of {name:?} are not a JSON object"
-        )));
-    }
-    Ok(ParsedCall { name, arguments })
-}
-
 /// The text up to the end of the last complete call (a partial `[TOOL_CALLS]` is not prose either).
 pub fn complete_prefix(text: &str) -> &str {
     let Some(start) = text.find(OPEN) else {
-        return (1..OPEN.len())
-            .rev()
-            .find(|&k| text.ends_with(&OPEN[..k]))
-            .map_or(text, |k| &text[..text.len() - k]);
+        return &text[..text.len() - tag_prefix_len(text, OPEN)];
     };
     let mut good = start;
     let mut at = start;
@@ -337,7 +309,7 @@ impl ArgsStreamer {
                         self.at = At::Name;
                     }
                     None => {
-                        let keep = partial(&self.held, OPEN);
+                        let keep = tag_prefix_len(&self.held, OPEN);
                         self.held.drain(..self.held.len() - keep);
                         return;
                     }
@@ -364,7 +336,7 @@ impl ArgsStreamer {
                         self.at = At::Name;
                     }
                     None => {
-                        let take = self.held.len() - partial(&self.held, OPEN);
+                        let take = self.held.len() - tag_prefix_len(&self.held, OPEN);
                         let args: String = self.held.drain(..take).collect();
                         self.calls.push(&args, out);
                         return;
@@ -378,12 +350,4 @@ impl ArgsStreamer {
     pub fn begun(&self) -> usize {
         self.calls.begun()
     }
-}
-
-/// The longest suffix of `s` that is a proper prefix of `tag`.
-fn partial(s: &str, tag: &str) -> usize {
-    (1..tag.len().min(s.len() + 1))
-        .rev()
-        .find(|&k| s.is_char_boundary(s.len() - k) && tag.starts_with(&s[s.len() - k..]))
-        .unwrap_or(0)
 }
