@@ -280,6 +280,7 @@ fn hostile(data: &Path) -> Plugin {
         }],
         limits,
         audit_arguments: false,
+        rates: Default::default(),
     };
     host().load_with(&plugin_wasm("hostile"), grant).unwrap()
 }
@@ -1114,5 +1115,68 @@ fn a_latched_estop_refuses_moves_runs_stops_and_interrupts_running_calls() {
         assert_eq!(out.unwrap_err().kind(), "estopped", "{function}");
         assert!(took < Duration::from_secs(30), "{function}: {took:?}");
         estop.set(false, "test").unwrap();
+    }
+}
+
+/// The policy's rate limits and budgets at the plugin: a key past its calls per minute is refused with
+/// `rate_limited` (another key is not), and a joint may not step further than the policy allows from
+/// where the last successful move left it; a refused call runs nothing.
+#[test]
+fn rate_limits_and_steps_from_the_policy_refuse_calls_before_they_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(
+        dir.path(),
+        json!({"plugins": {"robot_arm": {
+            "sha256": sha256_hex(&std::fs::read(plugin_wasm("robot_arm")).unwrap()),
+            "filesystem": [{"guest": "/state", "host": dir.path(), "access": "read-write"}],
+            "rates": {"move_joints": {"per_key_per_minute": 3, "max_step": {"base": 15}},
+                      "*": {"per_key_per_day": 1}}
+        }}}),
+    );
+    let candidate = host().open(&plugin_wasm("robot_arm")).unwrap();
+    let grant = policy
+        .grant(candidate.manifest(), candidate.sha256())
+        .unwrap();
+    assert_eq!(grant.rates["move_joints"].per_key_per_minute, Some(3));
+    let arm = host().load_with(&plugin_wasm("robot_arm"), grant).unwrap();
+    let as_key = |k: &str| Caller {
+        key_id: Some(k.into()),
+        ..Caller::default()
+    };
+    let mv = |k: &str, base: i32| {
+        arm.call_reported(&as_key(k), "move_joints", &json!({"base": base}))
+            .0
+    };
+    assert!(mv("robot", 10).is_ok());
+    // 30 degrees from 10 is more than a step of 15: refused, and the arm stays at 10.
+    let e = mv("robot", 40).unwrap_err();
+    assert_eq!(e.kind(), "rate_limited", "{e}");
+    assert!(e.to_string().contains("base may move at most 15"), "{e}");
+    assert_eq!(arm.call("arm_state", &json!({})).unwrap()["base"], 10.0);
+    assert!(mv("robot", 20).is_ok());
+    // The key's third call this minute is its last.
+    assert!(mv("robot", 25).is_ok());
+    let e = mv("robot", 30).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("at most 3 calls per minute for this key"),
+        "{e}"
+    );
+    assert!(mv("operator", 30).is_ok(), "another key has its own count");
+    // Every other function: one call per key per day; but a stop is never held back.
+    let state = |k: &str| arm.call_reported(&as_key(k), "arm_state", &json!({})).0;
+    assert!(state("robot").is_ok());
+    let e = state("robot").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("budget of 1 calls for the day is spent"),
+        "{e}"
+    );
+    for _ in 0..3 {
+        assert!(
+            arm.call_reported(&as_key("robot"), "arm_stop", &json!({}))
+                .0
+                .is_ok()
+        );
     }
 }

@@ -112,6 +112,16 @@ pub enum PluginError {
         /// The function.
         function: String,
     },
+    /// A rate limit or budget of the policy refused the call (see [`crate::rate`]).
+    #[error("plugin {plugin:?}: rate limited: {msg}")]
+    RateLimited {
+        /// The plugin.
+        plugin: String,
+        /// The function.
+        function: String,
+        /// Which limit, in words.
+        msg: String,
+    },
     /// An external MCP server could not be started, or failed a call (exited, malformed JSON-RPC).
     #[error("MCP server {server:?}: {msg}")]
     Server {
@@ -151,6 +161,7 @@ impl PluginError {
             PluginError::ResourceLimit { .. } => "resource_limit",
             PluginError::Server { .. } => "mcp_server",
             PluginError::Estopped { .. } => "estopped",
+            PluginError::RateLimited { .. } => "rate_limited",
         }
     }
 }

@@ -250,6 +250,7 @@ impl PluginHost {
             own: Arc::new(Semaphore::new(1)),
             audit: None,
             estop: Arc::clone(&self.estop),
+            rate: crate::RateState::default(),
             max_memory: self.config.max_memory,
             lookup_names: Vec::new().into(),
         };

@@ -40,6 +40,7 @@ pub mod live;
 mod manifest;
 mod plugin;
 pub mod policy;
+pub mod rate;
 mod sandbox;
 mod set;
 mod trail;
@@ -57,4 +58,5 @@ pub use plugin::{CallReport, Plugin};
 pub use policy::{
     Access, Grant, NetRule, Policy, PolicyError, Preopen, Requests, ServerSpec, ServerTransport,
 };
+pub use rate::{RateRules, RateState};
 pub use set::{GrammarCheck, PluginSet, Provider, Refusal, components};

@@ -30,6 +30,8 @@ pub struct Plugin {
     pub(crate) audit: Option<Arc<AuditLog>>,
     /// The process's e-stop latch (the host's).
     pub(crate) estop: Arc<Estop>,
+    /// Counts for the grant's rate limits and budgets.
+    pub(crate) rate: crate::RateState,
     pub(crate) max_memory: usize,
     /// The granted host names (not addresses): the only names the guest may look up.
     pub(crate) lookup_names: Arc<[String]>,
@@ -146,7 +148,7 @@ impl Plugin {
             sha256: &self.sha256,
             audit_arguments: self.grant.audit_arguments,
         };
-        let admit = || self.admit_call(function, args);
+        let admit = || self.admit_call(caller, function, args);
         let run = |()| async {
             let mut report = CallReport::default();
             let (out, bytes) = match self.acquire().await {
@@ -162,6 +164,9 @@ impl Plugin {
                             msg: format!("the result is not JSON: {e}"),
                         })
                     });
+                    if let (Ok(_), Some(rules)) = (&value, self.rules(function)) {
+                        self.rate.succeeded(rules, function, args);
+                    }
                     (value, bytes)
                 }
             };
@@ -179,8 +184,9 @@ impl Plugin {
         .await
     }
 
-    /// Checks the function exists, the e-stop lets it run, and the arguments satisfy its schema.
-    fn admit_call(&self, function: &str, args: &Value) -> Result<(), PluginError> {
+    /// Checks the function exists, the e-stop lets it run, the arguments satisfy its schema, and the
+    /// grant's rate limits and budgets leave room for it (counting it).
+    fn admit_call(&self, caller: &Caller, function: &str, args: &Value) -> Result<(), PluginError> {
         if self.tools.get(function).is_none() {
             return Err(PluginError::UnknownFunction {
                 plugin: self.name.clone(),
@@ -195,7 +201,39 @@ impl Plugin {
             arguments: args.clone(),
         };
         self.tools.check(&call)?;
+        if let Some(rules) = self.rules(function) {
+            let key = caller.key_id.as_deref();
+            self.rate
+                .admit(
+                    rules,
+                    function,
+                    key,
+                    args,
+                    Instant::now(),
+                    crate::rate::today(),
+                )
+                .map_err(|msg| PluginError::RateLimited {
+                    plugin: self.name.clone(),
+                    function: function.to_owned(),
+                    msg,
+                })?;
+        }
         Ok(())
+    }
+
+    /// The grant's rate limits and budgets for `function` (its own, else the plugin's `"*"`); none for a
+    /// stop, which nothing may hold back.
+    fn rules(&self, function: &str) -> Option<&crate::RateRules> {
+        let stop = self
+            .manifest
+            .functions
+            .iter()
+            .any(|f| f.name == function && f.stop);
+        if stop {
+            return None;
+        }
+        let r = &self.grant.rates;
+        r.get(function).or_else(|| r.get("*"))
     }
 
     /// Whether `function` runs whatever the e-stop says (a stop, or read-only).

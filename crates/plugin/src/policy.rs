@@ -174,6 +174,8 @@ struct Entry {
     #[serde(default)]
     limits: LimitsSpec,
     audit_arguments: Option<bool>,
+    #[serde(default)]
+    rates: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -520,6 +522,11 @@ impl Policy {
             ..Grant::default()
         };
         entry.limits.apply(&mut grant.limits);
+        grant.rates = entry
+            .rates
+            .iter()
+            .map(|(f, v)| (f.clone(), crate::RateRules::from_policy(v)))
+            .collect();
         for (guest, access) in &req.filesystem {
             let g = entry
                 .filesystem

@@ -73,6 +73,8 @@ pub struct Grant {
     pub limits: Limits,
     /// Whether calls' arguments go into the audit log (else only their digest).
     pub audit_arguments: bool,
+    /// Rate limits and budgets by function name (`"*"`: every function without its own).
+    pub rates: BTreeMap<String, crate::RateRules>,
 }
 
 impl Grant {
