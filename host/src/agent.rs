@@ -303,6 +303,8 @@ impl Agent {
             conversation: turn.conversation.clone(),
             key_id: turn.key_id.clone(),
             peer: turn.peer.clone(),
+            // A fresh id per run: a policy's per-request budget counts by it.
+            request: Some(thorn_tools::call_id().replacen("call_", "req_", 1)),
         };
         let policy = turn.tool_use.unwrap_or(self.tool_use);
         let (mut engine, mut fallback) = match &turn.route {

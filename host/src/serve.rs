@@ -358,6 +358,7 @@ pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) 
         conversation: Some(conversation),
         key_id: None,
         peer: Some("mcp-stdio".into()),
+        request: None,
     };
     let live = Arc::new(LiveSet::new(Arc::new(plugins)));
     watch_plugins(

@@ -559,6 +559,7 @@ fn plugin_set_routes_calls_refuses_the_ungranted_and_audits_everything() {
         conversation: Some(c.into()),
         key_id: Some("key-7".into()),
         peer: Some("192.0.2.1:40000".into()),
+        request: None,
     };
     let (ok, _) = set.call(&conv("conv-1"), "evaluate", &json!({"expression": "6*7"}));
     assert_eq!(ok.unwrap(), json!({"value": 42.0}));

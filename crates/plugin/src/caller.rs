@@ -31,6 +31,8 @@ pub struct Caller {
     pub key_id: Option<String>,
     /// The peer's socket address, e.g. `127.0.0.1:50123` or `[::1]:50123`.
     pub peer: Option<String>,
+    /// The request (one agent run, all its rounds) the call is part of: a per-request budget counts by it.
+    pub request: Option<String>,
 }
 
 impl Caller {
@@ -45,6 +47,9 @@ impl Caller {
         if let Some(p) = &self.peer {
             check("peer address", p, |b| is_id_char(b) || b"[]%".contains(&b))?;
         }
+        if let Some(r) = &self.request {
+            check("request id", r, is_id_char)?;
+        }
         Ok(())
     }
 
@@ -57,6 +62,7 @@ impl Caller {
             peer: keep(&self.peer, |s| {
                 check("", s, |b| is_id_char(b) || b"[]%".contains(&b)).is_ok()
             }),
+            request: keep(&self.request, |s| check("", s, is_id_char).is_ok()),
         }
     }
 }
@@ -105,6 +111,7 @@ mod tests {
             conversation: Some("ok".into()),
             key_id: Some("key 1".into()),
             peer: Some("[::1]:8080".into()),
+            request: None,
         };
         assert_eq!(c.validate().unwrap_err().field, "key id");
         let kept = c.valid_parts();

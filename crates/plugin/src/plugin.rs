@@ -202,12 +202,13 @@ impl Plugin {
         };
         self.tools.check(&call)?;
         if let Some(rules) = self.rules(function) {
-            let key = caller.key_id.as_deref();
+            let (key, request) = (caller.key_id.as_deref(), caller.request.as_deref());
             self.rate
                 .admit(
                     rules,
                     function,
                     key,
+                    request,
                     args,
                     Instant::now(),
                     crate::rate::today(),

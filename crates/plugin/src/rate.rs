@@ -4,6 +4,7 @@
 //! - `per_minute`: calls of the function in any 60 s, all callers together;
 //! - `per_key_per_minute`: the same for each API key (calls without a key count as one caller);
 //! - `per_key_per_day`: calls of the function per API key per UTC day;
+//! - `per_request`: calls of the function in one request (one agent run, all its rounds);
 //! - `max_step`: for named numeric arguments, how far one call may move the value from the last one a
 //!   call succeeded with (a joint's angle step; the first call sets it).
 //!
@@ -26,6 +27,8 @@ pub struct RateRules {
     pub per_key_per_minute: Option<u32>,
     /// Calls per API key per UTC day.
     pub per_key_per_day: Option<u32>,
+    /// Calls in one request.
+    pub per_request: Option<u32>,
     /// Argument name -> the most it may move in one call.
     pub max_step: BTreeMap<String, f64>,
 }
@@ -38,6 +41,7 @@ impl RateRules {
             per_minute: n("per_minute"),
             per_key_per_minute: n("per_key_per_minute"),
             per_key_per_day: n("per_key_per_day"),
+            per_request: n("per_request"),
             max_step: v["max_step"]
                 .as_object()
                 .map(|m| {
@@ -67,16 +71,23 @@ struct Counts {
     day: HashMap<(String, String, u64), u32>,
     /// (function, argument) -> the last value a call succeeded with.
     last: HashMap<(String, String), f64>,
+    /// (function, request) -> calls, and when the request's first call came (old ones are dropped).
+    request: HashMap<(String, String), (u32, Instant)>,
 }
+
+/// How long a request's count is kept after its first call (longer than any request runs).
+const REQUEST_KEPT: Duration = Duration::from_secs(3600);
 
 impl RateState {
     /// Admits a call of `function` by `key` with `args` under `rules` at `now` (on UTC day `day`), and
     /// counts it; or says which limit refuses it (and counts nothing).
+    #[expect(clippy::too_many_arguments, reason = "one call's facts, spelled out")]
     pub fn admit(
         &self,
         rules: &RateRules,
         function: &str,
         key: Option<&str>,
+        request: Option<&str>,
         args: &Value,
         now: Instant,
         day: u64,
@@ -136,6 +147,15 @@ impl RateState {
                 ));
             }
         }
+        if let (Some(limit), Some(req)) = (rules.per_request, request) {
+            let used = c
+                .request
+                .get(&(function.to_owned(), req.to_owned()))
+                .map_or(0, |e| e.0);
+            if used >= limit {
+                return Err(format!("{function}: at most {limit} calls in one request"));
+            }
+        }
         // Admitted: count it.
         for (k, limit) in [
             (None, rules.per_minute),
@@ -147,6 +167,16 @@ impl RateState {
                     .or_default()
                     .push_back(now);
             }
+        }
+        if let (Some(_), Some(req)) = (rules.per_request, request) {
+            if c.request.len() > 4096 {
+                c.request
+                    .retain(|_, (_, t)| now.duration_since(*t) < REQUEST_KEPT);
+            }
+            c.request
+                .entry((function.to_owned(), req.to_owned()))
+                .or_insert((0, now))
+                .0 += 1;
         }
         if rules.per_key_per_day.is_some() {
             c.day.retain(|(_, _, d), _| *d == day);
@@ -192,8 +222,17 @@ mod tests {
         let s = RateState::default();
         let r = rules(json!({"per_minute": 3, "per_key_per_minute": 2}));
         let t0 = Instant::now();
-        let a =
-            |key, dt: u64| s.admit(&r, "move", key, &json!({}), t0 + Duration::from_secs(dt), 1);
+        let a = |key, dt: u64| {
+            s.admit(
+                &r,
+                "move",
+                key,
+                None,
+                &json!({}),
+                t0 + Duration::from_secs(dt),
+                1,
+            )
+        };
         assert!(a(Some("k1"), 0).is_ok() && a(Some("k1"), 1).is_ok());
         let e = a(Some("k1"), 2).unwrap_err();
         assert!(e.contains("at most 2 calls per minute for this key"), "{e}");
@@ -209,15 +248,18 @@ mod tests {
         let s = RateState::default();
         let r = rules(json!({"per_key_per_day": 2, "per_minute": 100}));
         let t = Instant::now();
-        assert!(s.admit(&r, "f", None, &json!({}), t, 7).is_ok());
-        assert!(s.admit(&r, "f", None, &json!({}), t, 7).is_ok());
-        let e = s.admit(&r, "f", None, &json!({}), t, 7).unwrap_err();
+        assert!(s.admit(&r, "f", None, None, &json!({}), t, 7).is_ok());
+        assert!(s.admit(&r, "f", None, None, &json!({}), t, 7).is_ok());
+        let e = s.admit(&r, "f", None, None, &json!({}), t, 7).unwrap_err();
         assert!(e.contains("budget of 2 calls for the day"), "{e}");
         assert!(
-            s.admit(&r, "f", None, &json!({}), t, 8).is_ok(),
+            s.admit(&r, "f", None, None, &json!({}), t, 8).is_ok(),
             "a new day"
         );
-        assert!(s.admit(&r, "f", Some("other"), &json!({}), t, 8).is_ok());
+        assert!(
+            s.admit(&r, "f", Some("other"), None, &json!({}), t, 8)
+                .is_ok()
+        );
     }
 
     #[test]
@@ -225,7 +267,7 @@ mod tests {
         let s = RateState::default();
         let r = rules(json!({"max_step": {"base": 15}}));
         let t = Instant::now();
-        let call = |v: f64| s.admit(&r, "move", None, &json!({"base": v}), t, 1);
+        let call = |v: f64| s.admit(&r, "move", None, None, &json!({"base": v}), t, 1);
         assert!(call(40.0).is_ok(), "the first call sets it");
         s.succeeded(&r, "move", &json!({"base": 40.0}));
         let e = call(0.0).unwrap_err();
@@ -241,8 +283,20 @@ mod tests {
         assert!(call(30.0).is_err());
         // A call without the argument is not stepped.
         assert!(
-            s.admit(&r, "move", None, &json!({"shoulder": 80}), t, 1)
+            s.admit(&r, "move", None, None, &json!({"shoulder": 80}), t, 1)
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn a_request_budget_counts_each_request_alone() {
+        let s = RateState::default();
+        let r = rules(json!({"per_request": 2}));
+        let t = Instant::now();
+        let call = |req| s.admit(&r, "move", None, Some(req), &json!({}), t, 1);
+        assert!(call("r1").is_ok() && call("r1").is_ok());
+        let e = call("r1").unwrap_err();
+        assert!(e.contains("at most 2 calls in one request"), "{e}");
+        assert!(call("r2").is_ok(), "a new request has its own budget");
     }
 }

@@ -105,6 +105,7 @@ pub(super) fn routes(state: &Arc<AppState>) -> Router {
         conversation: Some("mcp".into()),
         key_id: None,
         peer: None,
+        request: None,
     };
     let service = StreamableHttpService::new(
         move || Ok(McpTools::new(Arc::clone(&live), caller.clone())),
