@@ -9,17 +9,24 @@ use thorn_plugin::{HostConfig, PluginHost};
 /// The robot arm installed and approved with its state directory granted read-write; returns the
 /// plugin directory and the policy file.
 fn install_arm(dir: &Path) -> (String, String) {
+    install_arm_with(dir, json!({}))
+}
+
+/// [`install_arm`] with more of the policy entry (`rates`, say).
+fn install_arm_with(dir: &Path, more: Value) -> (String, String) {
     let installed = dir.join("plugins");
     let state = dir.join("arm");
     std::fs::create_dir_all(&installed).unwrap();
     std::fs::create_dir_all(&state).unwrap();
     let host = PluginHost::with_config(HostConfig::default()).unwrap();
-    let entries = thorn_tests::install_plugins(
-        &host,
-        &installed,
-        &["robot_arm"],
-        |_| json!({"filesystem": [{"guest": "/state", "host": state, "access": "read-write"}]}),
-    );
+    let entries = thorn_tests::install_plugins(&host, &installed, &["robot_arm"], |_| {
+        let mut e =
+            json!({"filesystem": [{"guest": "/state", "host": state, "access": "read-write"}]});
+        if let (Some(e), Some(m)) = (e.as_object_mut(), more.as_object()) {
+            e.extend(m.clone());
+        }
+        e
+    });
     let policy = dir.join("policy.json");
     std::fs::write(&policy, json!({ "plugins": entries }).to_string()).unwrap();
     (
@@ -198,4 +205,40 @@ fn only_operator_keys_operate_the_estop() {
     // Without a key: 401 before anything.
     let r = thorn_tests::http(server.addr, "GET", "/v1/thorn/estop", &[], b"");
     assert_eq!(r.status, 401);
+}
+
+/// A rate limit of the policy reaches the client as the host call's `error_kind` (`rate_limited`, the
+/// limit named) and the call metrics count it; the plugin did not run.
+#[test]
+fn a_rate_limited_move_is_reported_to_the_client_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plugins, policy) = install_arm_with(
+        dir.path(),
+        json!({"rates": {"move_joints": {"per_key_per_minute": 1}}}),
+    );
+    let server = thorn_tests::ServeProcess::start(&[
+        "--context",
+        "2048",
+        "--plugins",
+        &plugins,
+        "--policy",
+        &policy,
+        "--estop-file",
+        &dir.path().join("estop.json").display().to_string(),
+    ]);
+    assert!(call(server.addr, None, "move_joints")["error_kind"].is_null());
+    let limited = call(server.addr, None, "move_joints");
+    assert_eq!(limited["error_kind"], "rate_limited", "{limited}");
+    assert!(
+        limited["error"]
+            .as_str()
+            .unwrap()
+            .contains("at most 1 calls per minute for this key"),
+        "{limited}"
+    );
+    let m = thorn_tests::http(server.addr, "GET", "/metrics", &[], b"").body;
+    assert!(
+        m.contains("thorn_plugin_calls_total{tool=\"move_joints\",outcome=\"rate_limited\"} 1"),
+        "{m}"
+    );
 }
