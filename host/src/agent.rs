@@ -464,10 +464,8 @@ impl Agent {
                     )
                 } else {
                     host_calls_left -= 1;
-                    let (res, _) = turn
-                        .plugins
-                        .call_async(&caller, &call.function.name, &call.function.arguments)
-                        .await;
+                    let (res, _) =
+                        host_call(&turn.plugins, &caller, &call, &cancel, on_event).await;
                     (
                         res.as_ref().err().map(|e| e.kind()),
                         res.map_err(|e| e.to_string()),
@@ -557,6 +555,44 @@ impl Agent {
                 upstream: Some(up.0.upstream.name().to_owned()),
                 spilled: None,
             },
+        }
+    }
+}
+
+/// Runs one host call for `caller`, reporting a wait for approval as [`Event::ApprovalPending`]; a
+/// request cancelled while its call waits withdraws the call (denied as cancelled).
+async fn host_call(
+    plugins: &PluginSet,
+    caller: &Caller,
+    call: &ToolCall,
+    cancel: &AtomicBool,
+    on_event: &mut (dyn FnMut(Event) + Send),
+) -> (
+    Result<serde_json::Value, thorn_plugin::PluginError>,
+    thorn_plugin::CallReport,
+) {
+    let (Some(approvals), Some(request)) = (plugins.approvals(), caller.request.as_deref()) else {
+        return plugins
+            .call_async(caller, &call.function.name, &call.function.arguments)
+            .await;
+    };
+    let mut watch = approvals.watch(request);
+    let run = plugins.call_async(caller, &call.function.name, &call.function.arguments);
+    tokio::pin!(run);
+    let mut waiting = false;
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            out = &mut run => return out,
+            Some(p) = watch.next() => {
+                waiting = true;
+                on_event(Event::ApprovalPending { call_id: call.id.clone(), pending: Box::new(p) });
+            }
+            _ = tick.tick(), if waiting => {
+                if cancel.load(Ordering::Relaxed) {
+                    watch.withdraw();
+                }
+            }
         }
     }
 }

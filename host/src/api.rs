@@ -37,6 +37,7 @@
 //! needs a key allowed to read it when `metrics_auth` is on.
 
 pub mod anthropic;
+mod approvals;
 mod chat;
 mod completions;
 pub mod error;
@@ -80,8 +81,9 @@ pub struct ServerConfig {
     pub http: HttpLimits,
     /// `/mcp` ([`mcp`]).
     pub mcp: mcp::McpHttp,
-    /// The e-stop latch of the plugins this server runs (`/v1/thorn/estop`, `/health`).
-    pub estop: Arc<thorn_plugin::Estop>,
+    /// The e-stop latch (`/v1/thorn/estop`, `/health`) and the approvals queue (`/v1/thorn/approvals`)
+    /// of the plugins this server runs.
+    pub controls: thorn_plugin::Controls,
 }
 
 impl Default for ServerConfig {
@@ -92,7 +94,7 @@ impl Default for ServerConfig {
             metrics_auth: false,
             http: HttpLimits::default(),
             mcp: mcp::McpHttp::default(),
-            estop: Arc::default(),
+            controls: thorn_plugin::Controls::default(),
         }
     }
 }
@@ -159,6 +161,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(models::model))
         .route("/health", get(status::health))
         .route("/v1/thorn/estop", get(estop::estop).post(estop::set_estop))
+        .route("/v1/thorn/approvals", get(approvals::list))
+        .route(
+            "/v1/thorn/approvals/{id}",
+            get(approvals::get_one).post(approvals::decide),
+        )
         .route("/metrics", get(status::metrics_text))
         .fallback(handler::not_found)
         .layer(from_fn_with_state(

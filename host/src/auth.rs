@@ -5,14 +5,15 @@
 //! about how much of a key was right. Each key has an id (recorded in the audit log, never the secret), an
 //! optional allow-list of host tools (plugin names or plugin function names; absent = every installed
 //! plugin), an optional allow-list of upstream engines (absent = every `--upstream`; `[]` = none, so its
-//! requests stay local), whether it may read `/metrics`, and whether it is an operator's (`operator`:
-//! it may latch and release the e-stop).
+//! requests stay local), whether it may read `/metrics`, whether it is an operator's (`operator`:
+//! it may latch and release the e-stop), and whether it may decide calls waiting for approval
+//! (`approve`: list them, approve or deny them; never its own requests' calls unless the policy allows).
 //!
 //! The key file (`thorn serve --api-keys FILE`) is JSON:
 //! `{"keys": [{"id": "robot-1", "sha256": "<hex of the key>", "tools": ["calculator"], "upstreams": [],
-//! "metrics": false, "operator": false}]}`
+//! "metrics": false, "operator": false, "approve": false}]}`
 //! (`printf %s "$KEY" | sha256sum` gives the digest). Keys given on the command line (`--api-key`) or in
-//! `THORN_API_KEYS` may use every tool, read `/metrics` and operate the e-stop.
+//! `THORN_API_KEYS` may use every tool, read `/metrics`, operate the e-stop and decide approvals.
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -49,6 +50,7 @@ pub struct ApiKey {
     upstreams: Option<Vec<String>>,
     metrics: bool,
     operator: bool,
+    approve: bool,
 }
 
 impl ApiKey {
@@ -61,6 +63,7 @@ impl ApiKey {
             upstreams: None,
             metrics: true,
             operator: true,
+            approve: true,
         }
     }
 
@@ -116,6 +119,17 @@ impl ApiKey {
         self.operator = on;
         self
     }
+
+    /// Whether the key may decide calls waiting for approval.
+    pub fn may_approve(&self) -> bool {
+        self.approve
+    }
+
+    /// Whether the key may decide calls waiting for approval.
+    pub fn with_approve(mut self, on: bool) -> Self {
+        self.approve = on;
+        self
+    }
 }
 
 /// The accepted keys (none: no authentication).
@@ -143,6 +157,8 @@ struct KeyEntry {
     metrics: bool,
     #[serde(default)]
     operator: bool,
+    #[serde(default)]
+    approve: bool,
 }
 
 impl Keys {
@@ -195,6 +211,7 @@ impl Keys {
                 upstreams: e.upstreams,
                 metrics: e.metrics,
                 operator: e.operator,
+                approve: e.approve,
             });
         }
         Ok(keys)

@@ -9,6 +9,8 @@ use thorn_engine::tokenizer::Tokenizer;
 use thorn_guide::ToolGrammars;
 use thorn_tools::chat::{ChatTemplate, Message};
 
+mod admin;
+mod approvals;
 mod bench;
 mod estop;
 mod opts;
@@ -96,7 +98,15 @@ enum Cmd {
         #[command(subcommand)]
         cmd: estop::EstopCmd,
         #[command(flatten)]
-        server: estop::EstopArgs,
+        server: admin::AdminArgs,
+    },
+    /// Calls the running server holds for a person's approval (the policy's `approval`): list them,
+    /// approve or deny one.
+    Approvals {
+        #[command(subcommand)]
+        cmd: approvals::ApprovalsCmd,
+        #[command(flatten)]
+        server: admin::AdminArgs,
     },
     /// Tool plugins: list, inspect, check, call, install, approve, grant.
     Plugins {
@@ -284,6 +294,7 @@ fn main() -> Result<()> {
         } => info(&resolve(&cache, path)?, tensors),
         Cmd::Plugins { place, cmd } => plugins::run(&cache, &place, cmd),
         Cmd::Estop { cmd, server } => estop::run(cmd, &server),
+        Cmd::Approvals { cmd, server } => approvals::run(cmd, &server),
         Cmd::Mcp {
             place,
             conversation,

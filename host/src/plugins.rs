@@ -39,6 +39,11 @@ impl Place {
         std::sync::Arc::new(thorn_plugin::Estop::load(&self.estop_path()))
     }
 
+    /// The process's controls: the e-stop latch kept at [`Place::estop_path`], an empty approvals queue.
+    pub fn controls(&self) -> thorn_plugin::Controls {
+        thorn_plugin::Controls::new(self.estop())
+    }
+
     /// The plugin directory and the policy file.
     pub fn resolve(&self) -> (PathBuf, PathBuf) {
         let data = thorn::store::data_dir(None);

@@ -18,7 +18,7 @@ use thorn::auth::Keys;
 use thorn::upstream::{UpstreamSpec, Upstreams};
 use thorn_engine::engine::{Engine, EngineConfig};
 use thorn_engine::sample::SamplingParams;
-use thorn_plugin::Estop;
+use thorn_plugin::{Controls, Estop};
 use thorn_plugin::{Fingerprint, GrammarCheck, HostConfig, LiveSet, PluginHost, PluginSet, Policy};
 use thorn_tools::chat::Message;
 
@@ -178,7 +178,7 @@ pub struct ServeArgs {
 }
 
 /// Loads the model onto its engine thread and the plugins under the policy.
-pub fn build_agent(cache: &Path, a: &AgentArgs, estop: &Arc<Estop>) -> Result<Agent> {
+pub fn build_agent(cache: &Path, a: &AgentArgs, controls: &Controls) -> Result<Agent> {
     let default = thorn::store::default_model(cache);
     let (path, default_name) = match &a.model.model {
         Some(p) => (p.clone(), None),
@@ -219,7 +219,7 @@ pub fn build_agent(cache: &Path, a: &AgentArgs, estop: &Arc<Estop>) -> Result<Ag
         .resolve(engine.gguf().get_str("tokenizer.chat_template").ok());
     eprintln!("tool calls: {tool_format} format");
     let check = grammar_check(engine.tokenizer_arc())?;
-    let (plugins, dir) = load_plugins(cache, &a.place, None, Some(&*check), estop)?;
+    let (plugins, dir) = load_plugins(cache, &a.place, None, Some(&*check), controls)?;
     eprintln!(
         "model {name} ({context} tokens of context, {threads} threads); {} plugin(s){} with {} tool(s) from {}",
         plugins.plugins().len(),
@@ -253,14 +253,14 @@ fn load_plugins(
     place: &Place,
     previous: Option<&PluginSet>,
     grammar: Option<&GrammarCheck>,
-    estop: &Arc<Estop>,
+    controls: &Controls,
 ) -> Result<(PluginSet, PathBuf)> {
     let (dir, policy_path) = place.resolve();
     let host = PluginHost::with_config(HostConfig {
         cache_dir: Some(cache.join("cwasm")),
         ..HostConfig::default()
     })?
-    .with_estop(Arc::clone(estop));
+    .with_controls(controls);
     let policy = Policy::load(&policy_path)?;
     let plugins = PluginSet::load_checked(&host, &dir, &policy, previous, grammar)?;
     for r in plugins.refused() {
@@ -299,7 +299,7 @@ pub fn watch_plugins(
     live: Arc<LiveSet>,
     every: Duration,
     grammar: Option<Arc<GrammarCheck>>,
-    estop: Arc<Estop>,
+    controls: Controls,
 ) {
     if every.is_zero() {
         return;
@@ -318,7 +318,13 @@ pub fn watch_plugins(
                 }
                 seen = now;
                 let previous = live.current();
-                match load_plugins(&cache, &place, Some(&previous), grammar.as_deref(), &estop) {
+                match load_plugins(
+                    &cache,
+                    &place,
+                    Some(&previous),
+                    grammar.as_deref(),
+                    &controls,
+                ) {
                     Ok((set, _)) => {
                         let (n, tools) = (set.plugins().len(), set.tools().tools().len());
                         let changed = live.replace(Arc::new(set));
@@ -346,8 +352,8 @@ pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) 
     use rmcp::ServiceExt;
     thorn_plugin::validate_conversation_id(&conversation)?;
     // No model here: the policy's external MCP servers are for the agent, and are not started.
-    let estop = place.estop();
-    let (plugins, dir) = load_plugins(cache, place, None, None, &estop)?;
+    let controls = place.controls();
+    let (plugins, dir) = load_plugins(cache, place, None, None, &controls)?;
     eprintln!(
         "thorn mcp: {} plugin(s) with {} tool(s) from {} on stdio",
         plugins.plugins().len(),
@@ -367,7 +373,7 @@ pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) 
         Arc::clone(&live),
         Duration::from_secs(plugin_poll),
         None,
-        estop,
+        controls,
     );
     let tools = thorn::mcp::McpTools::new(live, caller);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -419,8 +425,9 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         .map(|s| UpstreamSpec::parse(s))
         .collect::<Result<Vec<_>, _>>()?;
     let upstreams = Upstreams::new(specs, a.local_first.as_deref())?;
-    let estop = a.agent.place.estop();
-    let agent = build_agent(cache, &a.agent, &estop)?;
+    let controls = a.agent.place.controls();
+    let estop = Arc::clone(&controls.estop);
+    let agent = build_agent(cache, &a.agent, &controls)?;
     let mut secrets = a.api_key;
     if let Ok(env) = std::env::var("THORN_API_KEYS") {
         secrets.extend(
@@ -464,7 +471,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
             max_sessions_per_key: a.mcp_max_sessions_per_key.max(1),
             max_sessions_per_peer: a.mcp_max_sessions_per_peer.max(1),
         },
-        estop: Arc::clone(&estop),
+        controls: controls.clone(),
     };
     if !a.no_mcp && !is_loopback(&a.host) && a.mcp_allowed_host.is_empty() {
         eprintln!(
@@ -477,7 +484,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         Arc::clone(agent.live_plugins()),
         Duration::from_secs(a.plugin_poll),
         Some(grammar_check(Arc::clone(&agent.model().tokenizer))?),
-        Arc::clone(&estop),
+        controls.clone(),
     );
     let live = Arc::clone(agent.live_plugins());
     let state = Arc::new(AppState::new(agent, config).with_upstreams(upstreams.clone()));
@@ -549,8 +556,13 @@ fn turn(agent: &Agent, messages: Vec<Message>, temperature: f32, seed: Option<u6
     }
 }
 
-/// Prints events as they come: text, and each tool call and its result on lines of their own.
-fn printer() -> impl FnMut(Event) + Send {
+/// Prints events as they come: text, and each tool call and its result on lines of their own. A call
+/// waiting for approval is put to the person at the terminal when stdin is one (they decide as `cli`);
+/// otherwise nobody can decide it (`thorn run` and `thorn chat` serve no API) and it is denied when its
+/// time runs out.
+fn printer(approvals: Option<Arc<thorn_plugin::Approvals>>) -> impl FnMut(Event) + Send {
+    use std::io::IsTerminal;
+    let ask = std::io::stdin().is_terminal();
     move |e| {
         let mut out = std::io::stdout().lock();
         match e {
@@ -574,6 +586,16 @@ fn printer() -> impl FnMut(Event) + Send {
                     Err(e) => writeln!(out, "[tool error] {e}"),
                 };
             }
+            Event::ApprovalPending { pending, .. } => {
+                let _ = writeln!(
+                    out,
+                    "[waiting for approval] {}({}) as {}",
+                    pending.function, pending.arguments, pending.id
+                );
+                if let (true, Some(approvals)) = (ask, approvals.clone()) {
+                    ask_at_terminal(approvals, pending.id);
+                }
+            }
             // A call is printed whole when it runs (above), not as it is generated.
             Event::Started { .. } | Event::CallStart { .. } | Event::CallArguments { .. } => {}
         }
@@ -581,9 +603,29 @@ fn printer() -> impl FnMut(Event) + Send {
     }
 }
 
+/// Asks the person at the terminal to approve the call waiting as `id` (on a thread of its own: the
+/// call waits on the runtime meanwhile).
+fn ask_at_terminal(approvals: Arc<thorn_plugin::Approvals>, id: String) {
+    let _ = std::thread::Builder::new()
+        .name("thorn-approve".into())
+        .spawn(move || {
+            eprint!("approve it? [y/N] ");
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            let yes = matches!(line.trim(), "y" | "Y" | "yes");
+            let by = thorn_plugin::Approver {
+                name: "cli".into(),
+                key_id: None,
+            };
+            if let Err(e) = approvals.decide(&id, yes, &by, None) {
+                eprintln!("not decided: {e}");
+            }
+        });
+}
+
 /// `thorn run "task"`: one agent run, transcript on stdout.
 pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Result<()> {
-    let agent = build_agent(cache, a, &a.place.estop())?;
+    let agent = build_agent(cache, a, &a.place.controls())?;
     let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
     messages.push(Message::user(task));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -594,7 +636,7 @@ pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Res
     let out = rt.block_on(agent.run(
         turn(&agent, messages, 0.0, None),
         Arc::new(AtomicBool::new(false)),
-        &mut printer(),
+        &mut printer(agent.plugins().approvals().cloned()),
     ))?;
     println!();
     for c in &out.tool_calls {
@@ -616,7 +658,7 @@ pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Res
 
 /// `thorn chat`: an interactive conversation in the terminal.
 pub fn chat(cache: &Path, a: &AgentArgs, system: Option<&str>, temperature: f32) -> Result<()> {
-    let agent = build_agent(cache, a, &a.place.estop())?;
+    let agent = build_agent(cache, a, &a.place.controls())?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -634,7 +676,7 @@ pub fn chat(cache: &Path, a: &AgentArgs, system: Option<&str>, temperature: f32)
         let out = rt.block_on(agent.run(
             turn(&agent, messages.clone(), temperature, None),
             Arc::new(AtomicBool::new(false)),
-            &mut printer(),
+            &mut printer(agent.plugins().approvals().cloned()),
         ))?;
         println!();
         // Host tool rounds stay inside a turn; the conversation keeps the final answer.

@@ -1,6 +1,7 @@
 //! thorn's end-to-end tests: one binary, one module per concept. They run against the real default model
 //! (pulled by `thorn model pull`) and the committed test data in tests/data.
 
+mod approvals;
 mod bfcl;
 mod chat_template;
 mod engine;

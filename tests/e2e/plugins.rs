@@ -281,6 +281,7 @@ fn hostile(data: &Path) -> Plugin {
         limits,
         audit_arguments: false,
         rates: Default::default(),
+        approval: Default::default(),
     };
     host().load_with(&plugin_wasm("hostile"), grant).unwrap()
 }

@@ -13,7 +13,7 @@ fn install_arm(dir: &Path) -> (String, String) {
 }
 
 /// [`install_arm`] with more of the policy entry (`rates`, say).
-fn install_arm_with(dir: &Path, more: Value) -> (String, String) {
+pub(crate) fn install_arm_with(dir: &Path, more: Value) -> (String, String) {
     let installed = dir.join("plugins");
     let state = dir.join("arm");
     std::fs::create_dir_all(&installed).unwrap();
@@ -36,7 +36,7 @@ fn install_arm_with(dir: &Path, more: Value) -> (String, String) {
 }
 
 /// A request that forces a call of the host function `function`, and the host call's record.
-fn call(addr: std::net::SocketAddr, key: Option<&str>, function: &str) -> Value {
+pub(crate) fn call(addr: std::net::SocketAddr, key: Option<&str>, function: &str) -> Value {
     let body = json!({"messages": [{"role": "user", "content": "Move the arm's base to 10 degrees."}],
         "tools": [{"type": "function", "function": {"name": format!("thorn:{function}")}}],
         "tool_choice": "required", "temperature": 0, "max_tokens": 64, "max_tool_rounds": 1});

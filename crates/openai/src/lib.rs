@@ -27,9 +27,10 @@ pub use request::{
     ToolAnswers, ToolCall, ToolRouting, ToolUseOpts,
 };
 pub use response::{
-    AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, Delta,
-    ErrorDetail, ErrorResponse, FunctionDelta, HostCall, LegacyLogprobs, ModelList, ModelObject,
-    PromptDetails, TextChoice, TextCompletion, TokenLogprob, ToolCallDelta, TopLogprob, Usage,
+    ApprovalPending, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs,
+    ChunkChoice, Delta, ErrorDetail, ErrorResponse, FunctionDelta, HostCall, LegacyLogprobs,
+    ModelList, ModelObject, PromptDetails, TextChoice, TextCompletion, TokenLogprob, ToolCallDelta,
+    TopLogprob, Usage,
 };
 
 #[cfg(test)]

@@ -165,6 +165,23 @@ pub struct HostCall<'a> {
     pub error_kind: Option<Cow<'a, str>>,
 }
 
+/// thorn: a host call waiting for a person's approval (decided at `/v1/thorn/approvals/{id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalPending<'a> {
+    /// The approval's id (what a decision names).
+    pub id: Cow<'a, str>,
+    /// The tool call's id.
+    pub call_id: Cow<'a, str>,
+    /// The plugin (or MCP server) that would run it.
+    pub plugin: Cow<'a, str>,
+    /// The function.
+    pub function: Cow<'a, str>,
+    /// Its arguments.
+    pub arguments: Cow<'a, Value>,
+    /// Seconds since the Unix epoch when it is denied if nobody decides.
+    pub expires_at: u64,
+}
+
 /// Chat `logprobs`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatLogprobs<'a> {
@@ -278,6 +295,9 @@ pub struct Delta<'a> {
     /// thorn: a host call's outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thorn_host_tool_result: Option<HostCall<'a>>,
+    /// thorn: a host call waiting for a person's approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thorn_approval_pending: Option<ApprovalPending<'a>>,
 }
 
 impl<'a> Delta<'a> {

@@ -55,6 +55,10 @@ pub enum Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
+    /// The call waits for a person's decision (written and synced before it is listed).
+    Pending,
+    /// The decision on a pending call: who made it and which.
+    Decision,
     /// Written and synced before the plugin runs.
     Intent,
     /// How it ended.
@@ -108,6 +112,15 @@ pub struct Record<'a> {
     /// Size of the result in bytes (outcome lines).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result_bytes: Option<usize>,
+    /// The approval's id (pending and decision lines).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<&'a str>,
+    /// `approve` or `deny` (decision lines).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<&'static str>,
+    /// Who decided: an API key id, `loopback`, `timeout`, `estop`, `cancelled` (decision lines).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approver: Option<&'a str>,
 }
 
 impl Record<'_> {
@@ -434,6 +447,9 @@ mod tests {
             duration_us: Some(1),
             fuel: None,
             result_bytes: Some(0),
+            approval: None,
+            decision: None,
+            approver: None,
         }
     }
 

@@ -112,6 +112,19 @@ pub enum PluginError {
         /// The function.
         function: String,
     },
+    /// The call needed a person's approval and did not get it (denied, timed out, or its request went
+    /// away; see [`crate::approval`]).
+    #[error("{plugin:?}'s {function:?} was not run: denied by {by}{}", .reason.as_deref().map_or(String::new(), |r| format!(": {r}")))]
+    Denied {
+        /// The plugin (or MCP server).
+        plugin: String,
+        /// The function.
+        function: String,
+        /// Who denied it (an API key id, `timeout`, `cancelled`, ...).
+        by: String,
+        /// Why, if said.
+        reason: Option<String>,
+    },
     /// A rate limit or budget of the policy refused the call (see [`crate::rate`]).
     #[error("plugin {plugin:?}: rate limited: {msg}")]
     RateLimited {
@@ -162,6 +175,7 @@ impl PluginError {
             PluginError::Server { .. } => "mcp_server",
             PluginError::Estopped { .. } => "estopped",
             PluginError::RateLimited { .. } => "rate_limited",
+            PluginError::Denied { .. } => "denied",
         }
     }
 }

@@ -69,6 +69,7 @@ pub struct McpServer {
     /// The process's e-stop latch: while it is latched no call goes out (a server outside the sandbox
     /// promises nothing about what its tools do).
     estop: Option<Arc<crate::Estop>>,
+    approvals: Option<Arc<crate::Approvals>>,
     refused: Vec<String>,
     /// The runtime its session's tasks run on (kept alive while it is), for blocking calls.
     runtime: Option<(tokio::runtime::Handle, Arc<crate::sandbox::Shared>)>,
@@ -164,6 +165,7 @@ impl McpServer {
             session: Mutex::new(Some(session)),
             audit: None,
             estop: None,
+            approvals: None,
             refused,
             runtime: None,
         })
@@ -294,6 +296,19 @@ impl McpServer {
             audit_arguments: self.spec.audit_arguments,
         };
         let admit = || self.admit_call(function, args);
+        let rule = &self.spec.approval;
+        let no_estop = crate::Estop::in_memory();
+        let gate = match (
+            &self.approvals,
+            self.manifest.functions.iter().find(|f| f.name == function),
+        ) {
+            (Some(approvals), Some(f)) if rule.applies_to(f) => Some(trail::Gate {
+                approvals,
+                rule,
+                estop: self.estop.as_deref().unwrap_or(&no_estop),
+            }),
+            _ => None,
+        };
         let run = |remote: String| async move {
             let remote = remote.as_str();
             let out = self.send(remote, args).await;
@@ -307,9 +322,16 @@ impl McpServer {
             function,
             args,
             admit,
+            gate,
             run,
         )
         .await
+    }
+
+    /// Holds the calls the policy's approval rule names in `approvals` until a person decides.
+    pub fn with_approvals(mut self, approvals: Arc<crate::Approvals>) -> Self {
+        self.approvals = Some(approvals);
+        self
     }
 
     /// Refuses every call while `estop` is latched.

@@ -50,6 +50,7 @@ pub struct PluginHost {
     shared: Arc<Shared>,
     manifest_validator: jsonschema::Validator,
     estop: Arc<Estop>,
+    approvals: Arc<crate::Approvals>,
 }
 
 impl PluginHost {
@@ -131,6 +132,7 @@ impl PluginHost {
             shared: Arc::new(shared),
             manifest_validator,
             estop: Arc::default(),
+            approvals: Arc::default(),
         })
     }
 
@@ -139,6 +141,24 @@ impl PluginHost {
     pub fn with_estop(mut self, estop: Arc<Estop>) -> Self {
         self.estop = estop;
         self
+    }
+
+    /// The host with `controls`' e-stop latch and approvals queue for every plugin it loads from now on.
+    pub fn with_controls(self, controls: &crate::Controls) -> Self {
+        self.with_estop(Arc::clone(&controls.estop))
+            .with_approvals(Arc::clone(&controls.approvals))
+    }
+
+    /// The host with `approvals` as the approvals queue of every plugin it loads from now on (by default
+    /// one of its own).
+    pub fn with_approvals(mut self, approvals: Arc<crate::Approvals>) -> Self {
+        self.approvals = approvals;
+        self
+    }
+
+    /// The approvals queue of the plugins this host loads.
+    pub fn approvals(&self) -> &Arc<crate::Approvals> {
+        &self.approvals
     }
 
     /// The e-stop latch of the plugins this host loads.
@@ -250,6 +270,7 @@ impl PluginHost {
             own: Arc::new(Semaphore::new(1)),
             audit: None,
             estop: Arc::clone(&self.estop),
+            approvals: Arc::clone(&self.approvals),
             rate: crate::RateState::default(),
             max_memory: self.config.max_memory,
             lookup_names: Vec::new().into(),

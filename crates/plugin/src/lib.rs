@@ -27,9 +27,11 @@
 //!   own error message, larger than the output cap is refused or cut. Every failure is a typed
 //!   [`PluginError`]; the host keeps serving. The outcome is recorded and made durable before it is returned.
 
+pub mod approval;
 pub mod audit;
 mod cache;
 mod caller;
+mod controls;
 mod error;
 pub mod estop;
 pub mod external;
@@ -45,8 +47,10 @@ mod sandbox;
 mod set;
 mod trail;
 
+pub use approval::{ApprovalRule, ApprovalRules, Approvals, Approver, DecideError, Pending, Watch};
 pub use audit::{AuditError, AuditLog, Outcome, Phase, Record, Rotation};
 pub use caller::{Caller, CallerError, MAX_ID_BYTES, validate_conversation_id};
+pub use controls::Controls;
 pub use error::PluginError;
 pub use estop::{Estop, EstopError, EstopState};
 pub use external::McpServer;

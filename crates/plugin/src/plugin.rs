@@ -30,6 +30,8 @@ pub struct Plugin {
     pub(crate) audit: Option<Arc<AuditLog>>,
     /// The process's e-stop latch (the host's).
     pub(crate) estop: Arc<Estop>,
+    /// The process's approvals queue (the host's).
+    pub(crate) approvals: Arc<crate::Approvals>,
     /// Counts for the grant's rate limits and budgets.
     pub(crate) rate: crate::RateState,
     pub(crate) max_memory: usize,
@@ -149,6 +151,18 @@ impl Plugin {
             audit_arguments: self.grant.audit_arguments,
         };
         let admit = || self.admit_call(caller, function, args);
+        let rule = self.grant.approval.rule(function);
+        let gate = self
+            .manifest
+            .functions
+            .iter()
+            .find(|f| f.name == function)
+            .filter(|f| rule.applies_to(f))
+            .map(|_| trail::Gate {
+                approvals: &self.approvals,
+                rule,
+                estop: &self.estop,
+            });
         let run = |()| async {
             let mut report = CallReport::default();
             let (out, bytes) = match self.acquire().await {
@@ -179,6 +193,7 @@ impl Plugin {
             function,
             args,
             admit,
+            gate,
             run,
         )
         .await

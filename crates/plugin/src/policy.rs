@@ -176,6 +176,52 @@ struct Entry {
     audit_arguments: Option<bool>,
     #[serde(default)]
     rates: BTreeMap<String, Value>,
+    approval: Option<String>,
+    approval_timeout_ms: Option<u64>,
+    approve_own: Option<bool>,
+    #[serde(default)]
+    functions: BTreeMap<String, ApprovalSpec>,
+}
+
+/// An approval rule as written (a plugin's, or one function's over it).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApprovalSpec {
+    approval: Option<String>,
+    approval_timeout_ms: Option<u64>,
+    approve_own: Option<bool>,
+}
+
+impl ApprovalSpec {
+    /// This rule over `base`.
+    fn over(&self, base: &crate::ApprovalRule) -> crate::ApprovalRule {
+        crate::ApprovalRule {
+            mode: self
+                .approval
+                .as_deref()
+                .and_then(crate::approval::Mode::parse)
+                .unwrap_or(base.mode),
+            timeout: self
+                .approval_timeout_ms
+                .map_or(base.timeout, Duration::from_millis),
+            approve_own: self.approve_own.unwrap_or(base.approve_own),
+        }
+    }
+
+    /// A whole entry's rules.
+    fn rules(
+        plugin: &ApprovalSpec,
+        functions: &BTreeMap<String, ApprovalSpec>,
+    ) -> crate::ApprovalRules {
+        let base = plugin.over(&crate::ApprovalRule::default());
+        crate::ApprovalRules {
+            functions: functions
+                .iter()
+                .map(|(f, s)| (f.clone(), s.over(&base)))
+                .collect(),
+            plugin: base,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -210,6 +256,9 @@ struct ServerEntry {
     max_output_kib: Option<u64>,
     max_concurrent: Option<u32>,
     audit_arguments: Option<bool>,
+    approval: Option<String>,
+    approval_timeout_ms: Option<u64>,
+    approve_own: Option<bool>,
 }
 
 /// How an external MCP server is reached.
@@ -276,6 +325,8 @@ pub struct ServerSpec {
     pub max_concurrent: usize,
     /// Whether calls' arguments go into the audit log.
     pub audit_arguments: bool,
+    /// Which of its calls wait for a person's approval.
+    pub approval: crate::ApprovalRule,
     /// The sha256 of the entry as written, credentials left out (the audit log's `plugin_sha256`:
     /// which configuration ran).
     pub sha256: String,
@@ -465,6 +516,12 @@ impl Policy {
             max_output: e.max_output_kib.map_or(256 << 10, |k| (k as usize) << 10),
             max_concurrent: e.max_concurrent.unwrap_or(4).max(1) as usize,
             audit_arguments: e.audit_arguments.unwrap_or(self.file.audit.arguments),
+            approval: ApprovalSpec {
+                approval: e.approval.clone(),
+                approval_timeout_ms: e.approval_timeout_ms,
+                approve_own: e.approve_own,
+            }
+            .over(&crate::ApprovalRule::default()),
             sha256: super::sha256_hex(entry.to_string().as_bytes()),
         })
     }
@@ -522,6 +579,12 @@ impl Policy {
             ..Grant::default()
         };
         entry.limits.apply(&mut grant.limits);
+        let own = ApprovalSpec {
+            approval: entry.approval.clone(),
+            approval_timeout_ms: entry.approval_timeout_ms,
+            approve_own: entry.approve_own,
+        };
+        grant.approval = ApprovalSpec::rules(&own, &entry.functions);
         grant.rates = entry
             .rates
             .iter()

@@ -74,6 +74,7 @@ pub struct PluginSet {
     tools: ToolSet,
     refused: Vec<Refusal>,
     audit: Option<Arc<AuditLog>>,
+    approvals: Option<Arc<crate::Approvals>>,
 }
 
 /// The `.wasm` files of `dir`, sorted (none when it does not exist).
@@ -155,6 +156,7 @@ impl PluginSet {
         };
         let mut set = PluginSet {
             audit,
+            approvals: Some(Arc::clone(host.approvals())),
             ..PluginSet::default()
         };
         let mut defs = Vec::new();
@@ -259,7 +261,8 @@ impl PluginSet {
                 Some(log) => server.with_audit(Arc::clone(log)),
                 None => server,
             }
-            .with_estop(Arc::clone(host.estop()));
+            .with_estop(Arc::clone(host.estop()))
+            .with_approvals(Arc::clone(host.approvals()));
             let index = set.servers.len();
             let mut kept = Vec::new();
             for f in &server.manifest().functions {
@@ -385,6 +388,11 @@ impl PluginSet {
     /// Every function of every loaded plugin, as tools.
     pub fn tools(&self) -> &ToolSet {
         &self.tools
+    }
+
+    /// The approvals queue its calls wait in (that of the host it was loaded on).
+    pub fn approvals(&self) -> Option<&Arc<crate::Approvals>> {
+        self.approvals.as_ref()
     }
 
     /// The audit log, if the policy has one.

@@ -8,6 +8,7 @@
 //! without its details (the validator quotes the offending value), and in every other message each
 //! string value of the arguments (2 characters or more, raw and JSON-escaped) is replaced by `[redacted]`.
 
+use super::approval::{ApprovalRule, Approvals, Pending, Verdict};
 use super::{AuditLog, CallReport, Caller, Outcome, Phase, PluginError, Record};
 use serde_json::Value;
 use std::time::SystemTime;
@@ -29,10 +30,20 @@ pub(super) struct Callee<'a> {
     pub(super) audit_arguments: bool,
 }
 
+/// What a call that must wait for a person's approval waits on: the process's approvals queue, its
+/// rule, and the e-stop (which ends the wait).
+pub(super) struct Gate<'a> {
+    pub(super) approvals: &'a Approvals,
+    pub(super) rule: &'a ApprovalRule,
+    pub(super) estop: &'a crate::Estop,
+}
+
 /// One host call with its audit trail, the same for a plugin and an external server: the caller's ids
-/// and then `admit` are checked (a refusal is one `rejected` record), the intent is made durable (or the
-/// call does not run), `run` runs on what `admit` returned and gives the result, its size and the report,
+/// and then `admit` are checked (a refusal is one `rejected` record), a call that needs approval waits
+/// for it (`gate`: a `pending` record, then a `decision` record; a denial is a `rejected` outcome), the
+/// intent is made durable (or the call does not run), `run` runs on what `admit` returned and gives the result, its size and the report,
 /// and the outcome is recorded before the result is handed back.
+#[expect(clippy::too_many_arguments, reason = "one call's facts, spelled out")]
 pub(super) async fn audited<A, F, Fut>(
     log: Option<&AuditLog>,
     callee: Callee<'_>,
@@ -40,6 +51,7 @@ pub(super) async fn audited<A, F, Fut>(
     function: &str,
     args: &Value,
     admit: impl FnOnce() -> Result<A, PluginError>,
+    gate: Option<Gate<'_>>,
     run: F,
 ) -> (Result<Value, PluginError>, CallReport)
 where
@@ -66,6 +78,20 @@ where
             return (out, report);
         }
     };
+    if let Some(g) = gate
+        && let Err(e) =
+            wait_for_approval(g, trail.as_ref(), callee.name, caller, function, args).await
+    {
+        let report = CallReport {
+            duration: t0.elapsed(),
+            ..CallReport::default()
+        };
+        let out = match &trail {
+            Some(t) => t.outcome(Outcome::Rejected, Err(e), 0, &report).await,
+            None => Err(e),
+        };
+        return (out, report);
+    }
     if let Some(t) = &trail
         && let Err(e) = t.log.append_async(&t.record(Phase::Intent, true)).await
     {
@@ -87,6 +113,74 @@ where
         None => out,
     };
     (out, report)
+}
+
+/// Puts the call up for approval and waits for the decision, each step in the audit log (a pending line
+/// that cannot be made durable means the call is not listed and does not run). `Ok`: approved.
+async fn wait_for_approval(
+    g: Gate<'_>,
+    trail: Option<&Trail<'_>>,
+    plugin: &str,
+    caller: &Caller,
+    function: &str,
+    args: &Value,
+) -> Result<(), PluginError> {
+    let id = crate::approval::new_id();
+    if let Some(t) = trail {
+        let line = Record {
+            approval: Some(&id),
+            ..t.record(Phase::Pending, true)
+        };
+        t.log.append_async(&line).await?;
+    }
+    let info = Pending {
+        id: id.clone(),
+        plugin: plugin.to_owned(),
+        function: function.to_owned(),
+        arguments: args.clone(),
+        key_id: caller.key_id.clone(),
+        conversation: caller.conversation.clone(),
+        request: caller.request.clone(),
+        created_at: crate::approval::unix_secs(std::time::Duration::ZERO),
+        expires_at: crate::approval::unix_secs(g.rule.timeout),
+    };
+    tracing::info!(approval = %id, plugin, function, key = ?caller.key_id, "a call waits for approval");
+    let verdict = g
+        .approvals
+        .open(info, g.rule.approve_own)
+        .wait(g.rule.timeout, g.estop)
+        .await;
+    let (decision, by, reason) = match &verdict {
+        Verdict::Approved { by } => ("approve", by.as_str(), None),
+        Verdict::Denied { by, reason } => ("deny", by.as_str(), reason.clone()),
+        Verdict::Estopped => ("deny", "estop", Some("the e-stop latched".to_owned())),
+    };
+    tracing::info!(approval = %id, decision, by, "approval decided");
+    if let Some(t) = trail {
+        let line = Record {
+            approval: Some(&id),
+            decision: Some(decision),
+            approver: Some(by),
+            error: reason
+                .as_deref()
+                .map(|r| clip(r, MAX_ERROR_BYTES).to_owned()),
+            ..t.record(Phase::Decision, false)
+        };
+        t.log.append_async(&line).await?;
+    }
+    match verdict {
+        Verdict::Approved { .. } => Ok(()),
+        Verdict::Denied { by, reason } => Err(PluginError::Denied {
+            plugin: plugin.to_owned(),
+            function: function.to_owned(),
+            by,
+            reason,
+        }),
+        Verdict::Estopped => Err(PluginError::Estopped {
+            plugin: plugin.to_owned(),
+            function: function.to_owned(),
+        }),
+    }
 }
 
 /// The audit context of one call.
@@ -145,6 +239,9 @@ impl<'a> Trail<'a> {
             duration_us: None,
             fuel: None,
             result_bytes: None,
+            approval: None,
+            decision: None,
+            approver: None,
         }
     }
 

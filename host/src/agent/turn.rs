@@ -276,4 +276,12 @@ pub enum Event {
     HostCall(Box<ToolCall>),
     /// A host tool returned (or failed).
     HostResult(Box<HostCall>),
+    /// A host call waits for a person's approval (the policy says so): it runs once someone allowed
+    /// to approves it at `/v1/thorn/approvals/ID`, and is denied when its time runs out.
+    ApprovalPending {
+        /// The tool call's id (as in [`Event::HostCall`]).
+        call_id: String,
+        /// The waiting call, with the approval's id.
+        pending: Box<thorn_plugin::Pending>,
+    },
 }

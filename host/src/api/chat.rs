@@ -4,7 +4,8 @@
 use super::handler::{Caller, Checked, new_id, unix_now};
 use super::request::{Shape, turn_of};
 use super::work::{
-    CancelOnDrop, Early, Msg, account, chat_work, collect, spawn, sse_json, started, stream_error,
+    CancelOnDrop, Early, Msg, account, chat_work, collect, next_msg, spawn, sse_json, started,
+    stream_error,
 };
 use super::{ApiError, AppState, wire};
 use crate::agent::{Event, Outcome, StreamedCalls};
@@ -139,7 +140,10 @@ pub(super) fn stream_chat(
         let outcome = match early {
             Some(o) => Ok(o),
             None => loop {
-                match rx.recv().await {
+                let Some(msg) = next_msg(&mut rx, &tx).await else {
+                    return;
+                };
+                match msg {
                     Some(Msg::Event(Event::Content(t))) => {
                         let d = wire::Delta {
                             content: Some(t.as_str().into()),
@@ -192,6 +196,17 @@ pub(super) fn stream_chat(
                     Some(Msg::Event(Event::HostResult(h))) => {
                         let d = wire::Delta {
                             thorn_host_tool_result: Some(wire::host_call(&h)),
+                            ..wire::Delta::default()
+                        };
+                        if !send(chunk(d, None, None, None)).await {
+                            return;
+                        }
+                    }
+                    Some(Msg::Event(Event::ApprovalPending { call_id, pending })) => {
+                        let d = wire::Delta {
+                            thorn_approval_pending: Some(wire::approval_pending(
+                                &call_id, &pending,
+                            )),
                             ..wire::Delta::default()
                         };
                         if !send(chunk(d, None, None, None)).await {

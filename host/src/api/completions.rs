@@ -3,7 +3,9 @@
 use super::handler::{Caller, Checked, new_id, unix_now};
 use super::models::check_model;
 use super::request::{Shape, sampling, stops};
-use super::work::{CancelOnDrop, Msg, account, collect, completion_work, spawn, sse_json, started};
+use super::work::{
+    CancelOnDrop, Msg, account, collect, completion_work, next_msg, spawn, sse_json, started,
+};
 use super::{ApiError, AppState, wire};
 use crate::agent::{Event, Turn};
 use axum::Json;
@@ -109,7 +111,10 @@ pub(super) async fn completions(
         let outcome = match early {
             Some(o) => Ok(o),
             None => loop {
-                match rx.recv().await {
+                let Some(msg) = next_msg(&mut rx, &tx).await else {
+                    return;
+                };
+                match msg {
                     Some(Msg::Event(Event::Content(t))) => {
                         if tx.send(body(&t, None, None, None)).await.is_err() {
                             return;

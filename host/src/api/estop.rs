@@ -5,6 +5,7 @@
 
 use super::handler::{Caller, Checked};
 use super::{ApiError, AppState};
+use crate::auth::ApiKey;
 use axum::extract::State;
 use axum::response::{IntoResponse, Json, Response};
 use serde::Deserialize;
@@ -17,27 +18,9 @@ pub(super) struct SetEstop {
     latched: bool,
 }
 
-/// Who may operate the latch: an operator key, or with no keys a loopback client. Returns the name the
-/// latch's record gives them.
-fn operator(st: &AppState, caller: &Caller) -> Result<String, ApiError> {
-    match &caller.key {
-        Some(k) if k.may_operate() => Ok(k.id().to_owned()),
-        Some(k) => Err(ApiError::Forbidden(format!(
-            "key {:?} may not operate the e-stop (a key file gives that with \"operator\": true)",
-            k.id()
-        ))),
-        None if st.config.keys.is_empty() && caller.peer.is_none_or(|p| p.ip().is_loopback()) => {
-            Ok("loopback".into())
-        }
-        None => Err(ApiError::Forbidden(
-            "with no API keys configured, only a loopback client may operate the e-stop".into(),
-        )),
-    }
-}
-
 /// `GET /v1/thorn/estop`.
 pub(super) async fn estop(State(st): State<Arc<AppState>>, _caller: Caller) -> Response {
-    Json(st.config.estop.state()).into_response()
+    Json(st.config.controls.estop.state()).into_response()
 }
 
 /// `POST /v1/thorn/estop`.
@@ -46,11 +29,12 @@ pub(super) async fn set_estop(
     caller: Caller,
     Checked(body): Checked<SetEstop>,
 ) -> Response {
-    let by = match operator(&st, &caller) {
-        Ok(by) => by,
+    let right = "operate the e-stop (a key file gives that with \"operator\": true)";
+    let by = match caller.admin(&st, ApiKey::may_operate, right) {
+        Ok((by, _)) => by,
         Err(e) => return e.into_response(),
     };
-    match st.config.estop.set(body.latched, &by) {
+    match st.config.controls.estop.set(body.latched, &by) {
         Ok(state) => Json(state).into_response(),
         // Latching took effect even so (fail closed); releasing did not.
         Err(e) => ApiError::Internal(format!("{e}")).into_response(),

@@ -96,6 +96,32 @@ pub(super) struct Caller {
     pub(super) peer: Option<std::net::SocketAddr>,
 }
 
+impl Caller {
+    /// The caller's name for an admin route that needs the key right `may` (`what` says what it is, for
+    /// the 403): the key's id, or with no keys configured `loopback` for a loopback client. Returns the
+    /// name and the key id.
+    pub(super) fn admin(
+        &self,
+        st: &AppState,
+        may: fn(&ApiKey) -> bool,
+        what: &str,
+    ) -> Result<(String, Option<String>), ApiError> {
+        match &self.key {
+            Some(k) if may(k) => Ok((k.id().to_owned(), Some(k.id().to_owned()))),
+            Some(k) => Err(ApiError::Forbidden(format!(
+                "key {:?} may not {what}",
+                k.id()
+            ))),
+            None if st.config.keys.is_empty() && self.peer.is_none_or(|p| p.ip().is_loopback()) => {
+                Ok(("loopback".into(), None))
+            }
+            None => Err(ApiError::Forbidden(format!(
+                "with no API keys configured, only a loopback client may {what}"
+            ))),
+        }
+    }
+}
+
 impl FromRequestParts<Arc<AppState>> for Caller {
     type Rejection = ApiError;
 

@@ -35,7 +35,7 @@ pub(super) async fn health(State(st): State<Arc<AppState>>) -> Response {
         plugins: st.agent.plugins().plugins().len(),
         mcp_servers: st.agent.plugins().servers().len(),
         upstreams,
-        estop: st.config.estop.state(),
+        estop: st.config.controls.estop.state(),
     })
     .into_response()
 }

@@ -12,10 +12,11 @@ use serde_json::Value;
 use std::borrow::Cow;
 
 pub use thorn_openai::{
-    AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChatRequest,
-    ChunkChoice, CompletionRequest, Content, Delta, ErrorDetail, ErrorResponse, HostCall,
-    LegacyLogprobs, Message, ModelList, ModelObject, Prompt, Stop, TextCompletion, TokenLogprob,
-    ToolAnswers, ToolCall, ToolCallDelta, ToolRouting, ToolUseOpts, TopLogprob, Usage,
+    ApprovalPending, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs,
+    ChatRequest, ChunkChoice, CompletionRequest, Content, Delta, ErrorDetail, ErrorResponse,
+    HostCall, LegacyLogprobs, Message, ModelList, ModelObject, Prompt, Stop, TextCompletion,
+    TokenLogprob, ToolAnswers, ToolCall, ToolCallDelta, ToolRouting, ToolUseOpts, TopLogprob,
+    Usage,
 };
 
 /// The `system_fingerprint` of every completion.
@@ -85,6 +86,18 @@ pub fn host_call_started(c: &thorn_tools::chat::ToolCall) -> HostCall<'_> {
         result: None,
         error: None,
         error_kind: None,
+    }
+}
+
+/// A call waiting for approval, as streams show it.
+pub fn approval_pending<'a>(call_id: &'a str, p: &'a thorn_plugin::Pending) -> ApprovalPending<'a> {
+    ApprovalPending {
+        id: Cow::Borrowed(&p.id),
+        call_id: Cow::Borrowed(call_id),
+        plugin: Cow::Borrowed(&p.plugin),
+        function: Cow::Borrowed(&p.function),
+        arguments: Cow::Borrowed(&p.arguments),
+        expires_at: p.expires_at,
     }
 }
 

@@ -144,6 +144,20 @@ impl Early {
     }
 }
 
+/// The work's next message while the client reads the stream, `None` once it is gone (hyper drops the
+/// response of a client that went away, and with it the stream's receiver): the forwarding task then
+/// returns and drops the request's [`CancelOnDrop`]. So a client that leaves while nothing is written
+/// (a call waiting for approval, a long motion) cancels its request at once, not at the next event.
+pub(super) async fn next_msg<T>(
+    rx: &mut mpsc::UnboundedReceiver<Msg>,
+    tx: &mpsc::Sender<T>,
+) -> Option<Option<Msg>> {
+    tokio::select! {
+        m = rx.recv() => Some(m),
+        () = tx.closed() => None,
+    }
+}
+
 /// Waits for the work to start, or the error that stopped it.
 pub(super) async fn started(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Early, ApiError> {
     match rx.recv().await {
@@ -216,7 +230,7 @@ pub(super) async fn pump(
         return Some(Ok(o));
     }
     loop {
-        match rx.recv().await {
+        match next_msg(rx, tx).await? {
             Some(Msg::Event(ev)) => g.event(ev),
             Some(Msg::Done(o)) => return Some(*o),
             None => {

@@ -75,6 +75,8 @@ pub struct Grant {
     pub audit_arguments: bool,
     /// Rate limits and budgets by function name (`"*"`: every function without its own).
     pub rates: BTreeMap<String, crate::RateRules>,
+    /// Which calls wait for a person's approval.
+    pub approval: crate::ApprovalRules,
 }
 
 impl Grant {

@@ -205,3 +205,32 @@ fn mcp_servers_are_specs_with_their_bounds_and_no_secrets_shown() {
         assert!(Policy::parse(&path, &bad.to_string()).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn approval_rules_layer_a_functions_over_its_plugins_and_bad_words_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(json!({}));
+    let p = policy(
+        dir.path(),
+        json!({"sha256": SHA, "approval": "destructive", "approval_timeout_ms": 5000,
+               "functions": {"wave": {"approval": "always", "approve_own": true}, "look": {"approval": "never"}}}),
+    );
+    let a = p.grant(&m, SHA).unwrap().approval;
+    assert_eq!(a.rule("move").mode, crate::approval::Mode::Destructive);
+    assert_eq!(a.rule("move").timeout, Duration::from_secs(5));
+    assert!(!a.rule("move").approve_own);
+    let wave = a.rule("wave");
+    assert_eq!(
+        (wave.mode, wave.timeout, wave.approve_own),
+        (crate::approval::Mode::Always, Duration::from_secs(5), true)
+    );
+    assert_eq!(a.rule("look").mode, crate::approval::Mode::Never);
+    // No entry: never, 60 s.
+    let plain = policy(dir.path(), json!({"sha256": SHA}))
+        .grant(&m, SHA)
+        .unwrap();
+    assert_eq!(plain.approval.rule("x"), &crate::ApprovalRule::default());
+    let doc = json!({"plugins": {"p": {"sha256": SHA, "approval": "sometimes"}}});
+    let e = Policy::parse(&dir.path().join("p.json"), &doc.to_string()).unwrap_err();
+    assert!(e.to_string().contains("approval"), "{e}");
+}

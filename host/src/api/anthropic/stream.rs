@@ -55,6 +55,10 @@ impl Gather for Blocks {
                 "thorn_host_tool_result",
                 json!({"type": "thorn_host_tool_result", "call": wire::host_call(&h)}),
             )),
+            Event::ApprovalPending { call_id, pending } => self.events.push((
+                "thorn_approval_pending",
+                json!({"type": "thorn_approval_pending", "approval": wire::approval_pending(&call_id, &pending)}),
+            )),
             _ => {}
         }
     }

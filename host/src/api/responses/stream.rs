@@ -66,6 +66,10 @@ impl Gather for Items {
                 "thorn.host_tool_result",
                 json!({"call": wire::host_call(&h)}),
             ),
+            Event::ApprovalPending { call_id, pending } => self.push(
+                "thorn.approval_pending",
+                json!({"approval": wire::approval_pending(&call_id, &pending)}),
+            ),
             _ => {}
         }
     }
