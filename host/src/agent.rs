@@ -559,8 +559,9 @@ impl Agent {
     }
 }
 
-/// Runs one host call for `caller`, reporting a wait for approval as [`Event::ApprovalPending`]; a
-/// request cancelled while its call waits withdraws the call (denied as cancelled).
+/// Runs one host call for `caller`, reporting a wait for approval as [`Event::ApprovalPending`]. A
+/// request cancelled while its call waits withdraws the call (denied as cancelled); one cancelled while
+/// a motion runs (a function with a deadman) abandons it, and the plugin's stop runs.
 async fn host_call(
     plugins: &PluginSet,
     caller: &Caller,
@@ -577,9 +578,10 @@ async fn host_call(
             .await;
     };
     let mut watch = approvals.watch(request);
+    let motion = plugins.is_motion(&call.function.name);
     let run = plugins.call_async(caller, &call.function.name, &call.function.arguments);
     tokio::pin!(run);
-    let mut waiting = false;
+    let mut waiting = motion;
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
     loop {
         tokio::select! {
@@ -590,7 +592,17 @@ async fn host_call(
             }
             _ = tick.tick(), if waiting => {
                 if cancel.load(Ordering::Relaxed) {
+                    // A call still waiting for its decision ends denied; one already moving is abandoned.
+                    let undecided = approvals.waiting_for(request);
                     watch.withdraw();
+                    if motion && !undecided {
+                        let e = thorn_plugin::PluginError::Deadman {
+                            plugin: String::new(),
+                            function: call.function.name.clone(),
+                            why: "the request was cancelled".into(),
+                        };
+                        return (Err(e), thorn_plugin::CallReport::default());
+                    }
                 }
             }
         }

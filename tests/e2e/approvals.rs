@@ -113,15 +113,19 @@ fn streamed_move(
     })
 }
 
-/// Sends a POST to the chat route on a keep-alive connection (as SDK clients do; a client that said
+/// Sends a POST to the chat route (with `key`, unless empty) on a keep-alive connection (as SDK clients do; a client that said
 /// `Connection: close` is noticed going away only when the server next writes to it) and returns it.
 pub(crate) fn keep_alive_request(addr: SocketAddr, key: &str, body: &Value) -> std::net::TcpStream {
     use std::io::Write;
     let body = body.to_string();
+    let auth = match key {
+        "" => String::new(),
+        k => format!("Authorization: Bearer {k}\r\n"),
+    };
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(
         s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();

@@ -4,6 +4,7 @@
 mod approvals;
 mod bfcl;
 mod chat_template;
+mod deadman;
 mod engine;
 mod hybrid;
 mod mcp;

@@ -282,6 +282,7 @@ fn hostile(data: &Path) -> Plugin {
         audit_arguments: false,
         rates: Default::default(),
         approval: Default::default(),
+        deadman: Default::default(),
     };
     host().load_with(&plugin_wasm("hostile"), grant).unwrap()
 }

@@ -265,6 +265,14 @@ impl Approvals {
         Ok(info)
     }
 
+    /// Whether a call of `request` waits for its decision.
+    pub fn waiting_for(&self, request: &str) -> bool {
+        self.lock()
+            .pending
+            .values()
+            .any(|e| e.info.request.as_deref() == Some(request))
+    }
+
     /// Denies every call of `request` still waiting (its client went away).
     pub fn withdraw(&self, request: &str) {
         let mut inner = self.lock();
@@ -423,6 +431,7 @@ mod tests {
                 ..Annotations::default()
             },
             stop,
+            deadman: None,
         }
     }
 

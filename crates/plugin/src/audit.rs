@@ -316,6 +316,24 @@ impl AuditLog {
         Ok(())
     }
 
+    /// Appends one record from where nothing can wait for it (a `Drop`): the line is written now, and made
+    /// durable on a blocking thread of the current runtime (or here, outside one).
+    pub fn append_detached(&self, record: &Record<'_>) -> Result<(), AuditError> {
+        self.write(record)?;
+        let (file, _) = self.to_sync();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn_blocking(move || {
+                    if let Err(e) = file.sync_data() {
+                        tracing::error!(error = %e, "an audit line cannot be synced");
+                    }
+                });
+                Ok(())
+            }
+            Err(_) => file.sync_data().map_err(|e| self.err(e.to_string())),
+        }
+    }
+
     /// Makes the next write fail after `bytes` bytes of its line (fault injection: the `faults` feature,
     /// for tests of what happens when a record cannot be written).
     #[cfg(any(test, feature = "faults"))]

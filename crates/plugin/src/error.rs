@@ -125,6 +125,17 @@ pub enum PluginError {
         /// Why, if said.
         reason: Option<String>,
     },
+    /// A motion ran longer than its deadman allows, or was abandoned; the host stopped it (see
+    /// [`crate::deadman`]).
+    #[error("{plugin:?}'s {function:?} was stopped by its deadman: {why}")]
+    Deadman {
+        /// The plugin.
+        plugin: String,
+        /// The function.
+        function: String,
+        /// Why, in words.
+        why: String,
+    },
     /// A rate limit or budget of the policy refused the call (see [`crate::rate`]).
     #[error("plugin {plugin:?}: rate limited: {msg}")]
     RateLimited {
@@ -176,6 +187,7 @@ impl PluginError {
             PluginError::Estopped { .. } => "estopped",
             PluginError::RateLimited { .. } => "rate_limited",
             PluginError::Denied { .. } => "denied",
+            PluginError::Deadman { .. } => "deadman",
         }
     }
 }

@@ -548,6 +548,7 @@ fn function_of(server: &str, t: &Tool) -> Result<(FunctionDef, Value), String> {
         from_request: Vec::new(),
         // A server outside the sandbox cannot promise to stop anything.
         stop: false,
+        deadman: None,
         annotations,
     };
     let def = crate::manifest::tool_definition(&f);

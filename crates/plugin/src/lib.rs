@@ -32,6 +32,7 @@ pub mod audit;
 mod cache;
 mod caller;
 mod controls;
+pub mod deadman;
 mod error;
 pub mod estop;
 pub mod external;
@@ -51,6 +52,7 @@ pub use approval::{ApprovalRule, ApprovalRules, Approvals, Approver, DecideError
 pub use audit::{AuditError, AuditLog, Outcome, Phase, Record, Rotation};
 pub use caller::{Caller, CallerError, MAX_ID_BYTES, validate_conversation_id};
 pub use controls::Controls;
+pub use deadman::Deadman;
 pub use error::PluginError;
 pub use estop::{Estop, EstopError, EstopState};
 pub use external::McpServer;

@@ -65,6 +65,9 @@ pub struct FunctionDef {
     pub annotations: Annotations,
     /// It makes an actuator safe (`"stop": true`): it always runs, the e-stop latched included.
     pub stop: bool,
+    /// A call of it is a motion that lasts as long as the call runs, at most this long; the host ends
+    /// it and calls the stop named here when it runs past that, fails, or is abandoned.
+    pub deadman: Option<crate::deadman::Deadman>,
 }
 
 /// A function's MCP tool annotations: hints for clients (an agent asking a person before a destructive
@@ -162,6 +165,10 @@ pub(crate) fn parse(
         functions.push(FunctionDef {
             annotations: Annotations::from_manifest(&f["annotations"]),
             stop: f["stop"].as_bool().unwrap_or(false),
+            deadman: f.get("deadman").map(|d| crate::deadman::Deadman {
+                max: std::time::Duration::from_millis(d["max_ms"].as_u64().unwrap_or(0)),
+                stop: d["stop"].as_str().unwrap_or("").to_owned(),
+            }),
             from_request,
             description: f["description"].as_str().unwrap_or("").to_owned(),
             parameters: f["parameters"].clone(),
@@ -203,6 +210,24 @@ pub(crate) fn check_usage(manifest: &Manifest, tools: &ToolSet) -> Result<(), St
                 )
             })?;
         }
+        if let Some(d) = &f.deadman {
+            let stop = manifest.functions.iter().find(|s| s.name == d.stop);
+            let ok = stop.is_some_and(|s| {
+                s.stop
+                    && tools
+                        .check(&thorn_tools::ParsedCall {
+                            name: s.name.clone(),
+                            arguments: Value::Object(Default::default()),
+                        })
+                        .is_ok()
+            });
+            if !ok {
+                return Err(format!(
+                    "function {:?}: its deadman stop {:?} must be a function of this plugin marked \"stop\": true that takes no arguments",
+                    f.name, d.stop
+                ));
+            }
+        }
         if let Some(p) = f
             .from_request
             .iter()
@@ -242,6 +267,7 @@ mod usage_tests {
                 from_request: from_request.iter().map(|s| (*s).to_owned()).collect(),
                 annotations: Annotations::default(),
                 stop: false,
+                deadman: None,
             }],
             capabilities: Value::Null,
         };

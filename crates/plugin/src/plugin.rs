@@ -252,6 +252,26 @@ impl Plugin {
         r.get(function).or_else(|| r.get("*"))
     }
 
+    /// The manifest's deadman of `function`, if it has one.
+    pub fn deadman(&self, function: &str) -> Option<&crate::Deadman> {
+        self.manifest
+            .functions
+            .iter()
+            .find(|f| f.name == function)
+            .and_then(|f| f.deadman.as_ref())
+    }
+
+    /// How long a motion of `function` may last: its manifest's deadman, or the operator's shorter one.
+    fn deadman_limit(&self, function: &str) -> Option<Duration> {
+        let own = self.deadman(function)?.max;
+        Some(
+            self.grant
+                .deadman
+                .get(function)
+                .map_or(own, |&d| d.min(own)),
+        )
+    }
+
     /// Whether `function` runs whatever the e-stop says (a stop, or read-only).
     fn always_runs(&self, function: &str) -> bool {
         self.manifest
@@ -317,10 +337,21 @@ impl Plugin {
         // A call the e-stop stops ends when it latches: the guest yields every epoch tick (and a host
         // call such as `sleep` is a wait), so the instance is dropped within a tick.
         let interruptible = function.is_some_and(|f| !self.always_runs(f));
+        let deadman = function.and_then(|f| self.deadman_limit(f));
         let res = tokio::select! {
             r = tokio::time::timeout(lim.timeout, fut) => r,
             () = self.estop.until_latched(), if interruptible => {
                 return Err(self.estopped(function.unwrap_or_default()));
+            }
+            () = tokio::time::sleep(deadman.unwrap_or_default()), if deadman.is_some() => {
+                return Err(PluginError::Deadman {
+                    plugin: self.name.clone(),
+                    function: function.unwrap_or_default().to_owned(),
+                    why: format!(
+                        "the motion ran longer than its limit of {} ms",
+                        deadman.unwrap_or_default().as_millis()
+                    ),
+                });
             }
         };
         report.stdout = String::from_utf8_lossy(&stdout.contents()).into_owned();

@@ -190,6 +190,7 @@ struct ApprovalSpec {
     approval: Option<String>,
     approval_timeout_ms: Option<u64>,
     approve_own: Option<bool>,
+    deadman_ms: Option<u64>,
 }
 
 impl ApprovalSpec {
@@ -520,6 +521,7 @@ impl Policy {
                 approval: e.approval.clone(),
                 approval_timeout_ms: e.approval_timeout_ms,
                 approve_own: e.approve_own,
+                deadman_ms: None,
             }
             .over(&crate::ApprovalRule::default()),
             sha256: super::sha256_hex(entry.to_string().as_bytes()),
@@ -583,8 +585,14 @@ impl Policy {
             approval: entry.approval.clone(),
             approval_timeout_ms: entry.approval_timeout_ms,
             approve_own: entry.approve_own,
+            deadman_ms: None,
         };
         grant.approval = ApprovalSpec::rules(&own, &entry.functions);
+        grant.deadman = entry
+            .functions
+            .iter()
+            .filter_map(|(f, s)| Some((f.clone(), Duration::from_millis(s.deadman_ms?))))
+            .collect();
         grant.rates = entry
             .rates
             .iter()

@@ -416,10 +416,20 @@ impl PluginSet {
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
         match self.provider_for(tool) {
-            Some(Provider::Plugin(p)) => p.call_async(caller, tool, args).await,
+            Some(Provider::Plugin(p)) => match p.deadman(tool) {
+                Some(dm) => crate::deadman::call(p, dm, caller, tool, args).await,
+                None => p.call_async(caller, tool, args).await,
+            },
             Some(Provider::Server(s)) => s.call_async(caller, tool, args).await,
             None => unknown(tool),
         }
+    }
+
+    /// Whether `tool` is a motion with a deadman (its call is abandoned, and the motion stopped, when
+    /// its request is cancelled).
+    pub fn is_motion(&self, tool: &str) -> bool {
+        self.plugin_for(tool)
+            .is_some_and(|p| p.deadman(tool).is_some())
     }
 
     /// [`PluginSet::call_async`], blocking.
@@ -430,7 +440,12 @@ impl PluginSet {
         args: &Value,
     ) -> (Result<Value, PluginError>, CallReport) {
         match self.provider_for(tool) {
-            Some(Provider::Plugin(p)) => p.call_reported(caller, tool, args),
+            Some(Provider::Plugin(p)) => {
+                let p = Arc::clone(p);
+                crate::sandbox::block_on(&p.handle.clone(), async {
+                    self.call_async(caller, tool, args).await
+                })
+            }
             Some(Provider::Server(s)) => s.call_blocking(caller, tool, args),
             None => unknown(tool),
         }

@@ -101,7 +101,10 @@ where
         };
         return (Err(e.into()), report); // unrecorded, so not run
     }
+    // A call whose future is dropped while it runs (its request went away) still gets an outcome line.
+    let abandoned = trail.as_ref().map(|t| Abandoned { trail: t, t0 });
     let (out, bytes, mut report) = run(admitted).await;
+    std::mem::forget(abandoned);
     report.duration = t0.elapsed();
     let outcome = if out.is_ok() {
         Outcome::Ok
@@ -180,6 +183,29 @@ async fn wait_for_approval(
             plugin: plugin.to_owned(),
             function: function.to_owned(),
         }),
+    }
+}
+
+/// Records, when dropped, that a running call was abandoned (written synchronously: there is no task
+/// left to await it). Forgotten once the call returns.
+struct Abandoned<'a, 'b> {
+    trail: &'b Trail<'a>,
+    t0: std::time::Instant,
+}
+
+impl Drop for Abandoned<'_, '_> {
+    fn drop(&mut self) {
+        let line = Record {
+            outcome: Some(Outcome::Error),
+            error_kind: Some("cancelled"),
+            error: Some("the call was abandoned: its request went away while it ran".into()),
+            duration_us: Some(Record::micros(self.t0.elapsed())),
+            result_bytes: Some(0),
+            ..self.trail.record(Phase::Outcome, false)
+        };
+        if let Err(e) = self.trail.log.append_detached(&line) {
+            tracing::error!(error = %e, "the outcome of an abandoned call cannot be recorded");
+        }
     }
 }
 

@@ -3,6 +3,12 @@
 //! cannot even write an out-of-range move and the host rejects one before the plugin runs; the plugin checks
 //! them again (never trust the caller with hardware) and also refuses poses that would drive the tool into
 //! the table. The pose persists in `/state` (read-write), as a real arm keeps its pose between calls.
+//!
+//! Moves are simulated as done when the call returns; a **jog** (one joint at a constant speed for a
+//! time, a teach pendant's hold-to-move) really takes its time: the call lasts as long as the motion, the
+//! motion is in the state file while it runs (so `arm_state` from another call sees the arm moving), and
+//! the manifest declares it a deadman motion stopped by `arm_stop`. A stop that arrives mid-jog freezes
+//! the joint where the clock says it is and counts the motion as interrupted.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -47,6 +53,65 @@ pub struct Move {
     pub speed: Option<f64>,
 }
 
+/// A joint, by name.
+#[derive(Deserialize, JsonSchema, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+pub enum Joint {
+    /// Base yaw.
+    Base,
+    /// Shoulder pitch.
+    Shoulder,
+    /// Elbow bend.
+    Elbow,
+    /// Wrist pitch.
+    Wrist,
+}
+
+/// A jog: one joint turning at a constant speed for a time.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Jog {
+    /// Which joint.
+    pub joint: Joint,
+    /// Degrees per second; negative turns the other way.
+    #[schemars(range(min = -90.0, max = 90.0))]
+    pub velocity: f64,
+    /// How long, in milliseconds.
+    #[schemars(range(min = 1, max = 10000))]
+    pub duration_ms: u64,
+}
+
+/// The longest a jog may last, in milliseconds (its deadman is a little longer).
+pub const MAX_JOG_MS: u64 = 10_000;
+
+/// A jog in progress, as the state file records it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct Motion {
+    /// The joint's index (base, shoulder, elbow, wrist).
+    pub joint: usize,
+    /// Its angle when the jog began, degrees.
+    pub from: f64,
+    /// Degrees per second.
+    pub velocity: f64,
+    /// When it began, milliseconds since the Unix epoch.
+    pub start_ms: u64,
+    /// How long it lasts.
+    pub duration_ms: u64,
+}
+
+impl Motion {
+    /// The joint's angle at `now_ms` (it stays at the end once the time is up).
+    pub fn at(&self, now_ms: u64) -> f64 {
+        let t = now_ms.saturating_sub(self.start_ms).min(self.duration_ms);
+        self.from + self.velocity * t as f64 / 1000.0
+    }
+
+    /// Whether it has run its time at `now_ms`.
+    pub fn done(&self, now_ms: u64) -> bool {
+        now_ms >= self.start_ms + self.duration_ms
+    }
+}
+
 /// No arguments.
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -62,6 +127,12 @@ pub struct Pose {
     /// Stops commanded so far (the simulator's record that a stop reached the arm).
     #[serde(default)]
     pub stops: u64,
+    /// A jog in progress (or one nobody ended: it ran its course).
+    #[serde(default)]
+    pub motion: Option<Motion>,
+    /// Jogs a stop cut short.
+    #[serde(default)]
+    pub interrupted: u64,
 }
 
 impl Default for Pose {
@@ -70,6 +141,8 @@ impl Default for Pose {
             joints: [0.0, 0.0, 90.0, 0.0],
             gripper: 100.0,
             stops: 0,
+            motion: None,
+            interrupted: 0,
         }
     }
 }
@@ -93,6 +166,10 @@ pub struct Status {
     pub motion_seconds: f64,
     /// Stops commanded so far.
     pub stops: u64,
+    /// Whether a jog is moving the arm now.
+    pub moving: bool,
+    /// Jogs a stop cut short.
+    pub interrupted: u64,
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -121,6 +198,10 @@ pub fn tool_position(j: &[f64; 4]) -> ([f64; 3], f64) {
 }
 
 fn status(p: &Pose, motion_seconds: f64) -> Status {
+    let now = now_ms();
+    let mut p = p.clone();
+    let moving = p.motion.as_ref().is_some_and(|m| !m.done(now));
+    settle(&mut p, now, false);
     Status {
         base: p.joints[0],
         shoulder: p.joints[1],
@@ -130,6 +211,28 @@ fn status(p: &Pose, motion_seconds: f64) -> Status {
         tool: tool_position(&p.joints).0,
         motion_seconds: round(motion_seconds, 3),
         stops: p.stops,
+        moving,
+        interrupted: p.interrupted,
+    }
+}
+
+/// Milliseconds since the Unix epoch (the sandbox's wall clock).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Puts the recorded jog's joint where the clock says it is; with `end`, the jog is over (cut short
+/// if its time is not up: counted as interrupted).
+fn settle(p: &mut Pose, now: u64, end: bool) {
+    let Some(m) = p.motion.clone() else { return };
+    p.joints[m.joint] = round(m.at(now), 3);
+    if end || m.done(now) {
+        if !m.done(now) {
+            p.interrupted += 1;
+        }
+        p.motion = None;
     }
 }
 
@@ -191,9 +294,77 @@ pub fn plan(from: &Pose, m: &Move) -> Result<(Pose, f64), String> {
     Ok((to, travel / (MAX_SPEED * speed / 100.0)))
 }
 
+/// Refuses while a jog moves the arm (it must be stopped, or run its time, first).
+fn still(p: &mut Pose) -> Result<(), String> {
+    let now = now_ms();
+    if p.motion.as_ref().is_some_and(|m| !m.done(now)) {
+        return Err("refused: the arm is moving (a jog); stop it first".into());
+    }
+    settle(p, now, true);
+    Ok(())
+}
+
+/// Plans a jog from `from` at `now`: the motion, or why it is refused (a limit or the table on the way).
+pub fn plan_jog(from: &Pose, j: &Jog, now: u64) -> Result<Motion, String> {
+    let joint = j.joint as usize;
+    let (name, lo, hi) = LIMITS[joint];
+    if !j.velocity.is_finite() || j.velocity.abs() > MAX_SPEED {
+        return Err(format!(
+            "refused: {} degrees per second is outside [-{MAX_SPEED}, {MAX_SPEED}]",
+            j.velocity
+        ));
+    }
+    if j.duration_ms == 0 || j.duration_ms > MAX_JOG_MS {
+        return Err(format!(
+            "refused: a jog lasts 1 to {MAX_JOG_MS} ms, not {}",
+            j.duration_ms
+        ));
+    }
+    let m = Motion {
+        joint,
+        from: from.joints[joint],
+        velocity: j.velocity,
+        start_ms: now,
+        duration_ms: j.duration_ms,
+    };
+    // The joint passes every angle between: check the way at small steps, not just the end.
+    for k in 0..=20 {
+        let a = m.at(now + j.duration_ms * k / 20);
+        if a < lo || a > hi {
+            return Err(format!(
+                "refused: that jog takes {name} to {a:.1} degrees, outside its limits [{lo}, {hi}]"
+            ));
+        }
+        let mut joints = from.joints;
+        joints[joint] = a;
+        if tool_position(&joints).1 < 0.0 {
+            return Err("refused: that jog drives the arm into the table".into());
+        }
+    }
+    Ok(m)
+}
+
+/// Jogs one joint: the call lasts as long as the motion (see the module docs).
+pub fn jog(j: Jog) -> Result<Status, String> {
+    let mut p = load()?;
+    still(&mut p)?;
+    let m = plan_jog(&p, &j, now_ms())?;
+    p.motion = Some(m.clone());
+    save(&p)?;
+    std::thread::sleep(std::time::Duration::from_millis(m.duration_ms));
+    // A stop from another call may have ended it meanwhile: report what the state says.
+    let mut p = load()?;
+    if p.motion.as_ref() == Some(&m) {
+        settle(&mut p, m.start_ms + m.duration_ms, true);
+        save(&p)?;
+    }
+    Ok(status(&p, m.duration_ms as f64 / 1000.0))
+}
+
 /// Moves the joints (absolute targets), if the move is safe.
 pub fn move_joints(m: Move) -> Result<Status, String> {
-    let from = load()?;
+    let mut from = load()?;
+    still(&mut from)?;
     let (to, secs) = plan(&from, &m)?;
     save(&to)?;
     Ok(status(&to, secs))
@@ -207,6 +378,7 @@ pub fn state(_: Nothing) -> Result<Status, String> {
 /// Stops all motion where the arm is (the simulator records that the stop arrived).
 pub fn stop(_: Nothing) -> Result<Status, String> {
     let mut p = load()?;
+    settle(&mut p, now_ms(), true);
     p.stops += 1;
     save(&p)?;
     Ok(status(&p, 0.0))
@@ -214,9 +386,12 @@ pub fn stop(_: Nothing) -> Result<Status, String> {
 
 /// Returns to the home pose.
 pub fn home(_: Nothing) -> Result<Status, String> {
-    let from = load()?;
+    let mut from = load()?;
+    // Home stops a jog first (it is a stop: it must always work).
+    settle(&mut from, now_ms(), true);
     let h = Pose {
         stops: from.stops,
+        interrupted: from.interrupted,
         ..Pose::default()
     };
     let (to, secs) = plan(
@@ -264,6 +439,16 @@ thorn_plugin_sdk::plugin!(
     .example("Read the arm's joint positions.", json!({}))
     .answer("The arm is at base {{ result.base | num }}°, shoulder {{ result.shoulder | num }}°, elbow {{ result.elbow | num }}°, wrist {{ result.wrist | num }}°, gripper {{ result.gripper | num }}% open, tool tip at ({{ result.tool | map('num') | join(', ') }}) m.")
     .read_only()
+    .function(
+        "arm_jog",
+        "Jogs (turns, swings) one joint at a constant speed in degrees per second for a time in milliseconds; the call lasts as long as the motion.",
+        jog
+    )
+    .example("Jog the base at 20 degrees per second for 2 seconds.", json!({"joint": "base", "velocity": 20, "duration_ms": 2000}))
+    .example("Turn the wrist slowly the other way for half a second.", json!({"joint": "wrist", "velocity": -10, "duration_ms": 500}))
+    .answer("Jogged for {{ result.motion_seconds | num }} s: base {{ result.base | num }}°, shoulder {{ result.shoulder | num }}°, elbow {{ result.elbow | num }}°, wrist {{ result.wrist | num }}°.")
+    .destructive(false)
+    .deadman(MAX_JOG_MS + 500, "arm_stop")
     .function("arm_home", "Moves (resets) the arm back to its home pose.", home)
     .example("Return the arm to its rest pose.", json!({}))
     .answer("Back home in {{ result.motion_seconds | num }} s: base {{ result.base | num }}°, shoulder {{ result.shoulder | num }}°, elbow {{ result.elbow | num }}°, wrist {{ result.wrist | num }}°, gripper {{ result.gripper | num }}% open, tool tip at ({{ result.tool | map('num') | join(', ') }}) m.")
@@ -315,6 +500,45 @@ mod tests {
         let (to, secs) = plan(&home, &mv(Some(30.0), None)).unwrap();
         assert_eq!(to.joints, [0.0, 30.0, 90.0, 0.0]);
         assert!((secs - 30.0 / 90.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_jog_moves_with_the_clock_and_is_refused_past_a_limit_or_into_the_table() {
+        let home = Pose::default();
+        let j = |joint, velocity, duration_ms| Jog {
+            joint,
+            velocity,
+            duration_ms,
+        };
+        let m = plan_jog(&home, &j(Joint::Base, 20.0, 2000), 1_000).unwrap();
+        assert_eq!(
+            (m.at(1_000), m.at(2_000), m.at(3_000), m.at(9_000)),
+            (0.0, 20.0, 40.0, 40.0)
+        );
+        assert!(!m.done(2_999) && m.done(3_000));
+        let e = plan_jog(&home, &j(Joint::Base, 90.0, 2000), 0).unwrap_err();
+        assert!(e.contains("outside its limits"), "{e}");
+        let e = plan_jog(&home, &j(Joint::Shoulder, 90.0, 1000), 0).unwrap_err();
+        assert!(e.contains("into the table"), "{e}");
+        assert!(plan_jog(&home, &j(Joint::Base, 91.0, 10), 0).is_err());
+        assert!(plan_jog(&home, &j(Joint::Base, 1.0, MAX_JOG_MS + 1), 0).is_err());
+        // A stop mid-jog freezes the joint where the clock says, and counts it as cut short.
+        let mut p = Pose {
+            motion: Some(m.clone()),
+            ..Pose::default()
+        };
+        settle(&mut p, 1_500, true);
+        assert_eq!(
+            (p.joints[0], p.motion.is_none(), p.interrupted),
+            (10.0, true, 1)
+        );
+        // One that ran its time is simply over.
+        let mut p = Pose {
+            motion: Some(m),
+            ..Pose::default()
+        };
+        settle(&mut p, 5_000, true);
+        assert_eq!((p.joints[0], p.interrupted), (40.0, 0));
     }
 
     #[test]

@@ -65,6 +65,7 @@ struct Function {
     from_request: Vec<String>,
     annotations: serde_json::Map<String, Value>,
     stop: bool,
+    deadman: Option<(u64, String)>,
     run: Handler,
 }
 
@@ -126,6 +127,7 @@ impl Plugin {
             from_request: Vec::new(),
             annotations: serde_json::Map::new(),
             stop: false,
+            deadman: None,
             run,
         });
         self
@@ -148,6 +150,7 @@ impl Plugin {
             from_request: Vec::new(),
             annotations: serde_json::Map::new(),
             stop: false,
+            deadman: None,
             run: Box::new(f),
         });
         self
@@ -208,6 +211,18 @@ impl Plugin {
     pub fn stop(mut self) -> Self {
         if let Some(f) = self.functions.last_mut() {
             f.stop = true;
+        }
+        self
+    }
+
+    /// Declares the function added last a motion that lasts as long as its call runs (a jog, a timed
+    /// move), at most `max_ms`, stopped by `stop` (a function of this plugin marked [`Plugin::stop`],
+    /// taking no arguments). The host calls `stop` whenever the motion ends any way but finishing: it
+    /// runs too long, times out or fails, its request is cancelled or its client goes away, or the
+    /// e-stop latches.
+    pub fn deadman(mut self, max_ms: u64, stop: &str) -> Self {
+        if let Some(f) = self.functions.last_mut() {
+            f.deadman = Some((max_ms, stop.to_owned()));
         }
         self
     }
@@ -275,6 +290,9 @@ impl Plugin {
                 }
                 if f.stop {
                     v["stop"] = json!(true);
+                }
+                if let Some((max_ms, stop)) = &f.deadman {
+                    v["deadman"] = json!({"max_ms": max_ms, "stop": stop});
                 }
                 v
             })

@@ -77,6 +77,8 @@ pub struct Grant {
     pub rates: BTreeMap<String, crate::RateRules>,
     /// Which calls wait for a person's approval.
     pub approval: crate::ApprovalRules,
+    /// Function name -> the operator's limit on its motions (over the manifest's deadman, never longer).
+    pub deadman: BTreeMap<String, Duration>,
 }
 
 impl Grant {
