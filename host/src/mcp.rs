@@ -24,6 +24,13 @@
 //! request: a tool outside the key's allow-list is not listed, and calling it is a protocol error that
 //! names the key. The caller in the audit log is the key's id and the client's address.
 //!
+//! A call the policy holds for approval is put to the client's user through **elicitation** when the
+//! client supports it (the 2025 revisions' `elicitation/create`, sent while the call waits): accepting
+//! with `approve: true` approves it, anything else denies it. The decision is taken under the client's
+//! key like any other, so with keys it counts only where the policy lets a request's own key approve
+//! (`approve_own`); otherwise the call waits for an approving key through the admin API. A client that
+//! cancels the call withdraws it (denied), and a motion it cancels is stopped.
+//!
 //! The tool list follows the served plugin set ([`LiveSet`]): when the operator installs or approves a
 //! plugin while thorn runs, every session is told with `notifications/tools/list_changed`, over the
 //! session's stream for the 2025 revisions and over `subscriptions/listen` for 2026-07-28.
@@ -33,14 +40,15 @@ pub mod stdio;
 use crate::auth::ApiKey;
 use rmcp::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    InitializeResult, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, SubscriptionFilter, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequestParams,
+    ElicitationAction, ElicitationSchema, Implementation, InitializeResult, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, SubscriptionFilter,
+    Tool, ToolAnnotations,
 };
-use rmcp::service::{NotificationContext, RequestContext, RoleServer, SubscriptionContext};
+use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
 use serde_json::Value;
 use std::sync::Arc;
-use thorn_plugin::{Caller, LiveSet, PluginSet};
+use thorn_plugin::{Approvals, Approver, Caller, LiveSet, Pending, PluginError, PluginSet};
 
 /// Who an HTTP request is: its API key (none when the server has no keys) and address. The API layer
 /// puts it in the request's extensions; rmcp hands them to the handler.
@@ -104,6 +112,20 @@ impl McpTools {
         arguments: Option<JsonObject>,
         who: Option<&McpIdentity>,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
+        self.call_for(name, arguments, who, None, std::future::pending())
+            .await
+    }
+
+    /// [`McpTools::call`] from a client session: a held call is put to `peer`'s user (when it supports
+    /// elicitation), and `cancelled` resolving withdraws the call (see the module docs).
+    async fn call_for(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        who: Option<&McpIdentity>,
+        peer: Option<Peer<RoleServer>>,
+        cancelled: impl std::future::Future<Output = ()>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
         let set: Arc<PluginSet> = self.plugins.current();
         let Some(plugin) = set.plugin_for(name) else {
             return Err(rmcp::ErrorData::invalid_params(
@@ -124,7 +146,25 @@ impl McpTools {
             caller.peer = w.peer.clone().or(caller.peer);
         }
         let args = Value::Object(arguments.unwrap_or_default());
-        let (result, _) = set.call_async(&caller, name, &args).await;
+        let request = thorn_tools::call_id().replacen("call_", "req_", 1);
+        caller.request = Some(request.clone());
+        let result = match set.approvals() {
+            None => set.call_async(&caller, name, &args).await.0,
+            Some(approvals) => {
+                let elicit = peer.filter(|p| {
+                    p.peer_info()
+                        .is_some_and(|i| i.capabilities.elicitation.is_some())
+                });
+                let held = Held {
+                    approvals,
+                    request: &request,
+                    caller: &caller,
+                    motion: set.is_motion(name),
+                };
+                held.run(set.call_async(&caller, name, &args), elicit, cancelled)
+                    .await
+            }
+        };
         Ok(match result {
             Ok(v) => {
                 let mut r = CallToolResult::success(vec![ContentBlock::text(v.to_string())]);
@@ -136,6 +176,119 @@ impl McpTools {
             }
             Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
         })
+    }
+}
+
+/// A call that may be held for approval, run for an MCP client.
+struct Held<'a> {
+    approvals: &'a std::sync::Arc<Approvals>,
+    request: &'a str,
+    caller: &'a Caller,
+    motion: bool,
+}
+
+impl Held<'_> {
+    /// Runs `call`, asking `elicit`'s user to decide when it is held, until it ends; `cancelled`
+    /// withdraws it (a held call ends denied, a motion is abandoned and stopped).
+    async fn run(
+        &self,
+        call: impl std::future::Future<Output = (Result<Value, PluginError>, thorn_plugin::CallReport)>,
+        elicit: Option<Peer<RoleServer>>,
+        cancelled: impl std::future::Future<Output = ()>,
+    ) -> Result<Value, PluginError> {
+        let mut watch = self.approvals.watch(self.request);
+        tokio::pin!(call);
+        tokio::pin!(cancelled);
+        let mut live = true;
+        loop {
+            tokio::select! {
+                out = &mut call => return out.0,
+                Some(p) = watch.next() => {
+                    let Some(peer) = &elicit else { continue };
+                    if !self.approvals.may_approve(&p.id, self.caller.key_id.as_deref()) {
+                        continue;
+                    }
+                    tokio::select! {
+                        out = &mut call => return out.0,
+                        () = self.ask(peer, &p) => {}
+                    }
+                }
+                () = &mut cancelled, if live => {
+                    live = false;
+                    let undecided = self.approvals.waiting_for(self.request);
+                    self.approvals.withdraw(self.request);
+                    if self.motion && !undecided {
+                        return Err(PluginError::Deadman {
+                            plugin: String::new(),
+                            function: String::new(),
+                            why: "the MCP client cancelled the call".into(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks `peer`'s user whether the held call `p` may run, and decides it by the answer (an
+    /// elicitation that fails or is not answered decides nothing: the call waits on).
+    async fn ask(&self, peer: &Peer<RoleServer>, p: &Pending) {
+        let schema: ElicitationSchema = match serde_json::from_value(serde_json::json!({
+            "type": "object",
+            "properties": {"approve": {"type": "boolean", "title": "Approve",
+                "description": "Let this call run"}},
+            "required": ["approve"]
+        })) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "the approval form does not parse");
+                return;
+            }
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let left = std::time::Duration::from_secs(p.expires_at.saturating_sub(now).max(1));
+        let message = format!(
+            "thorn holds a tool call for your approval: {}.{}({}). It is denied in {} s unless approved.",
+            p.plugin,
+            p.function,
+            p.arguments,
+            left.as_secs()
+        );
+        let params = ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message,
+            requested_schema: schema,
+        };
+        let answer = match peer
+            .create_elicitation_with_timeout(params, Some(left))
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::info!(approval = %p.id, error = %e, "no answer by elicitation; the call waits on");
+                return;
+            }
+        };
+        let approve = answer.action == ElicitationAction::Accept
+            && answer
+                .content
+                .as_ref()
+                .and_then(|c| c.get("approve"))
+                .and_then(Value::as_bool)
+                == Some(true);
+        let by = Approver {
+            name: self
+                .caller
+                .key_id
+                .clone()
+                .unwrap_or_else(|| "mcp-elicitation".into()),
+            key_id: self.caller.key_id.clone(),
+        };
+        let reason = (!approve).then(|| "the MCP client's user declined it".to_owned());
+        if let Err(e) = self.approvals.decide(&p.id, approve, &by, reason) {
+            tracing::info!(approval = %p.id, error = %e, "the elicitation's answer was not taken");
+        }
     }
 }
 
@@ -199,9 +352,16 @@ impl ServerHandler for McpTools {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, rmcp::ErrorData> {
         let who = identity(&context.extensions);
-        self.call(&request.name, request.arguments, who)
-            .await
-            .map(Into::into)
+        let ct = context.ct.clone();
+        self.call_for(
+            &request.name,
+            request.arguments,
+            who,
+            Some(context.peer.clone()),
+            async move { ct.cancelled().await },
+        )
+        .await
+        .map(Into::into)
     }
 
     /// The 2025 revisions: a session is told of each change on its own stream until it goes away.

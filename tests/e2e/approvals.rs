@@ -355,3 +355,70 @@ fn an_undecided_move_is_denied_when_its_time_runs_out_and_the_model_is_told() {
         "a denied call never runs: {lines:?}"
     );
 }
+
+/// An MCP client that supports elicitation is asked to decide a held call (the MCP Python SDK over
+/// `thorn mcp`): accepting runs it, declining denies it; a client without elicitation gets its held call
+/// denied when its time runs out.
+#[test]
+fn an_mcp_client_decides_a_held_call_by_elicitation() {
+    let Some(python) = thorn_tests::client_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (plugins, policy) = install_arm_with(
+        dir.path(),
+        json!({"approval": "destructive", "approval_timeout_ms": 1500}),
+    );
+    let out = thorn_tests::run_client(
+        &python,
+        "mcp_approval.py",
+        &[
+            thorn_tests::thorn_binary().to_str().unwrap(),
+            &plugins,
+            &policy,
+        ],
+    );
+    let asked = out["asked"].as_array().unwrap();
+    assert_eq!(asked.len(), 2, "{out}");
+    let message = asked[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("robot_arm.move_joints") && message.contains("\"base\":10"),
+        "{message}"
+    );
+    assert_eq!(
+        asked[0]["requestedSchema"]["properties"]["approve"]["type"],
+        "boolean"
+    );
+    assert_ne!(out["approved"]["isError"], true, "{out}");
+    assert_eq!(out["approved"]["structuredContent"]["base"], 10.0, "{out}");
+    assert_eq!(out["declined"]["isError"], true, "{out}");
+    assert!(out["declined"].to_string().contains("declined"), "{out}");
+    assert_eq!(
+        out["state"]["structuredContent"]["base"], 10.0,
+        "the declined move did not run: {out}"
+    );
+    assert_eq!(out["unasked"]["isError"], true, "{out}");
+    assert!(
+        out["unasked"].to_string().contains("nobody approved it"),
+        "{out}"
+    );
+    let lines = audit(dir.path());
+    let decisions: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|l| l["phase"] == "decision")
+        .map(|l| {
+            (
+                l["decision"].as_str().unwrap(),
+                l["approver"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            ("approve", "mcp-elicitation"),
+            ("deny", "mcp-elicitation"),
+            ("deny", "timeout")
+        ]
+    );
+}

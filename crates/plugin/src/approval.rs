@@ -265,6 +265,15 @@ impl Approvals {
         Ok(info)
     }
 
+    /// Whether `key` may approve the call waiting as `id` (it is not the request's own key, or the
+    /// policy allows that); false when nothing waits as `id`.
+    pub fn may_approve(&self, id: &str, key: Option<&str>) -> bool {
+        self.lock()
+            .pending
+            .get(id)
+            .is_some_and(|e| e.approve_own || key.is_none() || e.info.key_id.as_deref() != key)
+    }
+
     /// Whether a call of `request` waits for its decision.
     pub fn waiting_for(&self, request: &str) -> bool {
         self.lock()
