@@ -207,14 +207,14 @@ fn only_operator_keys_operate_the_estop() {
     assert_eq!(r.status, 401);
 }
 
-/// A rate limit of the policy reaches the client as the host call's `error_kind` (`rate_limited`, the
-/// limit named) and the call metrics count it; the plugin did not run.
+/// A rate limit and a budget of the policy reach the client as the host call's `error_kind`
+/// (`rate_limited`, the limit named) and the call metrics count them; the plugin did not run.
 #[test]
-fn a_rate_limited_move_is_reported_to_the_client_and_counted() {
+fn a_rate_limit_and_a_budget_are_reported_to_the_client_and_counted() {
     let dir = tempfile::tempdir().unwrap();
     let (plugins, policy) = install_arm_with(
         dir.path(),
-        json!({"rates": {"move_joints": {"per_key_per_minute": 1}}}),
+        json!({"rates": {"move_joints": {"per_key_per_minute": 1}, "arm_state": {"per_key_per_day": 1}}}),
     );
     let server = thorn_tests::ServeProcess::start(&[
         "--context",
@@ -236,9 +236,24 @@ fn a_rate_limited_move_is_reported_to_the_client_and_counted() {
             .contains("at most 1 calls per minute for this key"),
         "{limited}"
     );
+    // A budget: one read of the arm per key per day.
+    assert!(call(server.addr, None, "arm_state")["error_kind"].is_null());
+    let spent = call(server.addr, None, "arm_state");
+    assert_eq!(spent["error_kind"], "rate_limited", "{spent}");
+    assert!(
+        spent["error"]
+            .as_str()
+            .unwrap()
+            .contains("budget of 1 calls for the day is spent"),
+        "{spent}"
+    );
     let m = thorn_tests::http(server.addr, "GET", "/metrics", &[], b"").body;
     assert!(
         m.contains("thorn_plugin_calls_total{tool=\"move_joints\",outcome=\"rate_limited\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("thorn_plugin_calls_total{tool=\"arm_state\",outcome=\"rate_limited\"} 1"),
         "{m}"
     );
 }
