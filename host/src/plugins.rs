@@ -150,6 +150,13 @@ pub struct GrantArgs {
     /// Record call arguments in the audit log (not only their digest).
     #[arg(long)]
     audit_arguments: bool,
+    /// Which calls wait for a person's approval: never, destructive (every function not marked
+    /// read-only or non-destructive) or always; a stop function never waits.
+    #[arg(long, value_parser = ["never", "destructive", "always"])]
+    approval: Option<String>,
+    /// How long a held call waits for its decision before it is denied.
+    #[arg(long)]
+    approval_timeout_ms: Option<u64>,
 }
 
 fn host(cache: &Path) -> Result<PluginHost> {
@@ -611,6 +618,12 @@ fn grant(policy_path: &Path, g: GrantArgs) -> Result<()> {
         if g.audit_arguments {
             entry.insert("audit_arguments".into(), Value::Bool(true));
         }
+        if let Some(a) = &g.approval {
+            entry.insert("approval".into(), json!(a));
+        }
+        if let Some(t) = g.approval_timeout_ms {
+            entry.insert("approval_timeout_ms".into(), json!(t));
+        }
     })?;
     println!("updated {} for {}", policy_path.display(), g.plugin);
     Ok(())
@@ -656,6 +669,8 @@ mod tests {
             fuel: None,
             max_concurrent: None,
             audit_arguments: false,
+            approval: None,
+            approval_timeout_ms: None,
         }
     }
 
@@ -682,6 +697,8 @@ mod tests {
                 dir_rw: vec![format!("/data={}", docs.display())],
                 net: vec!["example.com:443".into()],
                 audit_arguments: true,
+                approval: Some("destructive".into()),
+                approval_timeout_ms: Some(30_000),
                 ..args("files")
             },
         )
@@ -697,6 +714,10 @@ mod tests {
         assert_eq!(e["network"], json!(["example.com:443"]));
         assert_eq!(e["limits"], json!({"timeout_ms": 250}));
         assert_eq!(e["audit_arguments"], true);
+        assert_eq!(
+            (e["approval"].as_str(), e["approval_timeout_ms"].as_u64()),
+            (Some("destructive"), Some(30_000))
+        );
         // A bad value is refused and the file is left as it was.
         let before = std::fs::read_to_string(&path).unwrap();
         assert!(

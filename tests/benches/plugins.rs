@@ -1,6 +1,7 @@
 //! Plugin runtime costs: loading (cold compile vs the `.cwasm` cache), a fresh instance, a fresh instance
 //! plus a trivial call (pooling vs on-demand allocation), their p50/p99, and calls per second with 200
-//! concurrent callers (without and with the fsynced audit log).
+//! concurrent callers (without and with the fsynced audit log); and what the agent's approval watch adds
+//! to a host call.
 //!
 //! `cargo bench -p thorn-tests --bench plugins` (criterion groups, then the latency/throughput table).
 //! `THORN_BENCH_QUICK=1` shortens everything (a smoke run).
@@ -74,6 +75,36 @@ fn calling(c: &mut Criterion) {
             b.iter(|| p.call("evaluate", &a).expect("calls"))
         });
     }
+    // What the agent adds around a host call so that a wait for approval can be reported (its
+    // `host_call`: the request's watch on the approvals queue, a select over the call, the watch and a
+    // cancel check that is armed only while a call waits), around a call that is already done; and the
+    // same call awaited bare, to subtract.
+    let approvals = Arc::new(thorn_plugin::Approvals::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    g.bench_function("agent_wrapper/bare", |b| {
+        b.iter(|| rt.block_on(async { std::hint::black_box(async { 1 }.await) }))
+    });
+    g.bench_function("agent_wrapper/approval_watch", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let mut watch = approvals.watch("req_bench");
+                let call = async { 1 };
+                tokio::pin!(call);
+                let waiting = false;
+                let mut tick = tokio::time::interval(Duration::from_millis(100));
+                loop {
+                    tokio::select! {
+                        v = &mut call => break std::hint::black_box(v),
+                        Some(_) = watch.next() => {}
+                        _ = tick.tick(), if waiting => {}
+                    }
+                }
+            })
+        })
+    });
     g.finish();
 }
 
