@@ -163,6 +163,14 @@ fn a_move_waits_for_an_approving_key_and_runs_once_approved_through_the_cli() {
     assert_eq!(waiting["function"], "move_joints");
     assert_eq!(waiting["plugin"], "robot_arm");
     assert_eq!(waiting["key_id"], "robot");
+    let h = thorn_tests::http(
+        addr,
+        "GET",
+        "/health",
+        &[("Authorization", "Bearer sk-ops")],
+        b"",
+    );
+    assert_eq!(h.json()["approvals_pending"], 1, "{}", h.body);
     assert!(waiting["arguments"].is_object(), "{waiting}");
     assert_eq!(
         get(addr, Some(OPS), &format!("/v1/thorn/approvals/{id}")).json()["id"],
@@ -297,8 +305,25 @@ fn a_move_waits_for_an_approving_key_and_runs_once_approved_through_the_cli() {
             .is_empty()
     );
 
-    // The e-stop denies a waiting call (refused as estopped).
-    let refused = streamed_move(addr, Some(ROBOT));
+    // The e-stop denies a waiting call (refused as estopped); on Anthropic's stream this time.
+    let model = get(addr, Some(ROBOT), "/v1/models").json()["data"][0]["id"].clone();
+    let refused = std::thread::spawn(move || {
+        let body = json!({"model": model, "max_tokens": 64, "stream": true, "temperature": 0,
+            "messages": [{"role": "user", "content": "Move the arm's base to 10 degrees."}],
+            "tools": [{"name": "thorn:move_joints"}], "tool_choice": {"type": "any"}});
+        let r = thorn_tests::http(
+            addr,
+            "POST",
+            "/v1/messages",
+            &[("x-api-key", ROBOT)],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.sse()
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .collect::<Vec<_>>()
+    });
     one_pending(addr, Some(OPS));
     let out = std::process::Command::new(thorn_tests::thorn_binary())
         .args(["estop", "on", "--url", &format!("http://{addr}")])
@@ -307,11 +332,16 @@ fn a_move_waits_for_an_approving_key_and_runs_once_approved_through_the_cli() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let events = refused.join().unwrap();
+    let pending = events
+        .iter()
+        .find(|e| e["type"] == "thorn_approval_pending")
+        .expect("the wait announced");
+    assert_eq!(pending["approval"]["function"], "move_joints", "{pending}");
     let result = events
         .iter()
-        .find_map(|e| e["choices"][0]["delta"].get("thorn_host_tool_result"))
+        .find(|e| e["type"] == "thorn_host_tool_result")
         .expect("the move's result");
-    assert_eq!(result["error_kind"], "estopped", "{result}");
+    assert_eq!(result["call"]["error_kind"], "estopped", "{result}");
     assert!(
         get(addr, Some(OPS), "/v1/thorn/approvals").json()["data"]
             .as_array()

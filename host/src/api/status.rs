@@ -36,6 +36,7 @@ pub(super) async fn health(State(st): State<Arc<AppState>>) -> Response {
         mcp_servers: st.agent.plugins().servers().len(),
         upstreams,
         estop: st.config.controls.estop.state(),
+        approvals_pending: st.config.controls.approvals.list().len(),
     })
     .into_response()
 }

@@ -186,6 +186,8 @@ pub struct Health<'a> {
     pub upstreams: Vec<UpstreamHealth>,
     /// The e-stop latch.
     pub estop: thorn_plugin::EstopState,
+    /// Host calls waiting for a person's approval (`/v1/thorn/approvals` lists them).
+    pub approvals_pending: usize,
 }
 
 #[cfg(test)]
