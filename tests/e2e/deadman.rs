@@ -189,3 +189,45 @@ fn a_jog_is_stopped_when_its_client_disconnects() {
     let target = started["from"].as_f64().unwrap() + 5.0 * 10.0;
     assert!(base < target, "stopped short of {target}: {stopped}");
 }
+
+/// A stop never waits behind the motion it stops: with one call at a time allowed, `arm_stop` from
+/// another caller runs while a jog holds that slot, and cuts the jog short.
+#[test]
+fn a_stop_does_not_wait_for_the_motions_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (set, _controls) = load(
+        dir.path(),
+        json!({"limits": {"timeout_ms": 20000, "max_concurrent": 1}}),
+    );
+    let set = Arc::new(set);
+    let jogging = {
+        let set = Arc::clone(&set);
+        std::thread::spawn(move || set.call(&Caller::default(), "arm_jog", &jog(5000)).0)
+    };
+    let t0 = Instant::now();
+    while arm(dir.path())["motion"].is_null() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the jog did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stopped = set
+        .call(&Caller::default(), "arm_stop", &json!({}))
+        .0
+        .unwrap();
+    assert!(!jogging.is_finished(), "the stop waited for the jog");
+    assert_eq!(
+        (stopped["moving"].as_bool(), stopped["interrupted"].as_u64()),
+        (Some(false), Some(1))
+    );
+    let after = jogging.join().unwrap().unwrap();
+    assert!(
+        after["base"].as_f64().unwrap() < 100.0,
+        "the jog went on: {after}"
+    );
+    assert!(
+        after["motion_seconds"].as_f64().unwrap() < 5.0,
+        "it says how long it moved: {after}"
+    );
+}

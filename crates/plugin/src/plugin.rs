@@ -165,7 +165,7 @@ impl Plugin {
             });
         let run = |()| async {
             let mut report = CallReport::default();
-            let (out, bytes) = match self.acquire().await {
+            let (out, bytes) = match self.acquire(self.is_stop(function)).await {
                 Err(e) => (Err(e), 0),
                 Ok(_permits) => {
                     let text = self
@@ -240,12 +240,7 @@ impl Plugin {
     /// The grant's rate limits and budgets for `function` (its own, else the plugin's `"*"`); none for a
     /// stop, which nothing may hold back.
     fn rules(&self, function: &str) -> Option<&crate::RateRules> {
-        let stop = self
-            .manifest
-            .functions
-            .iter()
-            .any(|f| f.name == function && f.stop);
-        if stop {
+        if self.is_stop(function) {
             return None;
         }
         let r = &self.grant.rates;
@@ -272,6 +267,14 @@ impl Plugin {
         )
     }
 
+    /// Whether `function` is marked `"stop": true`.
+    fn is_stop(&self, function: &str) -> bool {
+        self.manifest
+            .functions
+            .iter()
+            .any(|f| f.name == function && f.stop)
+    }
+
     /// Whether `function` runs whatever the e-stop says (a stop, or read-only).
     fn always_runs(&self, function: &str) -> bool {
         self.manifest
@@ -288,12 +291,14 @@ impl Plugin {
         }
     }
 
-    /// Waits (at most the call's time limit) for one of the plugin's own slots and then a pool slot.
+    /// Waits (at most the call's time limit) for one of the plugin's own slots and then a pool slot. A
+    /// stop takes no slot of the plugin's own: it must not wait behind the motions it stops.
     async fn acquire(
         &self,
+        stop: bool,
     ) -> Result<
         (
-            tokio::sync::SemaphorePermit<'_>,
+            Option<tokio::sync::SemaphorePermit<'_>>,
             tokio::sync::SemaphorePermit<'_>,
         ),
         PluginError,
@@ -305,7 +310,10 @@ impl Plugin {
             limit: self.grant.limits.max_concurrent,
         };
         let both = async {
-            let a = self.own.acquire().await.ok()?;
+            let a = match stop {
+                true => None,
+                false => Some(self.own.acquire().await.ok()?),
+            };
             let b = self.slots.acquire().await.ok()?;
             Some((a, b))
         };

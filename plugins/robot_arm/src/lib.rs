@@ -352,13 +352,15 @@ pub fn jog(j: Jog) -> Result<Status, String> {
     p.motion = Some(m.clone());
     save(&p)?;
     std::thread::sleep(std::time::Duration::from_millis(m.duration_ms));
-    // A stop from another call may have ended it meanwhile: report what the state says.
+    // A stop from another call may have ended it meanwhile: report what the state says, and for how
+    // long the joint moved.
     let mut p = load()?;
     if p.motion.as_ref() == Some(&m) {
         settle(&mut p, m.start_ms + m.duration_ms, true);
         save(&p)?;
     }
-    Ok(status(&p, m.duration_ms as f64 / 1000.0))
+    let moved = (p.joints[m.joint] - m.from).abs() / m.velocity.abs().max(f64::MIN_POSITIVE);
+    Ok(status(&p, moved.min(m.duration_ms as f64 / 1000.0)))
 }
 
 /// Moves the joints (absolute targets), if the move is safe.
