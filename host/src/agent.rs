@@ -36,7 +36,8 @@ mod turn;
 
 pub use tool_use::{Answers, Routing, ToolUse, router_for};
 pub use turn::{
-    Event, Finish, HostCall, Outcome, Route, Served, StreamedCalls, TokenLogprob, Turn, Usage,
+    Event, Finish, HostCall, Outcome, OutputLimits, Route, Served, StreamedCalls, TokenLogprob,
+    Turn, Usage,
 };
 
 /// Why a request failed (as opposed to a tool failing, which the model is told about).
@@ -132,6 +133,8 @@ pub struct Agent {
     reasoning: Option<bool>,
     /// Most reasoning tokens when a request does not say (`--reasoning-budget`).
     reasoning_budget: Option<usize>,
+    /// The server's bounds on a round's output.
+    output: OutputLimits,
 }
 impl Agent {
     /// Moves `engine` onto its own thread (at most `queue` requests waiting) and builds the agent around it:
@@ -204,7 +207,20 @@ impl Agent {
             max_host_calls: Self::MAX_HOST_CALLS,
             raw_special: false,
             tool_use: ToolUse::default(),
+            output: OutputLimits::default(),
         }
+    }
+
+    /// Bounds what each round may generate: `default` tokens when its request sets no `max_tokens`,
+    /// never more than `limit` (`--max-tokens-default`, `--max-tokens-limit`).
+    pub fn with_output_limits(mut self, output: OutputLimits) -> Self {
+        self.output = output;
+        self
+    }
+
+    /// The tokens a round of `turn` may generate.
+    fn output_tokens(&self, turn: &Turn) -> usize {
+        self.output.tokens(turn.max_tokens)
     }
 
     /// Sets how host tools are put in front of the model when a request does not say

@@ -40,6 +40,12 @@ pub struct AgentArgs {
     /// Most host tool calls per request, all rounds together; later calls are not run.
     #[arg(long, default_value_t = 32)]
     pub max_host_calls: usize,
+    /// Most tokens a round generates when its request sets no `max_tokens` (0: up to the context).
+    #[arg(long, default_value_t = 1024)]
+    pub max_tokens_default: usize,
+    /// Most tokens any round generates, whatever its request asks (0: no bound but the context).
+    #[arg(long, default_value_t = 0)]
+    pub max_tokens_limit: usize,
     /// Requests that may wait for the engine before new ones get 429.
     #[arg(long, default_value_t = 32)]
     pub queue: usize,
@@ -240,6 +246,10 @@ pub fn build_agent(cache: &Path, a: &AgentArgs, controls: &Controls) -> Result<A
     )?
     .with_raw_special(a.completions_special)
     .with_max_host_calls(a.max_host_calls)
+    .with_output_limits(thorn::agent::OutputLimits {
+        default: (a.max_tokens_default > 0).then_some(a.max_tokens_default),
+        limit: (a.max_tokens_limit > 0).then_some(a.max_tokens_limit),
+    })
     .with_tool_use(a.tool_use())
     .with_tool_format(tool_format)
     .with_reasoning(a.reasoning.enable_thinking())

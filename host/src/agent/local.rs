@@ -207,15 +207,16 @@ impl Agent {
         let (tx, mut rx) = mpsc::unbounded_channel::<Gen>();
         let parallel = turn.parallel_tool_calls;
         let format = turn.response_format.clone();
+        let max_tokens = self.output_tokens(turn);
         let mut req = Request {
-            max_tokens: turn.max_tokens,
+            max_tokens,
             sampling: turn.sampling.clone(),
             stop: turn.stop.clone(),
             cancel: Some(Arc::clone(cancel)),
             speculate: turn.speculation,
             think_budget,
             shown_controls: thorn_guide::shown_controls(&self.model.tokenizer, tools.format()),
-            ..Request::greedy(prompt, turn.max_tokens)
+            ..Request::greedy(prompt, max_tokens)
         };
         if copying {
             req.sampling.temperature = 0.0;

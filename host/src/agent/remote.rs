@@ -33,7 +33,7 @@ impl Agent {
             parallel_tool_calls: turn.parallel_tool_calls,
             response_format: &turn.response_format,
             sampling: &turn.sampling,
-            max_tokens: (turn.max_tokens != usize::MAX).then_some(turn.max_tokens),
+            max_tokens: Some(self.output_tokens(turn)).filter(|&n| n != usize::MAX),
             stop: &turn.stop,
             logprobs: turn.logprobs,
             template_kwargs: &kwargs,

@@ -285,3 +285,51 @@ pub enum Event {
         pending: Box<thorn_plugin::Pending>,
     },
 }
+
+/// The server's bounds on what one round may generate (`--max-tokens-default`, `--max-tokens-limit`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutputLimits {
+    /// The most tokens of a round whose request sets no `max_tokens` (`None`: up to the context).
+    pub default: Option<usize>,
+    /// The most tokens of any round, whatever its request asks (`None`: no bound but the context).
+    pub limit: Option<usize>,
+}
+
+impl OutputLimits {
+    /// The tokens a round may generate when its request asked for `asked` (`usize::MAX`: did not say).
+    pub fn tokens(&self, asked: usize) -> usize {
+        let wanted = match asked {
+            usize::MAX => self.default.unwrap_or(usize::MAX),
+            n => n,
+        };
+        wanted.min(self.limit.unwrap_or(usize::MAX))
+    }
+}
+
+#[cfg(test)]
+mod output_tests {
+    use super::OutputLimits;
+
+    #[test]
+    fn a_request_without_max_tokens_gets_the_default_and_none_passes_the_limit() {
+        let l = OutputLimits {
+            default: Some(1024),
+            limit: Some(4096),
+        };
+        assert_eq!(l.tokens(usize::MAX), 1024);
+        assert_eq!(l.tokens(10), 10);
+        assert_eq!(l.tokens(100_000), 4096);
+        let open = OutputLimits::default();
+        assert_eq!(open.tokens(usize::MAX), usize::MAX);
+        assert_eq!(open.tokens(7), 7);
+        let capped = OutputLimits {
+            default: Some(8192),
+            limit: Some(100),
+        };
+        assert_eq!(
+            capped.tokens(usize::MAX),
+            100,
+            "the limit bounds the default too"
+        );
+    }
+}

@@ -481,3 +481,43 @@ fn slow_clients_cannot_hold_the_server() {
     );
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+/// `--max-tokens-default` bounds a request that sets no `max_tokens`; `--max-tokens-limit` bounds one
+/// that asks for more; a request asking for less gets what it asked.
+#[test]
+fn output_tokens_have_a_server_default_and_limit() {
+    let s = thorn_tests::ServeProcess::start(&[
+        "--context",
+        "1024",
+        "--max-tokens-default",
+        "6",
+        "--max-tokens-limit",
+        "9",
+    ]);
+    let ask = |max_tokens: Option<u64>| {
+        let mut body = json!({"messages": user("Write a long story about a dragon and a knight."),
+            "temperature": 0});
+        if let Some(n) = max_tokens {
+            body["max_tokens"] = json!(n);
+        }
+        let r = http(
+            s.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        (
+            v["usage"]["completion_tokens"].as_u64().unwrap(),
+            v["choices"][0]["finish_reason"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        )
+    };
+    assert_eq!(ask(None), (6, "length".into()));
+    assert_eq!(ask(Some(100)), (9, "length".into()));
+    assert_eq!(ask(Some(3)), (3, "length".into()));
+}
