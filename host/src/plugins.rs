@@ -44,6 +44,36 @@ impl Place {
         thorn_plugin::Controls::new(self.estop())
     }
 
+    /// Checks, before anything loads, what a command that serves plugins needs: a plugin directory named
+    /// with `--plugins` must exist (an error naming it); with the default one missing, or plugins but no
+    /// policy file, it says so (every plugin would be refused without a word otherwise).
+    pub fn check(&self) -> Result<()> {
+        let (dir, policy) = self.resolve();
+        if !dir.is_dir() {
+            if self.plugins.is_some() {
+                bail!(
+                    "the plugin directory {} (--plugins) does not exist; create it, or install plugins there with `thorn plugins install FILE --plugins {}`",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+            eprintln!(
+                "note: no plugins: {} does not exist (scripts/install-plugins installs the examples)",
+                dir.display()
+            );
+            return Ok(());
+        }
+        let any = components(&dir).is_ok_and(|c| !c.is_empty());
+        if any && !policy.is_file() {
+            eprintln!(
+                "note: no policy file at {}: every plugin in {} is refused until approved (`thorn plugins approve NAME`)",
+                policy.display(),
+                dir.display()
+            );
+        }
+        Ok(())
+    }
+
     /// The plugin directory and the policy file.
     pub fn resolve(&self) -> (PathBuf, PathBuf) {
         let data = thorn::store::data_dir(None);

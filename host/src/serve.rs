@@ -359,6 +359,7 @@ pub fn watch_plugins(
 /// `thorn mcp`: the admitted plugins as MCP tools over stdio. Stdout carries only the protocol; what
 /// thorn has to say goes to stderr.
 pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) -> Result<()> {
+    place.check()?;
     use rmcp::ServiceExt;
     thorn_plugin::validate_conversation_id(&conversation)?;
     // No model here: the policy's external MCP servers are for the agent, and are not started.
@@ -435,9 +436,12 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         .map(|s| UpstreamSpec::parse(s))
         .collect::<Result<Vec<_>, _>>()?;
     let upstreams = Upstreams::new(specs, a.local_first.as_deref())?;
-    let controls = a.agent.place.controls();
-    let estop = Arc::clone(&controls.estop);
-    let agent = build_agent(cache, &a.agent, &controls)?;
+    a.agent.place.check()?;
+    // The port and the keys before the model loads: a taken port or a bad key file fails at once.
+    let addr = format!("{}:{}", a.host, a.port);
+    let bound =
+        std::net::TcpListener::bind(&addr).with_context(|| format!("listening on {addr}"))?;
+    bound.set_nonblocking(true)?;
     let mut secrets = a.api_key;
     if let Ok(env) = std::env::var("THORN_API_KEYS") {
         secrets.extend(
@@ -461,6 +465,9 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
             a.host
         );
     }
+    let controls = a.agent.place.controls();
+    let estop = Arc::clone(&controls.estop);
+    let agent = build_agent(cache, &a.agent, &controls)?;
     let config = ServerConfig {
         keys,
         max_body: a.max_body,
@@ -504,9 +511,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         .build()?;
     rt.block_on(async {
         latch_on_sigusr1(Arc::clone(&estop))?;
-        let addr = format!("{}:{}", a.host, a.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
+        let listener = tokio::net::TcpListener::from_std(bound)
             .with_context(|| format!("listening on {addr}"))?;
         // An upstream that is down now is reported, not fatal: the health checks find it later.
         for (name, r) in upstreams.check_all().await {
@@ -635,6 +640,7 @@ fn ask_at_terminal(approvals: Arc<thorn_plugin::Approvals>, id: String) {
 
 /// `thorn run "task"`: one agent run, transcript on stdout.
 pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Result<()> {
+    a.place.check()?;
     let agent = build_agent(cache, a, &a.place.controls())?;
     let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
     messages.push(Message::user(task));
@@ -668,6 +674,7 @@ pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Res
 
 /// `thorn chat`: an interactive conversation in the terminal.
 pub fn chat(cache: &Path, a: &AgentArgs, system: Option<&str>, temperature: f32) -> Result<()> {
+    a.place.check()?;
     let agent = build_agent(cache, a, &a.place.controls())?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -19,6 +19,7 @@ use thorn_tests::{default_model, http, http_send, read_http};
 mod host_tools;
 mod limits;
 mod sdk;
+mod startup;
 
 struct Server {
     addr: SocketAddr,

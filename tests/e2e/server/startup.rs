@@ -1,0 +1,53 @@
+//! Start-up checks that come before the model loads: a plugin directory that is not there, a port that
+//! is taken, each a clear error at once.
+
+use std::time::{Duration, Instant};
+
+fn serve(args: &[&str]) -> (std::process::Output, Duration) {
+    let t0 = Instant::now();
+    let out = std::process::Command::new(thorn_tests::thorn_binary())
+        .arg("serve")
+        .arg("--model")
+        .arg(thorn_tests::default_model())
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    (out, t0.elapsed())
+}
+
+#[test]
+fn a_missing_plugin_directory_is_a_clear_start_up_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-plugins");
+    let (out, _) = serve(&["--port", "0", "--plugins", missing.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no-such-plugins") && err.contains("does not exist"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("stack backtrace"),
+        "a user error, no backtrace: {err}"
+    );
+    // Nothing loaded first: the model's KV cache line comes after the checks.
+    assert!(!err.contains("KV cache:"), "{err}");
+}
+
+#[test]
+fn a_taken_port_is_reported_before_the_model_loads() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let (out, _) = serve(&["--host", "127.0.0.1", "--port", &port]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("listening on 127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert!(
+        !err.contains("KV cache:"),
+        "the model was not loaded: {err}"
+    );
+}
