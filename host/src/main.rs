@@ -691,4 +691,42 @@ mod tests {
         };
         assert_eq!(s.agent.engine.context, 2048);
     }
+
+    #[test]
+    fn serve_help_lists_each_option_under_its_own_heading() {
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("serve")
+            .expect("serve")
+            .render_long_help()
+            .to_string();
+        // The heading each option is listed under: the last line before it that ends in ':'.
+        let heading_of = |flag: &str| {
+            let at = help
+                .find(&format!("      {flag} "))
+                .or_else(|| help.find(&format!("      {flag}\n")))
+                .unwrap_or_else(|| panic!("{flag} missing:\n{help}"));
+            help[..at]
+                .lines()
+                .rev()
+                .find(|l| !l.starts_with(' ') && l.ends_with(':'))
+                .unwrap_or("")
+                .to_owned()
+        };
+        for (flag, heading) in [
+            ("--host", "Server:"),
+            ("--port", "Server:"),
+            ("--api-key", "Server:"),
+            ("--max-body", "Server:"),
+            ("--max-tool-rounds", "Agent:"),
+            ("--max-tokens-default", "Agent:"),
+            ("--plugins", "Plugins:"),
+            ("--policy", "Plugins:"),
+            ("--context", "Engine:"),
+            ("--speculation", "Speculative decoding:"),
+            ("--upstream", "Upstreams:"),
+        ] {
+            assert_eq!(heading_of(flag), heading, "{flag}");
+        }
+    }
 }

@@ -16,13 +16,13 @@ use thorn_plugin::{
 pub struct Place {
     /// Directory of installed plugins (default: <data dir>/plugins; the data dir is $THORN_DATA_DIR,
     /// $XDG_DATA_HOME/thorn or ~/.local/share/thorn).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Plugins")]
     pub plugins: Option<PathBuf>,
     /// The operator's policy file (default: <data dir>/policy.json).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Plugins")]
     pub policy: Option<PathBuf>,
     /// Where the e-stop latch is kept across restarts (default: estop.json beside the policy file).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Plugins")]
     pub estop_file: Option<PathBuf>,
 }
 

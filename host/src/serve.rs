@@ -28,23 +28,23 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// The name the model is served under (default: the default model's name, else the file's stem).
-    #[arg(long)]
+    #[arg(long, help_heading = "Model")]
     pub model_name: Option<String>,
     #[command(flatten)]
     pub place: Place,
     #[command(flatten)]
     pub engine: EngineArgs,
     /// Most rounds of host tool calls per request (a request may ask for fewer, never more).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Agent")]
     pub max_tool_rounds: u32,
     /// Most host tool calls per request, all rounds together; later calls are not run.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, help_heading = "Agent")]
     pub max_host_calls: usize,
     /// Most tokens a round generates when its request sets no `max_tokens` (0: up to the context).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, help_heading = "Agent")]
     pub max_tokens_default: usize,
     /// Most tokens any round generates, whatever its request asks (0: no bound but the context).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, help_heading = "Agent")]
     pub max_tokens_limit: usize,
     /// Requests that may wait for the engine before new ones get 429.
     #[arg(long, default_value_t = 32)]
@@ -57,7 +57,7 @@ pub struct AgentArgs {
     pub step_tokens: usize,
     /// Let `/v1/completions` prompts spell control tokens (`<|im_start|>`). Off by default: a raw
     /// prompt's control-token text is ordinary text. Chat messages are always data.
-    #[arg(long)]
+    #[arg(long, help_heading = "Agent")]
     pub completions_special: bool,
     #[command(flatten)]
     pub kv: KvArgs,
@@ -111,43 +111,53 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub agent: AgentArgs,
     /// Address to listen on.
-    #[arg(long, env = "THORN_HOST", default_value = "127.0.0.1")]
+    #[arg(
+        long,
+        env = "THORN_HOST",
+        default_value = "127.0.0.1",
+        help_heading = "Server"
+    )]
     pub host: String,
     /// Port.
-    #[arg(long, env = "THORN_PORT", default_value_t = 8080)]
+    #[arg(
+        long,
+        env = "THORN_PORT",
+        default_value_t = 8080,
+        help_heading = "Server"
+    )]
     pub port: u16,
     /// Accepted API key (repeatable; also $THORN_API_KEYS, comma-separated). None: no authentication.
-    #[arg(long)]
+    #[arg(long, help_heading = "Server")]
     pub api_key: Vec<String>,
     /// API key file: ids, key digests, per-key host-tool allow-lists and /metrics rights (see
     /// `thorn::auth`).
-    #[arg(long, env = "THORN_API_KEY_FILE")]
+    #[arg(long, env = "THORN_API_KEY_FILE", help_heading = "Server")]
     pub api_keys: Option<PathBuf>,
     /// Require a key allowed to read it for GET /metrics (keys from --api-key may).
-    #[arg(long)]
+    #[arg(long, help_heading = "Server")]
     pub metrics_auth: bool,
     /// Largest request body in bytes.
-    #[arg(long, default_value_t = 8 << 20)]
+    #[arg(long, default_value_t = 8 << 20, help_heading = "Server")]
     pub max_body: usize,
     /// Most connections served at once (more wait in the kernel's backlog).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, help_heading = "Server")]
     pub max_connections: usize,
     /// Seconds a connection has to send a request's headers (idle keep-alive connections close after it).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, help_heading = "Server")]
     pub header_timeout: u64,
     /// Seconds a request has to send its whole body.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, help_heading = "Server")]
     pub body_timeout: u64,
     /// Bytes of request bodies being read at once, all clients together (beyond it: 503).
-    #[arg(long, default_value = "256M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "256M", value_parser = parse_bytes, help_heading = "Server")]
     pub max_inflight_body: usize,
     /// Seconds until a response must start (0: no limit); a streamed one starts once admitted.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, help_heading = "Server")]
     pub request_timeout: u64,
     /// Seconds between looks at the plugin directory and policy: a plugin installed, approved or
     /// removed while thorn runs is served (or dropped) without a restart, and MCP clients are told
     /// (0: load once at start).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, help_heading = "Server")]
     pub plugin_poll: u64,
     /// Do not serve `/mcp` (thorn's tools over MCP's Streamable HTTP).
     #[arg(long, help_heading = "MCP")]
