@@ -238,7 +238,19 @@ enum ModelCmd {
     },
 }
 
-fn main() -> Result<()> {
+/// Runs the command; an error is printed as the user's problem it is: its message and causes on one line,
+/// `error: ...`, with no backtrace whatever `RUST_BACKTRACE` says, and exit status 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("THORN_LOG")

@@ -127,6 +127,9 @@ pub enum Cmd {
         /// Conversation id recorded in the audit log (at most 128 bytes of A-Z a-z 0-9 . _ : -).
         #[arg(long)]
         conversation: Option<String>,
+        /// Also print the call's time (and fuel, when metered) on stderr.
+        #[arg(long)]
+        timing: bool,
     },
     /// Copies a component into the plugin directory (as <name>.wasm) and, with --approve, pins it. The file
     /// is read once: the bytes hashed and approved are the bytes installed.
@@ -472,6 +475,7 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             function,
             args,
             conversation,
+            timing,
         } => {
             let args: Value = serde_json::from_str(&args).context("ARGS must be a JSON object")?;
             let host = host(cache)?;
@@ -491,11 +495,13 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
                     eprintln!("--- plugin {name}:\n{}", text.trim_end());
                 }
             }
-            eprintln!(
-                "--- {} us{}",
-                report.duration.as_micros(),
-                report.fuel.map_or(String::new(), |f| format!(", {f} fuel"))
-            );
+            if timing {
+                eprintln!(
+                    "--- {} us{}",
+                    report.duration.as_micros(),
+                    report.fuel.map_or(String::new(), |f| format!(", {f} fuel"))
+                );
+            }
             match out {
                 Ok(v) => {
                     println!("{}", serde_json::to_string_pretty(&v)?);
