@@ -257,6 +257,8 @@ fn run() -> Result<()> {
                 .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        // No colour codes in a log file or a desktop agent's captured stderr.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let cache = store::cache_dir(cli.cache_dir.as_deref());

@@ -107,6 +107,21 @@ fn the_estop_refuses_moves_lets_stops_run_and_survives_a_restart() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("LATCHED"));
+    // The server logged it, without colour codes (its stderr is not a terminal).
+    let t0 = std::time::Instant::now();
+    while !server.log().contains("latched=true") {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "{}",
+            server.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let log = server.log();
+    assert!(
+        !log.contains('\u{1b}'),
+        "ANSI codes in a piped log: {log:?}"
+    );
     let refused = call(server.addr, None, "move_joints");
     assert_eq!(refused["error_kind"], "estopped", "{refused}");
     let stopped = call(server.addr, None, "arm_stop");

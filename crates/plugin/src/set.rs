@@ -65,7 +65,8 @@ impl<'a> Provider<'a> {
     }
 }
 
-/// The plugins of one directory under one policy, and the external MCP servers the policy names.
+/// The plugins of one directory under one policy, and the external MCP servers the policy names. What
+/// was refused is in [`PluginSet::refused`] (and in the debug log): the caller says it once, its way.
 #[derive(Debug, Default)]
 pub struct PluginSet {
     plugins: Vec<Arc<Plugin>>,
@@ -164,7 +165,7 @@ impl PluginSet {
             let plugin = match Self::load_one(host, &path, policy) {
                 Ok(p) => p,
                 Err(error) => {
-                    tracing::warn!(path = %path.display(), %error, "plugin refused");
+                    tracing::debug!(path = %path.display(), %error, "plugin refused");
                     set.refused.push(Refusal { path, error });
                     continue;
                 }
@@ -181,7 +182,7 @@ impl PluginSet {
                         "its function {function:?} has the same name as one of plugin {other:?}"
                     ),
                 };
-                tracing::warn!(%error, "plugin refused");
+                tracing::debug!(%error, "plugin refused");
                 set.refused.push(Refusal { path, error });
                 continue;
             }
@@ -211,7 +212,7 @@ impl PluginSet {
             let spec = match spec {
                 Ok(s) => s,
                 Err(e) => {
-                    tracing::warn!(error = %e, "MCP server refused");
+                    tracing::debug!(error = %e, "MCP server refused");
                     set.refused.push(Refusal {
                         path: shown,
                         error: e.into(),
@@ -242,7 +243,7 @@ impl PluginSet {
             let server = match McpServer::connect_on(host, spec) {
                 Ok(s) => s,
                 Err(error) => {
-                    tracing::warn!(%error, "MCP server refused");
+                    tracing::debug!(%error, "MCP server refused");
                     set.refused.push(Refusal { path: shown, error });
                     continue;
                 }
@@ -274,7 +275,7 @@ impl PluginSet {
                             f.name
                         ),
                     };
-                    tracing::warn!(%error, "MCP tool refused");
+                    tracing::debug!(%error, "MCP tool refused");
                     set.refused.push(Refusal {
                         path: shown.clone(),
                         error,
@@ -290,7 +291,7 @@ impl PluginSet {
                             set.provider(other).name()
                         ),
                     };
-                    tracing::warn!(%error, "MCP tool refused");
+                    tracing::debug!(%error, "MCP tool refused");
                     set.refused.push(Refusal {
                         path: shown.clone(),
                         error,
