@@ -38,6 +38,22 @@ fn jog(ms: u64) -> Value {
     json!({"joint": "base", "velocity": 20, "duration_ms": ms})
 }
 
+/// Waits (generously) until a jog is moving the arm; returns its motion record.
+fn until_moving(dir: &Path) -> Value {
+    let t0 = Instant::now();
+    loop {
+        let m = arm(dir)["motion"].clone();
+        if !m.is_null() {
+            return m;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the jog did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Waits (generously) for the state file to show `stops` stops.
 fn until_stopped(dir: &Path, stops: u64) -> Value {
     let t0 = Instant::now();
@@ -102,9 +118,7 @@ fn a_jog_is_stopped_past_its_deadman_on_timeout_on_estop_and_when_abandoned() {
         let estop = Arc::clone(&controls.estop);
         let d = dir.path().to_owned();
         std::thread::spawn(move || {
-            while arm(&d)["motion"].is_null() {
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            until_moving(&d);
             estop.set(true, "test").unwrap();
         })
     };
@@ -172,15 +186,7 @@ fn a_jog_is_stopped_when_its_client_disconnects() {
         assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
         seen.extend_from_slice(&buf[..n]);
     }
-    let t0 = Instant::now();
-    while arm(dir.path())["motion"].is_null() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the jog did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let started = arm(dir.path())["motion"].clone();
+    let started = until_moving(dir.path());
     drop(s);
     let stopped = until_stopped(dir.path(), 1);
     assert_eq!(stopped["interrupted"], 1, "{stopped}");
@@ -204,14 +210,7 @@ fn a_stop_does_not_wait_for_the_motions_slot() {
         let set = Arc::clone(&set);
         std::thread::spawn(move || set.call(&Caller::default(), "arm_jog", &jog(5000)).0)
     };
-    let t0 = Instant::now();
-    while arm(dir.path())["motion"].is_null() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the jog did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    until_moving(dir.path());
     let stopped = set
         .call(&Caller::default(), "arm_stop", &json!({}))
         .0

@@ -64,6 +64,15 @@ where
         .validate()
         .map_err(PluginError::from)
         .and_then(|()| admit());
+    // Admitted, then (when the policy holds it) approved; either refusal is one `rejected` outcome.
+    let admitted = match (admitted, gate) {
+        (Ok(a), Some(g)) => {
+            wait_for_approval(g, trail.as_ref(), callee.name, caller, function, args)
+                .await
+                .map(|()| a)
+        }
+        (other, _) => other,
+    };
     let admitted = match admitted {
         Ok(a) => a,
         Err(e) => {
@@ -78,20 +87,6 @@ where
             return (out, report);
         }
     };
-    if let Some(g) = gate
-        && let Err(e) =
-            wait_for_approval(g, trail.as_ref(), callee.name, caller, function, args).await
-    {
-        let report = CallReport {
-            duration: t0.elapsed(),
-            ..CallReport::default()
-        };
-        let out = match &trail {
-            Some(t) => t.outcome(Outcome::Rejected, Err(e), 0, &report).await,
-            None => Err(e),
-        };
-        return (out, report);
-    }
     if let Some(t) = &trail
         && let Err(e) = t.log.append_async(&t.record(Phase::Intent, true)).await
     {
