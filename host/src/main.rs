@@ -651,7 +651,7 @@ fn up(cache: &std::path::Path, a: serve::ServeArgs) -> Result<()> {
         eprintln!("default model ready: {}", path.display());
     }
     let (dir, _) = a.agent.place.resolve();
-    if thorn_plugin::components(&dir)?.is_empty() {
+    if !a.agent.place.no_plugins && thorn_plugin::components(&dir)?.is_empty() {
         eprintln!(
             "no plugins installed in {} (scripts/install-plugins builds and installs the examples)",
             dir.display()

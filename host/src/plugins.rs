@@ -16,8 +16,17 @@ use thorn_plugin::{
 pub struct Place {
     /// Directory of installed plugins (default: <data dir>/plugins; the data dir is $THORN_DATA_DIR,
     /// $XDG_DATA_HOME/thorn or ~/.local/share/thorn).
-    #[arg(long, global = true, help_heading = "Plugins")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Plugins",
+        conflicts_with = "no_plugins"
+    )]
     pub plugins: Option<PathBuf>,
+    /// Serve the model alone: no plugin directory, no policy, no external MCP servers (benchmarks, a
+    /// plain model endpoint).
+    #[arg(long, global = true, help_heading = "Plugins")]
+    pub no_plugins: bool,
     /// The operator's policy file (default: <data dir>/policy.json).
     #[arg(long, global = true, help_heading = "Plugins")]
     pub policy: Option<PathBuf>,
@@ -48,6 +57,9 @@ impl Place {
     /// with `--plugins` must exist (an error naming it); with the default one missing, or plugins but no
     /// policy file, it says so (every plugin would be refused without a word otherwise).
     pub fn check(&self) -> Result<()> {
+        if self.no_plugins {
+            return Ok(());
+        }
         let (dir, policy) = self.resolve();
         if !dir.is_dir() {
             if self.plugins.is_some() {
@@ -307,6 +319,9 @@ fn print_servers(policy: &Policy) {
 }
 
 pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
+    if place.no_plugins {
+        bail!("--no-plugins names no plugin directory for `thorn plugins` to work on");
+    }
     let (dir, policy_path) = place.resolve();
     match cmd {
         Cmd::List => {

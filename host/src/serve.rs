@@ -275,6 +275,9 @@ fn load_plugins(
     grammar: Option<&GrammarCheck>,
     controls: &Controls,
 ) -> Result<(PluginSet, PathBuf)> {
+    if place.no_plugins {
+        return Ok((PluginSet::default(), PathBuf::from("(none: --no-plugins)")));
+    }
     let (dir, policy_path) = place.resolve();
     let host = PluginHost::with_config(HostConfig {
         cache_dir: Some(cache.join("cwasm")),
@@ -321,7 +324,7 @@ pub fn watch_plugins(
     grammar: Option<Arc<GrammarCheck>>,
     controls: Controls,
 ) {
-    if every.is_zero() {
+    if every.is_zero() || place.no_plugins {
         return;
     }
     let (cache, place) = (cache.to_owned(), place.clone());

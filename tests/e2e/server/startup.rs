@@ -1,5 +1,5 @@
 //! Start-up checks that come before the model loads: a plugin directory that is not there, a port that
-//! is taken, each a clear error at once.
+//! is taken, each a clear error at once; `--no-plugins`, the model alone.
 
 use std::time::{Duration, Instant};
 
@@ -53,5 +53,38 @@ fn a_taken_port_is_reported_before_the_model_loads() {
     assert!(
         !err.contains("KV cache:"),
         "the model was not loaded: {err}"
+    );
+}
+
+#[test]
+fn no_plugins_serves_the_model_alone_and_plugins_commands_refuse_it() {
+    let s = thorn_tests::ServeProcess::start(&["--no-plugins", "--plugin-poll", "0"]);
+    let log = s.log();
+    assert!(
+        log.contains("0 plugin(s) with 0 tool(s) from (none: --no-plugins)"),
+        "{log}"
+    );
+    assert!(!log.contains("plugin refused"), "{log}");
+    drop(s);
+
+    let both = std::process::Command::new(thorn_tests::thorn_binary())
+        .args(["serve", "--no-plugins", "--plugins", "/tmp"])
+        .output()
+        .unwrap();
+    assert!(!both.status.success());
+    let err = String::from_utf8_lossy(&both.stderr);
+    assert!(err.contains("cannot be used with"), "{err}");
+
+    let data = tempfile::tempdir().unwrap();
+    let list = std::process::Command::new(thorn_tests::thorn_binary())
+        .args(["plugins", "list", "--no-plugins"])
+        .env("THORN_DATA_DIR", data.path())
+        .output()
+        .unwrap();
+    assert!(!list.status.success());
+    let err = String::from_utf8_lossy(&list.stderr);
+    assert!(
+        err.contains("--no-plugins names no plugin directory"),
+        "{err}"
     );
 }
