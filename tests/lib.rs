@@ -164,6 +164,20 @@ impl ServeProcess {
         assert!(ok, "kill -{sig} failed");
     }
 
+    /// Waits up to `within` for it to exit on its own: its status, `None` while it still runs.
+    pub fn wait(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if t0.elapsed() > within {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// What it has written to stderr so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()

@@ -36,6 +36,7 @@
 //! Connections, headers and bodies are bounded by [`listen`]; `/health` is open (for probes), `/metrics`
 //! needs a key allowed to read it when `metrics_auth` is on.
 
+mod access;
 pub mod anthropic;
 mod approvals;
 mod chat;
@@ -49,6 +50,7 @@ pub mod metrics;
 mod models;
 mod request;
 pub mod responses;
+pub mod shutdown;
 mod status;
 pub mod wire;
 mod work;
@@ -84,6 +86,8 @@ pub struct ServerConfig {
     /// The e-stop latch (`/v1/thorn/estop`, `/health`) and the approvals queue (`/v1/thorn/approvals`)
     /// of the plugins this server runs.
     pub controls: thorn_plugin::Controls,
+    /// How long running requests may go on once a shutdown begins ([`shutdown`]).
+    pub shutdown_grace: std::time::Duration,
 }
 
 impl Default for ServerConfig {
@@ -95,6 +99,7 @@ impl Default for ServerConfig {
             http: HttpLimits::default(),
             mcp: mcp::McpHttp::default(),
             controls: thorn_plugin::Controls::default(),
+            shutdown_grace: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -112,6 +117,8 @@ pub struct AppState {
     upstreams: Upstreams,
     /// Responses kept for `previous_response_id`.
     responses: responses::ResponseStore,
+    /// The server's stop: running requests, and whether they were cut.
+    shutdown: shutdown::Shutdown,
 }
 
 impl AppState {
@@ -129,7 +136,13 @@ impl AppState {
             bodies: Arc::new(tokio::sync::Semaphore::new(budget)),
             upstreams: Upstreams::default(),
             responses: responses::ResponseStore::default(),
+            shutdown: shutdown::Shutdown::default(),
         }
+    }
+
+    /// The server's stop.
+    pub fn shutdown(&self) -> &shutdown::Shutdown {
+        &self.shutdown
     }
 
     /// Serves these upstream engines' models too.
@@ -183,4 +196,5 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(anthropic)
         .with_state(Arc::clone(&state))
         .merge(mcp::routes(&state))
+        .layer(from_fn_with_state(Arc::clone(&state), access::layer))
 }

@@ -9,11 +9,14 @@ use thorn_engine::tokenizer::Tokenizer;
 use thorn_guide::ToolGrammars;
 use thorn_tools::chat::{ChatTemplate, Message};
 
+#[macro_use]
+mod log;
 mod admin;
 mod approvals;
 mod bench;
 mod estop;
 mod opts;
+mod place;
 mod plugins;
 mod serve;
 
@@ -30,6 +33,10 @@ struct Cli {
     /// Model cache directory (default: $THORN_CACHE_DIR, $XDG_CACHE_HOME/thorn, ~/.cache/thorn).
     #[arg(long, global = true)]
     cache_dir: Option<PathBuf>,
+    /// The form of what thorn writes to stderr: text, or one JSON object per line (status lines, request
+    /// logs, warnings). `THORN_LOG` filters the log (e.g. `info`, `warn,thorn::access=off`).
+    #[arg(long, global = true, value_enum, default_value_t = log::LogFormat::Text)]
+    log_format: log::LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -251,16 +258,8 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("THORN_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        // No colour codes in a log file or a desktop agent's captured stderr.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = Cli::parse();
+    log::init(cli.log_format);
     let cache = store::cache_dir(cli.cache_dir.as_deref());
     match cli.cmd {
         Cmd::Up(a) => up(&cache, a),
@@ -648,11 +647,11 @@ fn info(path: &std::path::Path, tensors: bool) -> Result<()> {
 fn up(cache: &std::path::Path, a: serve::ServeArgs) -> Result<()> {
     let path = pull(cache, store::DEFAULT_MODEL.name, false)?;
     if a.agent.model.model.is_none() {
-        eprintln!("default model ready: {}", path.display());
+        status!("default model ready: {}", path.display());
     }
     let (dir, _) = a.agent.place.resolve();
     if !a.agent.place.no_plugins && thorn_plugin::components(&dir)?.is_empty() {
-        eprintln!(
+        status!(
             "no plugins installed in {} (scripts/install-plugins builds and installs the examples)",
             dir.display()
         );

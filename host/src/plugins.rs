@@ -11,92 +11,7 @@ use thorn_plugin::{
     AuditLog, Caller, Candidate, HostConfig, PluginError, PluginHost, Policy, Requests, components,
 };
 
-/// Where plugins, their policy and the compiled-code cache live.
-#[derive(clap::Args, Clone)]
-pub struct Place {
-    /// Directory of installed plugins (default: <data dir>/plugins; the data dir is $THORN_DATA_DIR,
-    /// $XDG_DATA_HOME/thorn or ~/.local/share/thorn).
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Plugins",
-        conflicts_with = "no_plugins"
-    )]
-    pub plugins: Option<PathBuf>,
-    /// Serve the model alone: no plugin directory, no policy, no external MCP servers (benchmarks, a
-    /// plain model endpoint).
-    #[arg(long, global = true, help_heading = "Plugins")]
-    pub no_plugins: bool,
-    /// The operator's policy file (default: <data dir>/policy.json).
-    #[arg(long, global = true, help_heading = "Plugins")]
-    pub policy: Option<PathBuf>,
-    /// Where the e-stop latch is kept across restarts (default: estop.json beside the policy file).
-    #[arg(long, global = true, help_heading = "Plugins")]
-    pub estop_file: Option<PathBuf>,
-}
-
-impl Place {
-    /// The e-stop latch's file.
-    pub fn estop_path(&self) -> PathBuf {
-        self.estop_file
-            .clone()
-            .unwrap_or_else(|| self.resolve().1.with_file_name("estop.json"))
-    }
-
-    /// The e-stop latch, as the file keeps it.
-    pub fn estop(&self) -> std::sync::Arc<thorn_plugin::Estop> {
-        std::sync::Arc::new(thorn_plugin::Estop::load(&self.estop_path()))
-    }
-
-    /// The process's controls: the e-stop latch kept at [`Place::estop_path`], an empty approvals queue.
-    pub fn controls(&self) -> thorn_plugin::Controls {
-        thorn_plugin::Controls::new(self.estop())
-    }
-
-    /// Checks, before anything loads, what a command that serves plugins needs: a plugin directory named
-    /// with `--plugins` must exist (an error naming it); with the default one missing, or plugins but no
-    /// policy file, it says so (every plugin would be refused without a word otherwise).
-    pub fn check(&self) -> Result<()> {
-        if self.no_plugins {
-            return Ok(());
-        }
-        let (dir, policy) = self.resolve();
-        if !dir.is_dir() {
-            if self.plugins.is_some() {
-                bail!(
-                    "the plugin directory {} (--plugins) does not exist; create it, or install plugins there with `thorn plugins install FILE --plugins {}`",
-                    dir.display(),
-                    dir.display()
-                );
-            }
-            eprintln!(
-                "note: no plugins: {} does not exist (scripts/install-plugins installs the examples)",
-                dir.display()
-            );
-            return Ok(());
-        }
-        let any = components(&dir).is_ok_and(|c| !c.is_empty());
-        if any && !policy.is_file() {
-            eprintln!(
-                "note: no policy file at {}: every plugin in {} is refused until approved (`thorn plugins approve NAME`)",
-                policy.display(),
-                dir.display()
-            );
-        }
-        Ok(())
-    }
-
-    /// The plugin directory and the policy file.
-    pub fn resolve(&self) -> (PathBuf, PathBuf) {
-        let data = thorn::store::data_dir(None);
-        (
-            self.plugins.clone().unwrap_or_else(|| data.join("plugins")),
-            self.policy
-                .clone()
-                .unwrap_or_else(|| data.join("policy.json")),
-        )
-    }
-}
+pub use crate::place::Place;
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -120,6 +35,10 @@ pub enum Cmd {
         /// Functions to show per message.
         #[arg(long, default_value_t = 4)]
         top: usize,
+        /// Only these tools, as a request's `thorn:` tools name them (a plugin: its functions; or one
+        /// function; the `thorn:` prefix optional), comma-separated: what that request would route.
+        #[arg(long, value_delimiter = ',')]
+        tools: Vec<String>,
     },
     /// Loads plugins under the policy and instantiates each once; exits non-zero if any is refused.
     Check {
@@ -318,6 +237,38 @@ fn print_servers(policy: &Policy) {
     }
 }
 
+/// Which of `set`'s functions (by index) a request naming `tools` offers; `None`: every one.
+fn offered(set: &thorn_plugin::PluginSet, tools: &[String]) -> Result<Option<Vec<bool>>> {
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    let all = set.tools().tools();
+    let mut among = vec![false; all.len()];
+    for t in tools {
+        let name = t.trim();
+        let name = name
+            .strip_prefix(thorn::api::HOST_TOOL_PREFIX)
+            .unwrap_or(name);
+        let functions: Vec<&str> = if let Some(p) = set.provider_named(name) {
+            p.manifest()
+                .functions
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect()
+        } else if set.provider_for(name).is_some() {
+            vec![name]
+        } else {
+            bail!("--tools: no installed plugin or plugin function is called {name:?}");
+        };
+        for f in functions {
+            if let Some(i) = all.iter().position(|x| x.name == f) {
+                among[i] = true;
+            }
+        }
+    }
+    Ok(Some(among))
+}
+
 pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
     if place.no_plugins {
         bail!("--no-plugins names no plugin directory for `thorn plugins` to work on");
@@ -415,15 +366,25 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Route { messages, top } => {
+        Cmd::Route {
+            messages,
+            top,
+            tools,
+        } => {
             let set =
                 thorn_plugin::PluginSet::load_dir(&host(cache)?, &dir, &policy(&policy_path)?)?;
+            let among = offered(&set, &tools)?;
+            let offers = |i: usize| among.as_ref().is_none_or(|a| a[i]);
             let router = thorn::agent::router_for(&set, set.tools());
             let cfg = thorn_tools::RouteConfig::default();
             for m in &messages {
-                let routed: Vec<usize> = router.route(m, &cfg).iter().map(|r| r.index).collect();
+                let routed: Vec<usize> = router
+                    .route_among(m, &cfg, offers)
+                    .iter()
+                    .map(|r| r.index)
+                    .collect();
                 println!("{m}");
-                for r in router.rank(m).iter().take(top) {
+                for r in router.rank_among(m, offers).iter().take(top) {
                     println!(
                         "  {} {:<14} score {:5.2}  coverage {:4.2}",
                         if routed.contains(&r.index) { '*' } else { ' ' },

@@ -154,6 +154,10 @@ pub struct ServeArgs {
     /// Seconds until a response must start (0: no limit); a streamed one starts once admitted.
     #[arg(long, default_value_t = 0, help_heading = "Server")]
     pub request_timeout: u64,
+    /// Seconds running requests may go on after SIGINT or SIGTERM; then each still running is cut (a
+    /// stream ends with a `shutting_down` error event and `[DONE]`). A second signal cuts at once.
+    #[arg(long, default_value_t = 10, help_heading = "Server")]
+    pub shutdown_grace: u64,
     /// Seconds between looks at the plugin directory and policy: a plugin installed, approved or
     /// removed while thorn runs is served (or dropped) without a restart, and MCP clients are told
     /// (0: load once at start).
@@ -223,7 +227,7 @@ pub fn build_agent(cache: &Path, a: &AgentArgs, controls: &Controls) -> Result<A
     }
     let (context, threads) = (engine.context(), engine.device().threads());
     let kv = engine.kv_stats();
-    eprintln!(
+    status!(
         "KV cache: {} pages of {} positions ({}, {:.0} MiB)",
         kv.pages_total,
         kv.page_size,
@@ -233,10 +237,10 @@ pub fn build_agent(cache: &Path, a: &AgentArgs, controls: &Controls) -> Result<A
     let tool_format = a
         .tool_format
         .resolve(engine.gguf().get_str("tokenizer.chat_template").ok());
-    eprintln!("tool calls: {tool_format} format");
+    status!("tool calls: {tool_format} format");
     let check = grammar_check(engine.tokenizer_arc())?;
     let (plugins, dir) = load_plugins(cache, &a.place, None, Some(&*check), controls)?;
-    eprintln!(
+    status!(
         "model {name} ({context} tokens of context, {threads} threads); {} plugin(s){} with {} tool(s) from {}",
         plugins.plugins().len(),
         servers_note(&plugins),
@@ -287,7 +291,7 @@ fn load_plugins(
     let policy = Policy::load(&policy_path)?;
     let plugins = PluginSet::load_checked(&host, &dir, &policy, previous, grammar)?;
     for r in plugins.refused() {
-        eprintln!("plugin refused: {}: {}", r.path.display(), r.error);
+        status_warn!("plugin refused: {}: {}", r.path.display(), r.error);
     }
     Ok((plugins, dir))
 }
@@ -351,7 +355,7 @@ pub fn watch_plugins(
                     Ok((set, _)) => {
                         let (n, tools) = (set.plugins().len(), set.tools().tools().len());
                         let changed = live.replace(Arc::new(set));
-                        eprintln!(
+                        status!(
                             "plugins reloaded: {n} plugin(s) with {tools} tool(s){}",
                             if changed {
                                 " (the tool list changed)"
@@ -360,12 +364,14 @@ pub fn watch_plugins(
                             }
                         );
                     }
-                    Err(e) => eprintln!("plugins not reloaded (still serving the old set): {e:#}"),
+                    Err(e) => {
+                        status_warn!("plugins not reloaded (still serving the old set): {e:#}")
+                    }
                 }
             }
         });
     if let Err(e) = spawned {
-        eprintln!("warning: cannot watch the plugins for changes: {e}");
+        status_warn!("warning: cannot watch the plugins for changes: {e}");
     }
 }
 
@@ -378,7 +384,7 @@ pub fn mcp(cache: &Path, place: &Place, conversation: String, plugin_poll: u64) 
     // No model here: the policy's external MCP servers are for the agent, and are not started.
     let controls = place.controls();
     let (plugins, dir) = load_plugins(cache, place, None, None, &controls)?;
-    eprintln!(
+    status!(
         "thorn mcp: {} plugin(s) with {} tool(s) from {} on stdio",
         plugins.plugins().len(),
         plugins.tools().tools().len(),
@@ -421,7 +427,7 @@ fn latch_on_sigusr1(estop: Arc<Estop>) -> Result<()> {
         tokio::spawn(async move {
             while usr1.recv().await.is_some() {
                 if let Err(e) = estop.set(true, "signal") {
-                    eprintln!("e-stop latched by SIGUSR1, but its state could not be kept: {e}");
+                    status_warn!("e-stop latched by SIGUSR1, but its state could not be kept: {e}");
                 }
             }
         });
@@ -469,12 +475,8 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         keys.merge(Keys::load(path)?);
     }
     if keys.is_empty() && !is_loopback(&a.host) {
-        tracing::warn!(
-            host = %a.host,
-            "serving a non-loopback address with no API key: anyone who can reach it can run every installed plugin (set --api-key or --api-keys)"
-        );
-        eprintln!(
-            "warning: {} is not a loopback address and no API key is set: anyone who can reach it can run every installed plugin",
+        status_warn!(
+            "warning: {} is not a loopback address and no API key is set: anyone who can reach it can run every installed plugin (set --api-key or --api-keys)",
             a.host
         );
     }
@@ -502,9 +504,10 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
             max_sessions_per_peer: a.mcp_max_sessions_per_peer.max(1),
         },
         controls: controls.clone(),
+        shutdown_grace: Duration::from_secs(a.shutdown_grace),
     };
     if !a.no_mcp && !is_loopback(&a.host) && a.mcp_allowed_host.is_empty() {
-        eprintln!(
+        status!(
             "note: /mcp accepts only loopback Host names; add --mcp-allowed-host NAME for the name remote MCP clients use"
         );
     }
@@ -522,7 +525,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async {
+    let served = rt.block_on(async {
         latch_on_sigusr1(Arc::clone(&estop))?;
         let listener = tokio::net::TcpListener::from_std(bound)
             .with_context(|| format!("listening on {addr}"))?;
@@ -530,16 +533,16 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         for (name, r) in upstreams.check_all().await {
             let u = upstreams.iter().find(|u| u.name() == name).expect("listed");
             match r {
-                Ok(()) => eprintln!(
+                Ok(()) => status!(
                     "upstream {name}: {} serving {}",
                     u.spec().base,
                     u.models().join(", ")
                 ),
-                Err(e) => eprintln!("warning: {e} (its health checks go on)"),
+                Err(e) => status_warn!("warning: {e} (its health checks go on)"),
             }
         }
         upstreams.spawn_health();
-        eprintln!(
+        status!(
             "serving the OpenAI API on http://{} (POST /v1/chat/completions, GET /v1/models, /health, /metrics{}); ctrl-c stops",
             listener.local_addr()?,
             if a.no_mcp { "" } else { ", MCP at /mcp" }
@@ -550,7 +553,10 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
             server.shutdown().await;
         }
         anyhow::Ok(())
-    })
+    });
+    // Work the shutdown cut (a plugin call on a blocking thread) is not waited for.
+    rt.shutdown_timeout(Duration::from_secs(2));
+    served
 }
 
 /// Every installed plugin's functions as host tools.

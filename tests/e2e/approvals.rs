@@ -71,7 +71,7 @@ fn decide(addr: SocketAddr, key: Option<&str>, id: &str, body: Value) -> thorn_t
 }
 
 /// Waits (at most a minute, generous for a loaded machine) until exactly one call waits; returns it.
-fn one_pending(addr: SocketAddr, key: Option<&str>) -> Value {
+pub(crate) fn one_pending(addr: SocketAddr, key: Option<&str>) -> Value {
     let t0 = Instant::now();
     loop {
         let r = get(addr, key, "/v1/thorn/approvals");

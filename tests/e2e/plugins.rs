@@ -258,3 +258,51 @@ fn robot_arm_enforces_limits_and_keeps_its_pose() {
     let s = p.call("arm_home", &json!({})).unwrap();
     assert_eq!(s["tool"], json!([0.28, 0.0, 0.35]));
 }
+
+#[test]
+fn plugins_route_reproduces_a_requests_subset() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plugins, policy) = (dir.path().join("plugins"), dir.path().join("policy.json"));
+    let thorn = |args: &[&str]| {
+        let out = std::process::Command::new(thorn_tests::thorn_binary())
+            .arg("plugins")
+            .args(args)
+            .arg("--plugins")
+            .arg(&plugins)
+            .arg("--policy")
+            .arg(&policy)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    for p in ["calculator", "units"] {
+        let (ok, text) = thorn(&["install", plugin_wasm(p).to_str().unwrap(), "--approve"]);
+        assert!(ok, "{text}");
+    }
+    let msg = "Convert 10 km to miles";
+    let (ok, full) = thorn(&["route", msg]);
+    assert!(ok, "{full}");
+    let (ok, only) = thorn(&["route", msg, "--tools", "thorn:units"]);
+    assert!(ok, "{only}");
+    // The same line for the function in both: the same score and coverage, routed in both.
+    let line = |text: &str| {
+        text.lines()
+            .find(|l| l.contains(" convert "))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no convert line: {text}"))
+    };
+    assert_eq!(line(&full), line(&only));
+    assert!(line(&only).trim_start().starts_with('*'), "{only}");
+    assert!(
+        !only.contains("evaluate"),
+        "only the units functions: {only}"
+    );
+    let (ok, err) = thorn(&["route", msg, "--tools", "dice"]);
+    assert!(!ok);
+    assert!(
+        err.contains("no installed plugin or plugin function is called \"dice\""),
+        "{err}"
+    );
+}

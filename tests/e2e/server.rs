@@ -18,6 +18,7 @@ use thorn_tests::{default_model, http, http_send, read_http};
 
 mod host_tools;
 mod limits;
+mod operate;
 mod sdk;
 mod startup;
 

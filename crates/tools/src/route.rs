@@ -192,6 +192,14 @@ impl Router {
 
     /// Every function's standing for `message`, best first (ties by index).
     pub fn rank(&self, message: &str) -> Vec<Ranked> {
+        self.rank_among(message, |_| true)
+    }
+
+    /// The standing of the functions `among` admits (by index), best first. A word's rarity is still
+    /// counted over every function the router was built from, so a function scores the same whatever
+    /// else a request offers: build the router over every installed function, and rank a request's own
+    /// among them.
+    pub fn rank_among(&self, message: &str, among: impl Fn(usize) -> bool) -> Vec<Ranked> {
         let mut words = Vec::new();
         self.words(message, &mut words);
         words.sort_unstable();
@@ -207,6 +215,7 @@ impl Router {
             .docs
             .iter()
             .enumerate()
+            .filter(|(index, _)| among(*index))
             .map(|(index, d)| {
                 let (mut score, mut matched) = (0.0f32, 0.0f32);
                 for t in &words {
@@ -229,7 +238,17 @@ impl Router {
 
     /// The functions to offer for `message` under `cfg` (best first), or none: the message needs no tool.
     pub fn route(&self, message: &str, cfg: &RouteConfig) -> Vec<Ranked> {
-        let ranked = self.rank(message);
+        self.route_among(message, cfg, |_| true)
+    }
+
+    /// [`Router::route`] among the functions `among` admits (see [`Router::rank_among`]).
+    pub fn route_among(
+        &self,
+        message: &str,
+        cfg: &RouteConfig,
+        among: impl Fn(usize) -> bool,
+    ) -> Vec<Ranked> {
+        let ranked = self.rank_among(message, among);
         let Some(best) = ranked.first().copied() else {
             return Vec::new();
         };
@@ -381,6 +400,30 @@ mod tests {
                 "{m:?} -> {:?}",
                 routed(&r, &n, m)
             );
+        }
+    }
+
+    #[test]
+    fn a_function_scores_the_same_among_any_subset_of_the_installed_ones() {
+        let (r, n) = router();
+        for m in [
+            "What is 17 * 3?",
+            "Convert 10 km to mi",
+            "List the files in the directory",
+            "Hello! How are you?",
+        ] {
+            let full = r.rank(m);
+            for keep in 0..n.len() {
+                let alone = r.rank_among(m, |i| i == keep);
+                assert_eq!(alone.len(), 1);
+                let same = full.iter().find(|x| x.index == keep).unwrap();
+                assert_eq!(alone[0], *same, "{m:?} {}", n[keep]);
+                let routed_full = routed(&r, &n, m).contains(&n[keep].to_owned());
+                let routed_alone = !r
+                    .route_among(m, &RouteConfig::default(), |i| i == keep)
+                    .is_empty();
+                assert_eq!(routed_full, routed_alone, "{m:?} {}", n[keep]);
+            }
         }
     }
 

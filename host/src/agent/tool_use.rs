@@ -141,11 +141,16 @@ pub(super) fn plan(
     if let (Routing::Lexical, true, ToolChoice::Auto, Some(user)) =
         (policy.routing, host_only, &turn.tool_choice, user_last)
     {
-        let router = router_for(plugins, all);
+        // Scored among every installed function, so routing is a property of the message and the
+        // function, not of what else this request offers.
+        let installed = plugins.tools();
+        let router = router_for(plugins, installed);
         let names: Vec<String> = router
-            .route(&user.content, &RouteConfig::default())
+            .route_among(&user.content, &RouteConfig::default(), |i| {
+                all.get(&installed.tools()[i].name).is_some()
+            })
             .iter()
-            .map(|r| all.tools()[r.index].name.clone())
+            .map(|r| installed.tools()[r.index].name.clone())
             .collect();
         plan.choice = match names.as_slice() {
             [] => ToolChoice::None,

@@ -521,14 +521,14 @@ pub(super) async fn messages(
     let t0 = Instant::now();
     let (mut rx, cancel) = spawn(&st, chat_work(turn));
     let guard = CancelOnDrop(cancel);
-    let early = started(&mut rx).await?;
+    let early = started(&st, &mut rx).await?;
     let id = new_id("msg").replacen('-', "_", 1);
     if stream {
         Ok(stream_messages(Arc::clone(&st), rx, guard, id, t0, early))
     } else {
         let out = match early.outcome() {
             Some(o) => o,
-            None => collect(&mut rx).await?,
+            None => collect(&st, &mut rx).await?,
         };
         account(&st, &out, t0);
         drop(guard);

@@ -28,7 +28,7 @@ pub(super) async fn chat(
     let t0 = Instant::now();
     let (mut rx, cancel) = spawn(&st, chat_work(turn));
     let guard = CancelOnDrop(cancel);
-    let early = started(&mut rx).await?;
+    let early = started(&st, &mut rx).await?;
     let id = new_id("chatcmpl");
     if shape.stream {
         Ok(stream_chat(
@@ -43,7 +43,7 @@ pub(super) async fn chat(
     } else {
         let out = match early.outcome() {
             Some(o) => o,
-            None => collect(&mut rx).await?,
+            None => collect(&st, &mut rx).await?,
         };
         account(&st, &out, t0);
         drop(guard);
@@ -140,7 +140,7 @@ pub(super) fn stream_chat(
         let outcome = match early {
             Some(o) => Ok(o),
             None => loop {
-                let Some(msg) = next_msg(&mut rx, &tx).await else {
+                let Some(msg) = next_msg(&st, &mut rx, &tx).await else {
                     return;
                 };
                 match msg {

@@ -75,13 +75,13 @@ pub(super) async fn completions(
     let t0 = Instant::now();
     let (mut rx, cancel) = spawn(&st, completion_work(prompt, turn));
     let guard = CancelOnDrop(cancel);
-    let (model, early) = started(&mut rx).await?.split(&st);
+    let (model, early) = started(&st, &mut rx).await?.split(&st);
     let id = new_id("cmpl");
     let created = unix_now();
     if !shape.stream {
         let out = match early {
             Some(o) => o,
-            None => collect(&mut rx).await?,
+            None => collect(&st, &mut rx).await?,
         };
         account(&st, &out, t0);
         drop(guard);
@@ -111,7 +111,7 @@ pub(super) async fn completions(
         let outcome = match early {
             Some(o) => Ok(o),
             None => loop {
-                let Some(msg) = next_msg(&mut rx, &tx).await else {
+                let Some(msg) = next_msg(&st, &mut rx, &tx).await else {
                     return;
                 };
                 match msg {

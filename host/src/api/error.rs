@@ -56,6 +56,9 @@ pub enum ApiError {
     /// The engine stopped.
     #[error("the engine is not running")]
     Unavailable,
+    /// The server is stopping and its grace for running requests ran out.
+    #[error("the server is shutting down: the request was cut when the shutdown grace ran out")]
+    ShuttingDown,
     /// A bug or an engine failure.
     #[error("internal error: {0}")]
     Internal(String),
@@ -84,7 +87,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Upstream(e) => upstream_status(e),
         }
@@ -106,6 +109,7 @@ impl ApiError {
             ApiError::TooLarge { .. } => ("invalid_request_error", Some("request_too_large")),
             ApiError::Busy(_) => ("rate_limit_error", Some("queue_full")),
             ApiError::Unavailable => ("server_error", Some("unavailable")),
+            ApiError::ShuttingDown => ("server_error", Some("shutting_down")),
             ApiError::Internal(_) => ("server_error", None),
             ApiError::Upstream(e) if upstream_status(e) == StatusCode::BAD_REQUEST => {
                 ("invalid_request_error", Some("upstream_rejected"))
@@ -114,10 +118,16 @@ impl ApiError {
         }
     }
 
+    /// The error's name in the access log: its OpenAI `code`, else its `type`.
+    pub(super) fn log_code(&self) -> &'static str {
+        let (kind, code) = self.kind();
+        code.unwrap_or(kind)
+    }
+
     /// Seconds to wait before retrying, for the statuses that ask for it.
     fn retry_after(&self) -> Option<u64> {
         match self {
-            ApiError::Busy(_) | ApiError::BodiesBusy => Some(1),
+            ApiError::Busy(_) | ApiError::BodiesBusy | ApiError::ShuttingDown => Some(1),
             ApiError::Upstream(UpstreamError::CircuitOpen { secs, .. }) => Some(*secs),
             ApiError::Upstream(UpstreamError::Busy { .. }) => Some(1),
             ApiError::Upstream(UpstreamError::NoModel { .. }) => Some(10),

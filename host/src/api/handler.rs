@@ -54,6 +54,9 @@ pub(super) async fn respond(
     let endpoint = endpoint(req.extensions().get::<MatchedPath>());
     req.extensions_mut().insert(dialect);
     let mut r = next.run(req).await;
+    if let Some(Failed(e)) = r.extensions().get::<Failed>() {
+        super::access::note_error(e);
+    }
     // An error already carries OpenAI's body; Anthropic's routes render it again in theirs.
     if let Some(Failed(e)) = r.extensions_mut().remove::<Failed>()
         && dialect == Dialect::Anthropic
@@ -138,6 +141,9 @@ impl FromRequestParts<Arc<AppState>> for Caller {
             Dialect::OpenAi => authorize(st, &parts.headers)?,
             Dialect::Anthropic => authorize_anthropic(st, &parts.headers)?,
         };
+        if let Some(k) = &key {
+            super::access::note_key(k.id());
+        }
         Ok(Caller {
             key,
             peer: parts.extensions.get::<Peer>().map(|Peer(p)| *p),

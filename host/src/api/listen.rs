@@ -60,19 +60,29 @@ impl Default for HttpLimits {
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub SocketAddr);
 
-/// Serves `router` on `listener` with `limits` until `shutdown` resolves.
-pub async fn serve_with(
+/// Serves `router` on `listener` with `limits` until `signal` resolves, then stops as
+/// [`shutdown`](super::shutdown) says: no new connections, idle ones closed, running requests given
+/// `grace` to finish before `stop` cuts them (a second `signal` cuts at once).
+pub async fn serve_with<S, F>(
     listener: tokio::net::TcpListener,
     router: Router,
     limits: &HttpLimits,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> std::io::Result<()> {
+    stop: &super::shutdown::Shutdown,
+    grace: Duration,
+    signal: S,
+) -> std::io::Result<()>
+where
+    S: Fn() -> F,
+    F: std::future::Future<Output = ()>,
+{
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    tokio::pin!(shutdown);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let first = signal();
+    tokio::pin!(first);
     loop {
         let slot = tokio::select! {
             s = Arc::clone(&slots).acquire_owned() => s.expect("the semaphore is never closed"),
-            () = &mut shutdown => return Ok(()),
+            () = &mut first => break,
         };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -84,7 +94,7 @@ pub async fn serve_with(
                     continue;
                 }
             },
-            () = &mut shutdown => return Ok(()),
+            () = &mut first => break,
         };
         let _ = stream.set_nodelay(true);
         let app = router.clone();
@@ -109,14 +119,47 @@ pub async fn serve_with(
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
             .max_buf_size(64 << 10);
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
             drop(slot);
         });
     }
+    drop(listener);
+    let running = stop.running();
+    tracing::info!(
+        target: "thorn::status",
+        "shutting down: no new connections; {running} request(s) running get {} s to finish",
+        grace.as_secs_f64()
+    );
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    let cut_now = tokio::select! {
+        () = &mut drained => false,
+        () = tokio::time::sleep(grace) => true,
+        () = signal() => true,
+    };
+    if cut_now {
+        let cut = stop.running();
+        stop.cut();
+        tracing::warn!(
+            target: "thorn::status",
+            "shutting down: cut {cut} request(s) still running (each gets a shutting_down error)"
+        );
+        // Long enough for the cut streams to write their last events, and for the cut work to end
+        // (a call it abandons is audited as cancelled).
+        let settled = async {
+            drained.await;
+            while stop.running() > 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), settled).await;
+    }
+    tracing::info!(target: "thorn::status", "stopped");
+    Ok(())
 }
 
 fn timed_out() -> Response<Body> {
@@ -129,11 +172,17 @@ fn timed_out() -> Response<Body> {
         .expect("a static response is valid")
 }
 
-/// Serves `state`'s router with its limits until ctrl-c.
+/// Serves `state`'s router with its limits until SIGINT or SIGTERM, then stops with its grace.
 pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
     let limits = state.config.http.clone();
-    serve_with(listener, super::router(state), &limits, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
+    let grace = state.config.shutdown_grace;
+    serve_with(
+        listener,
+        super::router(Arc::clone(&state)),
+        &limits,
+        &state.shutdown,
+        grace,
+        super::shutdown::signalled,
+    )
     .await
 }

@@ -423,7 +423,7 @@ pub(super) async fn responses(
     let t0 = Instant::now();
     let (mut rx, cancel) = spawn(&st, chat_work(turn));
     let guard = CancelOnDrop(cancel);
-    let early = started(&mut rx).await?;
+    let early = started(&st, &mut rx).await?;
     // Random: it names a stored conversation (`resp_` and the random part of a call id).
     let id = format!(
         "resp_{}",
@@ -457,7 +457,7 @@ pub(super) async fn responses(
     }
     let out = match early.outcome() {
         Some(o) => o,
-        None => collect(&mut rx).await?,
+        None => collect(&st, &mut rx).await?,
     };
     account(&st, &out, t0);
     drop(guard);

@@ -52,15 +52,16 @@ pub(super) fn account(st: &AppState, out: &Outcome, t0: Instant) {
     }
 }
 
-/// Runs `work` (a chat turn or a completion) on a task of its own, forwarding its events; the first message
-/// is either `Started` or the error that kept it from starting.
+/// A request's work (a chat turn or a completion): runs on a task of its own, sends its events, and
+/// returns its outcome, which [`spawn`] sends last.
 pub(super) type Work = Box<
     dyn FnOnce(
             Arc<AppState>,
             Arc<AtomicBool>,
             mpsc::UnboundedSender<Msg>,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-        + Send,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<Outcome, ApiError>> + Send>,
+        > + Send,
 >;
 
 pub(super) enum Msg {
@@ -68,13 +69,29 @@ pub(super) enum Msg {
     Done(Box<Result<Outcome, ApiError>>),
 }
 
+/// Starts `work` on a task of its own: the first message is either `Started` or the error that kept it
+/// from starting, the last its outcome. The request counts as running (for the shutdown) until then, and
+/// its outcome goes into its access log line.
 pub(super) fn spawn(
     st: &Arc<AppState>,
     work: Work,
 ) -> (mpsc::UnboundedReceiver<Msg>, Arc<AtomicBool>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
-    tokio::spawn(work(Arc::clone(st), Arc::clone(&cancel), tx));
+    let running = st.shutdown.enter();
+    let access = super::access::current();
+    if let Some(a) = &access {
+        a.work();
+    }
+    let fut = work(Arc::clone(st), Arc::clone(&cancel), tx.clone());
+    tokio::spawn(async move {
+        let out = fut.await;
+        if let Some(a) = access {
+            a.outcome(&out);
+        }
+        drop(running);
+        let _ = tx.send(Msg::Done(Box::new(out)));
+    });
     (rx, cancel)
 }
 
@@ -88,15 +105,14 @@ pub(super) fn note_cancel(st: &AppState, out: &Result<Outcome, AgentError>) {
 pub(super) fn chat_work(turn: Turn) -> Work {
     Box::new(move |st, cancel, tx| {
         Box::pin(async move {
-            let t2 = tx.clone();
             let out = st
                 .agent
                 .run(turn, cancel, &mut |e| {
-                    let _ = t2.send(Msg::Event(e));
+                    let _ = tx.send(Msg::Event(e));
                 })
                 .await;
             note_cancel(&st, &out);
-            let _ = tx.send(Msg::Done(Box::new(out.map_err(ApiError::from))));
+            out.map_err(ApiError::from)
         })
     })
 }
@@ -104,15 +120,14 @@ pub(super) fn chat_work(turn: Turn) -> Work {
 pub(super) fn completion_work(prompt: String, turn: Turn) -> Work {
     Box::new(move |st, cancel, tx| {
         Box::pin(async move {
-            let t2 = tx.clone();
             let out = st
                 .agent
                 .complete(prompt, &turn, cancel, &mut |e| {
-                    let _ = t2.send(Msg::Event(e));
+                    let _ = tx.send(Msg::Event(e));
                 })
                 .await;
             note_cancel(&st, &out);
-            let _ = tx.send(Msg::Done(Box::new(out.map_err(ApiError::from))));
+            out.map_err(ApiError::from)
         })
     })
 }
@@ -148,19 +163,39 @@ impl Early {
 /// response of a client that went away, and with it the stream's receiver): the forwarding task then
 /// returns and drops the request's [`CancelOnDrop`]. So a client that leaves while nothing is written
 /// (a call waiting for approval, a long motion) cancels its request at once, not at the next event.
+/// When the shutdown cuts the request, its outcome is [`ApiError::ShuttingDown`]: the stream ends with
+/// that error (and the work, its [`CancelOnDrop`] dropped, is cancelled).
 pub(super) async fn next_msg<T>(
+    st: &AppState,
     rx: &mut mpsc::UnboundedReceiver<Msg>,
     tx: &mpsc::Sender<T>,
 ) -> Option<Option<Msg>> {
     tokio::select! {
         m = rx.recv() => Some(m),
         () = tx.closed() => None,
+        () = st.shutdown.cut_off() => Some(Some(cut())),
+    }
+}
+
+/// What a request the shutdown cut ends with.
+fn cut() -> Msg {
+    Msg::Done(Box::new(Err(ApiError::ShuttingDown)))
+}
+
+/// The work's next message, or [`cut`] when the shutdown cuts it.
+async fn recv(st: &AppState, rx: &mut mpsc::UnboundedReceiver<Msg>) -> Option<Msg> {
+    tokio::select! {
+        m = rx.recv() => m,
+        () = st.shutdown.cut_off() => Some(cut()),
     }
 }
 
 /// Waits for the work to start, or the error that stopped it.
-pub(super) async fn started(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Early, ApiError> {
-    match rx.recv().await {
+pub(super) async fn started(
+    st: &AppState,
+    rx: &mut mpsc::UnboundedReceiver<Msg>,
+) -> Result<Early, ApiError> {
+    match recv(st, rx).await {
         Some(Msg::Event(Event::Started { model, .. })) => Ok(Early::Started(model)),
         Some(Msg::Done(out)) => (*out).map(|o| Early::Done(Box::new(o))),
         Some(Msg::Event(_)) => Ok(Early::Started(String::new())),
@@ -171,8 +206,11 @@ pub(super) async fn started(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Ear
 }
 
 /// Reads events to the end: the outcome.
-pub(super) async fn collect(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Outcome, ApiError> {
-    while let Some(m) = rx.recv().await {
+pub(super) async fn collect(
+    st: &AppState,
+    rx: &mut mpsc::UnboundedReceiver<Msg>,
+) -> Result<Outcome, ApiError> {
+    while let Some(m) = recv(st, rx).await {
         match m {
             Msg::Event(_) => {}
             Msg::Done(out) => return *out,
@@ -218,6 +256,7 @@ pub(super) async fn send_gathered(
 /// one gathers, until the turn's outcome (`early`, when it ended before the stream began). `None` once the
 /// client is gone.
 pub(super) async fn pump(
+    st: &AppState,
     g: &mut impl Gather,
     rx: &mut mpsc::UnboundedReceiver<Msg>,
     early: Option<Outcome>,
@@ -230,7 +269,7 @@ pub(super) async fn pump(
         return Some(Ok(o));
     }
     loop {
-        match next_msg(rx, tx).await? {
+        match next_msg(st, rx, tx).await? {
             Some(Msg::Event(ev)) => g.event(ev),
             Some(Msg::Done(o)) => return Some(*o),
             None => {

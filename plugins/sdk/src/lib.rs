@@ -92,6 +92,26 @@ pub fn schema_of<T: JsonSchema>() -> Value {
     v
 }
 
+/// The parameters schema of a function taking `A`: [`schema_of`], with an object that declares no
+/// properties closed (`additionalProperties: false`), so a function without arguments takes `{}` only and
+/// a call with invented arguments is refused before it runs, whether or not the struct denies unknown
+/// fields.
+pub fn parameters_of<A: JsonSchema>() -> Value {
+    let mut v = schema_of::<A>();
+    if let Some(o) = v.as_object_mut() {
+        let no_properties = o
+            .get("properties")
+            .is_none_or(|p| p.as_object().is_some_and(|p| p.is_empty()));
+        if o.get("type") == Some(&json!("object"))
+            && no_properties
+            && !o.contains_key("additionalProperties")
+        {
+            o.insert("additionalProperties".into(), json!(false));
+        }
+    }
+    v
+}
+
 impl Plugin {
     /// A plugin with no functions yet.
     pub fn new(name: &str, version: &str, description: &str) -> Self {
@@ -120,7 +140,7 @@ impl Plugin {
         self.functions.push(Function {
             name: name.into(),
             description: description.into(),
-            parameters: Schema::Of(schema_of::<A>),
+            parameters: Schema::Of(parameters_of::<A>),
             returns: Schema::Of(schema_of::<R>),
             examples: Vec::new(),
             answer: None,
@@ -345,4 +365,31 @@ macro_rules! plugin {
 
         $crate::bindings::export!(__ThornPlugin);
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    /// No arguments, as an author writes it without `deny_unknown_fields`.
+    #[derive(Deserialize, JsonSchema)]
+    struct Nothing {}
+
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Roll {
+        sides: u32,
+    }
+
+    #[test]
+    fn a_function_without_arguments_takes_an_empty_object_only() {
+        let p = parameters_of::<Nothing>();
+        assert_eq!(p["type"], "object", "{p}");
+        assert_eq!(p["additionalProperties"], false, "{p}");
+        // A struct with fields keeps its schema as derived.
+        let r = parameters_of::<Roll>();
+        assert_eq!(r, schema_of::<Roll>());
+        assert!(r.get("additionalProperties").is_none(), "{r}");
+    }
 }

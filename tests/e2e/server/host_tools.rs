@@ -121,6 +121,21 @@ fn host_tools_are_used_out_of_the_box() {
         .collect();
     assert_eq!(content, msg["content"].as_str().unwrap(), "{data:?}");
 
+    // A request offering only some of the installed functions routes them as the full set does: the
+    // router scores among every installed function.
+    for (text, only) in [
+        ("What is 17 * 3? Use the calculator.", "thorn:evaluate"),
+        ("Read the file notes.txt please.", "thorn:files"),
+    ] {
+        let full = ask(text, json!({"max_tokens": 1})).json();
+        let mut body = json!({"messages": user(text), "temperature": 0, "max_tokens": 1,
+            "tools": [{"type": "function", "function": {"name": only}}]});
+        let subset = chat(body).json();
+        let routed = |v: &Value| v["choices"][0]["message"]["thorn_routed_tools"].clone();
+        assert_eq!(routed(&subset), routed(&full), "{text}: {subset} vs {full}");
+        assert_ne!(routed(&full), json!([]), "{full}");
+    }
+
     // A message no tool is about gets no tools at all: an answer, never a call.
     let r = ask("What is the capital of France?", json!({}));
     let v = r.json();

@@ -157,7 +157,7 @@ pub(super) fn stream_messages(
             calls: 0,
         };
         // Client calls are streamed as tool_use blocks as they are generated.
-        let Some(outcome) = pump(&mut b, &mut rx, early, &tx).await else {
+        let Some(outcome) = pump(&st, &mut b, &mut rx, early, &tx).await else {
             return;
         };
         let out = match outcome {

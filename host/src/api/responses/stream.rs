@@ -299,7 +299,7 @@ pub(super) fn stream_response(
         let pending = response_json(&id, &model, &echo, &b.ids, None);
         b.push("response.created", json!({"response": pending}));
         b.push("response.in_progress", json!({"response": pending}));
-        let Some(outcome) = pump(&mut b, &mut rx, early, &tx).await else {
+        let Some(outcome) = pump(&st, &mut b, &mut rx, early, &tx).await else {
             return;
         };
         let out = match outcome {
