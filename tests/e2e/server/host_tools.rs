@@ -128,7 +128,7 @@ fn host_tools_are_used_out_of_the_box() {
         ("Read the file notes.txt please.", "thorn:files"),
     ] {
         let full = ask(text, json!({"max_tokens": 1})).json();
-        let mut body = json!({"messages": user(text), "temperature": 0, "max_tokens": 1,
+        let body = json!({"messages": user(text), "temperature": 0, "max_tokens": 1,
             "tools": [{"type": "function", "function": {"name": only}}]});
         let subset = chat(body).json();
         let routed = |v: &Value| v["choices"][0]["message"]["thorn_routed_tools"].clone();
