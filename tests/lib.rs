@@ -132,7 +132,10 @@ impl ServeProcess {
                 .lines()
                 .map_while(Result::ok)
             {
-                if let Some(rest) = line.split("serving the OpenAI API on http://").nth(1) {
+                if let Some(rest) = line.split("serving the OpenAI API on ").nth(1) {
+                    let rest = rest
+                        .trim_start_matches("http://")
+                        .trim_start_matches("https://");
                     let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
                     let _ = tx.send(addr);
                 }
@@ -465,5 +468,50 @@ fn parse_http(raw: &[u8]) -> HttpResponse {
         status,
         headers,
         body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+/// A certificate authority made for a test, and server certificates it signs (for `localhost` and
+/// `127.0.0.1`), written as PEM files.
+pub struct TestCa {
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+    /// The CA's certificate file, for a client to trust.
+    pub cert: PathBuf,
+}
+
+impl TestCa {
+    /// A new CA, its certificate written to `dir/<name>.pem`.
+    pub fn new(dir: &Path, name: &str) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("thorn test CA {name}"));
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate().expect("CA key");
+        let issuer = rcgen::CertifiedIssuer::self_signed(params, key).expect("CA certificate");
+        let cert = dir.join(format!("{name}.pem"));
+        std::fs::write(&cert, issuer.pem()).expect("write the CA");
+        TestCa { issuer, cert }
+    }
+
+    /// A server certificate and its key, signed by this CA: `dir/<name>.pem`, `dir/<name>.key`.
+    pub fn issue(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+        let params =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .expect("server params");
+        let key = rcgen::KeyPair::generate().expect("server key");
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        let (c, k) = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&c, cert.pem()).expect("write the certificate");
+        std::fs::write(&k, key.serialize_pem()).expect("write the key");
+        (c, k)
     }
 }

@@ -88,6 +88,8 @@ pub struct ServerConfig {
     pub controls: thorn_plugin::Controls,
     /// How long running requests may go on once a shutdown begins ([`shutdown`]).
     pub shutdown_grace: std::time::Duration,
+    /// The certificate served over TLS (`None`: plain HTTP).
+    pub tls: Option<Arc<thorn_plugin::tls::ServerCert>>,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +102,7 @@ impl Default for ServerConfig {
             mcp: mcp::McpHttp::default(),
             controls: thorn_plugin::Controls::default(),
             shutdown_grace: std::time::Duration::from_secs(10),
+            tls: None,
         }
     }
 }

@@ -34,6 +34,10 @@ pub struct AgentArgs {
     pub place: Place,
     #[command(flatten)]
     pub engine: EngineArgs,
+    /// A CA certificate file (PEM) to trust, besides the system's roots, for https:// upstreams and
+    /// external MCP servers (repeatable).
+    #[arg(long, help_heading = "Agent")]
+    pub tls_ca: Vec<PathBuf>,
     /// Most rounds of host tool calls per request (a request may ask for fewer, never more).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Agent")]
     pub max_tool_rounds: u32,
@@ -126,6 +130,13 @@ pub struct ServeArgs {
         help_heading = "Server"
     )]
     pub port: u16,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first); needs --tls-key. SIGHUP reads both
+    /// files again (open connections keep theirs).
+    #[arg(long, requires = "tls_key", help_heading = "Server")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, requires = "tls_cert", help_heading = "Server")]
+    pub tls_key: Option<PathBuf>,
     /// Accepted API key (repeatable; also $THORN_API_KEYS, comma-separated). None: no authentication.
     #[arg(long, help_heading = "Server")]
     pub api_key: Vec<String>,
@@ -437,6 +448,34 @@ fn latch_on_sigusr1(estop: Arc<Estop>) -> Result<()> {
     Ok(())
 }
 
+/// The roots TLS clients trust (the system's and `--tls-ca`), set before any client is built.
+fn trust(a: &AgentArgs) -> Result<()> {
+    thorn_plugin::tls::trust(&a.tls_ca).context("--tls-ca")?;
+    Ok(())
+}
+
+/// SIGHUP reads the server's certificate and key again; a bad pair is reported and the old one kept.
+fn reload_on_sighup(cert: Arc<thorn_plugin::tls::ServerCert>) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hup = signal(SignalKind::hangup()).context("listening for SIGHUP")?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match cert.reload() {
+                    Ok(()) => status!("TLS certificate reloaded from {}", cert.paths().0.display()),
+                    Err(e) => status_warn!(
+                        "warning: TLS certificate not reloaded (still serving the old one): {e}"
+                    ),
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = cert;
+    Ok(())
+}
+
 /// Whether `host` (the `--host` flag) only accepts local clients.
 fn is_loopback(host: &str) -> bool {
     host == "localhost"
@@ -448,6 +487,12 @@ fn is_loopback(host: &str) -> bool {
 
 /// `thorn serve`: the OpenAI-compatible server.
 pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
+    trust(&a.agent)?;
+    // The certificate before the model loads: a bad file fails at once.
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Some(thorn_plugin::tls::ServerCert::load(cert, key)?),
+        _ => None,
+    };
     // Upstreams first: a malformed spec or a missing key fails before the model loads.
     let specs = a
         .upstream
@@ -505,6 +550,7 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         },
         controls: controls.clone(),
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
+        tls: tls.clone(),
     };
     if !a.no_mcp && !is_loopback(&a.host) && a.mcp_allowed_host.is_empty() {
         status!(
@@ -527,6 +573,9 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         .build()?;
     let served = rt.block_on(async {
         latch_on_sigusr1(Arc::clone(&estop))?;
+        if let Some(cert) = &tls {
+            reload_on_sighup(Arc::clone(cert))?;
+        }
         let listener = tokio::net::TcpListener::from_std(bound)
             .with_context(|| format!("listening on {addr}"))?;
         // An upstream that is down now is reported, not fatal: the health checks find it later.
@@ -543,7 +592,8 @@ pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
         }
         upstreams.spawn_health();
         status!(
-            "serving the OpenAI API on http://{} (POST /v1/chat/completions, GET /v1/models, /health, /metrics{}); ctrl-c stops",
+            "serving the OpenAI API on {}://{} (POST /v1/chat/completions, GET /v1/models, /health, /metrics{}); ctrl-c stops",
+            if tls.is_some() { "https" } else { "http" },
             listener.local_addr()?,
             if a.no_mcp { "" } else { ", MCP at /mcp" }
         );
@@ -659,6 +709,7 @@ fn ask_at_terminal(approvals: Arc<thorn_plugin::Approvals>, id: String) {
 
 /// `thorn run "task"`: one agent run, transcript on stdout.
 pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Result<()> {
+    trust(a)?;
     a.place.check()?;
     let agent = build_agent(cache, a, &a.place.controls())?;
     let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
@@ -693,6 +744,7 @@ pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Res
 
 /// `thorn chat`: an interactive conversation in the terminal.
 pub fn chat(cache: &Path, a: &AgentArgs, system: Option<&str>, temperature: f32) -> Result<()> {
+    trust(a)?;
     a.place.check()?;
     let agent = build_agent(cache, a, &a.place.controls())?;
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -104,7 +104,8 @@ impl Upstream {
     /// An upstream for `spec`, its key read now.
     pub fn new(spec: UpstreamSpec) -> Result<Self, SpecError> {
         let key = spec.read_key()?;
-        let client = reqwest::Client::builder()
+        // The process's TLS for an https:// upstream (system roots plus --tls-ca).
+        let client = thorn_plugin::tls::http_client()
             .connect_timeout(spec.connect_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()

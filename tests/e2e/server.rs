@@ -21,6 +21,7 @@ mod limits;
 mod operate;
 mod sdk;
 mod startup;
+mod tls;
 
 struct Server {
     addr: SocketAddr,

@@ -494,7 +494,11 @@ async fn start(spec: &ServerSpec) -> Result<Session, PluginError> {
             if let Some(token) = bearer {
                 cfg = cfg.auth_header(token.clone());
             }
-            let transport = StreamableHttpClientTransport::from_config(cfg);
+            // The process's TLS (system roots plus --tls-ca) for an https:// server.
+            let client = crate::tls::http_client()
+                .build()
+                .map_err(|e| server_error(spec, format!("building its HTTP client: {e}")))?;
+            let transport = StreamableHttpClientTransport::with_client(client, cfg);
             (handshake(spec, ().serve(transport)).await?, None)
         }
     };

@@ -46,6 +46,7 @@ pub mod policy;
 pub mod rate;
 mod sandbox;
 mod set;
+pub mod tls;
 mod trail;
 
 pub use approval::{ApprovalRule, ApprovalRules, Approvals, Approver, DecideError, Pending, Watch};

@@ -67,6 +67,7 @@ pub async fn serve_with<S, F>(
     listener: tokio::net::TcpListener,
     router: Router,
     limits: &HttpLimits,
+    tls: Option<&Arc<thorn_plugin::tls::ServerCert>>,
     stop: &super::shutdown::Shutdown,
     grace: Duration,
     signal: S,
@@ -77,6 +78,8 @@ where
 {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // The configuration asks for the certificate on every handshake: a reload serves the next connection.
+    let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(c.server_config()));
     let first = signal();
     tokio::pin!(first);
     loop {
@@ -119,9 +122,33 @@ where
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
             .max_buf_size(64 << 10);
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let watcher = graceful.watcher();
+        let (acceptor, handshake) = (acceptor.clone(), limits.header_timeout);
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let served = match acceptor {
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    watcher.watch(conn).await
+                }
+                // The handshake is bounded as the headers are: a client that stalls it frees its slot.
+                Some(acceptor) => {
+                    match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let conn = builder.serve_connection(TokioIo::new(tls), service);
+                            watcher.watch(conn).await
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                            Ok(())
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            Ok(())
+                        }
+                    }
+                }
+            };
+            if let Err(e) = served {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
             drop(slot);
@@ -180,6 +207,7 @@ pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> s
         listener,
         super::router(Arc::clone(&state)),
         &limits,
+        state.config.tls.as_ref(),
         &state.shutdown,
         grace,
         super::shutdown::signalled,

@@ -1,7 +1,7 @@
 //! What the operator says of an upstream: `--upstream NAME=URL[,OPTION=VALUE...]`.
 //!
 //! `NAME` is `[a-z][a-z0-9-]*` (at most 32 bytes): it names the upstream in model ids (`NAME/MODEL`),
-//! errors, metrics and the audit of routing. `URL` is the engine's OpenAI base (`http://host:8000/v1`;
+//! errors, metrics and the audit of routing. `URL` is the engine's OpenAI base (`http://host:8000/v1`, or `https://` verified against the system's roots and `--tls-ca`;
 //! a URL without a path gets `/v1`). The options:
 //!
 //! | option | default | meaning |
@@ -200,21 +200,20 @@ impl UpstreamSpec {
         Ok(s)
     }
 
-    /// The base URL: `http://host[:port][/path]`, a bare authority getting `/v1`.
+    /// The base URL: `http[s]://host[:port][/path]`, a bare authority getting `/v1`. An https upstream
+    /// is verified against the system's roots and `--tls-ca`.
     fn base_of(url: &str) -> Result<String, String> {
-        let Some(rest) = url.strip_prefix("http://") else {
-            return Err(if url.starts_with("https://") {
-                format!(
-                    "{url:?}: https upstreams are not supported yet (thorn speaks plain HTTP to an upstream: put it on a private network or behind a local TLS proxy)"
-                )
-            } else {
-                format!("{url:?} is not an http:// URL")
-            });
+        let Some((scheme, rest)) = url
+            .strip_prefix("http://")
+            .map(|r| ("http", r))
+            .or_else(|| url.strip_prefix("https://").map(|r| ("https", r)))
+        else {
+            return Err(format!("{url:?} is not an http:// or https:// URL"));
         };
         let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         if authority.is_empty() || authority.contains(['@', '?', '#', ' ']) {
             return Err(format!(
-                "{url:?}: expected http://HOST[:PORT][/PATH] (no user info, query or fragment)"
+                "{url:?}: expected {scheme}://HOST[:PORT][/PATH] (no user info, query or fragment)"
             ));
         }
         if path.contains(['?', '#', ' ']) {
@@ -224,7 +223,7 @@ impl UpstreamSpec {
         }
         let path = path.trim_end_matches('/');
         let path = if path.is_empty() { "/v1" } else { path };
-        Ok(format!("http://{authority}{path}"))
+        Ok(format!("{scheme}://{authority}{path}"))
     }
 
     /// Reads the bearer token (at start: a missing variable or file is an error then, not at the first
@@ -261,6 +260,8 @@ mod tests {
         let s = UpstreamSpec::parse("big=http://10.0.0.2:8000").unwrap();
         assert_eq!(s.name, "big");
         assert_eq!(s.base, "http://10.0.0.2:8000/v1");
+        let tls = UpstreamSpec::parse("big=https://gpu.example:8443").unwrap();
+        assert_eq!(tls.base, "https://gpu.example:8443/v1");
         assert_eq!(s.timeout, Duration::from_secs(60));
         assert_eq!(s.max_concurrent, 16);
         assert!(s.models.is_empty() && s.key.is_none());
@@ -287,8 +288,8 @@ mod tests {
         let why = |s: &str| UpstreamSpec::parse(s).unwrap_err().why;
         assert!(why("big").contains("NAME=URL"));
         assert!(why("Big=http://h").contains("[a-z]"));
-        assert!(why("big=ftp://h").contains("not an http:// URL"));
-        assert!(why("big=https://h").contains("https"));
+        assert!(why("big=ftp://h").contains("not an http:// or https:// URL"));
+        assert!(why("big=https://u@h").contains("expected https://HOST"));
         assert!(why("big=http://user:pw@h").contains("no user info"));
         assert!(why("big=http://h,timeout=0").contains("more than 0"));
         assert!(why("big=http://h,timeout=soon").contains("not a duration"));
