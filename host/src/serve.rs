@@ -743,7 +743,11 @@ pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Res
 }
 
 /// `thorn chat`: an interactive conversation in the terminal.
+/// `thorn chat`: a conversation at the terminal, with line editing and history (kept in
+/// `<data dir>/chat_history`). Ctrl-C stops the reply being written (the conversation keeps what was
+/// written) or clears the line being typed; Ctrl-D ends the chat.
 pub fn chat(cache: &Path, a: &AgentArgs, system: Option<&str>, temperature: f32) -> Result<()> {
+    use rustyline::error::ReadlineError;
     trust(a)?;
     a.place.check()?;
     let agent = build_agent(cache, a, &a.place.controls())?;
@@ -751,24 +755,53 @@ pub fn chat(cache: &Path, a: &AgentArgs, system: Option<&str>, temperature: f32)
         .enable_all()
         .build()?;
     let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
-    eprintln!("type a message and press enter; an empty line or ctrl-d ends the chat");
-    let stdin = std::io::stdin();
+    let mut editor = rustyline::DefaultEditor::new().context("opening the terminal")?;
+    let history = thorn::store::data_dir(None).join("chat_history");
+    // A first chat has no history yet.
+    let _ = editor.load_history(&history);
+    eprintln!("type a message and press enter; ctrl-c stops a reply, ctrl-d ends the chat");
     loop {
-        print!("\n> ");
-        std::io::stdout().flush()?;
-        let mut line = String::new();
-        if stdin.read_line(&mut line)? == 0 || line.trim().is_empty() {
-            break;
+        let line = match editor.readline("> ") {
+            Ok(line) => line,
+            Err(ReadlineError::Interrupted) => continue,
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(e).context("reading the terminal"),
+        };
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
         }
-        messages.push(Message::user(line.trim()));
-        let out = rt.block_on(agent.run(
-            turn(&agent, messages.clone(), temperature, None),
-            Arc::new(AtomicBool::new(false)),
-            &mut printer(agent.plugins().approvals().cloned()),
-        ))?;
+        let _ = editor.add_history_entry(text);
+        messages.push(Message::user(text));
+        let cancel = Arc::new(AtomicBool::new(false));
+        let mut print = printer(agent.plugins().approvals().cloned());
+        let out = rt.block_on(async {
+            let run = agent.run(
+                turn(&agent, messages.clone(), temperature, None),
+                Arc::clone(&cancel),
+                &mut print,
+            );
+            tokio::pin!(run);
+            tokio::select! {
+                out = &mut run => out,
+                _ = tokio::signal::ctrl_c() => {
+                    cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+                    run.await
+                }
+            }
+        })?;
+        if out.finish == thorn::agent::Finish::Cancelled {
+            print!(" [stopped]");
+        }
         println!();
-        // Host tool rounds stay inside a turn; the conversation keeps the final answer.
+        // Host tool rounds stay inside a turn; the conversation keeps the answer (as far as it went).
         messages.push(Message::assistant(out.content.trim()));
+    }
+    if let Some(dir) = history.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    if let Err(e) = editor.save_history(&history) {
+        tracing::debug!(error = %e, path = %history.display(), "chat history not saved");
     }
     Ok(())
 }

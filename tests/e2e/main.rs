@@ -13,6 +13,7 @@ mod plugins;
 mod safety;
 mod server;
 mod spec;
+mod terminal;
 mod tokenizer;
 mod tool_calls;
 mod upstream;
