@@ -132,6 +132,12 @@ impl ServeProcess {
                 .lines()
                 .map_while(Result::ok)
             {
+                // Kept before the address is announced: what `start` returns has its line in the log.
+                {
+                    let mut l = sink.lock().unwrap_or_else(|e| e.into_inner());
+                    l.push_str(&line);
+                    l.push('\n');
+                }
                 if let Some(rest) = line.split("serving the OpenAI API on ").nth(1) {
                     let rest = rest
                         .trim_start_matches("http://")
@@ -139,9 +145,6 @@ impl ServeProcess {
                     let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
                     let _ = tx.send(addr);
                 }
-                let mut l = sink.lock().unwrap_or_else(|e| e.into_inner());
-                l.push_str(&line);
-                l.push('\n');
             }
         });
         // Generous: loading the model and compiling plugins on a loaded machine.

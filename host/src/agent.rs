@@ -24,6 +24,7 @@ use thorn_guide::GuideError;
 use thorn_plugin::{Caller, LiveSet, PluginSet};
 use thorn_tools::chat::{ChatTemplate, Message, Role, ToolCall};
 use thorn_tools::{ToolChoice, ToolError, ToolFormat, ToolSet};
+use tracing::Instrument;
 
 use crate::upstream::{Lease, Target, UpstreamError};
 use split::Counters;
@@ -382,16 +383,36 @@ impl Agent {
                 first_round: out.rounds == 0,
                 cancel: &cancel,
             };
+            // A span per round (the request's span is its parent): a trace shows where the time went.
+            let span = tracing::info_span!(
+                "round",
+                n = out.rounds + 1,
+                engine = match &engine {
+                    RoundEngine::Local => "local",
+                    RoundEngine::Upstream(_) => "upstream",
+                },
+                prompt_tokens = tracing::field::Empty,
+                completion_tokens = tracing::field::Empty,
+                calls = tracing::field::Empty,
+            );
             let round = match &engine {
                 RoundEngine::Local => {
                     self.local_round(&ctx, routed, &mut counters, on_event)
+                        .instrument(span.clone())
                         .await
                 }
                 RoundEngine::Upstream(up) => {
                     self.upstream_round(&up.0, &ctx, &mut counters, on_event)
+                        .instrument(span.clone())
                         .await
                 }
             };
+            if let Ok(r) = &round {
+                span.record("prompt_tokens", r.usage.prompt_tokens);
+                span.record("completion_tokens", r.usage.completion_tokens);
+                span.record("calls", r.calls.len());
+            }
+            drop(span);
             let round = match round {
                 Err(e) if fallback.is_some() && spill_reason(&e).is_some() => {
                     let reason = spill_reason(&e);
@@ -480,8 +501,13 @@ impl Agent {
                     )
                 } else {
                     host_calls_left -= 1;
-                    let (res, _) =
-                        host_call(&turn.plugins, &caller, &call, &cancel, on_event).await;
+                    let (res, _) = host_call(&turn.plugins, &caller, &call, &cancel, on_event)
+                        .instrument(tracing::info_span!(
+                            "tool_call",
+                            function = %call.function.name,
+                            id = %call.id,
+                        ))
+                        .await;
                     (
                         res.as_ref().err().map(|e| e.kind()),
                         res.map_err(|e| e.to_string()),

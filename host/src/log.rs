@@ -6,6 +6,10 @@
 //! `info,thorn::access=off`). As text, a status line is its message alone and a log event carries its
 //! time, level and target; as JSON, every line is one object with `timestamp`, `level`, `target` and the
 //! event's fields at the top level. Colour only when stderr is a terminal.
+//!
+//! With `--otlp-endpoint`, the spans (a request, its rounds, its tool calls) also go to an OpenTelemetry
+//! collector over OTLP/HTTP (protobuf or JSON), batched on a thread of their own and flushed when the
+//! process ends ([`LogGuard`]).
 
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, FilterExt, Targets, filter_fn};
@@ -35,8 +39,79 @@ macro_rules! status_warn {
     ($($arg:tt)*) => { ::tracing::warn!(target: "thorn::status", $($arg)*) };
 }
 
-/// Installs the process's subscriber.
-pub fn init(format: LogFormat) {
+/// The OTLP encoding (`--otlp-protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OtlpProtocol {
+    /// `application/x-protobuf` (OTLP's default).
+    #[value(name = "http/protobuf")]
+    HttpProtobuf,
+    /// `application/json`.
+    #[value(name = "http/json")]
+    HttpJson,
+}
+
+/// Flushes the traces not yet sent when dropped (at the end of `main`).
+#[must_use]
+pub struct LogGuard(Option<opentelemetry_sdk::trace::SdkTracerProvider>);
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take()
+            && let Err(e) = p.shutdown()
+        {
+            eprintln!("warning: traces not all sent to the OTLP collector: {e}");
+        }
+    }
+}
+
+/// The tracer provider exporting to the collector at `endpoint` (its base URL).
+fn otlp(
+    endpoint: &str,
+    protocol: OtlpProtocol,
+) -> anyhow::Result<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+    let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+    // The process's TLS roots (the system's and --tls-ca) for an https collector.
+    let client = reqwest::blocking::Client::builder()
+        .tls_backend_preconfigured((*thorn_plugin::tls::client()).clone())
+        .timeout(std::time::Duration::from_secs(10))
+        .build()?;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(client)
+        .with_endpoint(url)
+        .with_protocol(match protocol {
+            OtlpProtocol::HttpProtobuf => opentelemetry_otlp::Protocol::HttpBinary,
+            OtlpProtocol::HttpJson => opentelemetry_otlp::Protocol::HttpJson,
+        })
+        .build()?;
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name("thorn")
+        .with_attribute(opentelemetry::KeyValue::new(
+            "service.version",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .build();
+    Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
+}
+
+/// Installs the process's subscriber (and, given a collector, the OTLP exporter).
+pub fn init(
+    format: LogFormat,
+    collector: Option<(&str, OtlpProtocol)>,
+) -> anyhow::Result<LogGuard> {
+    use opentelemetry::trace::TracerProvider;
+    let provider = collector.map(|(e, p)| otlp(e, p)).transpose()?;
+    // thorn's own spans (request, round, tool_call) and what happens inside them, at INFO.
+    let traced = || Targets::new().with_target("thorn", tracing::Level::INFO);
+    let traces = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("thorn"))
+            .with_filter(traced())
+    });
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let filter = || {
         EnvFilter::try_from_env("THORN_LOG")
@@ -44,7 +119,7 @@ pub fn init(format: LogFormat) {
     };
     let status = || Targets::new().with_target(STATUS, tracing::Level::INFO);
     let not_status = || filter_fn(|m| m.target() != STATUS);
-    let registry = tracing_subscriber::registry();
+    let registry = tracing_subscriber::registry().with(traces);
     match format {
         LogFormat::Text => registry
             .with(
@@ -75,4 +150,5 @@ pub fn init(format: LogFormat) {
             )
             .init(),
     }
+    Ok(LogGuard(provider))
 }

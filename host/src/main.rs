@@ -37,6 +37,17 @@ struct Cli {
     /// logs, warnings). `THORN_LOG` filters the log (e.g. `info`, `warn,thorn::access=off`).
     #[arg(long, global = true, value_enum, default_value_t = log::LogFormat::Text)]
     log_format: log::LogFormat,
+    /// Send traces (a span per request, round and tool call) to this OTLP/HTTP collector, e.g.
+    /// http://127.0.0.1:4318 (`/v1/traces` is appended).
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// The OTLP encoding.
+    #[arg(long, global = true, value_enum, default_value_t = log::OtlpProtocol::HttpProtobuf)]
+    otlp_protocol: log::OtlpProtocol,
+    /// A CA certificate file (PEM) to trust besides the system's roots, for https:// upstreams, external
+    /// MCP servers and the OTLP collector (repeatable).
+    #[arg(long, global = true)]
+    tls_ca: Vec<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -259,7 +270,12 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
-    log::init(cli.log_format);
+    // The roots before any TLS client is built (the OTLP exporter's is the first).
+    thorn_plugin::tls::trust(&cli.tls_ca).context("--tls-ca")?;
+    let _log = log::init(
+        cli.log_format,
+        cli.otlp_endpoint.as_deref().map(|e| (e, cli.otlp_protocol)),
+    )?;
     let cache = store::cache_dir(cli.cache_dir.as_deref());
     match cli.cmd {
         Cmd::Up(a) => up(&cache, a),

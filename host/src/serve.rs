@@ -34,10 +34,6 @@ pub struct AgentArgs {
     pub place: Place,
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// A CA certificate file (PEM) to trust, besides the system's roots, for https:// upstreams and
-    /// external MCP servers (repeatable).
-    #[arg(long, help_heading = "Agent")]
-    pub tls_ca: Vec<PathBuf>,
     /// Most rounds of host tool calls per request (a request may ask for fewer, never more).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..), help_heading = "Agent")]
     pub max_tool_rounds: u32,
@@ -448,12 +444,6 @@ fn latch_on_sigusr1(estop: Arc<Estop>) -> Result<()> {
     Ok(())
 }
 
-/// The roots TLS clients trust (the system's and `--tls-ca`), set before any client is built.
-fn trust(a: &AgentArgs) -> Result<()> {
-    thorn_plugin::tls::trust(&a.tls_ca).context("--tls-ca")?;
-    Ok(())
-}
-
 /// SIGHUP reads the server's certificate and key again; a bad pair is reported and the old one kept.
 fn reload_on_sighup(cert: Arc<thorn_plugin::tls::ServerCert>) -> Result<()> {
     #[cfg(unix)]
@@ -487,7 +477,6 @@ fn is_loopback(host: &str) -> bool {
 
 /// `thorn serve`: the OpenAI-compatible server.
 pub fn serve(cache: &Path, a: ServeArgs) -> Result<()> {
-    trust(&a.agent)?;
     // The certificate before the model loads: a bad file fails at once.
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => Some(thorn_plugin::tls::ServerCert::load(cert, key)?),
@@ -709,7 +698,6 @@ fn ask_at_terminal(approvals: Arc<thorn_plugin::Approvals>, id: String) {
 
 /// `thorn run "task"`: one agent run, transcript on stdout.
 pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Result<()> {
-    trust(a)?;
     a.place.check()?;
     let agent = build_agent(cache, a, &a.place.controls())?;
     let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
@@ -748,7 +736,6 @@ pub fn run(cache: &Path, a: &AgentArgs, task: &str, system: Option<&str>) -> Res
 /// written) or clears the line being typed; Ctrl-D ends the chat.
 pub fn chat(cache: &Path, a: &AgentArgs, system: Option<&str>, temperature: f32) -> Result<()> {
     use rustyline::error::ReadlineError;
-    trust(a)?;
     a.place.check()?;
     let agent = build_agent(cache, a, &a.place.controls())?;
     let rt = tokio::runtime::Builder::new_current_thread()

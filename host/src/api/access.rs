@@ -22,6 +22,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
+use tracing::Instrument;
 
 tokio::task_local! {
     static ACCESS: Arc<Access>;
@@ -192,7 +193,16 @@ pub(super) async fn layer(State(st): State<Arc<AppState>>, req: Request, next: N
         st,
         fields: Mutex::new(Fields::default()),
     });
-    let mut r = ACCESS.scope(Arc::clone(&access), next.run(req)).await;
+    // The request's span: its rounds and tool calls are its children (in the log and in OTLP traces).
+    let span = tracing::info_span!(
+        "request",
+        id = %access.id,
+        method = %access.method,
+        route = %access.path,
+    );
+    let mut r = ACCESS
+        .scope(Arc::clone(&access), next.run(req).instrument(span))
+        .await;
     access.with(|f| f.status = r.status().as_u16());
     if let Ok(v) = HeaderValue::from_str(&access.id) {
         r.headers_mut().insert(REQUEST_ID, v);

@@ -84,14 +84,19 @@ pub(super) fn spawn(
         a.work();
     }
     let fut = work(Arc::clone(st), Arc::clone(&cancel), tx.clone());
-    tokio::spawn(async move {
-        let out = fut.await;
-        if let Some(a) = access {
-            a.outcome(&out);
-        }
-        drop(running);
-        let _ = tx.send(Msg::Done(Box::new(out)));
-    });
+    // The work runs in the request's span.
+    let span = tracing::Span::current();
+    tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let out = fut.await;
+            if let Some(a) = access {
+                a.outcome(&out);
+            }
+            drop(running);
+            let _ = tx.send(Msg::Done(Box::new(out)));
+        },
+        span,
+    ));
     (rx, cancel)
 }
 

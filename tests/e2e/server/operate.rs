@@ -1,8 +1,9 @@
-//! Operating the server: a log line per request (`--log-format json`: every stderr line one JSON object)
-//! and a graceful stop (SIGTERM lets running requests finish for `--shutdown-grace`, then cuts each: a
+//! Operating the server: a log line per request (`--log-format json`: every stderr line one JSON object),
+//! traces to an OTLP collector, and a graceful stop (SIGTERM lets running requests finish for `--shutdown-grace`, then cuts each: a
 //! stream ends with a `shutting_down` error event and `[DONE]`, and the process exits).
 
 use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// stderr's lines, each parsed as JSON (a line that is not JSON fails the test).
@@ -169,4 +170,122 @@ fn sigterm_cuts_a_request_still_running_after_the_grace_and_the_process_exits() 
     );
     assert!(log.contains("cut 1 request(s) still running"), "{log}");
     assert!(log.contains("error=\"shutting_down\""), "{log}");
+}
+
+/// An OTLP/HTTP collector in the test: it takes `POST /v1/traces` (JSON) and keeps every span.
+fn collector() -> (u16, Arc<Mutex<Vec<Value>>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let spans = Arc::new(Mutex::new(Vec::new()));
+    let kept = Arc::clone(&spans);
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let kept = Arc::clone(&kept);
+            std::thread::spawn(move || {
+                let mut w = conn.try_clone().unwrap();
+                let mut r = BufReader::new(conn);
+                loop {
+                    let mut length = 0usize;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    r.read_exact(&mut body).unwrap();
+                    let v: Value = serde_json::from_slice(&body).unwrap();
+                    for rs in v["resourceSpans"].as_array().into_iter().flatten() {
+                        for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
+                            for s in ss["spans"].as_array().into_iter().flatten() {
+                                kept.lock().unwrap().push(s.clone());
+                            }
+                        }
+                    }
+                    let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+                    w.write_all(ok.as_bytes()).unwrap();
+                }
+            });
+        }
+    });
+    (port, spans)
+}
+
+/// A span's string attribute.
+fn attr<'a>(span: &'a Value, key: &str) -> Option<&'a str> {
+    span["attributes"]
+        .as_array()?
+        .iter()
+        .find(|a| a["key"] == key)?["value"]["stringValue"]
+        .as_str()
+}
+
+#[test]
+fn traces_of_a_request_its_rounds_and_its_tool_call_go_to_an_otlp_collector() {
+    let (port, spans) = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let installed = dir.path().join("plugins");
+    std::fs::create_dir_all(&installed).unwrap();
+    let host = thorn_plugin::PluginHost::with_config(thorn_plugin::HostConfig::default()).unwrap();
+    let entries = thorn_tests::install_plugins(&host, &installed, &["calculator"], |_| json!({}));
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, json!({ "plugins": entries }).to_string()).unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let s = thorn_tests::ServeProcess::start(&[
+        "--plugins",
+        installed.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
+        "--otlp-endpoint",
+        &endpoint,
+        "--otlp-protocol",
+        "http/json",
+    ]);
+    let body = json!({"messages": [{"role": "user", "content": "What is 6 * 7?"}],
+        "tools": [{"type": "function", "function": {"name": "thorn:calculator"}}],
+        "tool_choice": "required", "temperature": 0, "max_tokens": 48, "max_tool_rounds": 1});
+    let r = thorn_tests::http(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Stopping the server flushes what the batch has not sent yet.
+    drop(s);
+    let t0 = Instant::now();
+    let spans = loop {
+        let got = spans.lock().unwrap().clone();
+        let named = |n: &str| got.iter().any(|s| s["name"] == n);
+        if named("request") && named("tool_call") && named("round") {
+            break got;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "{got:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let request = spans
+        .iter()
+        .find(|s| s["name"] == "request" && attr(s, "route") == Some("/v1/chat/completions"))
+        .unwrap_or_else(|| panic!("{spans:?}"));
+    let (trace, id) = (&request["traceId"], &request["spanId"]);
+    let children: Vec<&Value> = spans
+        .iter()
+        .filter(|s| &s["traceId"] == trace && &s["parentSpanId"] == id)
+        .collect();
+    let rounds = children.iter().filter(|s| s["name"] == "round").count();
+    assert!(rounds >= 1, "{spans:?}");
+    let call = children
+        .iter()
+        .find(|s| s["name"] == "tool_call")
+        .unwrap_or_else(|| panic!("{spans:?}"));
+    assert_eq!(attr(call, "function"), Some("evaluate"), "{call}");
 }
