@@ -50,22 +50,32 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::clone(rustls::crypto::CryptoProvider::get_default().expect("installed above"))
 }
 
+static EXTRA: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
 static CLIENT: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
 
 /// Sets the roots clients trust: the system's plus the certificates in `extra` (PEM files, each may hold
-/// several). Call it once, before the first client is built. Returns how many roots there are.
+/// several), read now (a bad file is an error at once). Call it once, before the first client is built;
+/// the system's store is read when the first client is. Returns how many certificates `extra` held.
 pub fn trust(extra: &[PathBuf]) -> Result<usize, TlsError> {
-    let (config, n) = client_config(extra)?;
-    CLIENT.set(config).map_err(|_| TlsError::AlreadySet)?;
+    let mut certs = Vec::new();
+    for path in extra {
+        certs.extend(certificates(path)?);
+    }
+    let n = certs.len();
+    if CLIENT.get().is_some() {
+        return Err(TlsError::AlreadySet);
+    }
+    EXTRA.set(certs).map_err(|_| TlsError::AlreadySet)?;
     Ok(n)
 }
 
-/// The client configuration (system roots only, when [`trust`] was not called).
+/// The client configuration: the system's roots and those given to [`trust`].
 pub fn client() -> Arc<rustls::ClientConfig> {
-    Arc::clone(CLIENT.get_or_init(|| match client_config(&[]) {
+    let extra = EXTRA.get().map_or(&[][..], Vec::as_slice);
+    Arc::clone(CLIENT.get_or_init(|| match client_config(extra) {
         Ok((c, _)) => c,
         Err(e) => {
-            // Not expected without extra files; a client with no roots refuses every server.
+            // Not expected (the extra roots parsed); a client with no roots refuses every server.
             tracing::warn!(error = %e, "TLS roots");
             Arc::new(
                 rustls::ClientConfig::builder_with_provider(provider())
@@ -83,21 +93,20 @@ pub fn http_client() -> reqwest::ClientBuilder {
     reqwest::Client::builder().tls_backend_preconfigured((*client()).clone())
 }
 
-fn client_config(extra: &[PathBuf]) -> Result<(Arc<rustls::ClientConfig>, usize), TlsError> {
+fn client_config(
+    extra: &[CertificateDer<'static>],
+) -> Result<(Arc<rustls::ClientConfig>, usize), TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     let system = rustls_native_certs::load_native_certs();
     for e in &system.errors {
         tracing::debug!(error = %e, "a system root store could not be read");
     }
     roots.add_parsable_certificates(system.certs);
-    for path in extra {
-        let certs = certificates(path)?;
-        for c in certs {
-            roots.add(c).map_err(|source| TlsError::Rustls {
-                what: format!("the CA file {}", path.display()),
-                source,
-            })?;
-        }
+    for c in extra {
+        roots.add(c.clone()).map_err(|source| TlsError::Rustls {
+            what: "a --tls-ca certificate".into(),
+            source,
+        })?;
     }
     let n = roots.len();
     let config = rustls::ClientConfig::builder_with_provider(provider())
@@ -278,7 +287,7 @@ mod tests {
             let e = ServerCert::load(&c, &k).unwrap_err().to_string();
             assert!(e.contains(named), "{e}");
         }
-        let (config, n) = client_config(&[cert]).unwrap();
+        let (config, n) = client_config(&certificates(&cert).unwrap()).unwrap();
         assert!(n >= 1);
         assert!(config.alpn_protocols.is_empty());
     }

@@ -15,7 +15,11 @@
 //! - **responses**: a response must start within `request_timeout` (when set), else 504 and the request
 //!   is cancelled (a streamed response starts as soon as its request is admitted).
 //!
-//! Each request carries its peer address ([`Peer`]) for the audit log.
+//! - **TLS** (with `--tls-cert`): the handshake is bounded by `header_timeout` too, and the certificate is
+//!   asked for on every handshake (a SIGHUP reload serves the next connection).
+//!
+//! Each request carries its peer address ([`Peer`]) for the audit log. On SIGINT or SIGTERM the loop stops
+//! as [`shutdown`](super::shutdown) describes.
 
 use super::AppState;
 use axum::Router;
