@@ -25,7 +25,8 @@ impl AdminArgs {
             .build()?;
         rt.block_on(async {
             let url = format!("{}{path}", self.url.trim_end_matches('/'));
-            let client = reqwest::Client::new();
+            // The process's TLS (system roots plus --tls-ca) for a server on https.
+            let client = thorn_plugin::tls::http_client().build()?;
             let req = match &body {
                 None => client.get(&url),
                 Some(b) => client

@@ -270,7 +270,9 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
-    // The roots before any TLS client is built (the OTLP exporter's is the first).
+    // One crypto provider for the process, before any TLS client or server is built; the roots before
+    // any client (the OTLP exporter's is the first).
+    thorn_plugin::tls::provider();
     thorn_plugin::tls::trust(&cli.tls_ca).context("--tls-ca")?;
     let _log = log::init(
         cli.log_format,
