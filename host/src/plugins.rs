@@ -1,4 +1,4 @@
-//! `thorn plugins ...`: install, approve, grant, inspect, check and call tool plugins.
+//! `thorn plugins ...`: install, approve, grant, inspect, check, call, revoke and remove tool plugins.
 //!
 //! A plugin argument is an installed plugin's name, or a file when it is written as a path (it contains a
 //! `/` or ends in `.wasm`): a bare name never picks up a file of that name in the current directory.
@@ -12,6 +12,8 @@ use thorn_plugin::{
 };
 
 pub use crate::place::Place;
+
+mod manage;
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -78,6 +80,10 @@ pub enum Cmd {
     },
     /// Grants capabilities and sets limits for a plugin in the policy.
     Grant(GrantArgs),
+    /// Removes an installed plugin: its file and its policy entry (audited; a running server drops it).
+    Remove(manage::RemoveArgs),
+    /// Takes grants back from a plugin (audited; a running server reloads it under what is left).
+    Revoke(manage::RevokeArgs),
 }
 
 #[derive(clap::Args)]
@@ -534,6 +540,8 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             approve_and_report(&c, &policy_path)
         }
         Cmd::Grant(g) => grant(&policy_path, g),
+        Cmd::Remove(a) => manage::remove(&dir, &policy_path, &a),
+        Cmd::Revoke(a) => manage::revoke(&policy_path, &a),
     }
 }
 

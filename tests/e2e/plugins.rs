@@ -13,6 +13,7 @@ use thorn_plugin::{
 use thorn_tests::plugin_wasm;
 
 mod escapes;
+mod manage;
 mod policy;
 
 fn host() -> &'static PluginHost {

@@ -63,6 +63,9 @@ pub enum Phase {
     Intent,
     /// How it ended.
     Outcome,
+    /// An operator's change to a plugin (`remove`, `revoke`), written before it is made; `function` names
+    /// the change and `args` what it took away.
+    Admin,
 }
 
 /// One line, as recorded. Intent lines leave the outcome fields out; outcome lines leave `args` out.
@@ -123,7 +126,41 @@ pub struct Record<'a> {
     pub approver: Option<&'a str>,
 }
 
-impl Record<'_> {
+impl<'a> Record<'a> {
+    /// The line of an operator's change `action` to `plugin` (pinned at `plugin_sha256`), taking away
+    /// `what`, made from the command line now.
+    pub fn admin(
+        call: &'a str,
+        plugin: &'a str,
+        plugin_sha256: &'a str,
+        action: &'a str,
+        what_sha256: &'a str,
+        what: &'a Value,
+    ) -> Self {
+        Record {
+            call,
+            phase: Phase::Admin,
+            time: Self::now(SystemTime::now()),
+            conversation: None,
+            key_id: Some("cli"),
+            peer: None,
+            plugin,
+            plugin_sha256,
+            function: action,
+            args_sha256: what_sha256,
+            args: Some(what),
+            outcome: None,
+            error_kind: None,
+            error: None,
+            duration_us: None,
+            fuel: None,
+            result_bytes: None,
+            approval: None,
+            decision: None,
+            approver: None,
+        }
+    }
+
     /// The time format used in records.
     pub fn now(t: SystemTime) -> String {
         humantime::format_rfc3339_millis(t).to_string()

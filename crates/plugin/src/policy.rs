@@ -683,6 +683,38 @@ impl Policy {
         plugin: &str,
         f: impl FnOnce(&mut serde_json::Map<String, Value>),
     ) -> Result<(), PolicyError> {
+        Self::rewrite(path, |doc, io| {
+            let entry = plugins_of(doc, io)?
+                .entry(plugin)
+                .or_insert_with(|| serde_json::json!({"sha256": "0".repeat(64)}));
+            let entry = entry
+                .as_object_mut()
+                .ok_or_else(|| io(format!("`plugins.{plugin}` is not an object")))?;
+            f(entry);
+            Ok(())
+        })
+    }
+
+    /// Removes the entry of `plugin` from the policy file at `path` (its pin and grants: installed
+    /// again, it needs approval again), written atomically. Whether there was one.
+    pub fn remove(path: &Path, plugin: &str) -> Result<bool, PolicyError> {
+        if !path.exists() {
+            return Ok(false);
+        }
+        let mut removed = false;
+        Self::rewrite(path, |doc, io| {
+            removed = plugins_of(doc, io)?.remove(plugin).is_some();
+            Ok(())
+        })?;
+        Ok(removed)
+    }
+
+    /// Reads the policy file at `path` (an empty document when there is none), lets `f` change it, checks
+    /// that the result loads, and replaces the file atomically; on any error the file is left as it was.
+    fn rewrite(
+        path: &Path,
+        f: impl FnOnce(&mut Value, &dyn Fn(String) -> PolicyError) -> Result<(), PolicyError>,
+    ) -> Result<(), PolicyError> {
         let io = |msg: String| PolicyError::Io {
             path: path.display().to_string(),
             msg,
@@ -692,20 +724,7 @@ impl Policy {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::json!({}),
             Err(e) => return Err(io(e.to_string())),
         };
-        let plugins = doc
-            .as_object_mut()
-            .ok_or_else(|| io("not a JSON object".into()))?
-            .entry("plugins")
-            .or_insert_with(|| serde_json::json!({}));
-        let entry = plugins
-            .as_object_mut()
-            .ok_or_else(|| io("`plugins` is not an object".into()))?
-            .entry(plugin)
-            .or_insert_with(|| serde_json::json!({"sha256": "0".repeat(64)}));
-        let entry = entry
-            .as_object_mut()
-            .ok_or_else(|| io(format!("`plugins.{plugin}` is not an object")))?;
-        f(entry);
+        f(&mut doc, &io)?;
         let text = serde_json::to_string_pretty(&doc).map_err(|e| io(e.to_string()))?;
         // Refuse to write a file that would not load.
         Self::parse(path, &text)?;
@@ -719,6 +738,19 @@ impl Policy {
         tmp.persist(path).map_err(|e| io(e.to_string()))?;
         Ok(())
     }
+}
+
+/// The `plugins` object of a policy document (made when missing).
+fn plugins_of<'a>(
+    doc: &'a mut Value,
+    io: &dyn Fn(String) -> PolicyError,
+) -> Result<&'a mut serde_json::Map<String, Value>, PolicyError> {
+    doc.as_object_mut()
+        .ok_or_else(|| io("not a JSON object".into()))?
+        .entry("plugins")
+        .or_insert_with(|| serde_json::json!({}))
+        .as_object_mut()
+        .ok_or_else(|| io("`plugins` is not an object".into()))
 }
 
 #[cfg(test)]

@@ -234,3 +234,27 @@ fn approval_rules_layer_a_functions_over_its_plugins_and_bad_words_are_refused()
     let e = Policy::parse(&dir.path().join("p.json"), &doc.to_string()).unwrap_err();
     assert!(e.to_string().contains("approval"), "{e}");
 }
+
+#[test]
+fn remove_takes_out_one_entry_and_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.json");
+    assert!(
+        !Policy::remove(&path, "ghost").unwrap(),
+        "no file: nothing removed"
+    );
+    assert!(!path.exists(), "and no file made");
+    Policy::approve(&path, "a", SHA).unwrap();
+    Policy::approve(&path, "b", SHA).unwrap();
+    Policy::edit(&path, "b", |e| {
+        e.insert("env".into(), json!({"K": "v"}));
+    })
+    .unwrap();
+    assert!(Policy::remove(&path, "a").unwrap());
+    assert!(!Policy::remove(&path, "a").unwrap(), "already gone");
+    let p = Policy::load(&path).unwrap();
+    assert_eq!(p.pinned("a"), None);
+    assert_eq!(p.pinned("b"), Some(SHA));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("\"K\""), "{text}");
+}
