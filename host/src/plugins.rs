@@ -1,4 +1,5 @@
-//! `thorn plugins ...`: install, approve, grant, inspect, check, call, revoke and remove tool plugins.
+//! `thorn plugins ...`: write and build, install, approve, grant, inspect, check, call, revoke and remove
+//! tool plugins.
 //!
 //! A plugin argument is an installed plugin's name, or a file when it is written as a path (it contains a
 //! `/` or ends in `.wasm`): a bare name never picks up a file of that name in the current directory.
@@ -13,6 +14,7 @@ use thorn_plugin::{
 
 pub use crate::place::Place;
 
+mod author;
 mod manage;
 
 #[derive(clap::Subcommand)]
@@ -80,6 +82,11 @@ pub enum Cmd {
     },
     /// Grants capabilities and sets limits for a plugin in the policy.
     Grant(GrantArgs),
+    /// Writes a new plugin crate (its own Cargo.toml, the SDK as a dependency, one function with a
+    /// schema, an example, an answer template and a unit test) in DIR/NAME.
+    New(author::NewArgs),
+    /// Builds a plugin crate into a component for wasm32-wasip2; prints the component's path last.
+    Build(author::BuildArgs),
     /// Removes an installed plugin: its file and its policy entry (audited; a running server drops it).
     Remove(manage::RemoveArgs),
     /// Takes grants back from a plugin (audited; a running server reloads it under what is left).
@@ -540,6 +547,8 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             approve_and_report(&c, &policy_path)
         }
         Cmd::Grant(g) => grant(&policy_path, g),
+        Cmd::New(a) => author::new(&a),
+        Cmd::Build(a) => author::build(&a),
         Cmd::Remove(a) => manage::remove(&dir, &policy_path, &a),
         Cmd::Revoke(a) => manage::revoke(&policy_path, &a),
     }

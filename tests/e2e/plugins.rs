@@ -12,6 +12,7 @@ use thorn_plugin::{
 };
 use thorn_tests::plugin_wasm;
 
+mod author;
 mod escapes;
 mod manage;
 mod policy;

@@ -228,6 +228,14 @@ impl PluginHost {
     /// compiled, with no second read of the file.
     pub fn open_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Candidate, PluginError> {
         let shown = path.display().to_string();
+        // A core module (what wasm32-unknown-unknown or wasm32-wasip1 builds) is not a component: say
+        // how to build one rather than pass on the parser's complaint.
+        if wasm_kind(bytes) == Some(WasmKind::Module) {
+            return Err(PluginError::Load {
+                path: shown,
+                msg: "it is a core WebAssembly module, not a component: build it for the wasm32-wasip2 target (`cargo build --release --target wasm32-wasip2`, or `thorn plugins build`)".into(),
+            });
+        }
         let sha = sha256_hex(bytes);
         let component = self.component(path, bytes, &sha)?;
         let pre = self
@@ -245,7 +253,7 @@ impl PluginHost {
         let pre = ToolPre::new(pre).map_err(|e| PluginError::Manifest {
             path: shown.clone(),
             msg: format!(
-                "the component does not implement the thorn:tool world (plugins/wit/tool.wit): {}",
+                "the component does not implement the thorn:tool world (plugins/sdk/wit/tool.wit): {}",
                 sandbox::classify(e, &name, &Limits::default(), "")
             ),
         })?;
@@ -387,4 +395,38 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What a `.wasm` file holds, by its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WasmKind {
+    /// A core module (version 1).
+    Module,
+    /// A component (layer 1).
+    Component,
+}
+
+/// The kind of WebAssembly binary `bytes` is, `None` when it is not one.
+fn wasm_kind(bytes: &[u8]) -> Option<WasmKind> {
+    match bytes.get(..8)? {
+        [0, b'a', b's', b'm', 1, 0, 0, 0] => Some(WasmKind::Module),
+        [0, b'a', b's', b'm', _, _, 1, 0] => Some(WasmKind::Component),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_core_module_and_a_component_are_told_apart_by_their_header() {
+        assert_eq!(wasm_kind(b"\0asm\x01\0\0\0"), Some(WasmKind::Module));
+        assert_eq!(
+            wasm_kind(b"\0asm\x0d\0\x01\0rest"),
+            Some(WasmKind::Component)
+        );
+        assert_eq!(wasm_kind(b"\0asm"), None);
+        assert_eq!(wasm_kind(b"not wasm at all"), None);
+    }
 }

@@ -15,11 +15,11 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::sockets::SocketAddrUse;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-/// The guest interface, generated from `plugins/wit/tool.wit` (world `tool`): a changed world changes
+/// The guest interface, generated from `plugins/sdk/wit/tool.wit` (world `tool`): a changed world changes
 /// these types, and every use of them has to follow.
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../../plugins/wit",
+        path: "../../plugins/sdk/wit",
         world: "tool",
         exports: { default: async },
     });

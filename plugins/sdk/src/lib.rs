@@ -1,6 +1,6 @@
 //! Write a thorn tool plugin as typed Rust functions.
 //!
-//! A plugin is a WASI preview 2 component exporting the `thorn:tool/tool` world (`plugins/wit/tool.wit`):
+//! A plugin is a WASI preview 2 component exporting the `thorn:tool/tool` world (`plugins/sdk/wit/tool.wit`):
 //! `describe()` returns the manifest and `call(function, args)` runs one function. This crate generates that
 //! glue. The author writes functions over serde types that derive [`JsonSchema`]; the SDK derives each
 //! function's `parameters` and `returns` schemas from those types (inlined, no `$ref`), builds the manifest,
@@ -30,7 +30,7 @@ pub use serde_json::{Value, json};
 pub mod bindings {
     wit_bindgen::generate!({
         world: "tool",
-        path: "../wit",
+        path: "wit",
         pub_export_macro: true,
         default_bindings_module: "thorn_plugin_sdk::bindings",
     });
