@@ -16,6 +16,7 @@ pub use crate::place::Place;
 
 mod author;
 mod manage;
+mod oci;
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -75,13 +76,29 @@ pub enum Cmd {
         #[arg(long)]
         approve: bool,
     },
+    /// Pushes a component to an OCI registry as a Wasm artifact (one `application/wasm` layer); prints the
+    /// reference by digest last.
+    Push {
+        /// The .wasm component.
+        file: PathBuf,
+        /// Where: oci://HOST/REPO:TAG (loopback registries over HTTP, others HTTPS).
+        reference: String,
+    },
+    /// Pulls a component from an OCI registry (every digest checked) and installs it.
+    Pull {
+        /// oci://HOST/REPO:TAG or oci://HOST/REPO@sha256:DIGEST.
+        reference: String,
+        /// Also approve the pulled component in the policy.
+        #[arg(long)]
+        approve: bool,
+    },
     /// Pins a plugin's current file in the policy (first approval, or re-approval after it changed).
     Approve {
         /// An installed plugin's name, or a file written as a path (with a / or ending in .wasm).
         plugin: String,
     },
     /// Grants capabilities and sets limits for a plugin in the policy.
-    Grant(GrantArgs),
+    Grant(manage::GrantArgs),
     /// Writes a new plugin crate (its own Cargo.toml, the SDK as a dependency, one function with a
     /// schema, an example, an answer template and a unit test) in DIR/NAME.
     New(author::NewArgs),
@@ -91,49 +108,6 @@ pub enum Cmd {
     Remove(manage::RemoveArgs),
     /// Takes grants back from a plugin (audited; a running server reloads it under what is left).
     Revoke(manage::RevokeArgs),
-}
-
-#[derive(clap::Args)]
-pub struct GrantArgs {
-    /// The plugin's name.
-    plugin: String,
-    /// A read-only directory: GUEST=HOST, e.g. /data=./docs (repeatable).
-    #[arg(long, value_name = "GUEST=HOST")]
-    dir: Vec<String>,
-    /// A read-write directory: GUEST=HOST (repeatable).
-    #[arg(long, value_name = "GUEST=HOST")]
-    dir_rw: Vec<String>,
-    /// An environment variable: NAME=VALUE (repeatable).
-    #[arg(long, value_name = "NAME=VALUE")]
-    env: Vec<String>,
-    /// An environment variable copied from the host's environment (repeatable).
-    #[arg(long, value_name = "NAME")]
-    env_from_host: Vec<String>,
-    /// Outbound TCP to HOST:PORT (port may be *) (repeatable).
-    #[arg(long, value_name = "HOST:PORT")]
-    net: Vec<String>,
-    /// Per-call time limit.
-    #[arg(long)]
-    timeout_ms: Option<u64>,
-    /// Linear-memory cap.
-    #[arg(long)]
-    memory_mib: Option<u64>,
-    /// Fuel budget per call.
-    #[arg(long)]
-    fuel: Option<u64>,
-    /// Calls that may run at once.
-    #[arg(long)]
-    max_concurrent: Option<u32>,
-    /// Record call arguments in the audit log (not only their digest).
-    #[arg(long)]
-    audit_arguments: bool,
-    /// Which calls wait for a person's approval: never, destructive (every function not marked
-    /// read-only or non-destructive) or always; a stop function never waits.
-    #[arg(long, value_parser = ["never", "destructive", "always"])]
-    approval: Option<String>,
-    /// How long a held call waits for its decision before it is denied.
-    #[arg(long)]
-    approval_timeout_ms: Option<u64>,
 }
 
 fn host(cache: &Path) -> Result<PluginHost> {
@@ -330,17 +304,7 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
         Cmd::Inspect { plugin, json } => {
             let c = host(cache)?.open(&locate(&dir, &plugin)?)?;
             let m = c.manifest();
-            let manifest = json!({
-                "name": m.name, "version": m.version, "description": m.description,
-                "functions": m.functions.iter().map(|f| json!({"name": f.name,
-                    "description": f.description, "parameters": f.parameters, "returns": f.returns,
-                    "examples": f.examples.iter().map(|e| json!({"request": e.request,
-                        "arguments": e.arguments})).collect::<Vec<_>>(),
-                    "from_request": f.from_request,
-                    "answer": f.answer.as_ref().map(thorn_tools::AnswerTemplate::source)}))
-                    .collect::<Vec<_>>(),
-                "capabilities": m.capabilities,
-            });
+            let manifest = manifest_json(&c);
             if json {
                 println!("{}", serde_json::to_string_pretty(&manifest)?);
                 return Ok(());
@@ -504,54 +468,113 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             // One read: the bytes hashed (and approved) are the bytes written.
             let bytes =
                 std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            install(cache, &dir, &policy_path, &file, &bytes, approve)
+        }
+        Cmd::Push { file, reference } => {
+            let r = oci::reference(&reference)?;
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
             let c = host(cache)?.open_bytes(&file, &bytes)?;
-            let name = c.manifest().name.clone();
-            let dest = dir.join(format!("{name}.wasm"));
-            // Without --approve, never replace the file of an approved plugin with other bytes: the server
-            // would refuse the changed file, taking the approved tool away (or run what was never
-            // approved, were the pin ever moved to follow the file).
-            if !approve
-                && dest.exists()
-                && let Some(pinned) = policy(&policy_path)?.pinned(&name)
-                && pinned.bytes().any(|b| b != b'0')
-                && pinned != c.sha256()
-            {
-                bail!(
-                    "{name} is approved in {} (sha256 {pinned}); this file is another (sha256 {}), and installing \
-                     it without approval would replace the approved one. To install and approve it: `thorn \
-                     plugins install {} --approve`",
-                    policy_path.display(),
-                    c.sha256(),
-                    file.display()
-                );
-            }
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
-            std::io::Write::write_all(&mut tmp, &bytes)?;
-            tmp.as_file().sync_all()?;
-            tmp.persist(&dest)?;
+            let manifest = manifest_json(&c);
+            let digest = oci::push(&r, bytes, &manifest)?;
             println!(
-                "installed {name} {} as {}",
+                "pushed {} {} (sha256 {}) to {r}",
+                c.manifest().name,
                 c.manifest().version,
-                dest.display()
+                c.sha256()
             );
-            if approve {
-                approve_and_report(&c, &policy_path)?;
-            } else {
-                println!("approve it with `thorn plugins approve {name}`");
-            }
+            println!("oci://{}/{}@{digest}", r.registry(), r.repository());
             Ok(())
+        }
+        Cmd::Pull { reference, approve } => {
+            let r = oci::reference(&reference)?;
+            let pulled = oci::pull(&r)?;
+            println!("pulled {r} (manifest {})", pulled.manifest_digest);
+            let label = PathBuf::from(format!("oci://{r}"));
+            install(
+                cache,
+                &dir,
+                &policy_path,
+                &label,
+                &pulled.component,
+                approve,
+            )
         }
         Cmd::Approve { plugin } => {
             let c = host(cache)?.open(&locate(&dir, &plugin)?)?;
             approve_and_report(&c, &policy_path)
         }
-        Cmd::Grant(g) => grant(&policy_path, g),
+        Cmd::Grant(g) => manage::grant(&policy_path, g),
         Cmd::New(a) => author::new(&a),
         Cmd::Build(a) => author::build(&a),
         Cmd::Remove(a) => manage::remove(&dir, &policy_path, &a),
         Cmd::Revoke(a) => manage::revoke(&policy_path, &a),
     }
+}
+
+/// Installs the component `bytes` (read from `file`, a path or a registry reference) into `dir`, and
+/// approves it with `approve`.
+fn install(
+    cache: &Path,
+    dir: &Path,
+    policy_path: &Path,
+    file: &Path,
+    bytes: &[u8],
+    approve: bool,
+) -> Result<()> {
+    let c = host(cache)?.open_bytes(file, bytes)?;
+    let name = c.manifest().name.clone();
+    let dest = dir.join(format!("{name}.wasm"));
+    // Without --approve, never replace the file of an approved plugin with other bytes: the server
+    // would refuse the changed file, taking the approved tool away (or run what was never
+    // approved, were the pin ever moved to follow the file).
+    if !approve
+        && dest.exists()
+        && let Some(pinned) = policy(policy_path)?.pinned(&name)
+        && pinned.bytes().any(|b| b != b'0')
+        && pinned != c.sha256()
+    {
+        bail!(
+            "{name} is approved in {} (sha256 {pinned}); this file is another (sha256 {}), and installing \
+             it without approval would replace the approved one. To install and approve it: `thorn \
+             plugins install {} --approve`",
+            policy_path.display(),
+            c.sha256(),
+            file.display()
+        );
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(&dest)?;
+    println!(
+        "installed {name} {} as {}",
+        c.manifest().version,
+        dest.display()
+    );
+    if approve {
+        approve_and_report(&c, policy_path)?;
+    } else {
+        println!("approve it with `thorn plugins approve {name}`");
+    }
+    Ok(())
+}
+
+/// A candidate's manifest as JSON (what `describe()` said, as thorn read it).
+fn manifest_json(c: &Candidate) -> Value {
+    let m = c.manifest();
+    json!({
+        "name": m.name, "version": m.version, "description": m.description,
+        "functions": m.functions.iter().map(|f| json!({"name": f.name,
+            "description": f.description, "parameters": f.parameters, "returns": f.returns,
+            "examples": f.examples.iter().map(|e| json!({"request": e.request,
+                "arguments": e.arguments})).collect::<Vec<_>>(),
+            "from_request": f.from_request,
+            "answer": f.answer.as_ref().map(thorn_tools::AnswerTemplate::source)}))
+            .collect::<Vec<_>>(),
+        "capabilities": m.capabilities,
+    })
 }
 
 fn approve_and_report(c: &Candidate, policy_path: &Path) -> Result<()> {
@@ -571,90 +594,6 @@ fn approve_and_report(c: &Candidate, policy_path: &Path) -> Result<()> {
             req.describe().join(", ")
         );
     }
-    Ok(())
-}
-
-fn split_pair<'a>(s: &'a str, what: &str) -> Result<(&'a str, &'a str)> {
-    s.split_once('=')
-        .filter(|(a, b)| !a.is_empty() && !b.is_empty())
-        .with_context(|| format!("{what} must be written as A=B, got {s:?}"))
-}
-
-fn grant(policy_path: &Path, g: GrantArgs) -> Result<()> {
-    let mut dirs = Vec::new();
-    for (list, access) in [(&g.dir, "read"), (&g.dir_rw, "read-write")] {
-        for d in list {
-            let (guest, host) = split_pair(d, "--dir")?;
-            let host = std::path::absolute(host)
-                .with_context(|| format!("resolving {host}"))?
-                .display()
-                .to_string();
-            dirs.push(json!({"guest": guest, "host": host, "access": access}));
-        }
-    }
-    let mut env = Vec::new();
-    for e in &g.env {
-        let (k, v) = split_pair(e, "--env")?;
-        env.push((k.to_owned(), v.to_owned()));
-    }
-    let limits: Vec<(&str, Option<u64>)> = vec![
-        ("timeout_ms", g.timeout_ms),
-        ("memory_mib", g.memory_mib),
-        ("fuel", g.fuel),
-        ("max_concurrent", g.max_concurrent.map(u64::from)),
-    ];
-    Policy::edit(policy_path, &g.plugin, |entry| {
-        fn list<'a>(entry: &'a mut serde_json::Map<String, Value>, k: &str) -> &'a mut Vec<Value> {
-            let v = entry.entry(k).or_insert_with(|| json!([]));
-            if !v.is_array() {
-                *v = json!([]);
-            }
-            v.as_array_mut().expect("just made an array")
-        }
-        for d in dirs {
-            let fs = list(entry, "filesystem");
-            fs.retain(|x| x["guest"] != d["guest"]);
-            fs.push(d);
-        }
-        if !env.is_empty() {
-            let e = entry.entry("env").or_insert_with(|| json!({}));
-            if let Some(o) = e.as_object_mut() {
-                for (k, v) in env {
-                    o.insert(k, Value::String(v));
-                }
-            }
-        }
-        for k in g.env_from_host {
-            let l = list(entry, "env_from_host");
-            if !l.contains(&json!(k)) {
-                l.push(json!(k));
-            }
-        }
-        for n in g.net {
-            let l = list(entry, "network");
-            if !l.contains(&json!(n)) {
-                l.push(json!(n));
-            }
-        }
-        for (k, v) in limits {
-            if let Some(v) = v {
-                let l = entry.entry("limits").or_insert_with(|| json!({}));
-                if let Some(o) = l.as_object_mut() {
-                    o.insert(k.into(), json!(v));
-                }
-            }
-        }
-        if g.audit_arguments {
-            entry.insert("audit_arguments".into(), Value::Bool(true));
-        }
-        if let Some(a) = &g.approval {
-            entry.insert("approval".into(), json!(a));
-        }
-        if let Some(t) = g.approval_timeout_ms {
-            entry.insert("approval_timeout_ms".into(), json!(t));
-        }
-    })?;
-    println!("updated {} for {}", policy_path.display(), g.plugin);
     Ok(())
 }
 
@@ -683,92 +622,5 @@ mod tests {
         assert_eq!(locate(dir.path(), &file).unwrap(), Path::new(&file));
         assert!(locate(dir.path(), "missing.wasm").is_err());
         assert!(is_path("x.wasm") && is_path("a/b") && !is_path("calc"));
-    }
-
-    fn args(plugin: &str) -> GrantArgs {
-        GrantArgs {
-            plugin: plugin.into(),
-            dir: Vec::new(),
-            dir_rw: Vec::new(),
-            env: Vec::new(),
-            env_from_host: Vec::new(),
-            net: Vec::new(),
-            timeout_ms: None,
-            memory_mib: None,
-            fuel: None,
-            max_concurrent: None,
-            audit_arguments: false,
-            approval: None,
-            approval_timeout_ms: None,
-        }
-    }
-
-    #[test]
-    fn grant_edits_the_policy_and_keeps_it_valid() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("policy.json");
-        let docs = dir.path().join("docs");
-        grant(
-            &path,
-            GrantArgs {
-                dir: vec![format!("/data={}", docs.display())],
-                env: vec!["A=1".into()],
-                net: vec!["example.com:443".into()],
-                timeout_ms: Some(250),
-                ..args("files")
-            },
-        )
-        .unwrap();
-        // Granting again replaces the mount of the same guest path and adds, never duplicates.
-        grant(
-            &path,
-            GrantArgs {
-                dir_rw: vec![format!("/data={}", docs.display())],
-                net: vec!["example.com:443".into()],
-                audit_arguments: true,
-                approval: Some("destructive".into()),
-                approval_timeout_ms: Some(30_000),
-                ..args("files")
-            },
-        )
-        .unwrap();
-        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let e = &doc["plugins"]["files"];
-        assert_eq!(e["sha256"], "0".repeat(64), "granted, not yet approved");
-        assert_eq!(
-            e["filesystem"],
-            json!([{"guest": "/data", "host": docs.display().to_string(), "access": "read-write"}])
-        );
-        assert_eq!(e["env"], json!({"A": "1"}));
-        assert_eq!(e["network"], json!(["example.com:443"]));
-        assert_eq!(e["limits"], json!({"timeout_ms": 250}));
-        assert_eq!(e["audit_arguments"], true);
-        assert_eq!(
-            (e["approval"].as_str(), e["approval_timeout_ms"].as_u64()),
-            (Some("destructive"), Some(30_000))
-        );
-        // A bad value is refused and the file is left as it was.
-        let before = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            grant(
-                &path,
-                GrantArgs {
-                    net: vec!["no-port".into()],
-                    ..args("files")
-                }
-            )
-            .is_err()
-        );
-        assert!(
-            grant(
-                &path,
-                GrantArgs {
-                    env: vec!["novalue".into()],
-                    ..args("files")
-                }
-            )
-            .is_err()
-        );
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
     }
 }

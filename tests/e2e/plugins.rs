@@ -16,6 +16,7 @@ mod author;
 mod escapes;
 mod manage;
 mod policy;
+mod registry;
 
 fn host() -> &'static PluginHost {
     static HOST: OnceLock<PluginHost> = OnceLock::new();

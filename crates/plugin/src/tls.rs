@@ -69,6 +69,11 @@ pub fn trust(extra: &[PathBuf]) -> Result<usize, TlsError> {
     Ok(n)
 }
 
+/// The certificates given to [`trust`] (for clients that take roots of their own).
+pub fn extra_roots() -> &'static [CertificateDer<'static>] {
+    EXTRA.get().map_or(&[], Vec::as_slice)
+}
+
 /// The client configuration: the system's roots and those given to [`trust`].
 pub fn client() -> Arc<rustls::ClientConfig> {
     let extra = EXTRA.get().map_or(&[][..], Vec::as_slice);

@@ -1,13 +1,57 @@
-//! `thorn plugins remove` and `thorn plugins revoke`: taking a plugin, or some of what it was granted,
-//! away. Each change is written to the policy's audit log before it is made, as a call is, and a running
-//! server follows it at its next look at the plugin directory and policy (`--plugin-poll`): a removed
-//! plugin is dropped, a plugin whose grants shrank is loaded again under them (or refused, when it needs
-//! what was revoked).
+//! `thorn plugins grant`, `revoke` and `remove`: what a plugin may use, given and taken back, and the
+//! plugin itself taken away. A removal or revocation is written to the policy's audit log before it is
+//! made, as a call is, and a running server follows every change at its next look at the plugin directory
+//! and policy (`--plugin-poll`): a removed plugin is dropped, a plugin whose grants shrank is loaded again
+//! under them (or refused, when it needs what was revoked).
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::path::Path;
 use thorn_plugin::{AuditLog, Policy, Record};
+
+#[derive(clap::Args)]
+/// `thorn plugins grant`: what to give a plugin.
+pub struct GrantArgs {
+    /// The plugin's name.
+    plugin: String,
+    /// A read-only directory: GUEST=HOST, e.g. /data=./docs (repeatable).
+    #[arg(long, value_name = "GUEST=HOST")]
+    dir: Vec<String>,
+    /// A read-write directory: GUEST=HOST (repeatable).
+    #[arg(long, value_name = "GUEST=HOST")]
+    dir_rw: Vec<String>,
+    /// An environment variable: NAME=VALUE (repeatable).
+    #[arg(long, value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    /// An environment variable copied from the host's environment (repeatable).
+    #[arg(long, value_name = "NAME")]
+    env_from_host: Vec<String>,
+    /// Outbound TCP to HOST:PORT (port may be *) (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    net: Vec<String>,
+    /// Per-call time limit.
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// Linear-memory cap.
+    #[arg(long)]
+    memory_mib: Option<u64>,
+    /// Fuel budget per call.
+    #[arg(long)]
+    fuel: Option<u64>,
+    /// Calls that may run at once.
+    #[arg(long)]
+    max_concurrent: Option<u32>,
+    /// Record call arguments in the audit log (not only their digest).
+    #[arg(long)]
+    audit_arguments: bool,
+    /// Which calls wait for a person's approval: never, destructive (every function not marked
+    /// read-only or non-destructive) or always; a stop function never waits.
+    #[arg(long, value_parser = ["never", "destructive", "always"])]
+    approval: Option<String>,
+    /// How long a held call waits for its decision before it is denied.
+    #[arg(long)]
+    approval_timeout_ms: Option<u64>,
+}
 
 /// `thorn plugins remove`.
 #[derive(clap::Args)]
@@ -179,4 +223,181 @@ fn entry_of(policy_path: &Path, name: &str) -> Result<Value> {
     let doc: Value = serde_json::from_str(&text)
         .with_context(|| format!("{} is not JSON", policy_path.display()))?;
     Ok(doc["plugins"][name].clone())
+}
+
+fn split_pair<'a>(s: &'a str, what: &str) -> Result<(&'a str, &'a str)> {
+    s.split_once('=')
+        .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+        .with_context(|| format!("{what} must be written as A=B, got {s:?}"))
+}
+
+/// Adds grants to a plugin's policy entry.
+pub fn grant(policy_path: &Path, g: GrantArgs) -> Result<()> {
+    let mut dirs = Vec::new();
+    for (list, access) in [(&g.dir, "read"), (&g.dir_rw, "read-write")] {
+        for d in list {
+            let (guest, host) = split_pair(d, "--dir")?;
+            let host = std::path::absolute(host)
+                .with_context(|| format!("resolving {host}"))?
+                .display()
+                .to_string();
+            dirs.push(json!({"guest": guest, "host": host, "access": access}));
+        }
+    }
+    let mut env = Vec::new();
+    for e in &g.env {
+        let (k, v) = split_pair(e, "--env")?;
+        env.push((k.to_owned(), v.to_owned()));
+    }
+    let limits: Vec<(&str, Option<u64>)> = vec![
+        ("timeout_ms", g.timeout_ms),
+        ("memory_mib", g.memory_mib),
+        ("fuel", g.fuel),
+        ("max_concurrent", g.max_concurrent.map(u64::from)),
+    ];
+    Policy::edit(policy_path, &g.plugin, |entry| {
+        fn list<'a>(entry: &'a mut serde_json::Map<String, Value>, k: &str) -> &'a mut Vec<Value> {
+            let v = entry.entry(k).or_insert_with(|| json!([]));
+            if !v.is_array() {
+                *v = json!([]);
+            }
+            v.as_array_mut().expect("just made an array")
+        }
+        for d in dirs {
+            let fs = list(entry, "filesystem");
+            fs.retain(|x| x["guest"] != d["guest"]);
+            fs.push(d);
+        }
+        if !env.is_empty() {
+            let e = entry.entry("env").or_insert_with(|| json!({}));
+            if let Some(o) = e.as_object_mut() {
+                for (k, v) in env {
+                    o.insert(k, Value::String(v));
+                }
+            }
+        }
+        for k in g.env_from_host {
+            let l = list(entry, "env_from_host");
+            if !l.contains(&json!(k)) {
+                l.push(json!(k));
+            }
+        }
+        for n in g.net {
+            let l = list(entry, "network");
+            if !l.contains(&json!(n)) {
+                l.push(json!(n));
+            }
+        }
+        for (k, v) in limits {
+            if let Some(v) = v {
+                let l = entry.entry("limits").or_insert_with(|| json!({}));
+                if let Some(o) = l.as_object_mut() {
+                    o.insert(k.into(), json!(v));
+                }
+            }
+        }
+        if g.audit_arguments {
+            entry.insert("audit_arguments".into(), Value::Bool(true));
+        }
+        if let Some(a) = &g.approval {
+            entry.insert("approval".into(), json!(a));
+        }
+        if let Some(t) = g.approval_timeout_ms {
+            entry.insert("approval_timeout_ms".into(), json!(t));
+        }
+    })?;
+    println!("updated {} for {}", policy_path.display(), g.plugin);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(plugin: &str) -> GrantArgs {
+        GrantArgs {
+            plugin: plugin.into(),
+            dir: Vec::new(),
+            dir_rw: Vec::new(),
+            env: Vec::new(),
+            env_from_host: Vec::new(),
+            net: Vec::new(),
+            timeout_ms: None,
+            memory_mib: None,
+            fuel: None,
+            max_concurrent: None,
+            audit_arguments: false,
+            approval: None,
+            approval_timeout_ms: None,
+        }
+    }
+
+    #[test]
+    fn grant_edits_the_policy_and_keeps_it_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.json");
+        let docs = dir.path().join("docs");
+        grant(
+            &path,
+            GrantArgs {
+                dir: vec![format!("/data={}", docs.display())],
+                env: vec!["A=1".into()],
+                net: vec!["example.com:443".into()],
+                timeout_ms: Some(250),
+                ..args("files")
+            },
+        )
+        .unwrap();
+        // Granting again replaces the mount of the same guest path and adds, never duplicates.
+        grant(
+            &path,
+            GrantArgs {
+                dir_rw: vec![format!("/data={}", docs.display())],
+                net: vec!["example.com:443".into()],
+                audit_arguments: true,
+                approval: Some("destructive".into()),
+                approval_timeout_ms: Some(30_000),
+                ..args("files")
+            },
+        )
+        .unwrap();
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let e = &doc["plugins"]["files"];
+        assert_eq!(e["sha256"], "0".repeat(64), "granted, not yet approved");
+        assert_eq!(
+            e["filesystem"],
+            json!([{"guest": "/data", "host": docs.display().to_string(), "access": "read-write"}])
+        );
+        assert_eq!(e["env"], json!({"A": "1"}));
+        assert_eq!(e["network"], json!(["example.com:443"]));
+        assert_eq!(e["limits"], json!({"timeout_ms": 250}));
+        assert_eq!(e["audit_arguments"], true);
+        assert_eq!(
+            (e["approval"].as_str(), e["approval_timeout_ms"].as_u64()),
+            (Some("destructive"), Some(30_000))
+        );
+        // A bad value is refused and the file is left as it was.
+        let before = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            grant(
+                &path,
+                GrantArgs {
+                    net: vec!["no-port".into()],
+                    ..args("files")
+                }
+            )
+            .is_err()
+        );
+        assert!(
+            grant(
+                &path,
+                GrantArgs {
+                    env: vec!["novalue".into()],
+                    ..args("files")
+                }
+            )
+            .is_err()
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
+    }
 }

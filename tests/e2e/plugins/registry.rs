@@ -1,0 +1,177 @@
+//! Plugins through a real OCI registry (the CNCF distribution server, Debian's `docker-registry`, started
+//! on loopback by the test): push, pull by tag and by digest, a tampered layer refused, and a pulled,
+//! approved plugin serving a call.
+
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// A registry on a free loopback port, killed when dropped.
+struct Registry {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the registry storing under `dir`, or `None` (skipped with a note) where it is not installed
+/// and `THORN_REQUIRE_REGISTRY` is not 1.
+fn registry(dir: &Path) -> Option<Registry> {
+    let bin = ["docker-registry", "registry"].into_iter().find(|b| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {b}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let Some(bin) = bin else {
+        assert!(
+            std::env::var_os("THORN_REQUIRE_REGISTRY").is_none_or(|v| v != "1"),
+            "THORN_REQUIRE_REGISTRY=1 but no registry is installed (Debian: apt-get install docker-registry)"
+        );
+        eprintln!("skip: the registry test (no docker-registry: apt-get install docker-registry)");
+        return None;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.join("registry.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            dir.join("storage").display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(bin)
+        .arg("serve")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let r = Registry { child, port };
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the registry did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(r)
+}
+
+/// Borrowed, as `Command` takes them.
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn thorn(args: &[&str], place: &[&str]) -> (bool, String) {
+    let out = Command::new(thorn_tests::thorn_binary())
+        .arg("plugins")
+        .args(args)
+        .args(place)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn plugins_go_through_a_registry_by_tag_and_digest_and_a_tampered_layer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(reg) = registry(dir.path()) else {
+        return;
+    };
+    let wasm = thorn_tests::plugin_wasm("calculator");
+    let tag = format!("oci://127.0.0.1:{}/tools/calculator:1.0", reg.port);
+    let (ok, out) = thorn(&["push", wasm.to_str().unwrap(), &tag], &[]);
+    assert!(ok, "{out}");
+    let by_digest = out.lines().last().unwrap().trim().to_owned();
+    assert!(
+        by_digest.starts_with(&format!(
+            "oci://127.0.0.1:{}/tools/calculator@sha256:",
+            reg.port
+        )),
+        "{out}"
+    );
+    let sha = thorn_tests::sha256_hex(&std::fs::read(&wasm).unwrap());
+
+    let place = |name: &str| {
+        let p = dir.path().join(name);
+        vec![
+            "--plugins".to_owned(),
+            p.join("plugins").display().to_string(),
+            "--policy".to_owned(),
+            p.join("policy.json").display().to_string(),
+        ]
+    };
+    let (tagged, pinned) = (place("a"), place("b"));
+    for (reference, at) in [(&tag, &tagged), (&by_digest, &pinned)] {
+        let (ok, out) = thorn(&["pull", reference, "--approve"], &args(at));
+        assert!(ok, "{reference}: {out}");
+        // The component installed and pinned is the one pushed, byte for byte.
+        let installed = Path::new(&at[1]).join("calculator.wasm");
+        assert_eq!(
+            thorn_tests::sha256_hex(&std::fs::read(installed).unwrap()),
+            sha
+        );
+        let policy: Value =
+            serde_json::from_str(&std::fs::read_to_string(&at[3]).unwrap()).unwrap();
+        assert_eq!(policy["plugins"]["calculator"]["sha256"], sha, "{policy}");
+    }
+    // A digest the registry does not have is refused.
+    let missing = format!(
+        "oci://127.0.0.1:{}/tools/calculator@sha256:{}",
+        reg.port,
+        "0".repeat(64)
+    );
+    let (ok, out) = thorn(&["pull", &missing], &args(&place("c")));
+    assert!(!ok, "{out}");
+
+    // The pulled, approved plugin serves a call.
+    let s = thorn_tests::ServeProcess::start(&args(&tagged));
+    let body = json!({"messages": [{"role": "user", "content": "What is 6 * 7?"}],
+        "tools": [{"type": "function", "function": {"name": "thorn:calculator"}}],
+        "tool_choice": "required", "temperature": 0, "max_tokens": 48, "max_tool_rounds": 1});
+    let r = thorn_tests::http(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert!(
+        v["choices"][0]["message"]["thorn_host_tool_calls"][0]["result"]["value"].is_number(),
+        "{v}"
+    );
+    drop(s);
+
+    // A layer changed in the registry's storage: the pull is refused on its digest, nothing installed.
+    let blob = dir
+        .path()
+        .join("storage/docker/registry/v2/blobs/sha256")
+        .join(&sha[..2])
+        .join(&sha)
+        .join("data");
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&blob, bytes).unwrap();
+    let fresh = place("d");
+    let (ok, out) = thorn(&["pull", &tag, "--approve"], &args(&fresh));
+    assert!(!ok, "{out}");
+    assert!(out.to_lowercase().contains("digest"), "{out}");
+    assert!(!Path::new(&fresh[1]).join("calculator.wasm").exists());
+}
