@@ -17,6 +17,7 @@ pub use crate::place::Place;
 mod author;
 mod manage;
 mod oci;
+mod sign;
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -84,7 +85,17 @@ pub enum Cmd {
         /// Where: oci://HOST/REPO:TAG (loopback registries over HTTP, others HTTPS).
         reference: String,
     },
-    /// Pulls a component from an OCI registry (every digest checked) and installs it.
+    /// Signs the artifact a reference names (cosign's keyed format: ECDSA P-256 over the manifest
+    /// digest, stored at the tag sha256-<hex>.sig).
+    Sign {
+        /// oci://HOST/REPO:TAG or oci://HOST/REPO@sha256:DIGEST.
+        reference: String,
+        /// The private key: P-256 in PEM, SEC1 or PKCS#8 (`openssl ecparam -name prime256v1 -genkey`).
+        #[arg(long)]
+        key: PathBuf,
+    },
+    /// Pulls a component from an OCI registry (every digest checked; its signature verified when the
+    /// policy's trust.keys names keys) and installs it.
     Pull {
         /// oci://HOST/REPO:TAG or oci://HOST/REPO@sha256:DIGEST.
         reference: String,
@@ -486,10 +497,34 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             println!("oci://{}/{}@{digest}", r.registry(), r.repository());
             Ok(())
         }
+        Cmd::Sign { reference, key } => {
+            let r = oci::reference(&reference)?;
+            let pem = std::fs::read_to_string(&key)
+                .with_context(|| format!("reading {}", key.display()))?;
+            let key = sign::signing_key(&pem).with_context(|| key.display().to_string())?;
+            let digest = oci::sign(&r, &key)?;
+            println!("signed {} (manifest {digest})", oci::repository(&r));
+            Ok(())
+        }
         Cmd::Pull { reference, approve } => {
             let r = oci::reference(&reference)?;
+            let keys = sign::trusted(policy(&policy_path)?.trusted_keys())?;
             let pulled = oci::pull(&r)?;
             println!("pulled {r} (manifest {})", pulled.manifest_digest);
+            // With keys in the policy, only what one of them signed is installed.
+            if !keys.is_empty() {
+                let d = &pulled.manifest_digest;
+                let shown = format!("oci://{r}");
+                let Some(layers) = oci::signatures(&r, d)? else {
+                    return Err(sign::VerifyError::Unsigned {
+                        reference: shown,
+                        tag: sign::signature_tag(d),
+                    }
+                    .into());
+                };
+                sign::verify(&shown, &oci::repository(&r), d, &layers, &keys)?;
+                println!("signature verified for {d}");
+            }
             let label = PathBuf::from(format!("oci://{r}"));
             install(
                 cache,

@@ -236,6 +236,16 @@ struct PolicyFile {
     plugins: BTreeMap<String, Entry>,
     #[serde(default)]
     mcp_servers: BTreeMap<String, ServerEntry>,
+    #[serde(default)]
+    trust: TrustSpec,
+}
+
+/// Whose signatures a pulled plugin must carry.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrustSpec {
+    #[serde(default)]
+    keys: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -531,6 +541,11 @@ impl Policy {
     /// Whether any entry pins `sha256` (a file no entry pins is refused without being compiled).
     pub fn pins(&self, sha256: &str) -> bool {
         self.file.plugins.values().any(|e| e.sha256 == sha256)
+    }
+
+    /// The public keys (PEM) whose signature a pulled plugin must carry (`trust.keys`; none: no check).
+    pub fn trusted_keys(&self) -> &[String] {
+        &self.file.trust.keys
     }
 
     /// The pinned digest of `plugin`, if it has an entry.

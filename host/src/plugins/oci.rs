@@ -177,3 +177,78 @@ pub fn pull(r: &Reference) -> Result<Pulled> {
         manifest_digest,
     })
 }
+
+/// The repository part of a reference as signatures name it: `HOST/REPO`.
+pub fn repository(r: &Reference) -> String {
+    format!("{}/{}", r.registry(), r.repository())
+}
+
+/// The reference of the signatures of the manifest `digest` in `r`'s repository.
+fn signature_ref(r: &Reference, digest: &str) -> Reference {
+    Reference::with_tag(
+        r.registry().to_owned(),
+        r.repository().to_owned(),
+        super::sign::signature_tag(digest),
+    )
+}
+
+/// Signs the manifest `r` names now with `key`: pushes the signature artifact; the digest signed.
+pub fn sign(r: &Reference, key: &p256::ecdsa::SigningKey) -> Result<String> {
+    runtime()?.block_on(async {
+        let (c, auth) = (client(r), auth(r.resolve_registry()));
+        let digest = match r.digest() {
+            Some(d) => d.to_owned(),
+            None => c
+                .fetch_manifest_digest(r, &auth)
+                .await
+                .with_context(|| format!("resolving {r}"))?,
+        };
+        let payload = super::sign::payload(&repository(r), &digest);
+        let signature = super::sign::sign(key, &payload);
+        let mut notes = BTreeMap::new();
+        notes.insert(super::sign::SIGNATURE.to_owned(), signature);
+        let layer = ImageLayer::new(payload, super::sign::SIMPLESIGNING.to_owned(), Some(notes));
+        let config = Config::new(
+            b"{}".to_vec(),
+            "application/vnd.oci.image.config.v1+json".to_owned(),
+            None,
+        );
+        let at = signature_ref(r, &digest);
+        c.push(&at, &[layer], config, &auth, None)
+            .await
+            .with_context(|| format!("pushing the signature to {at}"))?;
+        Ok(digest)
+    })
+}
+
+/// The signature layers (payload, signature) stored for the manifest `digest`; `None` when there are
+/// none.
+pub fn signatures(r: &Reference, digest: &str) -> Result<Option<Vec<super::sign::SignatureLayer>>> {
+    let at = signature_ref(r, digest);
+    runtime()?.block_on(async {
+        let c = client(r);
+        match c
+            .pull(
+                &at,
+                &auth(r.resolve_registry()),
+                vec![super::sign::SIMPLESIGNING],
+            )
+            .await
+        {
+            Ok(data) => Ok(Some(
+                data.layers
+                    .into_iter()
+                    .map(|l| {
+                        let sig = l
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(super::sign::SIGNATURE).cloned());
+                        (l.data.to_vec(), sig)
+                    })
+                    .collect(),
+            )),
+            Err(e) if format!("{e:#}").contains("manifest unknown") => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("pulling the signatures at {at}")),
+        }
+    })
+}

@@ -175,3 +175,164 @@ fn plugins_go_through_a_registry_by_tag_and_digest_and_a_tampered_layer_is_refus
     assert!(out.to_lowercase().contains("digest"), "{out}");
     assert!(!Path::new(&fresh[1]).join("calculator.wasm").exists());
 }
+
+/// An ECDSA P-256 key pair made by openssl as an operator would: (private key file, public key PEM).
+fn keypair(dir: &Path, name: &str) -> (std::path::PathBuf, String) {
+    let key = dir.join(format!("{name}.pem"));
+    let ok = Command::new("openssl")
+        .args(["ecparam", "-name", "prime256v1", "-genkey", "-out"])
+        .arg(&key)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "openssl ecparam");
+    let out = Command::new("openssl")
+        .args(["ec", "-pubout", "-in"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    (key, String::from_utf8(out.stdout).unwrap())
+}
+
+#[test]
+fn a_policy_with_keys_installs_only_what_they_signed_for_the_digest_pulled() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(reg) = registry(dir.path()) else {
+        return;
+    };
+    let (key, public) = keypair(dir.path(), "publisher");
+    let (_, stranger) = keypair(dir.path(), "stranger");
+    let repo = format!("oci://127.0.0.1:{}/tools/calculator", reg.port);
+    let calculator = thorn_tests::plugin_wasm("calculator");
+    let (ok, out) = thorn(
+        &["push", calculator.to_str().unwrap(), &format!("{repo}:1.0")],
+        &[],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = thorn(
+        &[
+            "sign",
+            &format!("{repo}:1.0"),
+            "--key",
+            key.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(ok, "{out}");
+
+    // A place whose policy trusts `keys`.
+    let place = |name: &str, keys: &[&str]| {
+        let p = dir.path().join(name);
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(
+            p.join("policy.json"),
+            json!({"trust": {"keys": keys}}).to_string(),
+        )
+        .unwrap();
+        vec![
+            "--plugins".to_owned(),
+            p.join("plugins").display().to_string(),
+            "--policy".to_owned(),
+            p.join("policy.json").display().to_string(),
+        ]
+    };
+    let trusting = place("ok", &[&public]);
+    let (ok, out) = thorn(
+        &["pull", &format!("{repo}:1.0"), "--approve"],
+        &args(&trusting),
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("signature verified"), "{out}");
+
+    // The wrong key: refused, nothing installed.
+    let wrong = place("wrong", &[&stranger]);
+    let (ok, out) = thorn(
+        &["pull", &format!("{repo}:1.0"), "--approve"],
+        &args(&wrong),
+    );
+    assert!(!ok && out.contains("no signature verifies"), "{out}");
+    assert!(!Path::new(&wrong[1]).join("calculator.wasm").exists());
+
+    // Unsigned: another artifact under another tag.
+    let units = thorn_tests::plugin_wasm("units");
+    let (ok, out) = thorn(
+        &["push", units.to_str().unwrap(), &format!("{repo}:units")],
+        &[],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = thorn(
+        &["pull", &format!("{repo}:units")],
+        &args(&place("unsigned", &[&public])),
+    );
+    assert!(!ok && out.contains("not signed"), "{out}");
+
+    // Re-tagged: other bytes pushed under the signed tag. The old signature names the old digest; the
+    // new manifest has none, so the tag no longer installs.
+    let (ok, out) = thorn(
+        &["push", units.to_str().unwrap(), &format!("{repo}:1.0")],
+        &[],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = thorn(
+        &["pull", &format!("{repo}:1.0")],
+        &args(&place("retagged", &[&public])),
+    );
+    assert!(!ok && out.contains("not signed"), "{out}");
+
+    // A signature for another digest: the old signature copied to the new manifest's signature tag
+    // (what an attacker with push rights but no key can do) names the old digest and is refused.
+    let (ok, out) = thorn(
+        &["push", units.to_str().unwrap(), &format!("{repo}:copy")],
+        &[],
+    );
+    assert!(ok, "{out}");
+    let new_digest = out
+        .lines()
+        .last()
+        .unwrap()
+        .rsplit('@')
+        .next()
+        .unwrap()
+        .to_owned();
+    let old_sig = std::fs::read_dir(
+        dir.path()
+            .join("storage/docker/registry/v2/repositories/tools/calculator/_manifests/tags"),
+    )
+    .unwrap()
+    .flatten()
+    .map(|e| e.file_name().to_string_lossy().into_owned())
+    .find(|t| t.ends_with(".sig"))
+    .expect("the signature's tag");
+    let tags = dir
+        .path()
+        .join("storage/docker/registry/v2/repositories/tools/calculator/_manifests/tags");
+    let copied = tags.join(format!("{}.sig", new_digest.replace(':', "-")));
+    copy_dir(&tags.join(&old_sig), &copied);
+    let (ok, out) = thorn(
+        &["pull", &format!("{repo}:copy")],
+        &args(&place("copied", &[&public])),
+    );
+    assert!(!ok && out.contains("its signatures name"), "{out}");
+
+    // A policy key that is not a key is an error naming it.
+    let (ok, out) = thorn(
+        &["pull", &format!("{repo}:1.0")],
+        &args(&place(
+            "badkey",
+            &["-----BEGIN PUBLIC KEY-----\nnope\n-----END PUBLIC KEY-----"],
+        )),
+    );
+    assert!(!ok && out.contains("trust.keys[0]"), "{out}");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
