@@ -243,6 +243,26 @@ fn a_policy_with_keys_installs_only_what_they_signed_for_the_digest_pulled() {
     );
     assert!(ok, "{out}");
     assert!(out.contains("signature verified"), "{out}");
+    // The signed, approved, pinned plugin serves a call.
+    let s = thorn_tests::ServeProcess::start(&args(&trusting));
+    let body = json!({"messages": [{"role": "user", "content": "What is 6 * 7?"}],
+        "tools": [{"type": "function", "function": {"name": "thorn:calculator"}}],
+        "tool_choice": "required", "temperature": 0, "max_tokens": 48, "max_tool_rounds": 1});
+    let r = thorn_tests::http(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.json()["choices"][0]["message"]["thorn_host_tool_calls"][0]["result"]["value"]
+            .is_number(),
+        "{}",
+        r.body
+    );
+    drop(s);
 
     // The wrong key: refused, nothing installed.
     let wrong = place("wrong", &[&stranger]);
