@@ -19,6 +19,7 @@ mod opts;
 mod place;
 mod plugins;
 mod serve;
+mod terminal;
 
 use bench::BenchCmd;
 use opts::{EngineArgs, ModelArgs, SpecArgs, ToolFormatArgs};
@@ -336,12 +337,12 @@ fn run() -> Result<()> {
             agent,
             system,
             temperature,
-        } => serve::chat(&cache, &agent, system.as_deref(), temperature),
+        } => terminal::chat(&cache, &agent, system.as_deref(), temperature),
         Cmd::Run {
             task,
             agent,
             system,
-        } => serve::run(&cache, &agent, &task, system.as_deref()),
+        } => terminal::run(&cache, &agent, &task, system.as_deref()),
         Cmd::Tokenize {
             text,
             special,
