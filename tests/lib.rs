@@ -194,6 +194,10 @@ impl Drop for ServeProcess {
     /// Stops it as ctrl-c does, so it stops what it started (external MCP servers); killed if it has
     /// not exited within 20 s.
     fn drop(&mut self) {
+        // Already gone (a test stopped it): nothing to signal.
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
         let _ = std::process::Command::new("kill")
             .args(["-INT", &self.child.id().to_string()])
             .status();
@@ -517,4 +521,26 @@ impl TestCa {
         std::fs::write(&k, key.serialize_pem()).expect("write the key");
         (c, k)
     }
+}
+
+/// Sends `thorn serve` at `addr` a chat request that forces one call of the host tool `tool` (a
+/// `thorn:` name) for the user message `content`, one round, greedy; asserts a 200 and returns the
+/// answer's message (its `thorn_host_tool_calls` hold the call and its result).
+pub fn forced_host_call(
+    addr: std::net::SocketAddr,
+    tool: &str,
+    content: &str,
+) -> serde_json::Value {
+    let body = serde_json::json!({"messages": [{"role": "user", "content": content}],
+        "tools": [{"type": "function", "function": {"name": tool}}],
+        "tool_choice": "required", "temperature": 0, "max_tokens": 64, "max_tool_rounds": 1});
+    let r = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["choices"][0]["message"].clone()
 }

@@ -2,7 +2,7 @@
 //! directory, `thorn plugins build`, `install --approve`, and a call through `thorn serve`. A core module
 //! is refused with the target to build for.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 
@@ -89,19 +89,8 @@ fn a_plugin_written_outside_the_tree_is_built_installed_and_called() {
     );
 
     let s = thorn_tests::ServeProcess::start(&place);
-    let body = json!({"messages": [{"role": "user", "content": "Shout hello."}],
-        "tools": [{"type": "function", "function": {"name": "thorn:demo"}}],
-        "tool_choice": "required", "temperature": 0, "max_tokens": 48, "max_tool_rounds": 1});
-    let r = thorn_tests::http(
-        s.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        body.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v: Value = r.json();
-    let call = &v["choices"][0]["message"]["thorn_host_tool_calls"][0];
+    let v = thorn_tests::forced_host_call(s.addr, "thorn:demo", "Shout hello.");
+    let call = &v["thorn_host_tool_calls"][0];
     assert_eq!(call["name"], "shout", "{v}");
     let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
     let said = args["text"].as_str().unwrap();

@@ -107,16 +107,7 @@ fn plugins_go_through_a_registry_by_tag_and_digest_and_a_tampered_layer_is_refus
     );
     let sha = thorn_tests::sha256_hex(&std::fs::read(&wasm).unwrap());
 
-    let place = |name: &str| {
-        let p = dir.path().join(name);
-        vec![
-            "--plugins".to_owned(),
-            p.join("plugins").display().to_string(),
-            "--policy".to_owned(),
-            p.join("policy.json").display().to_string(),
-        ]
-    };
-    let (tagged, pinned) = (place("a"), place("b"));
+    let (tagged, pinned) = (place(dir.path(), "a", &[]), place(dir.path(), "b", &[]));
     for (reference, at) in [(&tag, &tagged), (&by_digest, &pinned)] {
         let (ok, out) = thorn(&["pull", reference, "--approve"], &args(at));
         assert!(ok, "{reference}: {out}");
@@ -136,25 +127,14 @@ fn plugins_go_through_a_registry_by_tag_and_digest_and_a_tampered_layer_is_refus
         reg.port,
         "0".repeat(64)
     );
-    let (ok, out) = thorn(&["pull", &missing], &args(&place("c")));
+    let (ok, out) = thorn(&["pull", &missing], &args(&place(dir.path(), "c", &[])));
     assert!(!ok, "{out}");
 
     // The pulled, approved plugin serves a call.
     let s = thorn_tests::ServeProcess::start(&args(&tagged));
-    let body = json!({"messages": [{"role": "user", "content": "What is 6 * 7?"}],
-        "tools": [{"type": "function", "function": {"name": "thorn:calculator"}}],
-        "tool_choice": "required", "temperature": 0, "max_tokens": 48, "max_tool_rounds": 1});
-    let r = thorn_tests::http(
-        s.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        body.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v = r.json();
+    let v = thorn_tests::forced_host_call(s.addr, "thorn:calculator", "What is 6 * 7?");
     assert!(
-        v["choices"][0]["message"]["thorn_host_tool_calls"][0]["result"]["value"].is_number(),
+        v["thorn_host_tool_calls"][0]["result"]["value"].is_number(),
         "{v}"
     );
     drop(s);
@@ -169,7 +149,7 @@ fn plugins_go_through_a_registry_by_tag_and_digest_and_a_tampered_layer_is_refus
     let mut bytes = std::fs::read(&blob).unwrap();
     bytes[100] ^= 0xff;
     std::fs::write(&blob, bytes).unwrap();
-    let fresh = place("d");
+    let fresh = place(dir.path(), "d", &[]);
     let (ok, out) = thorn(&["pull", &tag, "--approve"], &args(&fresh));
     assert!(!ok, "{out}");
     assert!(out.to_lowercase().contains("digest"), "{out}");
@@ -203,146 +183,100 @@ fn a_policy_with_keys_installs_only_what_they_signed_for_the_digest_pulled() {
     let (key, public) = keypair(dir.path(), "publisher");
     let (_, stranger) = keypair(dir.path(), "stranger");
     let repo = format!("oci://127.0.0.1:{}/tools/calculator", reg.port);
-    let calculator = thorn_tests::plugin_wasm("calculator");
-    let (ok, out) = thorn(
-        &["push", calculator.to_str().unwrap(), &format!("{repo}:1.0")],
-        &[],
-    );
-    assert!(ok, "{out}");
-    let (ok, out) = thorn(
-        &[
-            "sign",
-            &format!("{repo}:1.0"),
-            "--key",
-            key.to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert!(ok, "{out}");
-
-    // A place whose policy trusts `keys`.
-    let place = |name: &str, keys: &[&str]| {
-        let p = dir.path().join(name);
-        std::fs::create_dir_all(&p).unwrap();
-        std::fs::write(
-            p.join("policy.json"),
-            json!({"trust": {"keys": keys}}).to_string(),
-        )
-        .unwrap();
-        vec![
-            "--plugins".to_owned(),
-            p.join("plugins").display().to_string(),
-            "--policy".to_owned(),
-            p.join("policy.json").display().to_string(),
-        ]
+    // A push or sign that must work: its output.
+    let ok = |a: &[&str]| {
+        let (ok, out) = thorn(a, &[]);
+        assert!(ok, "{a:?}: {out}");
+        out
     };
-    let trusting = place("ok", &[&public]);
-    let (ok, out) = thorn(
+    // A pull into a place trusting `keys` that must be refused with `why`, installing nothing.
+    let refused = |tag: &str, name: &str, keys: &[&str], why: &str| {
+        let at = place(dir.path(), name, keys);
+        let (ok, out) = thorn(&["pull", &format!("{repo}:{tag}"), "--approve"], &args(&at));
+        assert!(!ok && out.contains(why), "{tag} ({name}): {out}");
+        assert!(
+            !Path::new(&at[1]).join("calculator.wasm").exists(),
+            "{name}"
+        );
+        assert!(!Path::new(&at[1]).join("units.wasm").exists(), "{name}");
+    };
+    let (calculator, units) = (
+        thorn_tests::plugin_wasm("calculator"),
+        thorn_tests::plugin_wasm("units"),
+    );
+    ok(&["push", calculator.to_str().unwrap(), &format!("{repo}:1.0")]);
+    ok(&[
+        "sign",
+        &format!("{repo}:1.0"),
+        "--key",
+        key.to_str().unwrap(),
+    ]);
+
+    let trusting = place(dir.path(), "ok", &[&public]);
+    let (pulled, out) = thorn(
         &["pull", &format!("{repo}:1.0"), "--approve"],
         &args(&trusting),
     );
-    assert!(ok, "{out}");
-    assert!(out.contains("signature verified"), "{out}");
+    assert!(pulled && out.contains("signature verified"), "{out}");
     // The signed, approved, pinned plugin serves a call.
     let s = thorn_tests::ServeProcess::start(&args(&trusting));
-    let body = json!({"messages": [{"role": "user", "content": "What is 6 * 7?"}],
-        "tools": [{"type": "function", "function": {"name": "thorn:calculator"}}],
-        "tool_choice": "required", "temperature": 0, "max_tokens": 48, "max_tool_rounds": 1});
-    let r = thorn_tests::http(
-        s.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        body.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
+    let v = thorn_tests::forced_host_call(s.addr, "thorn:calculator", "What is 6 * 7?");
     assert!(
-        r.json()["choices"][0]["message"]["thorn_host_tool_calls"][0]["result"]["value"]
-            .is_number(),
-        "{}",
-        r.body
+        v["thorn_host_tool_calls"][0]["result"]["value"].is_number(),
+        "{v}"
     );
     drop(s);
 
-    // The wrong key: refused, nothing installed.
-    let wrong = place("wrong", &[&stranger]);
-    let (ok, out) = thorn(
-        &["pull", &format!("{repo}:1.0"), "--approve"],
-        &args(&wrong),
-    );
-    assert!(!ok && out.contains("no signature verifies"), "{out}");
-    assert!(!Path::new(&wrong[1]).join("calculator.wasm").exists());
-
+    // The wrong key.
+    refused("1.0", "wrong", &[&stranger], "no signature verifies");
     // Unsigned: another artifact under another tag.
-    let units = thorn_tests::plugin_wasm("units");
-    let (ok, out) = thorn(
-        &["push", units.to_str().unwrap(), &format!("{repo}:units")],
-        &[],
-    );
-    assert!(ok, "{out}");
-    let (ok, out) = thorn(
-        &["pull", &format!("{repo}:units")],
-        &args(&place("unsigned", &[&public])),
-    );
-    assert!(!ok && out.contains("not signed"), "{out}");
-
+    ok(&["push", units.to_str().unwrap(), &format!("{repo}:units")]);
+    refused("units", "unsigned", &[&public], "not signed");
     // Re-tagged: other bytes pushed under the signed tag. The old signature names the old digest; the
     // new manifest has none, so the tag no longer installs.
-    let (ok, out) = thorn(
-        &["push", units.to_str().unwrap(), &format!("{repo}:1.0")],
-        &[],
-    );
-    assert!(ok, "{out}");
-    let (ok, out) = thorn(
-        &["pull", &format!("{repo}:1.0")],
-        &args(&place("retagged", &[&public])),
-    );
-    assert!(!ok && out.contains("not signed"), "{out}");
+    ok(&["push", units.to_str().unwrap(), &format!("{repo}:1.0")]);
+    refused("1.0", "retagged", &[&public], "not signed");
 
     // A signature for another digest: the old signature copied to the new manifest's signature tag
     // (what an attacker with push rights but no key can do) names the old digest and is refused.
-    let (ok, out) = thorn(
-        &["push", units.to_str().unwrap(), &format!("{repo}:copy")],
-        &[],
-    );
-    assert!(ok, "{out}");
-    let new_digest = out
-        .lines()
-        .last()
-        .unwrap()
-        .rsplit('@')
-        .next()
-        .unwrap()
-        .to_owned();
-    let old_sig = std::fs::read_dir(
-        dir.path()
-            .join("storage/docker/registry/v2/repositories/tools/calculator/_manifests/tags"),
-    )
-    .unwrap()
-    .flatten()
-    .map(|e| e.file_name().to_string_lossy().into_owned())
-    .find(|t| t.ends_with(".sig"))
-    .expect("the signature's tag");
+    let out = ok(&["push", units.to_str().unwrap(), &format!("{repo}:copy")]);
+    let new_digest = out.lines().last().unwrap().rsplit('@').next().unwrap();
     let tags = dir
         .path()
         .join("storage/docker/registry/v2/repositories/tools/calculator/_manifests/tags");
-    let copied = tags.join(format!("{}.sig", new_digest.replace(':', "-")));
-    copy_dir(&tags.join(&old_sig), &copied);
-    let (ok, out) = thorn(
-        &["pull", &format!("{repo}:copy")],
-        &args(&place("copied", &[&public])),
+    let old_sig = std::fs::read_dir(&tags)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .find(|t| t.to_string_lossy().ends_with(".sig"))
+        .expect("the signature's tag");
+    copy_dir(
+        &tags.join(old_sig),
+        &tags.join(format!("{}.sig", new_digest.replace(':', "-"))),
     );
-    assert!(!ok && out.contains("its signatures name"), "{out}");
+    refused("copy", "copied", &[&public], "its signatures name");
 
     // A policy key that is not a key is an error naming it.
-    let (ok, out) = thorn(
-        &["pull", &format!("{repo}:1.0")],
-        &args(&place(
-            "badkey",
-            &["-----BEGIN PUBLIC KEY-----\nnope\n-----END PUBLIC KEY-----"],
-        )),
-    );
-    assert!(!ok && out.contains("trust.keys[0]"), "{out}");
+    let bad = "-----BEGIN PUBLIC KEY-----\nnope\n-----END PUBLIC KEY-----";
+    refused("1.0", "badkey", &[bad], "trust.keys[0]");
+}
+
+/// A plugin directory and policy under `dir/name` whose policy trusts `keys` (none: no signature
+/// checked): the `--plugins` and `--policy` arguments.
+fn place(dir: &Path, name: &str, keys: &[&str]) -> Vec<String> {
+    let p = dir.join(name);
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::write(
+        p.join("policy.json"),
+        json!({"trust": {"keys": keys}}).to_string(),
+    )
+    .unwrap();
+    vec![
+        "--plugins".to_owned(),
+        p.join("plugins").display().to_string(),
+        "--policy".to_owned(),
+        p.join("policy.json").display().to_string(),
+    ]
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -251,17 +251,7 @@ fn traces_of_a_request_its_rounds_and_its_tool_call_go_to_an_otlp_collector() {
         "--otlp-protocol",
         "http/json",
     ]);
-    let body = json!({"messages": [{"role": "user", "content": "What is 6 * 7?"}],
-        "tools": [{"type": "function", "function": {"name": "thorn:calculator"}}],
-        "tool_choice": "required", "temperature": 0, "max_tokens": 48, "max_tool_rounds": 1});
-    let r = thorn_tests::http(
-        s.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        body.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
+    thorn_tests::forced_host_call(s.addr, "thorn:calculator", "What is 6 * 7?");
     // Stopping the server flushes what the batch has not sent yet.
     drop(s);
     let t0 = Instant::now();

@@ -205,20 +205,10 @@ fn an_external_mcp_server_over_https_is_reached_with_the_trusted_ca() {
         "{}",
         trusting.log()
     );
-    let body = json!({"messages": [{"role": "user", "content": "What is 6 * 7?"}],
-        "tools": [{"type": "function", "function": {"name": "thorn:calc_evaluate"}}],
-        "tool_choice": "required", "temperature": 0, "max_tokens": 64, "max_tool_rounds": 1});
-    let r = thorn_tests::http(
-        trusting.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        body.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let calls = r.json()["choices"][0]["message"]["thorn_host_tool_calls"].clone();
-    assert_eq!(calls[0]["name"], "calc_evaluate", "{}", r.body);
-    assert!(calls[0]["result"]["value"].is_number(), "{}", r.body);
+    let v = thorn_tests::forced_host_call(trusting.addr, "thorn:calc_evaluate", "What is 6 * 7?");
+    let calls = &v["thorn_host_tool_calls"];
+    assert_eq!(calls[0]["name"], "calc_evaluate", "{v}");
+    assert!(calls[0]["result"]["value"].is_number(), "{v}");
     drop(trusting);
 
     // Without the CA the server is refused, with the reason, and the rest serves.
