@@ -84,8 +84,7 @@ pub struct RevokeArgs {
 }
 
 /// Writes the audit line of an operator's change to `plugin`, before the change (no line, no change).
-fn audit(policy_path: &Path, plugin: &str, action: &str, what: &Value) -> Result<()> {
-    let policy = Policy::load(policy_path)?;
+fn audit(policy: &Policy, plugin: &str, action: &str, what: &Value) -> Result<()> {
     let Some(path) = policy.audit_path() else {
         return Ok(());
     };
@@ -107,20 +106,19 @@ pub fn remove(dir: &Path, policy_path: &Path, a: &RemoveArgs) -> Result<()> {
     }
     let file = dir.join(format!("{name}.wasm"));
     let installed = file.is_file();
-    let entry = Policy::load(policy_path)
-        .ok()
-        .and_then(|p| p.pinned(name).map(str::to_owned));
-    if !installed && (entry.is_none() || a.keep_policy) {
+    let policy = Policy::load(policy_path)?;
+    let entry = policy.pinned(name).is_some();
+    if !installed && (!entry || a.keep_policy) {
         bail!(
             "no plugin {name:?} installed in {} (see `thorn plugins list`)",
             dir.display()
         );
     }
     audit(
-        policy_path,
+        &policy,
         name,
         "remove",
-        &json!({"file": installed.then(|| file.display().to_string()), "policy_entry": !a.keep_policy && entry.is_some()}),
+        &json!({"file": installed.then(|| file.display().to_string()), "policy_entry": !a.keep_policy && entry}),
     )?;
     if installed {
         std::fs::remove_file(&file).with_context(|| format!("removing {}", file.display()))?;
@@ -188,7 +186,7 @@ pub fn revoke(policy_path: &Path, a: &RevokeArgs) -> Result<()> {
     } else {
         json!({"dirs": a.dir, "env": a.env, "net": a.net})
     };
-    audit(policy_path, name, "revoke", &what)?;
+    audit(&policy, name, "revoke", &what)?;
     Policy::edit(policy_path, name, |entry| {
         if a.all {
             for k in ["filesystem", "env", "env_from_host", "network"] {
