@@ -463,7 +463,7 @@ fn reload_on_sighup(cert: Arc<thorn_plugin::tls::ServerCert>) -> Result<()> {
 }
 
 /// Whether `host` (the `--host` flag) only accepts local clients.
-fn is_loopback(host: &str) -> bool {
+pub(crate) fn is_loopback(host: &str) -> bool {
     host == "localhost"
         || host
             .trim_matches(|c| c == '[' || c == ']')

@@ -37,16 +37,13 @@ pub fn reference(r: &str) -> Result<Reference> {
         .with_context(|| format!("{r:?} is not a registry reference"))
 }
 
+/// Whether a registry (`HOST[:PORT]`) is on loopback.
 fn is_loopback(registry: &str) -> bool {
     let host = registry
         .rsplit_once(':')
         .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
         .map_or(registry, |(h, _)| h);
-    host == "localhost"
-        || host
-            .trim_matches(|c| c == '[' || c == ']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    crate::serve::is_loopback(host)
 }
 
 fn client(r: &Reference) -> Client {
