@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod sigstore;
+
 /// The workspace root.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

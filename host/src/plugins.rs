@@ -5,9 +5,11 @@
 //! `/` or ends in `.wasm`): a bare name never picks up a file of that name in the current directory.
 
 use anyhow::{Context, Result, bail};
+use base64::Engine;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use thorn_plugin::signing::{Trust, keyed};
 use thorn_plugin::{
     AuditLog, Caller, Candidate, HostConfig, PluginError, PluginHost, Policy, Requests, components,
 };
@@ -17,7 +19,7 @@ pub use crate::place::Place;
 mod author;
 mod manage;
 mod oci;
-mod sign;
+mod provenance;
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -94,8 +96,19 @@ pub enum Cmd {
         #[arg(long)]
         key: PathBuf,
     },
+    /// Attaches a sigstore bundle (a keyless signature of the manifest, as `cosign sign` or
+    /// `cosign sign-blob --bundle` over the manifest writes it) to the artifact a reference names, as an
+    /// OCI referrer (cosign 3's layout).
+    Attach {
+        /// oci://HOST/REPO:TAG or oci://HOST/REPO@sha256:DIGEST.
+        reference: String,
+        /// The bundle (JSON, application/vnd.dev.sigstore.bundle.v0.3+json).
+        #[arg(long)]
+        bundle: PathBuf,
+    },
     /// Pulls a component from an OCI registry (every digest checked; its signature verified when the
-    /// policy's trust.keys names keys) and installs it.
+    /// policy's trust names keys or keyless identities) and installs it, with a record of where it came
+    /// from that `approve` checks again.
     Pull {
         /// oci://HOST/REPO:TAG or oci://HOST/REPO@sha256:DIGEST.
         reference: String,
@@ -479,7 +492,12 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             // One read: the bytes hashed (and approved) are the bytes written.
             let bytes =
                 std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
-            install(cache, &dir, &policy_path, &file, &bytes, approve)
+            let dest = install(cache, &dir, &policy_path, &file, &bytes, approve)?;
+            // A local file replacing a pulled one: the record of the pull no longer describes it.
+            match std::fs::remove_file(provenance::path(&dest)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+                _ => Ok(()),
+            }
         }
         Cmd::Push { file, reference } => {
             let r = oci::reference(&reference)?;
@@ -501,42 +519,63 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
             let r = oci::reference(&reference)?;
             let pem = std::fs::read_to_string(&key)
                 .with_context(|| format!("reading {}", key.display()))?;
-            let key = sign::signing_key(&pem).with_context(|| key.display().to_string())?;
+            let key = keyed::signing_key(&pem).with_context(|| key.display().to_string())?;
             let digest = oci::sign(&r, &key)?;
             println!("signed {} (manifest {digest})", oci::repository(&r));
             Ok(())
         }
+        Cmd::Attach { reference, bundle } => {
+            let r = oci::reference(&reference)?;
+            let json =
+                std::fs::read(&bundle).with_context(|| format!("reading {}", bundle.display()))?;
+            let digest = oci::attach(&r, &json)?;
+            println!("attached {} to {r} (referrer {digest})", bundle.display());
+            Ok(())
+        }
         Cmd::Pull { reference, approve } => {
             let r = oci::reference(&reference)?;
-            let keys = sign::trusted(policy(&policy_path)?.trusted_keys())?;
+            let trust = Trust::of(&policy(&policy_path)?)?;
             let pulled = oci::pull(&r)?;
             println!("pulled {r} (manifest {})", pulled.manifest_digest);
-            // With keys in the policy, only what one of them signed is installed.
-            if !keys.is_empty() {
-                let d = &pulled.manifest_digest;
-                let shown = format!("oci://{r}");
-                let Some(layers) = oci::signatures(&r, d)? else {
-                    return Err(sign::VerifyError::Unsigned {
-                        reference: shown,
-                        tag: sign::signature_tag(d),
-                    }
-                    .into());
-                };
-                sign::verify(&shown, &oci::repository(&r), d, &layers, &keys)?;
-                println!("signature verified for {d}");
+            let shown = format!("oci://{r}");
+            let record = provenance::Provenance {
+                reference: shown.clone(),
+                repository: oci::repository(&r),
+                manifest_digest: pulled.manifest_digest.clone(),
+                manifest: base64::engine::general_purpose::STANDARD.encode(&pulled.manifest),
+                evidence: oci::evidence(&r, &pulled.manifest_digest)?,
+            };
+            // With keys or identities in the policy, only what one of them signed is installed.
+            if trust.is_empty() {
+                println!("signatures not checked: the policy's trust names no keys or identities");
+            } else {
+                let v = record.check(&pulled.component, &trust)?;
+                println!("signature verified for {}: {v}", pulled.manifest_digest);
             }
-            let label = PathBuf::from(format!("oci://{r}"));
-            install(
+            let label = PathBuf::from(shown);
+            let dest = install(
                 cache,
                 &dir,
                 &policy_path,
                 &label,
                 &pulled.component,
                 approve,
-            )
+            )?;
+            record.write(&dest)
         }
         Cmd::Approve { plugin } => {
-            let c = host(cache)?.open(&locate(&dir, &plugin)?)?;
+            let file = locate(&dir, &plugin)?;
+            let c = host(cache)?.open(&file)?;
+            // A pulled plugin's signatures are checked again against the policy's trust now.
+            if let Some(record) = provenance::Provenance::read(&file)? {
+                let trust = Trust::of(&policy(&policy_path)?)?;
+                if !trust.is_empty() {
+                    let bytes = std::fs::read(&file)
+                        .with_context(|| format!("reading {}", file.display()))?;
+                    let v = record.check(&bytes, &trust)?;
+                    println!("signature verified for {}: {v}", record.manifest_digest);
+                }
+            }
             approve_and_report(&c, &policy_path)
         }
         Cmd::Grant(g) => manage::grant(&policy_path, g),
@@ -548,7 +587,7 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
 }
 
 /// Installs the component `bytes` (read from `file`, a path or a registry reference) into `dir`, and
-/// approves it with `approve`.
+/// approves it with `approve`; the installed file.
 fn install(
     cache: &Path,
     dir: &Path,
@@ -556,7 +595,7 @@ fn install(
     file: &Path,
     bytes: &[u8],
     approve: bool,
-) -> Result<()> {
+) -> Result<PathBuf> {
     let c = host(cache)?.open_bytes(file, bytes)?;
     let name = c.manifest().name.clone();
     let dest = dir.join(format!("{name}.wasm"));
@@ -593,7 +632,7 @@ fn install(
     } else {
         println!("approve it with `thorn plugins approve {name}`");
     }
-    Ok(())
+    Ok(dest)
 }
 
 /// A candidate's manifest as JSON (what `describe()` said, as thorn read it).

@@ -14,6 +14,7 @@ use thorn_tests::plugin_wasm;
 
 mod author;
 mod escapes;
+mod keyless;
 mod manage;
 mod policy;
 mod registry;

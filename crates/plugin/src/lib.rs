@@ -46,6 +46,7 @@ pub mod policy;
 pub mod rate;
 mod sandbox;
 mod set;
+pub mod signing;
 pub mod tls;
 mod trail;
 

@@ -246,6 +246,9 @@ struct PolicyFile {
 struct TrustSpec {
     #[serde(default)]
     keys: Vec<String>,
+    #[serde(default)]
+    identities: Vec<crate::signing::Identity>,
+    trusted_root: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -546,6 +549,20 @@ impl Policy {
     /// The public keys (PEM) whose signature a pulled plugin must carry (`trust.keys`; none: no check).
     pub fn trusted_keys(&self) -> &[String] {
         &self.file.trust.keys
+    }
+
+    /// The keyless signers a pulled plugin may be signed by (`trust.identities`).
+    pub fn trusted_identities(&self) -> &[crate::signing::Identity] {
+        &self.file.trust.identities
+    }
+
+    /// The pinned sigstore trust root (`trust.trusted_root`, resolved against the policy's directory).
+    pub fn trusted_root(&self) -> Option<PathBuf> {
+        self.file
+            .trust
+            .trusted_root
+            .as_deref()
+            .map(|p| self.host_path(p))
     }
 
     /// The pinned digest of `plugin`, if it has an entry.

@@ -124,6 +124,13 @@ pub fn remove(dir: &Path, policy_path: &Path, a: &RemoveArgs) -> Result<()> {
         std::fs::remove_file(&file).with_context(|| format!("removing {}", file.display()))?;
         println!("removed {}", file.display());
     }
+    let record = super::provenance::path(&file);
+    match std::fs::remove_file(&record) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing {}", record.display()));
+        }
+        _ => {}
+    }
     if !a.keep_policy && Policy::remove(policy_path, name)? {
         println!(
             "removed {name}'s entry (pin and grants) from {}",

@@ -261,16 +261,201 @@ fn a_policy_with_keys_installs_only_what_they_signed_for_the_digest_pulled() {
     refused("1.0", "badkey", &[bad], "trust.keys[0]");
 }
 
+#[test]
+fn keyless_bundles_attached_as_referrers_are_verified_at_pull_and_again_at_approve() {
+    use thorn_tests::sigstore::{Signing, TestSigstore};
+    let dir = tempfile::tempdir().unwrap();
+    let Some(reg) = registry(dir.path()) else {
+        return;
+    };
+    let issuer = "https://token.actions.githubusercontent.com";
+    let release = "https://github.com/acme/tools/.github/workflows/release.yml@refs/tags/v1.0.0";
+    let repo = format!("oci://127.0.0.1:{}/tools/calculator", reg.port);
+    let ok = |a: &[&str], at: &[String]| {
+        let (ok, out) = thorn(a, &args(at));
+        assert!(ok, "{a:?}: {out}");
+        out
+    };
+    let calculator = thorn_tests::plugin_wasm("calculator");
+    let out = ok(
+        &["push", calculator.to_str().unwrap(), &format!("{repo}:1.0")],
+        &[],
+    );
+    let digest = out
+        .lines()
+        .last()
+        .unwrap()
+        .rsplit('@')
+        .next()
+        .unwrap()
+        .to_owned();
+    let mut sigstore = TestSigstore::new();
+    let hex = digest.strip_prefix("sha256:").unwrap();
+    let bytes: Vec<u8> = (0..32)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let bundle = sigstore.bundle(&bytes.try_into().unwrap(), &Signing::by(issuer, release));
+    let file = dir.path().join("calculator.sigstore.json");
+    std::fs::write(&file, bundle).unwrap();
+    ok(
+        &[
+            "attach",
+            &format!("{repo}:1.0"),
+            "--bundle",
+            file.to_str().unwrap(),
+        ],
+        &[],
+    );
+    // Pinned: this sigstore's root, and who may sign.
+    let trusting = |name: &str, subject: &str| {
+        let at = place_trusting(
+            dir.path(),
+            name,
+            json!({"identities": [{"issuer": issuer, "subject": subject}],
+                "trusted_root": "trusted_root.json"}),
+        );
+        std::fs::write(
+            Path::new(&at[3])
+                .parent()
+                .unwrap()
+                .join("trusted_root.json"),
+            sigstore.trusted_root(),
+        )
+        .unwrap();
+        at
+    };
+    let good = trusting("good", release);
+    let out = ok(&["pull", &format!("{repo}:1.0"), "--approve"], &good);
+    assert!(
+        out.contains("signature verified") && out.contains(release),
+        "{out}"
+    );
+    // By digest too; the record of the pull sits beside the plugin.
+    let by_digest = trusting("digest", release);
+    ok(
+        &["pull", &format!("{repo}@{digest}"), "--approve"],
+        &by_digest,
+    );
+    let record = Path::new(&by_digest[1]).join("calculator.provenance.json");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    assert_eq!(r["manifest_digest"], digest.as_str(), "{r}");
+    assert_eq!(r["evidence"]["bundles"].as_array().unwrap().len(), 1, "{r}");
+
+    // Another identity trusted: refused, nothing installed.
+    let other = trusting(
+        "other",
+        "https://github.com/acme/tools/.github/workflows/ci.yml@refs/heads/main",
+    );
+    let (pulled, out) = thorn(
+        &["pull", &format!("{repo}:1.0"), "--approve"],
+        &args(&other),
+    );
+    assert!(
+        !pulled && out.contains("not an identity the policy trusts"),
+        "{out}"
+    );
+    assert!(!Path::new(&other[1]).join("calculator.wasm").exists());
+
+    // Pulled without approval, then the policy's trust changes before approval: approve checks again.
+    let later = trusting("later", release);
+    ok(&["pull", &format!("{repo}:1.0")], &later);
+    let policy_file = Path::new(&later[3]).to_owned();
+    let trusted = std::fs::read_to_string(&policy_file).unwrap();
+    std::fs::write(
+        &policy_file,
+        trusted.replace(
+            "release.yml@refs/tags/v1.0.0",
+            "release.yml@refs/tags/v2.0.0",
+        ),
+    )
+    .unwrap();
+    let (approved, out) = thorn(&["approve", "calculator"], &args(&later));
+    assert!(
+        !approved && out.contains("not an identity the policy trusts"),
+        "{out}"
+    );
+    let policy: Value =
+        serde_json::from_str(&std::fs::read_to_string(&policy_file).unwrap()).unwrap();
+    assert!(policy["plugins"]["calculator"].is_null(), "{policy}");
+    std::fs::write(&policy_file, &trusted).unwrap();
+    let out = ok(&["approve", "calculator"], &later);
+    assert!(
+        out.contains("signature verified") && out.contains("approved calculator"),
+        "{out}"
+    );
+    // The installed file swapped for other bytes: not the layer the record names.
+    let units = thorn_tests::plugin_wasm("units");
+    std::fs::copy(&units, Path::new(&later[1]).join("calculator.wasm")).unwrap();
+    let (approved, out) = thorn(&["approve", "calculator"], &args(&later));
+    assert!(!approved && out.contains("is not the layer of"), "{out}");
+
+    // Credentials from the docker config's credential helper (the helper protocol: the registry on
+    // stdin, JSON on stdout).
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let asked = dir.path().join("asked");
+    let helper = bin.join("docker-credential-thorntest");
+    std::fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = get ] || exit 1\ncat > {}\necho '{{\"Username\": \"ci\", \"Secret\": \"s3cret\"}}'\n",
+            asked.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let config = dir.path().join("docker");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.json"),
+        json!({"credHelpers": {format!("127.0.0.1:{}", reg.port): "thorntest"}}).to_string(),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let fresh = trusting("helper", release);
+    let out = Command::new(thorn_tests::thorn_binary())
+        .args(["plugins", "pull", &format!("{repo}:1.0")])
+        .args(args(&fresh))
+        .env("DOCKER_CONFIG", &config)
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(&asked).unwrap(),
+        format!("127.0.0.1:{}", reg.port)
+    );
+
+    // Attaching what is not a bundle is refused before anything is pushed.
+    let junk = dir.path().join("junk.json");
+    std::fs::write(&junk, r#"{"mediaType": "text/plain"}"#).unwrap();
+    let (attached, out) = thorn(
+        &[
+            "attach",
+            &format!("{repo}:1.0"),
+            "--bundle",
+            junk.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(!attached && out.contains("not a sigstore bundle"), "{out}");
+}
+
 /// A plugin directory and policy under `dir/name` whose policy trusts `keys` (none: no signature
 /// checked): the `--plugins` and `--policy` arguments.
 fn place(dir: &Path, name: &str, keys: &[&str]) -> Vec<String> {
+    place_trusting(dir, name, json!({ "keys": keys }))
+}
+
+/// A plugin directory and policy under `dir/name` whose policy's `trust` is `trust`.
+fn place_trusting(dir: &Path, name: &str, trust: Value) -> Vec<String> {
     let p = dir.join(name);
     std::fs::create_dir_all(&p).unwrap();
-    std::fs::write(
-        p.join("policy.json"),
-        json!({"trust": {"keys": keys}}).to_string(),
-    )
-    .unwrap();
+    std::fs::write(p.join("policy.json"), json!({ "trust": trust }).to_string()).unwrap();
     vec![
         "--plugins".to_owned(),
         p.join("plugins").display().to_string(),
