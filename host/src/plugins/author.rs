@@ -19,8 +19,36 @@ pub struct NewArgs {
     pub dir: PathBuf,
     /// The SDK crate (`thorn-plugin-sdk`) to depend on by path (default: the one in the thorn checkout
     /// this binary was built from, when it is there).
-    #[arg(long, env = "THORN_PLUGIN_SDK")]
+    #[arg(long, env = "THORN_PLUGIN_SDK", conflicts_with = "sdk_git")]
     pub sdk: Option<PathBuf>,
+    /// Depend on the SDK from a git repository of thorn instead (cargo finds the `thorn-plugin-sdk`
+    /// package inside it): its URL.
+    #[arg(long)]
+    pub sdk_git: Option<String>,
+    /// With --sdk-git: the commit, tag or branch to pin (a commit: `rev`; otherwise what cargo calls
+    /// the default branch).
+    #[arg(long, requires = "sdk_git")]
+    pub sdk_rev: Option<String>,
+}
+
+/// The dependency line for the SDK.
+fn sdk_dependency(a: &NewArgs) -> Result<String> {
+    if let Some(url) = &a.sdk_git {
+        return Ok(match &a.sdk_rev {
+            Some(rev) => format!("{{ git = {url:?}, rev = {rev:?} }}"),
+            None => format!("{{ git = {url:?} }}"),
+        });
+    }
+    match a.sdk.clone().or_else(checkout_sdk) {
+        Some(p) => {
+            let p =
+                std::fs::canonicalize(&p).with_context(|| format!("the SDK at {}", p.display()))?;
+            Ok(format!("{{ path = {:?} }}", p.display().to_string()))
+        }
+        None => bail!(
+            "no thorn-plugin-sdk found: pass --sdk PATH (the `plugins/sdk` folder of a thorn checkout) or --sdk-git URL, or set THORN_PLUGIN_SDK"
+        ),
+    }
 }
 
 /// `thorn plugins build`.
@@ -60,16 +88,7 @@ pub fn new(a: &NewArgs) -> Result<()> {
             root.display()
         );
     }
-    let sdk = match a.sdk.clone().or_else(checkout_sdk) {
-        Some(p) => {
-            let p =
-                std::fs::canonicalize(&p).with_context(|| format!("the SDK at {}", p.display()))?;
-            format!("{{ path = {:?} }}", p.display().to_string())
-        }
-        None => bail!(
-            "no thorn-plugin-sdk found: pass --sdk PATH (the `plugins/sdk` folder of a thorn checkout), or set THORN_PLUGIN_SDK"
-        ),
-    };
+    let sdk = sdk_dependency(a)?;
     std::fs::create_dir_all(root.join("src"))?;
     std::fs::create_dir_all(root.join(".cargo"))?;
     std::fs::write(
@@ -283,3 +302,36 @@ mod tests {
     }
 }
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sdk_is_a_path_or_a_pinned_git_dependency() {
+        let args = |sdk: Option<PathBuf>, git: Option<&str>, rev: Option<&str>| NewArgs {
+            name: "demo".into(),
+            dir: ".".into(),
+            sdk,
+            sdk_git: git.map(str::to_owned),
+            sdk_rev: rev.map(str::to_owned),
+        };
+        let url = "https://git.example/thorn.git";
+        assert_eq!(
+            sdk_dependency(&args(None, Some(url), Some("0123abc"))).unwrap(),
+            r#"{ git = "https://git.example/thorn.git", rev = "0123abc" }"#
+        );
+        assert_eq!(
+            sdk_dependency(&args(None, Some(url), None)).unwrap(),
+            r#"{ git = "https://git.example/thorn.git" }"#
+        );
+        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/sdk");
+        let line = sdk_dependency(&args(Some(sdk.clone()), None, None)).unwrap();
+        let want = std::fs::canonicalize(&sdk).unwrap();
+        assert_eq!(
+            line,
+            format!("{{ path = {:?} }}", want.display().to_string())
+        );
+        assert!(sdk_dependency(&args(Some("/nowhere/sdk".into()), None, None)).is_err());
+    }
+}
