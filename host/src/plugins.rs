@@ -574,17 +574,18 @@ pub fn run(cache: &Path, place: &Place, cmd: Cmd) -> Result<()> {
         }
         Cmd::Approve { plugin } => {
             let file = locate(&dir, &plugin)?;
-            let c = host(cache)?.open(&file)?;
+            // One read: the bytes whose signatures are checked are the bytes approved.
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
             // A pulled plugin's signatures are checked again against the policy's trust now.
             if let Some(record) = provenance::Provenance::read(&file)? {
                 let trust = Trust::of(&policy(&policy_path)?)?;
                 if !trust.is_empty() {
-                    let bytes = std::fs::read(&file)
-                        .with_context(|| format!("reading {}", file.display()))?;
                     let v = record.check(&bytes, &trust)?;
                     println!("signature verified for {}: {v}", record.manifest_digest);
                 }
             }
+            let c = host(cache)?.open_bytes(&file, &bytes)?;
             approve_and_report(&c, &policy_path)
         }
         Cmd::Grant(g) => manage::grant(&policy_path, g),

@@ -397,6 +397,17 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The bytes of a hex string; `None` for an odd length or a non-hex digit.
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+        .collect()
+}
+
 /// What a `.wasm` file holds, by its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum WasmKind {
@@ -418,6 +429,18 @@ fn wasm_kind(bytes: &[u8]) -> Option<WasmKind> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_round_trips_and_refuses_what_is_not_hex() {
+        let b = [0u8, 0x7f, 0xab, 0xff];
+        assert_eq!(hex(&b), "007fabff");
+        assert_eq!(unhex("007fabff").as_deref(), Some(&b[..]));
+        assert_eq!(unhex("007FABFF").as_deref(), Some(&b[..]));
+        assert_eq!(unhex(""), Some(vec![]));
+        assert_eq!(unhex("abc"), None);
+        assert_eq!(unhex("zz"), None);
+        assert_eq!(unhex("é1"), None);
+    }
 
     #[test]
     fn a_core_module_and_a_component_are_told_apart_by_their_header() {

@@ -254,6 +254,14 @@ impl std::fmt::Display for Verified {
     }
 }
 
+/// Checks a bundle signing the SHA-256 `digest` against the trusted identities.
+fn keyless(bundle: &[u8], digest: &[u8; 32], trust: &Trust) -> Result<Signer, Rejection> {
+    match (&trust.root, trust.identities.is_empty()) {
+        (Some(root), false) => bundle::check(bundle, digest, root, &trust.identities),
+        _ => Err(Rejection::NoIdentities),
+    }
+}
+
 /// Checks that `evidence` holds a signature of `subject` the policy's `trust` accepts.
 pub fn verify(
     subject: &Subject<'_>,
@@ -270,35 +278,18 @@ pub fn verify(
     let digest: Option<[u8; 32]> = subject
         .digest
         .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64)
-        .and_then(|h| {
-            (0..32)
-                .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).ok())
-                .collect::<Option<Vec<u8>>>()
-        })
+        .and_then(crate::host::unhex)
         .and_then(|v| v.try_into().ok());
-    let keyless = |bundle: &[u8], d: &[u8; 32]| -> Result<Signer, Rejection> {
-        match (&trust.root, trust.identities.is_empty()) {
-            (Some(root), false) => bundle::check(bundle, d, root, &trust.identities),
-            _ => Err(Rejection::NoIdentities),
-        }
-    };
     let mut reasons = Vec::new();
     for layer in &evidence.signatures {
         let outcome = match bundle::from_cosign_layer(layer) {
             None if trust.keys.is_empty() => Err(Rejection::NoKeys),
             None => keyed::check(subject, layer, &trust.keys).map(Verified::Key),
-            Some(b) => (|| {
-                let b = b?;
-                let (repository, digest) =
-                    keyed::named(&layer.payload).ok_or(Rejection::NotAPayload)?;
-                if digest != subject.digest || repository != subject.repository {
-                    return Err(Rejection::OtherDigest {
-                        named: format!("{repository}@{digest}"),
-                    });
-                }
-                keyless(&b, &Sha256::digest(&layer.payload).into()).map(Verified::Keyless)
-            })(),
+            // cosign 2's keyless layer: its payload names the subject, the bundle signs the payload.
+            Some(b) => b.map_err(Rejection::from).and_then(|b| {
+                keyed::names(subject, &layer.payload)?;
+                keyless(&b, &Sha256::digest(&layer.payload).into(), trust).map(Verified::Keyless)
+            }),
         };
         match outcome {
             Ok(v) => return Ok(v),
@@ -307,7 +298,7 @@ pub fn verify(
     }
     for b in &evidence.bundles {
         let outcome = match &digest {
-            Some(d) => keyless(b.as_bytes(), d),
+            Some(d) => keyless(b.as_bytes(), d, trust),
             None => Err(Rejection::Bundle(BundleError::Malformed(format!(
                 "the manifest digest {} is not SHA-256",
                 subject.digest

@@ -214,13 +214,9 @@ const MAX_REFERRERS: usize = 16;
 /// The most bytes a component layer may have.
 const MAX_COMPONENT: usize = 256 << 20;
 
+/// `sha256:<hex>`, as OCI names a blob.
 fn sha256(b: &[u8]) -> String {
-    use sha2::Digest;
-    let d = sha2::Sha256::digest(b);
-    format!(
-        "sha256:{}",
-        d.iter().map(|x| format!("{x:02x}")).collect::<String>()
-    )
+    format!("sha256:{}", thorn_plugin::sha256_hex(b))
 }
 
 /// Pulls the blob `d` of `r`'s repository, at most `cap` bytes, its digest checked.
@@ -242,6 +238,9 @@ async fn blob(c: &Client, r: &Reference, d: &OciDescriptor, cap: usize) -> Resul
     Ok(out)
 }
 
+/// The manifest media types asked for.
+const MANIFESTS: &[&str] = &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE];
+
 /// The manifest at `r` (raw, digest checked) as an OCI image manifest.
 async fn manifest(
     c: &Client,
@@ -249,9 +248,19 @@ async fn manifest(
     auth: &RegistryAuth,
 ) -> Result<(Vec<u8>, String, OciImageManifest)> {
     let (raw, digest) = c
-        .pull_manifest_raw(r, auth, &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE])
+        .pull_manifest_raw(r, auth, MANIFESTS)
         .await
         .with_context(|| format!("pulling the manifest of {r}"))?;
+    checked(r, raw.to_vec(), digest)
+}
+
+/// A manifest `r` served as `raw` under `digest`: size capped, its digest checked (also against a
+/// `@sha256:` reference), parsed.
+fn checked(
+    r: &Reference,
+    raw: Vec<u8>,
+    digest: String,
+) -> Result<(Vec<u8>, String, OciImageManifest)> {
     if raw.len() > SMALL {
         bail!("{r}: the manifest is {} bytes", raw.len());
     }
@@ -265,7 +274,7 @@ async fn manifest(
     }
     let m: OciImageManifest = serde_json::from_slice(&raw)
         .with_context(|| format!("{r}: the manifest is not an OCI image manifest"))?;
-    Ok((raw.to_vec(), digest, m))
+    Ok((raw, digest, m))
 }
 
 /// Pulls the component at `r`.
@@ -361,16 +370,9 @@ pub fn evidence(r: &Reference, digest: &str) -> Result<Evidence> {
         let (c, auth) = (client(r), auth(r.resolve_registry()));
         let mut found = Evidence::default();
         let sig = at_tag(r, keyed::signature_tag(digest));
-        match c
-            .pull_manifest_raw(
-                &sig,
-                &auth,
-                &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE],
-            )
-            .await
-        {
-            Ok(_) => {
-                let (_, _, m) = manifest(&c, &sig, &auth).await?;
+        match c.pull_manifest_raw(&sig, &auth, MANIFESTS).await {
+            Ok((raw, sig_digest)) => {
+                let (_, _, m) = checked(&sig, raw.to_vec(), sig_digest)?;
                 for l in m.layers.iter().take(MAX_REFERRERS) {
                     if l.media_type != keyed::SIMPLESIGNING {
                         continue;

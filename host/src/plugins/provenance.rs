@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use thorn_plugin::sha256_hex;
 use thorn_plugin::signing::{self, Evidence, Subject, Trust, Verified};
 
 /// The record.
@@ -57,12 +58,10 @@ impl Provenance {
     /// Checks that `component` is the layer this record's manifest names and that its signatures
     /// satisfy `trust`.
     pub fn check(&self, component: &[u8], trust: &Trust) -> Result<Verified> {
-        use sha2::Digest;
-        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
         let manifest = base64::engine::general_purpose::STANDARD
             .decode(&self.manifest)
             .context("the provenance record's manifest")?;
-        if format!("sha256:{}", hex(&sha2::Sha256::digest(&manifest))) != self.manifest_digest {
+        if format!("sha256:{}", sha256_hex(&manifest)) != self.manifest_digest {
             bail!(
                 "the provenance record of {} is damaged (its manifest is not {})",
                 self.reference,
@@ -70,7 +69,7 @@ impl Provenance {
             );
         }
         let m: serde_json::Value = serde_json::from_slice(&manifest)?;
-        let layer = format!("sha256:{}", hex(&sha2::Sha256::digest(component)));
+        let layer = format!("sha256:{}", sha256_hex(component));
         if m["layers"][0]["digest"] != layer.as_str() {
             bail!(
                 "the installed file (sha256 {}) is not the layer of {} ({})",

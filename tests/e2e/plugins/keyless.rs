@@ -14,10 +14,6 @@ const RELEASE: &str =
     "https://github.com/acme/tools/.github/workflows/release.yml@refs/tags/v1.0.0";
 const REPO: &str = "registry.example/acme/calculator";
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 struct Case {
     sigstore: TestSigstore,
     digest: [u8; 32],
@@ -26,11 +22,10 @@ struct Case {
 
 impl Case {
     fn new() -> Self {
-        let digest: [u8; 32] = Sha256::digest(b"a manifest").into();
         Case {
             sigstore: TestSigstore::new(),
-            digest,
-            shown: format!("sha256:{}", hex(&digest)),
+            digest: Sha256::digest(b"a manifest").into(),
+            shown: format!("sha256:{}", thorn_tests::sha256_hex(b"a manifest")),
         }
     }
 
@@ -53,6 +48,16 @@ impl Case {
                 })
                 .collect(),
             root: Some(TrustedRoot::parse(self.sigstore.trusted_root().as_bytes()).unwrap()),
+        }
+    }
+
+    /// [`Case::trust`] in `identities`, under this sigstore's trust root as `edit` changes it.
+    fn trust_edited(&self, identities: &[(&str, &str)], edit: impl FnOnce(&mut Value)) -> Trust {
+        let mut root: Value = serde_json::from_str(&self.sigstore.trusted_root()).unwrap();
+        edit(&mut root);
+        Trust {
+            root: Some(TrustedRoot::parse(root.to_string().as_bytes()).unwrap()),
+            ..self.trust(identities)
         }
     }
 
@@ -166,26 +171,20 @@ fn keyless_bundles_are_refused_for_another_digest_identity_authority_or_log() {
         Rejection::Bundle(BundleError::Tlog(TlogError::UnknownLog))
     ));
     // The pinned log, but certificates from another authority.
-    let mut root: Value = serde_json::from_str(&c.sigstore.trusted_root()).unwrap();
-    root["certificateAuthorities"] = serde_json::from_str::<Value>(&stranger.trusted_root())
-        .unwrap()["certificateAuthorities"]
-        .clone();
-    let foreign_ca = Trust {
-        root: Some(TrustedRoot::parse(root.to_string().as_bytes()).unwrap()),
-        ..c.trust(&[(ISSUER, RELEASE)])
-    };
+    let foreign_ca = c.trust_edited(&[(ISSUER, RELEASE)], |root| {
+        root["certificateAuthorities"] = serde_json::from_str::<Value>(&stranger.trusted_root())
+            .unwrap()["certificateAuthorities"]
+            .clone();
+    });
     assert!(matches!(
         c.refused(&good, &foreign_ca),
         Rejection::Bundle(BundleError::Verification(_))
     ));
 
     // No CT log pinned: the certificate's SCT vouches for nothing.
-    let mut root: Value = serde_json::from_str(&c.sigstore.trusted_root()).unwrap();
-    root["ctlogs"] = serde_json::json!([]);
-    let no_ct = Trust {
-        root: Some(TrustedRoot::parse(root.to_string().as_bytes()).unwrap()),
-        ..c.trust(&[(ISSUER, RELEASE)])
-    };
+    let no_ct = c.trust_edited(&[(ISSUER, RELEASE)], |root| {
+        root["ctlogs"] = serde_json::json!([]);
+    });
     assert!(matches!(
         c.refused(&good, &no_ct),
         Rejection::Bundle(BundleError::Verification(_))

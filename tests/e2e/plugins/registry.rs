@@ -131,13 +131,7 @@ fn plugins_go_through_a_registry_by_tag_and_digest_and_a_tampered_layer_is_refus
     assert!(!ok, "{out}");
 
     // The pulled, approved plugin serves a call.
-    let s = thorn_tests::ServeProcess::start(&args(&tagged));
-    let v = thorn_tests::forced_host_call(s.addr, "thorn:calculator", "What is 6 * 7?");
-    assert!(
-        v["thorn_host_tool_calls"][0]["result"]["value"].is_number(),
-        "{v}"
-    );
-    drop(s);
+    serves_a_call(&tagged);
 
     // A layer changed in the registry's storage: the pull is refused on its digest, nothing installed.
     let blob = dir
@@ -219,13 +213,7 @@ fn a_policy_with_keys_installs_only_what_they_signed_for_the_digest_pulled() {
     );
     assert!(pulled && out.contains("signature verified"), "{out}");
     // The signed, approved, pinned plugin serves a call.
-    let s = thorn_tests::ServeProcess::start(&args(&trusting));
-    let v = thorn_tests::forced_host_call(s.addr, "thorn:calculator", "What is 6 * 7?");
-    assert!(
-        v["thorn_host_tool_calls"][0]["result"]["value"].is_number(),
-        "{v}"
-    );
-    drop(s);
+    serves_a_call(&trusting);
 
     // The wrong key.
     refused("1.0", "wrong", &[&stranger], "no signature verifies");
@@ -443,6 +431,16 @@ fn keyless_bundles_attached_as_referrers_are_verified_at_pull_and_again_at_appro
         &[],
     );
     assert!(!attached && out.contains("not a sigstore bundle"), "{out}");
+}
+
+/// `thorn serve` over the plugins and policy of `place` answers a calculator call.
+fn serves_a_call(place: &[String]) {
+    let s = thorn_tests::ServeProcess::start(&args(place));
+    let v = thorn_tests::forced_host_call(s.addr, "thorn:calculator", "What is 6 * 7?");
+    assert!(
+        v["thorn_host_tool_calls"][0]["result"]["value"].is_number(),
+        "{v}"
+    );
 }
 
 /// A plugin directory and policy under `dir/name` whose policy trusts `keys` (none: no signature

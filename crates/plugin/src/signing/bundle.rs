@@ -280,12 +280,7 @@ pub fn from_cosign_layer(layer: &SignatureLayer) -> Option<Result<Vec<u8>, Bundl
         let kind: Value = serde_json::from_slice(&b64(body)?).map_err(|_| malformed("log body"))?;
         let log_id = p["logID"]
             .as_str()
-            .and_then(|h| {
-                (0..h.len())
-                    .step_by(2)
-                    .map(|i| h.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
-                    .collect::<Option<Vec<u8>>>()
-            })
+            .and_then(crate::host::unhex)
             .ok_or_else(|| malformed("log ID"))?;
         let signature = layer
             .annotations

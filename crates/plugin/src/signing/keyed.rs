@@ -80,6 +80,17 @@ pub fn sign(key: &SigningKey, payload: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(sig.as_bytes())
 }
 
+/// Checks that a `.sig` layer's payload (keyed or keyless alike) names `subject`.
+pub(super) fn names(subject: &Subject<'_>, payload: &[u8]) -> Result<(), Rejection> {
+    let (repository, digest) = named(payload).ok_or(Rejection::NotAPayload)?;
+    if digest != subject.digest || repository != subject.repository {
+        return Err(Rejection::OtherDigest {
+            named: format!("{repository}@{digest}"),
+        });
+    }
+    Ok(())
+}
+
 /// Checks one keyed signature layer: its payload names `subject` and its signature verifies under one of
 /// `keys`; the index of the key that verifies it.
 pub(super) fn check(
@@ -87,12 +98,7 @@ pub(super) fn check(
     layer: &SignatureLayer,
     keys: &[VerifyingKey],
 ) -> Result<usize, Rejection> {
-    let (repository, digest) = named(&layer.payload).ok_or(Rejection::NotAPayload)?;
-    if digest != subject.digest || repository != subject.repository {
-        return Err(Rejection::OtherDigest {
-            named: format!("{repository}@{digest}"),
-        });
-    }
+    names(subject, &layer.payload)?;
     let sig = layer
         .annotations
         .get(SIGNATURE)

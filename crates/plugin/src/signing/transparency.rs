@@ -14,6 +14,7 @@ use serde::{Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
 
 use super::root::{LogKey, TrustedRoot, now};
+use crate::host::hex;
 
 /// How far in the future an entry's time may be (clock skew).
 const SKEW_S: u64 = 300;
@@ -113,10 +114,6 @@ fn b64(s: &str) -> Result<Vec<u8>, TlogError> {
     base64::engine::general_purpose::STANDARD
         .decode(s)
         .map_err(|e| TlogError::Malformed(format!("bad base64: {e}")))
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// What the log signed as the signed entry timestamp: the canonical JSON (RFC 8785: keys sorted, no
