@@ -111,6 +111,7 @@ pub fn run(cache: &Path, cmd: BenchCmd) -> Result<()> {
             &thorn_engine::engine::EngineConfig {
                 device: device.device,
                 threads: device.threads,
+                attention: device.attention,
                 ..crate::opts::engine_defaults(cache)
             },
         ),

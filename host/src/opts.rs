@@ -5,7 +5,7 @@
 //! a flag wins over the variable.
 
 use std::path::{Path, PathBuf};
-use thorn_engine::backend::DeviceKind;
+use thorn_engine::backend::{AttentionMath, DeviceKind};
 use thorn_engine::engine::EngineConfig;
 use thorn_engine::kv::{KvConfig, KvDtype};
 use thorn_engine::spec::{FixedCost, SpecConfig};
@@ -59,6 +59,11 @@ pub struct DeviceArgs {
     /// CPU threads (0 = one per physical core).
     #[arg(long, env = "THORN_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// The CPU attention kernels' products: `f32`, or `bf16` where the CPU has AVX-512 BF16 (queries,
+    /// keys, values and softmax weights rounded to bf16, sums in f32: 1.5x faster prefill at depth, its
+    /// accuracy in BENCHMARKS.md).
+    #[arg(long, env = "THORN_ATTENTION", default_value = "f32")]
+    pub attention: AttentionMath,
 }
 
 impl EngineArgs {
@@ -67,6 +72,7 @@ impl EngineArgs {
         EngineConfig {
             device: self.device.device,
             threads: self.device.threads,
+            attention: self.device.attention,
             cuda_graphs: self.cuda_graphs,
             context: self.context,
             ..cfg

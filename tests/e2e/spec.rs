@@ -5,7 +5,7 @@
 use std::rc::Rc;
 use std::sync::Arc;
 use thorn_bench::bfcl;
-use thorn_engine::backend::Device;
+use thorn_engine::backend::{AttentionMath, Device};
 use thorn_engine::engine::scheduler::SchedulerConfig;
 use thorn_engine::engine::{Decoder, Engine, EngineConfig, GuideSlot, Request};
 use thorn_engine::gguf::Gguf;
@@ -62,7 +62,20 @@ fn tree_verification_gives_the_logits_of_plain_decoding() {
         p.reverse();
         p
     };
-    for dtype in [KvDtype::F32, KvDtype::F16] {
+    // f32 and (where the CPU has them) bf16 attention products: a tree's tile and a chain's decode steps
+    // give the same bits either way. Not fp8 pages yet: a page's E4M3 scale follows the rows written into
+    // it, a tree's rejected branches included, so the chain's page holds other bits (issue 54's FP8 work).
+    let mut cases = vec![
+        (AttentionMath::F32, KvDtype::F32),
+        (AttentionMath::F32, KvDtype::F16),
+    ];
+    if cpu.set_attention(AttentionMath::Bf16) {
+        cases.push((AttentionMath::Bf16, KvDtype::F16));
+    } else {
+        eprintln!("bf16 attention skipped: this CPU has no AVX-512 BF16");
+    }
+    for (math, dtype) in cases {
+        cpu.set_attention(math);
         for page_size in [16, 64] {
             let cfg = KvConfig {
                 dtype,
@@ -121,7 +134,8 @@ fn tree_verification_gives_the_logits_of_plain_decoding() {
                 kv.release(s, None);
                 assert!(
                     plain == tree[i * vocab..(i + 1) * vocab],
-                    "node {i} ({dtype:?}, pages of {page_size}): tree logits differ from the chain's"
+                    "node {i} ({math:?} products, {dtype:?}, pages of {page_size}): tree logits differ from \
+                     the chain's"
                 );
             }
         }
@@ -227,9 +241,11 @@ fn trajectory_prompts(e: &Engine) -> Vec<(Vec<u32>, Rc<ToolSet>)> {
 /// A prompt and, for tool turns, its tools and tool_choice.
 type Case = (Vec<u32>, Option<(Rc<ToolSet>, ToolChoice)>);
 
-fn same_greedy(spec_cfg: SpecConfig) -> SpecStats {
+fn same_greedy(spec_cfg: SpecConfig, attention: AttentionMath) -> SpecStats {
     let mut spec = engine(spec_cfg);
     let mut plain = engine(SpecConfig::off());
+    spec.device().set_attention(attention);
+    plain.device().set_attention(attention);
     let grammars = plain.grammars().unwrap().clone();
     let mut cases: Vec<Case> = fixture_prompts().into_iter().map(|p| (p, None)).collect();
     for (p, t) in tool_prompts(&plain, ToolFormat::Hermes, 3) {
@@ -299,10 +315,18 @@ fn same_greedy(spec_cfg: SpecConfig) -> SpecStats {
 
 #[test]
 fn greedy_output_is_the_same_with_speculation() {
-    let s = same_greedy(eager());
-    eprintln!("eager trees: {s:?}");
-    assert!(s.trees > 20 && s.accepted > 0, "trees were verified: {s:?}");
-    assert!(s.accepted < s.drafted, "some branches were rejected: {s:?}");
+    let mut maths = vec![AttentionMath::F32];
+    if Device::cpu(1).set_attention(AttentionMath::Bf16) {
+        maths.push(AttentionMath::Bf16);
+    } else {
+        eprintln!("bf16 attention skipped: this CPU has no AVX-512 BF16");
+    }
+    for math in maths {
+        let s = same_greedy(eager(), math);
+        eprintln!("eager trees, {math:?} attention products: {s:?}");
+        assert!(s.trees > 20 && s.accepted > 0, "trees were verified: {s:?}");
+        assert!(s.accepted < s.drafted, "some branches were rejected: {s:?}");
+    }
 }
 
 #[test]

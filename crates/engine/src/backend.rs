@@ -74,7 +74,7 @@ use pages::PagePool;
 
 pub use gdn_run::{GdnRun, GdnSteps};
 pub use matrix::{Input, Matrix, Workspace};
-pub use open::{DeviceError, DeviceKind, default_kernel_cache};
+pub use open::{AttentionMath, DeviceError, DeviceKind, default_kernel_cache};
 
 use gdn::Shape as GdnShape;
 
@@ -318,6 +318,16 @@ impl Device {
         match self {
             Device::Cpu(_) => false,
             Device::Cuda(g) => g.set_pdl(on),
+        }
+    }
+
+    /// The CPU's attention products: bf16 where `math` asks for them and the CPU has them (AVX-512 BF16),
+    /// else f32; a GPU keeps its own kernels. Returns whether bf16 products are now on. Set it before the
+    /// KV cache is filled.
+    pub fn set_attention(&self, math: AttentionMath) -> bool {
+        match self {
+            Device::Cpu(c) => c.set_bf16_attention(math == AttentionMath::Bf16),
+            Device::Cuda(_) => false,
         }
     }
 

@@ -175,6 +175,8 @@ pub struct EngineConfig {
     /// [`default_kernel_cache`](crate::backend::default_kernel_cache), `kernels/` under thorn's cache
     /// directory from the environment; the host passes the one under its `--cache-dir`.
     pub kernel_cache: Option<PathBuf>,
+    /// The CPU attention kernels' products (f32 by default; bf16 where the CPU has them).
+    pub attention: crate::backend::AttentionMath,
     /// Context length (KV positions); 0 = the model's training context.
     pub context: usize,
     /// KV cache element type.
@@ -205,6 +207,7 @@ impl Default for EngineConfig {
             packed_weights: true,
             pdl: false,
             kernel_cache: crate::backend::default_kernel_cache(),
+            attention: crate::backend::AttentionMath::F32,
             context: 4096,
             kv_dtype: KvDtype::F16,
             kv_memory: 0,
@@ -403,6 +406,7 @@ impl Engine {
         cfg: &EngineConfig,
     ) -> Result<Self, EngineError> {
         device.set_graphs(cfg.cuda_graphs);
+        device.set_attention(cfg.attention);
         if cfg.pdl && !device.set_pdl(true) {
             tracing::info!(
                 "programmatic dependent launch asked for: {} does not have it",

@@ -23,6 +23,8 @@ pub use simd::Isa;
 pub struct Cpu {
     pool: ThreadPool,
     isa: Isa,
+    /// Attention with bf16 products ([`Cpu::set_bf16_attention`]).
+    bf16_attention: std::sync::atomic::AtomicBool,
 }
 
 /// Raw pointer wrapper so disjoint output ranges can be written from several threads.
@@ -54,6 +56,27 @@ impl Cpu {
         Cpu {
             pool: ThreadPool::new(threads),
             isa,
+            bf16_attention: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Runs attention with bf16 products (f32 sums and softmax; see `simd::AttnKernels`) or f32 ones; bf16
+    /// only where this CPU has them at the backend's ISA (AVX-512 BF16). Returns whether bf16 is now on.
+    /// Set it before the KV cache is filled: a token's bits follow the kernels that computed its context.
+    pub fn set_bf16_attention(&self, on: bool) -> bool {
+        let on = simd::AttnKernels::new(self.isa, on).bf16;
+        self.bf16_attention
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        on
+    }
+
+    /// The kernels attention runs.
+    pub fn attn_kernels(&self) -> simd::AttnKernels {
+        simd::AttnKernels {
+            isa: self.isa,
+            bf16: self
+                .bf16_attention
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -116,7 +139,7 @@ impl Cpu {
         partials: &mut Vec<f32>,
         tiles: &mut Vec<(usize, usize, bool)>,
     ) {
-        let isa = self.isa;
+        let kernels = self.attn_kernels();
         let scale = 1.0 / (head_dim as f32).sqrt();
         let group = n_heads / n_kv_heads;
         let ps = pool.page_size();
@@ -208,7 +231,7 @@ impl Cpu {
                         }
                         let page = pages[at / ps];
                         simd::attend_tile(
-                            isa,
+                            kernels,
                             &qs[from..nt],
                             head_dim,
                             pool.keys(page, layer, kvh),
@@ -244,7 +267,7 @@ impl Cpu {
                         let rel = [shared.min(base + ps) - base; simd::MAX_TILE];
                         let page = pages[at / ps];
                         simd::attend_tile(
-                            isa,
+                            kernels,
                             &qs[..nt],
                             head_dim,
                             pool.keys(page, layer, kvh),
@@ -285,7 +308,7 @@ impl Cpu {
                                 simd::prefetch(pool.values(next, layer, kvh));
                             }
                             simd::attend_group(
-                                isa,
+                                kernels,
                                 qg,
                                 head_dim,
                                 pool.keys(page, layer, kvh),
@@ -311,7 +334,7 @@ impl Cpu {
                                     (pool.values(pg, layer, kvh), r)
                                 });
                                 simd::attend_group(
-                                    isa,
+                                    kernels,
                                     qg,
                                     head_dim,
                                     keys,

@@ -56,6 +56,32 @@ pub enum DeviceKind {
     Auto,
 }
 
+/// The products of the CPU's attention kernels (`--attention`): their accuracy against f32 is in
+/// BENCHMARKS.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionMath {
+    /// f32 products everywhere (the default: bf16's error at the quantized precision is just past the
+    /// bound `quantized_precision_tracks_the_reference_and_llama_cpp` holds the engine to).
+    #[default]
+    F32,
+    /// bf16 products where the CPU has them (AVX-512 BF16), else f32: queries, keys, values and softmax
+    /// weights rounded to bf16, products summed in f32 (the softmax itself stays f32).
+    Bf16,
+}
+
+impl std::str::FromStr for AttentionMath {
+    type Err = String;
+
+    /// `f32` or `bf16`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" => Ok(AttentionMath::F32),
+            "bf16" => Ok(AttentionMath::Bf16),
+            _ => Err(format!("{s:?}: expected f32 or bf16")),
+        }
+    }
+}
+
 /// Where a GPU caches its compiled kernels when the caller names no place: `kernels/` under thorn's cache
 /// directory ([`crate::cache_dir`]; `None` without one).
 pub fn default_kernel_cache() -> Option<std::path::PathBuf> {

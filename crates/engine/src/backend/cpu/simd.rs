@@ -6,7 +6,8 @@
 //! x86 kernels), `neon` (the aarch64 kernels but attention's), `vector` (reductions, softmax's
 //! exponentials, the element-wise row ops), `attention` (the attention entry points and their portable
 //! path), `row_kernel` (the SIMD attention row driver, written once over the ISAs) and its per-ISA kernels
-//! `attend_avx512`, `attend_avx2` and `attend_neon`.
+//! `attend_avx512`, `attend_avx2` and `attend_neon`, and `attend_bf16` (attention with bf16 products on
+//! AVX-512 BF16, its own walk).
 #![allow(
     unsafe_code,
     reason = "SIMD intrinsics; every block carries a SAFETY note"
@@ -20,6 +21,8 @@
 mod attend_avx2;
 #[cfg(target_arch = "x86_64")]
 mod attend_avx512;
+#[cfg(target_arch = "x86_64")]
+mod attend_bf16;
 #[cfg(target_arch = "aarch64")]
 mod attend_neon;
 mod attention;
@@ -33,8 +36,8 @@ mod vector;
 mod x86_matmul;
 
 pub use attention::{
-    MAX_GROUP, MAX_HEAD_DIM, MAX_TILE, PartialAttn, attend_group, attend_tile, merge_partials,
-    prefetch,
+    AttnKernels, MAX_GROUP, MAX_HEAD_DIM, MAX_TILE, PartialAttn, attend_group, attend_tile,
+    merge_partials, prefetch,
 };
 pub use matmul::{dot_f32, dot4_f32, matmul, quantize};
 pub use vector::{add, argmax, exp_sub, logsumexp, max, rmsnorm, silu_mul};

@@ -115,7 +115,7 @@ pub(super) unsafe fn attend_rows_avx512<const V: usize, const FP8: bool>(
 /// Sixteen elements of `rows` starting at element `at`, as f32 (E4M3 times 2^-8, before `rows.scale`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 #[inline]
-unsafe fn load16<const FP8: bool>(rows: Rows, at: usize) -> __m512 {
+pub(super) unsafe fn load16<const FP8: bool>(rows: Rows, at: usize) -> __m512 {
     // SAFETY: the caller keeps `at + 16` within the `rows.len` elements behind `rows.ptr`.
     unsafe {
         if FP8 {

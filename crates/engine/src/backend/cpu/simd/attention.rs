@@ -20,6 +20,56 @@ pub const MAX_GROUP: usize = 16;
 /// Largest head width the attention kernels handle.
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// The kernels an attention call runs: `isa`'s, with f32 products, or with bf16 products where `bf16` is
+/// set (AVX-512 BF16's `vdpbf16ps`, `attend_bf16`; only on such a CPU: see [`AttnKernels::new`]). Every
+/// call of one engine uses the same, so a token's bits do not depend on its tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnKernels {
+    /// The instruction set.
+    pub isa: Isa,
+    /// 16-bit products (bf16 queries, keys, values and weights; f32 sums and softmax).
+    pub bf16: bool,
+}
+
+impl AttnKernels {
+    /// `isa`'s kernels, with bf16 products if `bf16` is asked for and this CPU has them at `isa`.
+    pub fn new(isa: Isa, bf16: bool) -> Self {
+        AttnKernels {
+            isa,
+            bf16: bf16 && Self::has_bf16(isa),
+        }
+    }
+
+    /// Whether this CPU runs the bf16 kernels at `isa` (AVX-512 with BF16).
+    pub fn has_bf16(isa: Isa) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return isa == Isa::Avx512Vnni && super::attend_bf16::supported();
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = isa;
+            false
+        }
+    }
+
+    /// Every choice this machine has: each ISA's f32 kernels, and the bf16 ones where there are (tests).
+    pub fn available() -> Vec<AttnKernels> {
+        let mut all: Vec<AttnKernels> = Isa::available().into_iter().map(Self::from).collect();
+        all.extend(
+            Isa::available()
+                .into_iter()
+                .filter(|&i| Self::has_bf16(i))
+                .map(|i| AttnKernels::new(i, true)),
+        );
+        all
+    }
+}
+
+impl From<Isa> for AttnKernels {
+    fn from(isa: Isa) -> Self {
+        AttnKernels { isa, bf16: false }
+    }
+}
+
 /// Online-softmax state of `G` query heads over part of the positions: running max `m`, denominator `l`
 /// and the unnormalised output `o` (`G * head_dim`). [`merge_partials`] combines several.
 #[derive(Debug)]
@@ -39,7 +89,7 @@ pub struct PartialAttn<'a> {
     reason = "attention needs its shape spelled out"
 )]
 pub fn attend_group(
-    isa: Isa,
+    kernels: AttnKernels,
     q: &[f32],
     hd: usize,
     keys: KvSlice<'_>,
@@ -48,15 +98,17 @@ pub fn attend_group(
     scale: f32,
     mut part: PartialAttn<'_>,
 ) {
+    let isa = kernels.isa;
     let g = q.len() / hd;
     debug_assert!(g <= MAX_GROUP);
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if let Some((k, v, fp8)) = kernel_rows(isa, hd, keys, values) {
         let mut rows = [QRow::NONE; MAX_GROUP];
         QRow::group(q, hd, &mut part, range.end, &mut rows);
-        // SAFETY: a SIMD ISA was detected (kernel_rows); each row points at its own head's query and state
-        // (QRow::group checks the lengths); the kernel asserts that `range` is inside the page.
-        unsafe { attend_rows(isa, hd, &rows[..g], k, v, fp8, range.start, scale) };
+        // SAFETY: a SIMD ISA was detected (kernel_rows; bf16 only where detected, AttnKernels::new); each
+        // row points at its own head's query and state (QRow::group checks the lengths); the kernel
+        // asserts that `range` is inside the page.
+        unsafe { attend_rows(kernels, hd, &rows[..g], k, v, fp8, range.start, scale) };
         return;
     }
     let mut scores = [[0f32; GROUP_CHUNK]; MAX_GROUP];
@@ -126,7 +178,7 @@ pub const MAX_TILE: usize = 8;
     reason = "a position indexes its key row and every token's scores"
 )]
 pub fn attend_tile(
-    isa: Isa,
+    kernels: AttnKernels,
     qs: &[&[f32]],
     hd: usize,
     keys: KvSlice<'_>,
@@ -136,6 +188,7 @@ pub fn attend_tile(
     scale: f32,
     parts: &mut [PartialAttn<'_>],
 ) {
+    let isa = kernels.isa;
     let nt = qs.len();
     assert!(nt <= MAX_TILE && ends.len() == nt && parts.len() == nt);
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -151,9 +204,10 @@ pub fn attend_tile(
                 n += g;
             }
         }
-        // SAFETY: a SIMD ISA was detected (kernel_rows); each row points at its own token's and head's query
-        // and state (QRow::group checks the lengths); the kernel asserts that every end is inside the page.
-        unsafe { attend_rows(isa, hd, &rows[..n], k, v, fp8, start, scale) };
+        // SAFETY: a SIMD ISA was detected (kernel_rows; bf16 only where detected, AttnKernels::new); each
+        // row points at its own token's and head's query and state (QRow::group checks the lengths); the
+        // kernel asserts that every end is inside the page.
+        unsafe { attend_rows(kernels, hd, &rows[..n], k, v, fp8, start, scale) };
         return;
     }
     if nt == 1 {
@@ -164,7 +218,7 @@ pub fn attend_tile(
                     l: &mut *p.l,
                     o: &mut *p.o,
                 };
-                attend_group(isa, q, hd, keys, values, start..end, scale, part);
+                attend_group(kernels, q, hd, keys, values, start..end, scale, part);
             }
         }
         return;

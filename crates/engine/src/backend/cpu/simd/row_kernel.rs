@@ -8,9 +8,11 @@ use super::Isa;
 use super::attend_avx2::attend_rows_avx2;
 #[cfg(target_arch = "x86_64")]
 use super::attend_avx512::attend_rows_avx512;
+#[cfg(target_arch = "x86_64")]
+use super::attend_bf16::attend_rows_bf16;
 #[cfg(target_arch = "aarch64")]
 use super::attend_neon::attend_rows_neon;
-use super::attention::{GROUP_CHUNK, MAX_GROUP, MAX_TILE, PartialAttn, softmax_step};
+use super::attention::{AttnKernels, GROUP_CHUNK, MAX_GROUP, MAX_TILE, PartialAttn, softmax_step};
 use crate::backend::pages::KvSlice;
 use std::mem::MaybeUninit;
 
@@ -108,10 +110,11 @@ pub(super) fn kernel_rows(
     }
 }
 
-/// Runs [`attend_rows_avx512`] or [`attend_rows_avx2`] for `hd`-wide rows (which [`kernel_rows`] accepted).
+/// Runs [`attend_rows_bf16`] (bf16 products), [`attend_rows_avx512`] or [`attend_rows_avx2`] for
+/// `hd`-wide rows (which [`kernel_rows`] accepted).
 ///
 /// # Safety
-/// `isa` was detected; every row's pointers are valid for its `hd`-float query and output and its
+/// `kernels` were detected; every row's pointers are valid for its `hd`-float query and output and its
 /// `m`/`l`, no two rows share state, and no row's `end` is past the rows of `keys`/`values` (the kernels
 /// assert that last part).
 #[cfg(target_arch = "x86_64")]
@@ -120,7 +123,7 @@ pub(super) fn kernel_rows(
     reason = "attention needs its shape spelled out"
 )]
 pub(super) unsafe fn attend_rows(
-    isa: Isa,
+    kernels: AttnKernels,
     hd: usize,
     rows: &[QRow],
     keys: Rows,
@@ -131,7 +134,19 @@ pub(super) unsafe fn attend_rows(
 ) {
     // SAFETY: the caller's contract is the kernels'.
     unsafe {
-        match (isa, hd, fp8) {
+        if kernels.bf16 {
+            match (hd, fp8) {
+                (32, false) => attend_rows_bf16::<1, 2, false>(rows, keys, values, start, scale),
+                (64, false) => attend_rows_bf16::<2, 4, false>(rows, keys, values, start, scale),
+                (128, false) => attend_rows_bf16::<4, 8, false>(rows, keys, values, start, scale),
+                (32, true) => attend_rows_bf16::<1, 2, true>(rows, keys, values, start, scale),
+                (64, true) => attend_rows_bf16::<2, 4, true>(rows, keys, values, start, scale),
+                (128, true) => attend_rows_bf16::<4, 8, true>(rows, keys, values, start, scale),
+                _ => unreachable!("kernel_rows accepts 32-, 64- and 128-wide heads"),
+            }
+            return;
+        }
+        match (kernels.isa, hd, fp8) {
             (Isa::Avx512Vnni, 32, false) => {
                 attend_rows_avx512::<2, false>(rows, keys, values, start, scale)
             }
@@ -183,7 +198,7 @@ pub(super) unsafe fn attend_rows(
     reason = "attention needs its shape spelled out"
 )]
 pub(super) unsafe fn attend_rows(
-    isa: Isa,
+    kernels: AttnKernels,
     hd: usize,
     rows: &[QRow],
     keys: Rows,
@@ -192,7 +207,7 @@ pub(super) unsafe fn attend_rows(
     start: usize,
     scale: f32,
 ) {
-    debug_assert!(isa.is_neon());
+    debug_assert!(kernels.isa.is_neon() && !kernels.bf16);
     // SAFETY: the caller's contract is the kernel's.
     unsafe {
         match (hd, fp8) {
