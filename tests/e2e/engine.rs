@@ -291,8 +291,7 @@ fn prefix_reuse_gives_bitwise_identical_logits() {
 
 /// f32 attention products, and bf16 ones where this CPU has them (the bit-for-bit tests run both).
 fn attention_maths() -> Vec<AttentionMath> {
-    let probe = thorn_engine::backend::Device::cpu(1);
-    if probe.set_attention(AttentionMath::Bf16) {
+    if AttentionMath::Bf16.runs_here() {
         vec![AttentionMath::F32, AttentionMath::Bf16]
     } else {
         eprintln!("bf16 attention skipped: this CPU has no AVX-512 BF16");
@@ -483,15 +482,15 @@ fn kv_formats_stay_close_to_f32(precision: Precision) {
         (KvDtype::F16, AttentionMath::Bf16),
         (KvDtype::Fp8, AttentionMath::Bf16),
     ] {
-        let mut e = mk(dtype, attention, precision);
         let bf16 = attention == AttentionMath::Bf16;
-        if bf16 && !e.device().set_attention(attention) {
+        if !attention.runs_here() {
             eprintln!(
                 "{precision:?} precision, {} KV, bf16 attention: skipped, this CPU has no AVX-512 BF16",
                 dtype.name()
             );
             continue;
         }
+        let mut e = mk(dtype, attention, precision);
         let (mut worst, mut top1, mut same, mut total) = (0f32, 0, 0, 0);
         for (p, (a, g)) in prompts.iter().zip(&want) {
             e.reset();

@@ -69,7 +69,7 @@ fn tree_verification_gives_the_logits_of_plain_decoding() {
         (AttentionMath::F32, KvDtype::F32),
         (AttentionMath::F32, KvDtype::F16),
     ];
-    if cpu.set_attention(AttentionMath::Bf16) {
+    if AttentionMath::Bf16.runs_here() {
         cases.push((AttentionMath::Bf16, KvDtype::F16));
     } else {
         eprintln!("bf16 attention skipped: this CPU has no AVX-512 BF16");
@@ -316,7 +316,7 @@ fn same_greedy(spec_cfg: SpecConfig, attention: AttentionMath) -> SpecStats {
 #[test]
 fn greedy_output_is_the_same_with_speculation() {
     let mut maths = vec![AttentionMath::F32];
-    if Device::cpu(1).set_attention(AttentionMath::Bf16) {
+    if AttentionMath::Bf16.runs_here() {
         maths.push(AttentionMath::Bf16);
     } else {
         eprintln!("bf16 attention skipped: this CPU has no AVX-512 BF16");

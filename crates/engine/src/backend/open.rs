@@ -69,6 +69,14 @@ pub enum AttentionMath {
     Bf16,
 }
 
+impl AttentionMath {
+    /// Whether this machine's CPU backend runs `self` (bf16: AVX-512 BF16 at the ISA it picks).
+    pub fn runs_here(self) -> bool {
+        use super::cpu::simd::{AttnKernels, Isa};
+        self == AttentionMath::F32 || AttnKernels::has_bf16(Isa::detect())
+    }
+}
+
 impl std::str::FromStr for AttentionMath {
     type Err = String;
 

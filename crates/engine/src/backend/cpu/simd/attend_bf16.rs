@@ -20,8 +20,8 @@
 
 use super::Isa;
 use super::attend_avx512::load16;
-use super::attention::{GROUP_CHUNK, softmax_step};
-use super::row_kernel::{MAX_ROWS, QRow, Rows};
+use super::attention::GROUP_CHUNK;
+use super::row_kernel::{MAX_ROWS, QRow, Rows, active_rows, softmax_rows};
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
@@ -144,14 +144,7 @@ pub(super) unsafe fn attend_rows_bf16<const H: usize, const V: usize, const FP8:
         while at < last {
             let block = (last - at).min(GROUP_CHUNK);
             let subs = block.div_ceil(16);
-            let mut na = 0;
-            for (r, row) in rows.iter().enumerate() {
-                if row.end > at {
-                    active[na] = r;
-                    count[na] = (row.end - at).min(GROUP_CHUNK);
-                    na += 1;
-                }
-            }
+            let na = active_rows(rows, at, &mut active, &mut count);
             // Keys: sub-block s, pair p at ktp[s * 16H + p], lane j = position at + 16s + j.
             for s in 0..subs {
                 for h in 0..H {
@@ -194,19 +187,23 @@ pub(super) unsafe fn attend_rows_bf16<const H: usize, const V: usize, const FP8:
                 }
                 a += n;
             }
-            for a in 0..na {
-                let row = rows[active[a]];
-                // The f32 kernels' softmax step (see the row driver), the weights then times the value
-                // scale, then rounded to bf16 pairs (zeros past the row's count) for the value products.
-                let sl = std::slice::from_raw_parts_mut(sp(a), count[a]);
-                corr[a] = softmax_step(Isa::Avx512Vnni, &mut *row.m, &mut *row.l, sl);
-                if values.scale != 1.0 {
-                    sl.iter_mut().for_each(|x| *x *= values.scale);
-                }
+            // The f32 kernels' softmax step, then the weights rounded to bf16 pairs (zeros past each
+            // row's count) for the value products.
+            let isa = Isa::Avx512Vnni;
+            softmax_rows(
+                isa,
+                rows,
+                &active[..na],
+                &count,
+                sbase,
+                values.scale,
+                &mut corr,
+            );
+            for (a, &n) in count[..na].iter().enumerate() {
                 for c in 0..GROUP_CHUNK / 32 {
                     let w = |o: usize| {
                         let from = 32 * c + o;
-                        let k = count[a].saturating_sub(from).min(16);
+                        let k = n.saturating_sub(from).min(16);
                         _mm512_maskz_loadu_ps(((1u32 << k) - 1) as __mmask16, sp(a).add(from))
                     };
                     pbp.add(2 * a + c).write(pack(w(0), w(16)));

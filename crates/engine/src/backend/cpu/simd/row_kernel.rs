@@ -338,6 +338,64 @@ pub(super) trait RowKernels {
     );
 }
 
+/// The rows of `rows` that see position `at` (their end is past it): their indices into `active`, how many
+/// of the block's positions from `at` each sees into `count`; returns how many rows.
+pub(super) fn active_rows(
+    rows: &[QRow],
+    at: usize,
+    active: &mut [usize; MAX_ROWS],
+    count: &mut [usize; MAX_ROWS],
+) -> usize {
+    let mut na = 0;
+    for (r, row) in rows.iter().enumerate() {
+        if row.end > at {
+            active[na] = r;
+            count[na] = (row.end - at).min(GROUP_CHUNK);
+            na += 1;
+        }
+    }
+    na
+}
+
+/// The softmax step of a block for every active row (row `rows[active[a]]`, its `count[a]` scores at
+/// `scores + a * GROUP_CHUNK`, turned into weights in place and then multiplied by `value_scale`), each
+/// row's output rescale factor into `corr[a]`. Every attention walk (the f32 row driver, the bf16 kernel)
+/// runs this one step.
+///
+/// # Safety
+/// Each active row's `m`/`l` are valid and its own; `scores` holds `active.len()` rows of
+/// [`GROUP_CHUNK`] floats, the first `count[a]` of row `a` written.
+pub(super) unsafe fn softmax_rows(
+    isa: Isa,
+    rows: &[QRow],
+    active: &[usize],
+    count: &[usize; MAX_ROWS],
+    scores: *mut f32,
+    value_scale: f32,
+    corr: &mut [f32; MAX_ROWS],
+) {
+    for (a, &r) in active.iter().enumerate() {
+        let row = rows[r];
+        // softmax_step, not a many-lane version: with one (tried on AVX-512, not landed) the FP8 accuracy
+        // test (`engine::fp8_kv_cache_stays_close_to_f32`) went from 0.50-0.57 to 0.94-1.01 nats of top-10
+        // log-probability error and lost the first token on 1-2 of 8 prompts, which a change of summation
+        // order alone should not do; until that is understood the kernels keep the arithmetic the test
+        // holds. The weights then carry the value scale.
+        // SAFETY: the caller's contract: the row's scores and state are valid and not shared.
+        let (sl, m, l) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(scores.add(a * GROUP_CHUNK), count[a]),
+                &mut *row.m,
+                &mut *row.l,
+            )
+        };
+        corr[a] = softmax_step(isa, m, l, sl);
+        if value_scale != 1.0 {
+            sl.iter_mut().for_each(|x| *x *= value_scale);
+        }
+    }
+}
+
 /// Floats of the stack's converted key (or value) rows of one block: [`GROUP_CHUNK`] rows of the widest
 /// head the row kernels take.
 const STAGED: usize = GROUP_CHUNK * 128;
@@ -394,14 +452,7 @@ pub(super) unsafe fn attend_rows_with<K: RowKernels, const V: usize, const FP8: 
         let mut at = start;
         while at < last {
             let block = (last - at).min(GROUP_CHUNK);
-            let mut na = 0;
-            for (r, row) in rows.iter().enumerate() {
-                if row.end > at {
-                    active[na] = r;
-                    count[na] = (row.end - at).min(GROUP_CHUNK);
-                    na += 1;
-                }
-            }
+            let na = active_rows(rows, at, &mut active, &mut count);
             let src = |r: Rows, staged: *mut K::Vec| Src {
                 rows: r,
                 at,
@@ -433,19 +484,15 @@ pub(super) unsafe fn attend_rows_with<K: RowKernels, const V: usize, const FP8: 
                 }
                 a += n;
             }
-            for a in 0..na {
-                let row = rows[active[a]];
-                // softmax_step, not a many-lane version: with one (tried on AVX-512, not landed) the FP8
-                // accuracy test (`engine::fp8_kv_cache_stays_close_to_f32`) went from 0.50-0.57 to 0.94-1.01
-                // nats of top-10 log-probability error and lost the first token on 1-2 of 8 prompts, which
-                // a change of summation order alone should not do; until that is understood the kernels
-                // keep the arithmetic the test holds. The weights then carry the value scale.
-                let sl = std::slice::from_raw_parts_mut(sp(a), count[a]);
-                corr[a] = softmax_step(K::ISA, &mut *row.m, &mut *row.l, sl);
-                if values.scale != 1.0 {
-                    sl.iter_mut().for_each(|x| *x *= values.scale);
-                }
-            }
+            softmax_rows(
+                K::ISA,
+                rows,
+                &active[..na],
+                &count,
+                sbase,
+                values.scale,
+                &mut corr,
+            );
             if !direct {
                 K::stage::<V, FP8>(vp, values, at, block);
             }
